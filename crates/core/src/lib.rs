@@ -1,0 +1,22 @@
+//! Strata's core: the block-device trait every backend, layer and frontend speaks, its errors,
+//! geometry and extents, the runtime services layers may use, and per-device statistics.
+
+mod device;
+mod error;
+mod extent;
+mod geometry;
+mod runtime;
+mod stats;
+
+pub use device::{
+    BlockDevice, Control, ControlReply, DeviceRef, Health, NodeStatus, WriteFlags, ZeroFlags,
+};
+pub use error::{errno, BlockError, Result};
+pub use extent::{push_extent, Extent, ExtentState};
+pub use geometry::{Capabilities, Geometry};
+pub use runtime::{run_blocking, BoxFuture, Runtime};
+pub use stats::{DeviceStats, Metered, MetricsRegistry, Op, OpSnapshot, StatsSnapshot};
+
+/// Re-exported so that implementors use the same version of the attribute macro.
+pub use async_trait::async_trait;
+pub use bytes;
