@@ -14,7 +14,7 @@ pub use device::{
 pub use error::{errno, BlockError, Result};
 pub use extent::{push_extent, Extent, ExtentState};
 pub use geometry::{Capabilities, Geometry};
-pub use runtime::{run_blocking, BoxFuture, Runtime};
+pub use runtime::{run_blocking, BoxFuture, Runtime, TokioRuntime};
 pub use stats::{DeviceStats, Metered, MetricsRegistry, Op, OpSnapshot, StatsSnapshot};
 
 /// Re-exported so that implementors use the same version of the attribute macro.

@@ -36,3 +36,55 @@ where
         .await
         .expect("a runtime must run every blocking task it accepts to completion")
 }
+
+/// The real runtime: tokio's executor, its blocking pool and the monotonic clock.
+pub struct TokioRuntime {
+    handle: tokio::runtime::Handle,
+    started: std::time::Instant,
+}
+
+impl TokioRuntime {
+    /// Binds to the tokio runtime the caller runs in.
+    ///
+    /// # Panics
+    /// Outside a tokio runtime.
+    pub fn current() -> std::sync::Arc<Self> {
+        std::sync::Arc::new(TokioRuntime {
+            handle: tokio::runtime::Handle::current(),
+            started: std::time::Instant::now(),
+        })
+    }
+}
+
+impl Runtime for TokioRuntime {
+    fn now(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    fn sleep(&self, duration: Duration) -> BoxFuture<'static, ()> {
+        Box::pin(tokio::time::sleep(duration))
+    }
+
+    fn spawn(&self, task: BoxFuture<'static, ()>) {
+        self.handle.spawn(task);
+    }
+
+    fn spawn_blocking(&self, work: Box<dyn FnOnce() + Send + 'static>) {
+        self.handle.spawn_blocking(work);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn run_blocking_returns_the_work_result() {
+        let runtime = TokioRuntime::current();
+        let value = run_blocking(runtime.as_ref(), || 6 * 7).await;
+        assert_eq!(value, 42);
+        let before = runtime.now();
+        runtime.sleep(Duration::from_millis(2)).await;
+        assert!(runtime.now() >= before + Duration::from_millis(2));
+    }
+}
