@@ -92,7 +92,12 @@ mod tests {
     fn every_kind_keeps_its_errno() {
         assert_eq!(BlockError::InvalidArgument("x".into()).errno(), 22);
         assert_eq!(
-            BlockError::OutOfRange { offset: 1, len: 2, size: 2 }.errno(),
+            BlockError::OutOfRange {
+                offset: 1,
+                len: 2,
+                size: 2
+            }
+            .errno(),
             22
         );
         assert_eq!(BlockError::TooLarge { len: 9, max: 8 }.errno(), 75);

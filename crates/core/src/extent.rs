@@ -35,7 +35,11 @@ pub fn push_extent(extents: &mut Vec<Extent>, extent: Extent) {
         return;
     }
     if let Some(last) = extents.last_mut() {
-        debug_assert_eq!(last.offset + last.len, extent.offset, "extents must be contiguous");
+        debug_assert_eq!(
+            last.offset + last.len,
+            extent.offset,
+            "extents must be contiguous"
+        );
         if last.state == extent.state {
             last.len += extent.len;
             return;
@@ -51,12 +55,47 @@ mod tests {
     #[test]
     fn push_merges_equal_neighbours_only() {
         let mut v = Vec::new();
-        push_extent(&mut v, Extent { offset: 0, len: 10, state: ExtentState::Data });
-        push_extent(&mut v, Extent { offset: 10, len: 5, state: ExtentState::Data });
-        push_extent(&mut v, Extent { offset: 15, len: 0, state: ExtentState::Hole });
-        push_extent(&mut v, Extent { offset: 15, len: 5, state: ExtentState::Hole });
+        push_extent(
+            &mut v,
+            Extent {
+                offset: 0,
+                len: 10,
+                state: ExtentState::Data,
+            },
+        );
+        push_extent(
+            &mut v,
+            Extent {
+                offset: 10,
+                len: 5,
+                state: ExtentState::Data,
+            },
+        );
+        push_extent(
+            &mut v,
+            Extent {
+                offset: 15,
+                len: 0,
+                state: ExtentState::Hole,
+            },
+        );
+        push_extent(
+            &mut v,
+            Extent {
+                offset: 15,
+                len: 5,
+                state: ExtentState::Hole,
+            },
+        );
         assert_eq!(v.len(), 2);
         assert_eq!(v[0].len, 15);
-        assert_eq!(v[1], Extent { offset: 15, len: 5, state: ExtentState::Hole });
+        assert_eq!(
+            v[1],
+            Extent {
+                offset: 15,
+                len: 5,
+                state: ExtentState::Hole
+            }
+        );
     }
 }

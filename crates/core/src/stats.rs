@@ -90,7 +90,11 @@ impl MetricsRegistry {
     pub fn register(&self, registry: &mut Registry) {
         let sub = registry.sub_registry_with_prefix("strata_device");
         sub.register("ops", "Requests completed", self.ops.clone());
-        sub.register("bytes", "Bytes moved by completed requests", self.bytes.clone());
+        sub.register(
+            "bytes",
+            "Bytes moved by completed requests",
+            self.bytes.clone(),
+        );
         sub.register("errors", "Requests that failed", self.errors.clone());
         sub.register(
             "latency_seconds",
@@ -309,8 +313,14 @@ mod tests {
             .record(Op::Write, 512, Duration::from_micros(20), true);
         let mut text = String::new();
         encode(&mut text, &registry).unwrap();
-        assert!(text.contains(r#"strata_device_bytes_total{device="d0",op="write"} 512"#), "{text}");
-        assert!(text.contains("strata_device_latency_seconds_bucket"), "{text}");
+        assert!(
+            text.contains(r#"strata_device_bytes_total{device="d0",op="write"} 512"#),
+            "{text}"
+        );
+        assert!(
+            text.contains("strata_device_latency_seconds_bucket"),
+            "{text}"
+        );
         assert_eq!(text.matches("# TYPE strata_device_ops counter").count(), 1);
     }
 }

@@ -1,1 +1,119 @@
-fn main() {}
+//! `strata`: serve hierarchies of virtual block devices over NBD.
+
+mod admin;
+mod build;
+mod config;
+mod metrics_http;
+mod serve;
+mod size;
+mod status;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use crate::admin::AdminRequest;
+
+#[derive(Parser)]
+#[command(
+    name = "strata",
+    version,
+    about = "Block-storage virtualization, served over NBD"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the configured exports (the embedded default when no config is given).
+    Serve {
+        /// TOML configuration file.
+        #[arg(long, short)]
+        config: Option<PathBuf>,
+        /// Data folder (default ./strata-data; overrides the config's data-dir).
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
+    },
+    /// Show a running server's exports, devices and counters.
+    Status {
+        #[command(flatten)]
+        target: AdminTarget,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print a running server's metrics in Prometheus text format.
+    Metrics {
+        #[command(flatten)]
+        target: AdminTarget,
+    },
+}
+
+#[derive(clap::Args)]
+struct AdminTarget {
+    /// Data folder of the server (its admin socket is <data-dir>/admin.sock).
+    #[arg(long, default_value = "strata-data")]
+    data_dir: PathBuf,
+    /// The admin socket, if not in the data folder.
+    #[arg(long)]
+    admin: Option<PathBuf>,
+}
+
+impl AdminTarget {
+    fn socket(&self) -> PathBuf {
+        self.admin
+            .clone()
+            .unwrap_or_else(|| self.data_dir.join("admin.sock"))
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("strata: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Serve { config, data_dir } => {
+            let loaded = serve::load_config(&serve::ServeArgs { config, data_dir })?;
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .thread_name("strata")
+                .build()?;
+            runtime.block_on(serve::serve(loaded))
+        }
+        Command::Status { target, json } => {
+            let status = admin::request(&target.socket(), &AdminRequest::Status)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&status)?);
+            } else {
+                print!("{}", status::render(&status));
+            }
+            Ok(())
+        }
+        Command::Metrics { target } => {
+            let reply = admin::request(&target.socket(), &AdminRequest::Metrics)?;
+            print!("{}", reply["metrics"].as_str().unwrap_or_default());
+            Ok(())
+        }
+    }
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("STRATA_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}

@@ -1,0 +1,189 @@
+//! Listeners, connections and orderly shutdown.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, UnixListener};
+use tokio::sync::{watch, Semaphore};
+use tracing::{debug, info, warn};
+
+use crate::export::Exports;
+use crate::handshake::{negotiate, HandshakeError};
+use crate::transmission::{serve, SessionEnd};
+use crate::Limits;
+
+/// A bound socket the server accepts clients on.
+pub enum Listener {
+    Unix {
+        listener: UnixListener,
+        path: PathBuf,
+    },
+    Tcp(TcpListener),
+}
+
+impl Listener {
+    pub fn describe(&self) -> String {
+        match self {
+            Listener::Unix { path, .. } => format!("unix:{}", path.display()),
+            Listener::Tcp(listener) => match listener.local_addr() {
+                Ok(addr) => format!("tcp:{addr}"),
+                Err(_) => "tcp:?".into(),
+            },
+        }
+    }
+}
+
+/// An NBD server: exports, limits, and the connections it is serving.
+pub struct Server {
+    exports: Arc<Exports>,
+    limits: Limits,
+    shutdown: watch::Sender<bool>,
+    connection_slots: Arc<Semaphore>,
+    connections_total: AtomicU64,
+}
+
+impl Server {
+    pub fn new(exports: Arc<Exports>, limits: Limits) -> Arc<Self> {
+        let (shutdown, _) = watch::channel(false);
+        Arc::new(Server {
+            exports,
+            connection_slots: Arc::new(Semaphore::new(limits.max_connections)),
+            limits,
+            shutdown,
+            connections_total: AtomicU64::new(0),
+        })
+    }
+
+    pub fn exports(&self) -> &Arc<Exports> {
+        &self.exports
+    }
+
+    /// Clients connected right now.
+    pub fn connections_open(&self) -> usize {
+        self.limits.max_connections - self.connection_slots.available_permits()
+    }
+
+    /// Clients accepted since start.
+    pub fn connections_total(&self) -> u64 {
+        self.connections_total.load(Ordering::Relaxed)
+    }
+
+    /// Accepts clients until shutdown. Each client runs in its own task.
+    pub async fn run(self: Arc<Self>, listener: Listener) {
+        let mut shutdown = self.shutdown.subscribe();
+        let name = listener.describe();
+        loop {
+            let accepted = tokio::select! {
+                biased;
+                _ = shutdown.wait_for(|stop| *stop) => break,
+                accepted = accept(&listener) => accepted,
+            };
+            match accepted {
+                Ok(Some((reader, writer, peer))) => self.clone().start(reader, writer, peer),
+                Ok(None) => {}
+                Err(e) => {
+                    // Typically EMFILE: back off instead of spinning on the error.
+                    warn!(listener = %name, "accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+        if let Listener::Unix { path, .. } = &listener {
+            let _ = std::fs::remove_file(path);
+        }
+        debug!(listener = %name, "stopped accepting");
+    }
+
+    fn start<R, W>(self: Arc<Self>, reader: R, writer: W, peer: String)
+    where
+        R: AsyncRead + Unpin + Send + 'static,
+        W: AsyncWrite + Unpin + Send + 'static,
+    {
+        let Ok(slot) = self.connection_slots.clone().try_acquire_owned() else {
+            warn!(%peer, "refusing client: {} connections open", self.limits.max_connections);
+            return;
+        };
+        let id = self.connections_total.fetch_add(1, Ordering::Relaxed) + 1;
+        tokio::spawn(async move {
+            self.connection(id, reader, writer, &peer).await;
+            drop(slot);
+        });
+    }
+
+    async fn connection<R, W>(&self, id: u64, mut reader: R, mut writer: W, peer: &str)
+    where
+        R: AsyncRead + Unpin + Send + 'static,
+        W: AsyncWrite + Unpin + Send + 'static,
+    {
+        let mut shutdown = self.shutdown.subscribe();
+        let handshake = negotiate(&mut reader, &mut writer, &self.exports, &self.limits);
+        let negotiated = tokio::select! {
+            _ = shutdown.wait_for(|stop| *stop) => return,
+            result = tokio::time::timeout(self.limits.handshake_timeout, handshake) => result,
+        };
+        let negotiated = match negotiated {
+            Ok(Ok(negotiated)) => negotiated,
+            Ok(Err(HandshakeError::Closed | HandshakeError::Aborted)) => {
+                debug!(id, %peer, "client left during the handshake");
+                return;
+            }
+            Ok(Err(e)) => {
+                warn!(id, %peer, "handshake failed: {e}");
+                return;
+            }
+            Err(_) => {
+                warn!(id, %peer, "handshake timed out");
+                return;
+            }
+        };
+        let export = negotiated.export.name.clone();
+        info!(id, %peer, %export, structured = negotiated.structured_replies, "client connected");
+        match serve(reader, writer, negotiated, self.limits, shutdown).await {
+            SessionEnd::ClientDone => info!(id, %export, "client disconnected"),
+            SessionEnd::Shutdown => info!(id, %export, "session closed for shutdown"),
+            SessionEnd::Dropped(why) => warn!(id, %peer, %export, "dropped client: {why}"),
+        }
+    }
+
+    /// Stops accepting clients and requests; sessions answer what they already accepted.
+    pub fn shutdown(&self) {
+        self.shutdown.send_replace(true);
+    }
+
+    /// Waits until every connection has ended, or `timeout` passes. Returns whether all ended.
+    pub async fn wait_closed(&self, timeout: Duration) -> bool {
+        let all = self.limits.max_connections as u32;
+        let slots = self.connection_slots.clone();
+        tokio::time::timeout(timeout, slots.acquire_many_owned(all))
+            .await
+            .is_ok()
+    }
+}
+
+type Halves = (
+    Box<dyn AsyncRead + Unpin + Send>,
+    Box<dyn AsyncWrite + Unpin + Send>,
+    String,
+);
+
+async fn accept(listener: &Listener) -> std::io::Result<Option<Halves>> {
+    match listener {
+        Listener::Unix { listener, .. } => {
+            let (stream, _) = listener.accept().await?;
+            let (reader, writer) = stream.into_split();
+            Ok(Some((Box::new(reader), Box::new(writer), "unix".into())))
+        }
+        Listener::Tcp(listener) => {
+            let (stream, peer) = listener.accept().await?;
+            // Replies are small and latency-bound; Nagle would hold them back.
+            if let Err(e) = stream.set_nodelay(true) {
+                debug!("TCP_NODELAY: {e}");
+            }
+            let (reader, writer) = stream.into_split();
+            Ok(Some((Box::new(reader), Box::new(writer), peer.to_string())))
+        }
+    }
+}

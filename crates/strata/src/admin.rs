@@ -1,0 +1,174 @@
+//! The admin interface: a unix socket that answers one JSON request per connection.
+//! `strata status` and `strata metrics` are its clients.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::Context;
+use prometheus_client::registry::Registry;
+use serde::{Deserialize, Serialize};
+use strata_core::{Control, ControlReply, NodeStatus};
+use strata_nbd::Server;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+use tokio::net::UnixListener;
+use tracing::{debug, warn};
+
+use crate::build::Stack;
+
+/// Everything the admin interface reports on.
+pub struct AdminState {
+    pub started: Instant,
+    pub data_dir: String,
+    pub listeners: Vec<String>,
+    pub server: Arc<Server>,
+    pub stack: Stack,
+    pub registry: Registry,
+}
+
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(tag = "cmd", rename_all = "kebab-case")]
+pub enum AdminRequest {
+    Status,
+    Metrics,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ExportStatus {
+    pub name: String,
+    pub device: String,
+    pub size: u64,
+    pub read_only: bool,
+    pub description: String,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Connections {
+    pub open: usize,
+    pub total: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Status {
+    pub version: &'static str,
+    pub uptime_s: u64,
+    pub data_dir: String,
+    pub listeners: Vec<String>,
+    pub connections: Connections,
+    pub exports: Vec<ExportStatus>,
+    pub devices: Vec<NodeStatus>,
+}
+
+/// The largest request line we read; requests are a few dozen bytes.
+const MAX_REQUEST_BYTES: u64 = 64 * 1024;
+
+pub async fn run(listener: UnixListener, state: Arc<AdminState>) {
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                warn!("admin accept failed: {e}");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let state = state.clone();
+        tokio::spawn(async move {
+            if let Err(e) = answer(stream, &state).await {
+                debug!("admin request failed: {e:#}");
+            }
+        });
+    }
+}
+
+async fn answer(stream: tokio::net::UnixStream, state: &AdminState) -> anyhow::Result<()> {
+    let (reader, mut writer) = stream.into_split();
+    let mut line = String::new();
+    let mut reader =
+        tokio::io::BufReader::new(tokio::io::AsyncReadExt::take(reader, MAX_REQUEST_BYTES));
+    reader.read_line(&mut line).await?;
+    let reply = match serde_json::from_str::<AdminRequest>(&line) {
+        Ok(AdminRequest::Status) => serde_json::to_string(&status(state).await)?,
+        Ok(AdminRequest::Metrics) => {
+            let mut text = String::new();
+            prometheus_client::encoding::text::encode(&mut text, &state.registry)?;
+            serde_json::to_string(&serde_json::json!({ "metrics": text }))?
+        }
+        Err(e) => serde_json::to_string(&serde_json::json!({ "error": e.to_string() }))?,
+    };
+    writer.write_all(reply.as_bytes()).await?;
+    writer.write_all(b"\n").await?;
+    writer.shutdown().await?;
+    Ok(())
+}
+
+pub async fn status(state: &AdminState) -> Status {
+    let mut devices = Vec::new();
+    for node in &state.stack.nodes {
+        match node.device.control(Control::Describe).await {
+            Ok(ControlReply::Describe(mut status)) => {
+                status.name = node.name.clone();
+                devices.push(status);
+            }
+            Ok(other) => warn!(device = %node.name, "describe answered {other:?}"),
+            Err(e) => warn!(device = %node.name, "describe failed: {e}"),
+        }
+    }
+    let exports = state
+        .stack
+        .exports
+        .list()
+        .iter()
+        .map(|export| ExportStatus {
+            name: export.name.clone(),
+            device: device_name(state, export),
+            size: export.device.geometry().size,
+            read_only: export.read_only || export.device.capabilities().read_only,
+            description: export.description.clone(),
+        })
+        .collect();
+    Status {
+        version: env!("CARGO_PKG_VERSION"),
+        uptime_s: state.started.elapsed().as_secs(),
+        data_dir: state.data_dir.clone(),
+        listeners: state.listeners.clone(),
+        connections: Connections {
+            open: state.server.connections_open(),
+            total: state.server.connections_total(),
+        },
+        exports,
+        devices,
+    }
+}
+
+fn device_name(state: &AdminState, export: &strata_nbd::Export) -> String {
+    state
+        .stack
+        .nodes
+        .iter()
+        .find(|node| Arc::ptr_eq(&node.device, &export.device))
+        .map(|node| node.name.clone())
+        .unwrap_or_default()
+}
+
+/// Sends one request to a running server's admin socket and returns the JSON reply.
+pub fn request(socket: &Path, request: &AdminRequest) -> anyhow::Result<serde_json::Value> {
+    let mut stream = std::os::unix::net::UnixStream::connect(socket).with_context(|| {
+        format!(
+            "cannot reach the admin socket {} (is `strata serve` running?)",
+            socket.display()
+        )
+    })?;
+    let mut line = serde_json::to_string(request)?;
+    line.push('\n');
+    stream.write_all(line.as_bytes())?;
+    let mut reply = String::new();
+    BufReader::new(stream).read_line(&mut reply)?;
+    let value: serde_json::Value =
+        serde_json::from_str(&reply).context("the server sent a reply that is not JSON")?;
+    if let Some(error) = value.get("error") {
+        anyhow::bail!("the server refused the request: {error}");
+    }
+    Ok(value)
+}

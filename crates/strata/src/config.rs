@@ -1,0 +1,321 @@
+//! The TOML configuration: disks, exports, listeners. Every error names the file, the line
+//! and the field, because an administrator fixing a config at 3 a.m. deserves no less.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use crate::size::ByteSize;
+
+/// The configuration `strata serve` uses when given none: one sparse file-backed disk
+/// exported as `default`, on a unix socket and on localhost.
+pub const EMBEDDED_DEFAULT: &str = r#"# Strata configuration, written on first start. Edit and restart to change.
+listen = ["unix:nbd.sock", "tcp:127.0.0.1:10809"]
+admin = "admin.sock"
+
+[[disk]]
+name = "disk0"
+path = "disks/disk0.img"
+size = "16GiB"
+
+[[export]]
+name = "default"
+device = "disk0"
+description = "Strata default volume"
+"#;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct Config {
+    /// Where disks and sockets live; relative to the config file's folder.
+    pub data_dir: Option<PathBuf>,
+    #[serde(default = "default_listen")]
+    pub listen: Vec<Spanned<String>>,
+    #[serde(default = "default_admin")]
+    pub admin: PathBuf,
+    /// Address of an HTTP listener serving Prometheus metrics at /metrics.
+    pub metrics: Option<Spanned<String>>,
+    #[serde(default, rename = "disk")]
+    pub disks: Vec<DiskConfig>,
+    #[serde(default, rename = "export")]
+    pub exports: Vec<ExportConfig>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct DiskConfig {
+    pub name: Spanned<String>,
+    pub path: PathBuf,
+    /// Size to create the file with when it does not exist.
+    pub size: Option<ByteSize>,
+    #[serde(default)]
+    pub direct: bool,
+    #[serde(default)]
+    pub read_only: bool,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct ExportConfig {
+    pub name: Spanned<String>,
+    pub device: Spanned<String>,
+    #[serde(default)]
+    pub read_only: bool,
+    #[serde(default)]
+    pub description: String,
+}
+
+fn default_listen() -> Vec<Spanned<String>> {
+    Vec::new()
+}
+
+fn default_admin() -> PathBuf {
+    PathBuf::from("admin.sock")
+}
+
+/// Where clients reach the server.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ListenAddr {
+    Unix(PathBuf),
+    Tcp(String),
+}
+
+/// A configuration error with its place in the file.
+#[derive(Debug)]
+pub struct ConfigError {
+    pub file: String,
+    pub line: Option<usize>,
+    pub column: Option<usize>,
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (self.line, self.column) {
+            (Some(line), Some(column)) => write!(
+                f,
+                "{}: line {line}, column {column}: {}",
+                self.file, self.message
+            ),
+            _ => write!(f, "{}: {}", self.file, self.message),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// A parsed, validated configuration and where it came from.
+pub struct Loaded {
+    pub config: Config,
+    pub data_dir: PathBuf,
+    pub listen: Vec<ListenAddr>,
+}
+
+impl Loaded {
+    /// Resolves a path from the config against the data folder.
+    pub fn resolve(&self, path: &Path) -> PathBuf {
+        self.data_dir.join(path)
+    }
+}
+
+/// Parses and validates `text`, read from `file`. `base` is the folder relative data-dir
+/// paths resolve against; `data_dir_override` replaces the config's data-dir.
+pub fn load(
+    text: &str,
+    file: &str,
+    base: &Path,
+    data_dir_override: Option<&Path>,
+) -> Result<Loaded, ConfigError> {
+    let config: Config = toml::from_str(text).map_err(|e| {
+        let (line, column) = e.span().map(|span| line_column(text, span.start)).unzip();
+        ConfigError {
+            file: file.into(),
+            line,
+            column,
+            message: e.message().trim().to_string(),
+        }
+    })?;
+    let error = |offset: usize, message: String| {
+        let (line, column) = line_column(text, offset);
+        ConfigError {
+            file: file.into(),
+            line: Some(line),
+            column: Some(column),
+            message,
+        }
+    };
+    validate(&config, &error)?;
+    let mut listen = Vec::new();
+    for entry in &config.listen {
+        listen.push(parse_listen(entry.get_ref()).map_err(|m| error(entry.span().start, m))?);
+    }
+    if let Some(metrics) = &config.metrics {
+        if metrics.get_ref().parse::<std::net::SocketAddr>().is_err() {
+            let message = format!(
+                "field `metrics`: {:?} is not an address such as 127.0.0.1:9810",
+                metrics.get_ref()
+            );
+            return Err(error(metrics.span().start, message));
+        }
+    }
+    let data_dir = match data_dir_override {
+        Some(dir) => dir.to_path_buf(),
+        None => base.join(
+            config
+                .data_dir
+                .clone()
+                .unwrap_or_else(|| PathBuf::from(".")),
+        ),
+    };
+    Ok(Loaded {
+        config,
+        data_dir,
+        listen,
+    })
+}
+
+fn validate(
+    config: &Config,
+    error: &dyn Fn(usize, String) -> ConfigError,
+) -> Result<(), ConfigError> {
+    let mut disks = HashSet::new();
+    for disk in &config.disks {
+        let name = disk.name.get_ref();
+        check_name(name)
+            .map_err(|m| error(disk.name.span().start, format!("field `name`: {m}")))?;
+        if !disks.insert(name.as_str()) {
+            let message = format!("field `name`: a disk named {name:?} is already defined");
+            return Err(error(disk.name.span().start, message));
+        }
+    }
+    let mut exports = HashSet::new();
+    for export in &config.exports {
+        let name = export.name.get_ref();
+        check_name(name)
+            .map_err(|m| error(export.name.span().start, format!("field `name`: {m}")))?;
+        if !exports.insert(name.as_str()) {
+            let message = format!("field `name`: an export named {name:?} is already defined");
+            return Err(error(export.name.span().start, message));
+        }
+        let device = export.device.get_ref();
+        if !disks.contains(device.as_str()) {
+            let message = format!("field `device`: no disk or layer named {device:?}");
+            return Err(error(export.device.span().start, message));
+        }
+    }
+    if config.exports.is_empty() {
+        return Err(error(
+            0,
+            "no [[export]] is defined: nothing to serve".into(),
+        ));
+    }
+    if config.listen.is_empty() {
+        return Err(error(
+            0,
+            "field `listen` is empty: clients could not reach any export".into(),
+        ));
+    }
+    Ok(())
+}
+
+fn check_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{name:?} is not a valid name (1-64 characters: letters, digits, '-', '_', '.')"
+        ))
+    }
+}
+
+fn parse_listen(entry: &str) -> Result<ListenAddr, String> {
+    if let Some(path) = entry.strip_prefix("unix:") {
+        if path.is_empty() {
+            return Err("field `listen`: \"unix:\" needs a socket path".into());
+        }
+        return Ok(ListenAddr::Unix(PathBuf::from(path)));
+    }
+    if let Some(addr) = entry.strip_prefix("tcp:") {
+        return match addr.parse::<std::net::SocketAddr>() {
+            Ok(_) => Ok(ListenAddr::Tcp(addr.to_string())),
+            Err(_) => Err(format!(
+                "field `listen`: {addr:?} is not an address such as 127.0.0.1:10809"
+            )),
+        };
+    }
+    Err(format!(
+        "field `listen`: {entry:?} must start with \"unix:\" or \"tcp:\""
+    ))
+}
+
+/// 1-based line and column of a byte offset.
+fn line_column(text: &str, offset: usize) -> (usize, usize) {
+    let before = &text[..offset.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+    (line, column)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load_str(text: &str) -> Result<Loaded, ConfigError> {
+        load(text, "test.toml", Path::new("/base"), None)
+    }
+
+    #[test]
+    fn embedded_default_is_valid() {
+        let loaded = load_str(EMBEDDED_DEFAULT).unwrap();
+        assert_eq!(loaded.config.disks.len(), 1);
+        assert_eq!(loaded.config.disks[0].size, Some(ByteSize(16 << 30)));
+        assert_eq!(loaded.listen.len(), 2);
+        assert_eq!(loaded.data_dir, PathBuf::from("/base/."));
+        assert_eq!(loaded.listen[1], ListenAddr::Tcp("127.0.0.1:10809".into()));
+    }
+
+    #[test]
+    fn unknown_device_names_line_and_field() {
+        let text = "listen = [\"unix:s\"]\n[[disk]]\nname = \"d0\"\npath = \"d0.img\"\n\n[[export]]\nname = \"vol\"\ndevice = \"d9\"\n";
+        let err = load_str(text).err().unwrap();
+        assert_eq!(err.line, Some(8));
+        assert!(err.to_string().contains("line 8"), "{err}");
+        assert!(err.to_string().contains("`device`"), "{err}");
+        assert!(err.to_string().contains("d9"), "{err}");
+    }
+
+    #[test]
+    fn missing_field_and_unknown_key_are_located() {
+        let missing = "listen = [\"unix:s\"]\n[[disk]]\nname = \"d0\"\n";
+        let err = load_str(missing).err().unwrap();
+        assert!(err.to_string().contains("path"), "{err}");
+        assert!(err.line.is_some(), "{err}");
+        let unknown =
+            "listen = [\"unix:s\"]\n[[disk]]\nname = \"d0\"\npath = \"x\"\nsise = \"1GiB\"\n";
+        let err = load_str(unknown).err().unwrap();
+        assert_eq!(err.line, Some(5), "{err}");
+        assert!(err.to_string().contains("sise"), "{err}");
+    }
+
+    #[test]
+    fn bad_values_are_refused() {
+        let bad_size =
+            "listen = [\"unix:s\"]\n[[disk]]\nname = \"d0\"\npath = \"x\"\nsize = \"big\"\n";
+        let err = load_str(bad_size).err().unwrap();
+        assert_eq!(err.line, Some(5), "{err}");
+        let bad_listen = "listen = [\"udp:1\"]\n[[disk]]\nname = \"d0\"\npath = \"x\"\n[[export]]\nname = \"v\"\ndevice = \"d0\"\n";
+        let err = load_str(bad_listen).err().unwrap();
+        assert_eq!(err.line, Some(1), "{err}");
+        let dup = "listen = [\"unix:s\"]\n[[disk]]\nname = \"d0\"\npath = \"x\"\n[[disk]]\nname = \"d0\"\npath = \"y\"\n";
+        let err = load_str(dup).err().unwrap();
+        assert_eq!(err.line, Some(6), "{err}");
+    }
+}

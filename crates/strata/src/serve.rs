@@ -1,0 +1,219 @@
+//! `strata serve`: build the stack, bind the listeners, serve until a signal, then close
+//! in order (stop accepting, answer in-flight requests, flush every device).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use prometheus_client::registry::Registry;
+use strata_core::{MetricsRegistry, TokioRuntime};
+use strata_nbd::{Limits, Listener, Server};
+use tokio::net::{TcpListener, UnixListener};
+use tokio::signal::unix::{signal, SignalKind};
+use tracing::{error, info, warn};
+
+use crate::admin::{self, AdminState};
+use crate::build;
+use crate::config::{self, ListenAddr, Loaded};
+
+/// How long shutdown waits for clients to take their last replies.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+
+pub struct ServeArgs {
+    pub config: Option<PathBuf>,
+    pub data_dir: Option<PathBuf>,
+}
+
+/// Loads the configuration: the given file, else `<data-dir>/strata.toml`, which is written
+/// from the embedded default on first start so that the administrator can see and edit it.
+pub fn load_config(args: &ServeArgs) -> anyhow::Result<Loaded> {
+    if let Some(path) = &args.config {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading config {}", path.display()))?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        let loaded = config::load(
+            &text,
+            &path.display().to_string(),
+            base,
+            args.data_dir.as_deref(),
+        )?;
+        return Ok(loaded);
+    }
+    let data_dir = args
+        .data_dir
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("strata-data"));
+    std::fs::create_dir_all(&data_dir)
+        .with_context(|| format!("creating data folder {}", data_dir.display()))?;
+    let path = data_dir.join("strata.toml");
+    if !path.exists() {
+        std::fs::write(&path, config::EMBEDDED_DEFAULT)
+            .with_context(|| format!("writing {}", path.display()))?;
+        println!(
+            "Created {} with the embedded default configuration.",
+            path.display()
+        );
+    }
+    let text = std::fs::read_to_string(&path)?;
+    Ok(config::load(
+        &text,
+        &path.display().to_string(),
+        Path::new("."),
+        Some(&data_dir),
+    )?)
+}
+
+pub async fn serve(loaded: Loaded) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let runtime = TokioRuntime::current();
+    let metrics = MetricsRegistry::default();
+    let mut registry = Registry::default();
+    metrics.register(&mut registry);
+    let stack = build::build(&loaded, runtime, &metrics)?;
+    let server = Server::new(stack.exports.clone(), Limits::default());
+
+    let mut names = Vec::new();
+    for addr in &loaded.listen {
+        let listener = bind(addr, &loaded).await?;
+        names.push(listener.describe());
+        tokio::spawn(server.clone().run(listener));
+    }
+    let admin_path = loaded.resolve(&loaded.config.admin);
+    let admin_listener = bind_unix(&admin_path)?;
+    let metrics_addr = loaded.config.metrics.as_ref().map(|m| m.get_ref().clone());
+    let state = Arc::new(AdminState {
+        started,
+        data_dir: loaded.data_dir.display().to_string(),
+        listeners: names.clone(),
+        server: server.clone(),
+        stack,
+        registry,
+    });
+    tokio::spawn(admin::run(admin_listener, state.clone()));
+    if let Some(addr) = &metrics_addr {
+        let listener = TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("binding the metrics listener on {addr}"))?;
+        tokio::spawn(crate::metrics_http::run(listener, state.clone()));
+    }
+    print_welcome(&loaded, &state, &admin_path, metrics_addr.as_deref());
+
+    wait_for_signal().await?;
+    info!("shutting down: finishing in-flight requests");
+    server.shutdown();
+    if !server.wait_closed(DRAIN_TIMEOUT).await {
+        warn!("some clients did not take their last replies within {DRAIN_TIMEOUT:?}");
+    }
+    let mut failed = false;
+    for node in &state.stack.nodes {
+        if let Err(e) = node.device.flush().await {
+            error!(device = %node.name, "final flush failed: {e}");
+            failed = true;
+        }
+    }
+    let _ = std::fs::remove_file(&admin_path);
+    if failed {
+        bail!("some devices could not be flushed; see the log");
+    }
+    info!("all devices flushed; goodbye");
+    Ok(())
+}
+
+async fn bind(addr: &ListenAddr, loaded: &Loaded) -> anyhow::Result<Listener> {
+    match addr {
+        ListenAddr::Unix(path) => {
+            let path = loaded.resolve(path);
+            let listener = bind_unix(&path)?;
+            Ok(Listener::Unix { listener, path })
+        }
+        ListenAddr::Tcp(addr) => {
+            let listener = TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding {addr}"))?;
+            Ok(Listener::Tcp(listener))
+        }
+    }
+}
+
+/// Binds a unix socket, replacing a stale socket file but never a live server's.
+fn bind_unix(path: &Path) -> anyhow::Result<UnixListener> {
+    if path.exists() {
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            bail!(
+                "{} is in use by a running server (stop it, or choose another data folder)",
+                path.display()
+            );
+        }
+        std::fs::remove_file(path).with_context(|| format!("removing stale {}", path.display()))?;
+    }
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))
+}
+
+async fn wait_for_signal() -> anyhow::Result<()> {
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    let mut terminate = signal(SignalKind::terminate())?;
+    tokio::select! {
+        _ = interrupt.recv() => info!("SIGINT received"),
+        _ = terminate.recv() => info!("SIGTERM received"),
+    }
+    Ok(())
+}
+
+fn print_welcome(loaded: &Loaded, state: &AdminState, admin: &Path, metrics: Option<&str>) {
+    println!(
+        "Strata {} serving from {}",
+        env!("CARGO_PKG_VERSION"),
+        loaded.data_dir.display()
+    );
+    for export in state.stack.exports.list() {
+        let size = crate::size::ByteSize(export.device.geometry().size);
+        let mode = if export.read_only {
+            "read-only"
+        } else {
+            "read-write"
+        };
+        println!("  export {:?}: {size}, {mode}", export.name);
+    }
+    let first = state
+        .stack
+        .exports
+        .list()
+        .first()
+        .map(|e| e.name.clone())
+        .unwrap_or_default();
+    println!("Connect with:");
+    for addr in &loaded.listen {
+        let uri = match addr {
+            ListenAddr::Unix(path) => {
+                format!(
+                    "nbd+unix:///{first}?socket={}",
+                    absolute(&loaded.resolve(path)).display()
+                )
+            }
+            ListenAddr::Tcp(addr) => format!("nbd://{addr}/{first}"),
+        };
+        println!("  nbdinfo '{uri}'");
+        println!("  qemu-img info '{uri}'");
+        println!("  mkdir -p /tmp/strata-fuse && nbdfuse /tmp/strata-fuse/nbd '{uri}' &");
+    }
+    println!(
+        "Status: strata status --admin {}",
+        absolute(admin).display()
+    );
+    if let Some(addr) = metrics {
+        println!("Metrics: http://{addr}/metrics");
+    }
+    println!(
+        "ready: serving {} export(s) on {}",
+        state.stack.exports.list().len(),
+        state.listeners.join(", ")
+    );
+}
+
+fn absolute(path: &Path) -> PathBuf {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
+}

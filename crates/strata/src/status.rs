@@ -1,0 +1,89 @@
+//! Renders `strata status` for people.
+
+use std::fmt::Write;
+
+use serde_json::Value;
+
+use crate::size::ByteSize;
+
+pub fn render(status: &Value) -> String {
+    let mut out = String::new();
+    let text = |v: &Value| v.as_str().unwrap_or("?").to_string();
+    let num = |v: &Value| v.as_u64().unwrap_or(0);
+    let _ = writeln!(
+        out,
+        "Strata {} — up {}s — data {}",
+        text(&status["version"]),
+        num(&status["uptime_s"]),
+        text(&status["data_dir"])
+    );
+    let listeners: Vec<String> = status["listeners"]
+        .as_array()
+        .map(|l| l.iter().map(text).collect())
+        .unwrap_or_default();
+    let _ = writeln!(out, "listening on {}", listeners.join(", "));
+    let _ = writeln!(
+        out,
+        "connections: {} open, {} since start",
+        num(&status["connections"]["open"]),
+        num(&status["connections"]["total"])
+    );
+    let _ = writeln!(out, "\nEXPORT           DEVICE        SIZE        MODE");
+    for export in status["exports"].as_array().into_iter().flatten() {
+        let mode = if export["read_only"].as_bool() == Some(true) {
+            "ro"
+        } else {
+            "rw"
+        };
+        let _ = writeln!(
+            out,
+            "{:<16} {:<13} {:<11} {mode}",
+            text(&export["name"]),
+            text(&export["device"]),
+            ByteSize(num(&export["size"])).to_string()
+        );
+    }
+    let _ = writeln!(out, "\nDEVICES");
+    for device in status["devices"].as_array().into_iter().flatten() {
+        render_node(&mut out, device, 1);
+    }
+    out
+}
+
+fn render_node(out: &mut String, node: &Value, depth: usize) {
+    let indent = "  ".repeat(depth);
+    let _ = writeln!(
+        out,
+        "{indent}{} ({}) {} {}",
+        node["name"].as_str().unwrap_or("?"),
+        node["kind"].as_str().unwrap_or("?"),
+        ByteSize(node["size"].as_u64().unwrap_or(0)),
+        node["health"].as_str().unwrap_or("?")
+    );
+    for pair in node["detail"].as_array().into_iter().flatten() {
+        let _ = writeln!(
+            out,
+            "{indent}  {} = {}",
+            pair[0].as_str().unwrap_or(""),
+            pair[1].as_str().unwrap_or("")
+        );
+    }
+    if let Some(stats) = node["stats"].as_object() {
+        for (op, counters) in stats {
+            let ops = counters["ops"].as_u64().unwrap_or(0);
+            if ops == 0 {
+                continue;
+            }
+            let _ = writeln!(
+                out,
+                "{indent}  {op:<13} {ops:>10} ops {:>12} bytes {:>6} errors  mean {} µs",
+                counters["bytes"].as_u64().unwrap_or(0),
+                counters["errors"].as_u64().unwrap_or(0),
+                counters["latency_us_mean"].as_u64().unwrap_or(0)
+            );
+        }
+    }
+    for child in node["children"].as_array().into_iter().flatten() {
+        render_node(out, child, depth + 1);
+    }
+}
