@@ -43,7 +43,7 @@ impl Geometry {
             });
         }
         let align = u64::from(self.min_io);
-        if offset % align != 0 || len % align != 0 {
+        if !offset.is_multiple_of(align) || !len.is_multiple_of(align) {
             return Err(crate::BlockError::InvalidArgument(format!(
                 "[{offset}, +{len}) is not aligned to {align} bytes"
             )));

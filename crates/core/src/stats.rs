@@ -184,7 +184,7 @@ impl DeviceStats {
                 ops,
                 bytes: stats.bytes.get(),
                 errors: stats.errors.get(),
-                latency_us_mean: if ops == 0 { 0 } else { total_ns / ops / 1000 },
+                latency_us_mean: total_ns.checked_div(ops).unwrap_or(0) / 1000,
             }
         };
         StatsSnapshot {

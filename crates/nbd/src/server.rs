@@ -97,6 +97,16 @@ impl Server {
         debug!(listener = %name, "stopped accepting");
     }
 
+    /// Serves one already-connected byte stream (a socket, or a pipe in tests).
+    pub async fn serve_stream<S>(self: Arc<Self>, stream: S, peer: String)
+    where
+        S: AsyncRead + AsyncWrite + Send + 'static,
+    {
+        let (reader, writer) = tokio::io::split(stream);
+        let id = self.connections_total.fetch_add(1, Ordering::Relaxed) + 1;
+        self.connection(id, reader, writer, &peer).await;
+    }
+
     fn start<R, W>(self: Arc<Self>, reader: R, writer: W, peer: String)
     where
         R: AsyncRead + Unpin + Send + 'static,

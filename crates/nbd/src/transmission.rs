@@ -284,7 +284,10 @@ fn validate(session: &Session, request: &Request) -> Result<(), ReplyBody> {
     }
     let align = u64::from(geometry.min_io);
     let checks_alignment = request.kind != CMD_BLOCK_STATUS && request.kind != CMD_CACHE;
-    if checks_alignment && (request.offset % align != 0 || u64::from(request.length) % align != 0) {
+    if checks_alignment
+        && (!request.offset.is_multiple_of(align)
+            || !u64::from(request.length).is_multiple_of(align))
+    {
         return Err(ReplyBody::error(
             errno::EINVAL,
             format!("request is not aligned to the minimum block size {align}"),

@@ -42,7 +42,7 @@ impl fmt::Display for ByteSize {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let bytes = self.0;
         for (suffix, mult) in &UNITS[..4] {
-            if bytes >= *mult && bytes % mult == 0 {
+            if bytes >= *mult && bytes.is_multiple_of(*mult) {
                 return write!(f, "{}{suffix}", bytes / mult);
             }
         }
