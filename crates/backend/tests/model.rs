@@ -252,6 +252,22 @@ async fn buffered_file_matches_the_model() {
     });
 }
 
+/// The same, with every request on blocking threads (no page-cache fast path).
+#[tokio::test(flavor = "multi_thread")]
+async fn buffered_file_without_inline_io_matches_the_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let case = std::sync::atomic::AtomicU32::new(0);
+    run_model("buffered file, threads only", 32, 1, || {
+        let n = case.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let options = strata_backend::FileOptions {
+            size: Some(SIZE),
+            inline_cached_io: false,
+            ..strata_backend::FileOptions::new(dir.path().join(format!("case{n}.img")))
+        };
+        Some(common::open(options).expect("open a test file"))
+    });
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn direct_file_matches_the_model() {
     let dir = tempfile::tempdir().unwrap();

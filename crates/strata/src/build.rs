@@ -39,6 +39,7 @@ pub fn build(
             size: disk.size.map(|size| size.0),
             direct: disk.direct,
             read_only: disk.read_only,
+            inline_cached_io: disk.inline_io,
         };
         let file = FileDevice::open(options, runtime.clone())
             .with_context(|| format!("disk {name}: opening {}", path.display()))?;

@@ -55,6 +55,13 @@ pub struct DiskConfig {
     pub direct: bool,
     #[serde(default)]
     pub read_only: bool,
+    /// Serve page-cache hits on the async threads (see `FileOptions::inline_cached_io`).
+    #[serde(default = "yes")]
+    pub inline_io: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 #[derive(Debug, Deserialize)]

@@ -1,5 +1,6 @@
-//! The blocking half of [`FileDevice`](super::FileDevice): every system call it makes. These
-//! functions run on the runtime's blocking threads, never on the async ones.
+//! The system calls of [`FileDevice`](super::FileDevice). They run on the runtime's blocking
+//! threads, except the page-cache fast paths `read_cached` and small buffered writes, which
+//! `FileDevice` may run inline (see `FileOptions::inline_cached_io`).
 
 use std::fs::File;
 use std::io::{self, IoSlice};
@@ -50,6 +51,27 @@ impl Backing {
             Some(align) => self.read_direct(buf, offset, align),
         };
         result.map_err(|e| self.error("pread", offset, e))
+    }
+
+    /// Reads from the page cache without blocking (RWF_NOWAIT), for the async threads.
+    /// Returns false, having possibly filled part of `buf`, when any of it would have to wait
+    /// for the disk; the caller then reads the whole range on a blocking thread, which also
+    /// reports any error properly.
+    pub(super) fn read_cached(&self, buf: &mut [u8], offset: u64) -> bool {
+        debug_assert!(
+            self.direct_align.is_none(),
+            "O_DIRECT never hits the page cache"
+        );
+        let mut done = 0;
+        while done < buf.len() {
+            let mut slices = [io::IoSliceMut::new(&mut buf[done..])];
+            let pos = offset + done as u64;
+            match rustix::io::preadv2(&self.file, &mut slices, pos, ReadWriteFlags::NOWAIT) {
+                Ok(n) if n > 0 => done += n,
+                _ => return false,
+            }
+        }
+        true
     }
 
     fn read_direct(&self, buf: &mut [u8], offset: u64, align: usize) -> io::Result<()> {
