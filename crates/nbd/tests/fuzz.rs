@@ -31,7 +31,7 @@ fn count_panics() {
 fn valid_prefix() -> Vec<u8> {
     let mut out = BytesMut::new();
     out.put_u32(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES);
-    let mut option = |out: &mut BytesMut, code: u32, data: &[u8]| {
+    let option = |out: &mut BytesMut, code: u32, data: &[u8]| {
         out.put_u64(IHAVEOPT);
         out.put_u32(code);
         out.put_u32(data.len() as u32);
