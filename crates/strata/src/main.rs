@@ -15,6 +15,11 @@ use clap::{Parser, Subcommand};
 
 use crate::admin::AdminRequest;
 
+/// mimalloc returns freed request buffers to the OS within milliseconds; glibc's malloc kept
+/// ~70 MiB resident after a burst of 1 MiB requests (measured), over our idle budget.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "strata",
