@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""Summarise bench/run.sh results as one markdown table.
+
+Usage: report.py RESULTS_DIR   (files named <server>-<workload>.json)
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+SERVERS = ["strata", "qemu-nbd", "nbdkit", "raw"]
+PEERS = ["qemu-nbd", "nbdkit"]
+WORKLOADS = ["randread-4k", "randwrite-4k", "seqread-1m", "seqwrite-1m"]
+
+
+def load(res: Path, server: str, workload: str):
+    p = res / f"{server}-{workload}.json"
+    if not p.exists():
+        return None
+    text = p.read_text()
+    try:
+        doc = json.loads(text[text.index("{"):])
+    except ValueError:
+        return None
+    job = doc["jobs"][0]
+    if job.get("error"):
+        return None
+    d = job["write"] if "write" in workload else job["read"]
+    pct = d.get("clat_ns", {}).get("percentile", {}) or d.get("lat_ns", {}).get("percentile", {})
+    p99 = pct.get("99.000000")
+    return {
+        "iops": d["iops"],
+        "mibs": d["bw_bytes"] / (1024 * 1024),
+        "p99_us": p99 / 1000 if p99 is not None else None,
+    }
+
+
+def fmt(v, nd=0):
+    if v is None:
+        return "n/a"
+    return f"{v:,.{nd}f}"
+
+
+def ratio(a, b):
+    if a is None or b is None or b == 0:
+        return "n/a"
+    return f"{a / b:.2f}"
+
+
+def main() -> int:
+    res = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).parent / "out" / "results"
+    engine = (res / "raw-engine.txt").read_text().strip() if (res / "raw-engine.txt").exists() else "raw"
+    header = ["workload"]
+    for s in SERVERS:
+        label = f"raw ({engine})" if s == "raw" else s
+        header += [f"{label} IOPS", f"{label} MiB/s", f"{label} p99 µs"]
+    header += ["strata / best peer", "strata / raw"]
+    rows = []
+    for w in WORKLOADS:
+        r = {s: load(res, s, w) for s in SERVERS}
+        row = [w]
+        for s in SERVERS:
+            x = r[s]
+            row += [fmt(x and x["iops"]), fmt(x and x["mibs"], 1), fmt(x and x["p99_us"])]
+        key = "iops"
+        peers = [r[p][key] for p in PEERS if r[p]]
+        best = max(peers) if peers else None
+        row.append(ratio(r["strata"] and r["strata"][key], best))
+        if w.startswith("seq"):
+            row.append(ratio(r["strata"] and r["strata"]["mibs"], r["raw"] and r["raw"]["mibs"]))
+        else:
+            row.append("")
+        rows.append(row)
+    print("| " + " | ".join(header) + " |")
+    print("|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|")
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
+    print()
+    print("Ratios: 'strata / best peer' compares IOPS with the better of qemu-nbd and nbdkit;")
+    print("'strata / raw' compares MiB/s with fio on the file itself (1 MiB sequential only).")
+    for name, label in [("strata-idle-rss-kib.txt", "idle, one export"),
+                        ("strata-loaded-rss-kib.txt", "after the benchmark")]:
+        p = res / name
+        if p.exists() and p.read_text().strip():
+            kib = int(p.read_text().split()[0])
+            print(f"strata VmRSS ({label}): {kib / 1024:.1f} MiB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

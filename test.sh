@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# The one command that checks Strata: installs what the tests need when it is
+# missing, then runs format/lint checks, unit tests, the release build and the
+# end-to-end suite (tests/integration) against target/release/strata.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+log() { printf '\n==> %s\n' "$*"; }
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+    SUDO="sudo"
+fi
+
+# ---- system packages ---------------------------------------------------------
+need_pkgs=()
+have() { command -v "$1" >/dev/null 2>&1; }
+have fio          || need_pkgs+=(fio)
+have nbdkit       || need_pkgs+=(nbdkit)
+have nbdinfo      || need_pkgs+=(libnbd-bin)
+have nbdcopy      || need_pkgs+=(libnbd-bin)
+have nbdfuse      || need_pkgs+=(nbdfuse)
+have fusermount3  || need_pkgs+=(fuse3)
+have mkfs.ext4    || [ -x /usr/sbin/mkfs.ext4 ] || [ -x /sbin/mkfs.ext4 ] || need_pkgs+=(e2fsprogs)
+have qemu-img     || need_pkgs+=(qemu-utils)
+have qemu-io      || need_pkgs+=(qemu-utils)
+[ -x /usr/bin/python3 ] || need_pkgs+=(python3)
+if [ -x /usr/bin/python3 ]; then
+    /usr/bin/python3 -c 'import nbd' 2>/dev/null           || need_pkgs+=(python3-libnbd)
+    /usr/bin/python3 -c 'import pytest' 2>/dev/null        || need_pkgs+=(python3-pytest)
+    /usr/bin/python3 -c 'import pytest_timeout' 2>/dev/null || need_pkgs+=(python3-pytest-timeout)
+else
+    need_pkgs+=(python3-libnbd python3-pytest python3-pytest-timeout)
+fi
+if [ "${#need_pkgs[@]}" -gt 0 ]; then
+    log "installing: ${need_pkgs[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    $SUDO apt-get update -q
+    $SUDO apt-get install -y -q --no-install-recommends "${need_pkgs[@]}"
+fi
+
+# ---- rust components -----------------------------------------------------------
+if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then
+    log "installing rustfmt and clippy"
+    rustup component add rustfmt clippy
+fi
+
+# ---- checks ----------------------------------------------------------------------
+log "cargo fmt --check"
+cargo fmt --all -- --check
+
+log "cargo clippy"
+cargo clippy --workspace --all-targets -- -D warnings
+
+log "cargo test"
+cargo test --workspace
+
+log "cargo build --release"
+cargo build --release
+
+log "integration tests (tests/integration)"
+export STRATA_BIN="${STRATA_BIN:-$PWD/target/release/strata}"
+/usr/bin/python3 -m pytest -q -p no:cacheprovider tests/integration

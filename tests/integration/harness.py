@@ -1,0 +1,404 @@
+"""Harness for the Strata end-to-end suite (servers, clients, helpers).
+
+Every test talks to a real `strata serve` process started from a config file
+the fixture writes.  The binary is taken from $STRATA_BIN (default
+<repo>/target/release/strata); nothing is built here (test.sh builds).
+
+For developing the harness without a strata binary, STRATA_TEST_SERVER=qemu-nbd
+runs single-export configurations on qemu-nbd instead; tests that need
+strata-only features (several exports, status, metrics, config errors) skip in
+that mode.  The committed suite and CI always use strata.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+STRATA_BIN = Path(os.environ.get("STRATA_BIN", REPO / "target" / "release" / "strata"))
+SERVER_KIND = os.environ.get("STRATA_TEST_SERVER", "strata")
+READY_TIMEOUT = float(os.environ.get("STRATA_READY_TIMEOUT", "30"))
+STOP_TIMEOUT = 30.0
+
+MiB = 1024 * 1024
+GiB = 1024 * MiB
+
+
+def size_str(n: int) -> str:
+    if n % GiB == 0:
+        return f"{n // GiB}GiB"
+    if n % MiB == 0:
+        return f"{n // MiB}MiB"
+    return str(n)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def toml_str(s: str) -> str:
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+@dataclass
+class Disk:
+    name: str = "d0"
+    size: int = 256 * MiB
+    path: str | None = None  # default disks/<name>.img (relative to data-dir)
+    direct: bool = False
+
+    @property
+    def rel_path(self) -> str:
+        return self.path if self.path is not None else f"disks/{self.name}.img"
+
+
+@dataclass
+class Export:
+    name: str = "vol"
+    device: str = "d0"
+    read_only: bool = False
+    description: str | None = None
+
+
+@dataclass
+class ServerSpec:
+    disks: list[Disk] = field(default_factory=lambda: [Disk()])
+    exports: list[Export] = field(default_factory=lambda: [Export()])
+    unix: bool = True
+    tcp: bool = False
+    metrics: bool = False
+
+
+def pid_rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+class Server:
+    """A running NBD server (strata, or qemu-nbd when developing the harness)."""
+
+    def __init__(self, workdir: Path, spec: ServerSpec, name: str = "srv"):
+        self.spec = spec
+        self.workdir = workdir
+        self.data_dir = workdir / "data"
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.config_path = self.data_dir / "strata.toml"
+        self.sock = str(self.data_dir / "nbd.sock")
+        self.admin_sock = str(self.data_dir / "admin.sock")
+        self.tcp_port = free_port() if spec.tcp else None
+        self.metrics_port = free_port() if spec.metrics else None
+        self.stdout_path = workdir / f"{name}.stdout"
+        self.stderr_path = workdir / f"{name}.stderr"
+        self.proc: subprocess.Popen | None = None
+        self.kind = SERVER_KIND
+        self.history: list[str] = []  # stderr of earlier runs (restarts)
+        self.stopped = False  # stopped on purpose by the test (which checks the exit code)
+
+    # ---- addressing -------------------------------------------------------
+    def uri(self, export: str | None = None) -> str:
+        export = self.spec.exports[0].name if export is None else export
+        return f"nbd+unix:///{export}?socket={self.sock}"
+
+    def tcp_uri(self, export: str | None = None) -> str:
+        assert self.tcp_port is not None, "server was not started with tcp=True"
+        export = self.spec.exports[0].name if export is None else export
+        return f"nbd://127.0.0.1:{self.tcp_port}/{export}"
+
+    def disk_file(self, name: str = "d0") -> Path:
+        for d in self.spec.disks:
+            if d.name == name:
+                p = Path(d.rel_path)
+                return p if p.is_absolute() else self.data_dir / p
+        raise KeyError(name)
+
+    def export_size(self, export: str | None = None) -> int:
+        export = self.spec.exports[0].name if export is None else export
+        for e in self.spec.exports:
+            if e.name == export:
+                for d in self.spec.disks:
+                    if d.name == e.device:
+                        return d.size
+        raise KeyError(export)
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def rss_kib(self) -> int:
+        return pid_rss_kib(self.pid)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    # ---- config -----------------------------------------------------------
+    def config_text(self) -> str:
+        s = self.spec
+        listen = []
+        if s.unix:
+            listen.append('"unix:nbd.sock"')
+        if s.tcp:
+            listen.append(f'"tcp:127.0.0.1:{self.tcp_port}"')
+        lines = [
+            "# written by tests/integration/conftest.py",
+            'data-dir = "."',
+            f"listen = [{', '.join(listen)}]",
+            'admin = "admin.sock"',
+        ]
+        if s.metrics:
+            lines.append(f'metrics = "127.0.0.1:{self.metrics_port}"')
+        for d in s.disks:
+            lines += [
+                "",
+                "[[disk]]",
+                f"name = {toml_str(d.name)}",
+                f"path = {toml_str(d.rel_path)}",
+                f'size = "{size_str(d.size)}"',
+                f"direct = {'true' if d.direct else 'false'}",
+            ]
+        for e in s.exports:
+            lines += [
+                "",
+                "[[export]]",
+                f"name = {toml_str(e.name)}",
+                f"device = {toml_str(e.device)}",
+                f"read-only = {'true' if e.read_only else 'false'}",
+            ]
+            if e.description is not None:
+                lines.append(f"description = {toml_str(e.description)}")
+        return "\n".join(lines) + "\n"
+
+    # ---- lifecycle --------------------------------------------------------
+    def start(self) -> "Server":
+        assert self.proc is None or self.proc.poll() is not None
+        self.stopped = False
+        if self.stderr_path.exists():
+            self.history.append(self.stderr_path.read_text(errors="replace"))
+        if self.kind == "strata":
+            self._start_strata()
+        elif self.kind == "qemu-nbd":
+            self._start_qemu_nbd()
+        else:
+            raise RuntimeError(f"unknown STRATA_TEST_SERVER={self.kind!r}")
+        return self
+
+    def _popen(self, argv: list[str]) -> None:
+        self.stdout_f = open(self.stdout_path, "wb")
+        self.stderr_f = open(self.stderr_path, "wb")
+        # cwd is deliberately NOT the data dir: relative paths in the config
+        # must resolve against the config file's folder.
+        self.proc = subprocess.Popen(
+            argv,
+            cwd=self.workdir,
+            stdin=subprocess.DEVNULL,
+            stdout=self.stdout_f,
+            stderr=self.stderr_f,
+            env={**os.environ, "RUST_BACKTRACE": "1"},
+        )
+
+    def _start_strata(self) -> None:
+        if not STRATA_BIN.exists():
+            pytest.fail(f"strata binary not found at {STRATA_BIN} (run cargo build --release or set STRATA_BIN)")
+        self.config_path.write_text(self.config_text())
+        self._popen([str(STRATA_BIN), "serve", "--config", str(self.config_path)])
+        deadline = time.monotonic() + READY_TIMEOUT
+        while time.monotonic() < deadline:
+            out = self.stdout_path.read_text(errors="replace")
+            if any(line.startswith("ready:") for line in out.splitlines()):
+                return
+            if self.proc.poll() is not None:
+                self.stopped = True  # reported here; teardown need not report it again
+                pytest.fail(
+                    f"strata serve exited with {self.proc.returncode} before printing ready:\n"
+                    f"--- stdout ---\n{out}\n--- stderr ---\n{self.stderr_text()}"
+                )
+            time.sleep(0.02)
+        self._kill()
+        pytest.fail(f"strata serve did not print ready: within {READY_TIMEOUT}s\n--- stderr ---\n{self.stderr_text()}")
+
+    def _start_qemu_nbd(self) -> None:
+        s = self.spec
+        if len(s.exports) != 1 or s.metrics or (s.tcp and s.unix):
+            pytest.skip("configuration needs strata (qemu-nbd stand-in serves one export on one listener)")
+        e = s.exports[0]
+        disk = next(d for d in s.disks if d.name == e.device)
+        path = self.disk_file(disk.name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if not path.exists():
+            with open(path, "wb") as f:
+                f.truncate(disk.size)
+        argv = ["qemu-nbd", "-f", "raw", "-t", "-e", "128", "-x", e.name, "--discard=unmap",
+                "--cache=writeback", "--aio=threads"]
+        if s.tcp:
+            argv += ["-b", "127.0.0.1", "-p", str(self.tcp_port)]
+        else:
+            argv += ["-k", self.sock]
+        if e.read_only:
+            argv.append("-r")
+        if e.description:
+            argv += ["-D", e.description]
+        argv.append(str(path))
+        self._popen(argv)
+        deadline = time.monotonic() + READY_TIMEOUT
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                pytest.fail(f"qemu-nbd exited early: {self.stderr_text()}")
+            try:
+                if s.tcp:
+                    socket.create_connection(("127.0.0.1", self.tcp_port), timeout=1).close()
+                else:
+                    c = socket.socket(socket.AF_UNIX)
+                    c.connect(self.sock)
+                    c.close()
+                return
+            except OSError:
+                time.sleep(0.02)
+        self._kill()
+        pytest.fail("qemu-nbd did not come up")
+
+    def _kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = STOP_TIMEOUT) -> int:
+        """Signal the server and wait; returns its exit code (or kills it and fails)."""
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self._kill()
+                raise AssertionError(
+                    f"server did not exit within {timeout}s of signal {sig}\n--- stderr ---\n{self.stderr_text()}"
+                )
+        for f in (getattr(self, "stdout_f", None), getattr(self, "stderr_f", None)):
+            if f:
+                f.close()
+        rc = self.proc.returncode
+        self.stopped = True
+        if self.kind == "qemu-nbd" and rc == -sig:
+            rc = 0  # qemu-nbd dies by the signal; only strata promises exit 0
+        return rc
+
+    def restart(self) -> "Server":
+        rc = self.stop()
+        assert rc == 0, f"server exited {rc} on SIGTERM\n{self.stderr_text()}"
+        self.proc = None
+        return self.start()
+
+    def stderr_text(self) -> str:
+        try:
+            return self.stderr_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def stdout_text(self) -> str:
+        try:
+            return self.stdout_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    # ---- clients ----------------------------------------------------------
+    def connect(self, export: str | None = None, strict: bool = True, meta: bool = False, tcp: bool = False):
+        import nbd
+
+        h = nbd.NBD()
+        if not strict:
+            h.set_strict_mode(0)
+        if meta:
+            h.add_meta_context(nbd.CONTEXT_BASE_ALLOCATION)
+        h.connect_uri(self.tcp_uri(export) if tcp else self.uri(export))
+        return h
+
+    def status(self, *args: str, json_out: bool = True):
+        import json
+
+        argv = [str(STRATA_BIN), "status", *args]
+        if not args:
+            argv += ["--data-dir", str(self.data_dir)]
+        if json_out:
+            argv.append("--json")
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, f"{argv} exited {r.returncode}\nstdout:{r.stdout}\nstderr:{r.stderr}"
+        return json.loads(r.stdout) if json_out else r.stdout
+
+
+def _short_tmpdir() -> Path:
+    # Unix socket paths are limited to 108 bytes: keep the data dir short.
+    return Path(tempfile.mkdtemp(prefix="strata-it-", dir="/tmp"))
+
+
+def requires_strata():
+    return pytest.mark.skipif(SERVER_KIND != "strata", reason="needs the strata server")
+
+
+def run(argv, timeout=120, check=True, **kw) -> subprocess.CompletedProcess:
+    r = subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=timeout, **kw)
+    if check:
+        assert r.returncode == 0, f"{argv} exited {r.returncode}\nstdout:\n{r.stdout[-5000:]}\nstderr:\n{r.stderr[-5000:]}"
+    return r
+
+
+def pattern_bytes(seed: int, n: int) -> bytes:
+    import random
+
+    return random.Random(seed).randbytes(n)
+
+
+def close_handle(h) -> None:
+    """Disconnect politely if possible; libnbd < 1.16 has no close(), the
+    handle is freed when the last reference goes."""
+    with contextlib.suppress(Exception):
+        h.shutdown()
+    if hasattr(h, "close"):
+        h.close()
+
+
+@contextlib.contextmanager
+def nbd_handle(srv: Server, **kw):
+    h = srv.connect(**kw)
+    try:
+        yield h
+    finally:
+        close_handle(h)
+
+
+def sha256_file(path, length: int | None = None) -> str:
+    import hashlib
+
+    hsh = hashlib.sha256()
+    left = length
+    with open(path, "rb") as f:
+        while True:
+            n = 4 * MiB if left is None else min(4 * MiB, left)
+            if n == 0:
+                break
+            b = f.read(n)
+            if not b:
+                break
+            hsh.update(b)
+            if left is not None:
+                left -= len(b)
+    return hsh.hexdigest()
+
+
+ERRNO_RE = re.compile(r"\b(E[A-Z]+)\b")

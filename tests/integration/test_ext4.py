@@ -1,0 +1,120 @@
+"""A real filesystem on a strata export: nbdfuse → loop device → ext4."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import random
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from harness import MiB, Disk, Export, ServerSpec, run
+
+
+def _can_do_block_devices() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root (losetup, mount)"
+    if not os.path.exists("/dev/fuse"):
+        return "no /dev/fuse"
+    if not os.path.exists("/dev/loop-control"):
+        return "no loop device support"
+    for tool in ["nbdfuse", "losetup", "mkfs.ext4", "e2fsck", "fusermount3", "mount", "umount"]:
+        if not shutil.which(tool):
+            return f"{tool} missing"
+    return None
+
+
+pytestmark = pytest.mark.skipif(_can_do_block_devices() is not None, reason=str(_can_do_block_devices()))
+
+
+def make_tree(root: Path, seed=2024, nfiles=200):
+    rng = random.Random(seed)
+    dirs = [root]
+    for i in range(25):
+        d = rng.choice(dirs) / f"dir{i:02d}"
+        d.mkdir(parents=True)
+        dirs.append(d)
+    for i in range(nfiles):
+        size = rng.choice([0, 1, 511, 4096, 4097, rng.randrange(1, 64 * 1024)] + [rng.randrange(1, MiB + 1)] * 6)
+        data = rng.randbytes(size)
+        if rng.random() < 0.2 and size > 8192:  # some sparse-looking content
+            mid = size // 2
+            data = data[:mid // 2] + bytes(mid) + data[mid // 2 + mid:]
+        (rng.choice(dirs) / f"file{i:03d}.bin").write_bytes(data)
+
+
+def tree_digests(root: Path) -> dict[str, str]:
+    out = {}
+    for p in sorted(root.rglob("*")):
+        rel = str(p.relative_to(root))
+        if p.is_dir():
+            out[rel] = "dir"
+        else:
+            out[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
+
+
+def test_ext4_on_export(server_factory, workdir):
+    srv = server_factory(ServerSpec(disks=[Disk("d0", 512 * MiB)], exports=[Export("vol", "d0")]))
+    src = workdir / "src"
+    src.mkdir()
+    make_tree(src)
+    want = tree_digests(src)
+    assert sum(1 for v in want.values() if v != "dir") == 200
+    assert sum(p.stat().st_size for p in src.rglob("*") if p.is_file()) > 40 * MiB
+
+    fusedir = workdir / "fuse"
+    mnt = workdir / "mnt"
+    fusedir.mkdir()
+    mnt.mkdir()
+    fuse_log = open(workdir / "nbdfuse.log", "wb")
+    fuse = subprocess.Popen(["nbdfuse", str(fusedir), srv.uri()], stdout=fuse_log, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL)
+    loop = None
+    mounted = False
+    try:
+        dev = fusedir / "nbd"
+        deadline = time.monotonic() + 20
+        while not dev.exists():
+            assert fuse.poll() is None, f"nbdfuse exited: {(workdir / 'nbdfuse.log').read_text()}"
+            assert time.monotonic() < deadline, "nbdfuse did not expose the export"
+            time.sleep(0.05)
+        assert dev.stat().st_size == 512 * MiB
+        loop = run(["losetup", "-f", "--show", dev]).stdout.strip()
+        assert loop.startswith("/dev/loop")
+        run(["mkfs.ext4", "-q", "-F", loop], timeout=120)
+        run(["mount", "-t", "ext4", loop, mnt])
+        mounted = True
+        shutil.copytree(src, mnt / "tree")
+        run(["sync"])
+        run(["umount", mnt])
+        mounted = False
+        run(["blockdev", "--flushbufs", loop], check=False)
+        r = run(["e2fsck", "-fn", loop], check=False, timeout=120)
+        assert r.returncode == 0, f"e2fsck found problems:\n{r.stdout}\n{r.stderr}"
+        run(["mount", "-t", "ext4", "-o", "ro", loop, mnt])
+        mounted = True
+        got = tree_digests(mnt / "tree")
+        assert got == want
+    finally:
+        if mounted:
+            subprocess.run(["umount", str(mnt)], check=False)
+        if loop:
+            subprocess.run(["losetup", "-d", loop], check=False)
+        subprocess.run(["fusermount3", "-u", str(fusedir)], check=False)
+        try:
+            fuse.wait(20)
+        except subprocess.TimeoutExpired:
+            fuse.kill()
+            fuse.wait()
+        fuse_log.close()
+    assert srv.alive()
+    # the filesystem really lives in strata's backing file
+    with open(srv.disk_file(), "rb") as f:
+        f.seek(1024 + 56)
+        assert f.read(2) == b"\x53\xef", "no ext4 superblock in the backing file"
