@@ -1,7 +1,7 @@
 //! The transmission phase: many requests in flight per connection, replies out of order.
 //!
-//! One task reads requests, one task per request runs it against the device, one task writes
-//! replies. Memory is bounded per connection: a request takes a slot (at most
+//! Per connection, one future reads requests, one runs them against the device concurrently,
+//! one writes replies; see [`serve`]. Memory is bounded per connection: a request takes a slot (at most
 //! `Limits::max_in_flight`) and, if it carries or asks for data, a share of the byte budget
 //! (`Limits::max_buffered_bytes`) *before* any buffer is allocated; both are released only when
 //! its reply has been written to the socket. A client that stops reading replies therefore
@@ -10,6 +10,7 @@
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use strata_core::{errno, BlockError, ExtentState, WriteFlags, ZeroFlags};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
@@ -62,14 +63,27 @@ impl ReplyBody {
     }
 }
 
-/// Serves requests until the client disconnects or `shutdown` turns true; then waits for the
-/// requests already accepted to be answered.
+/// A request taken off the wire, with the permits that bound it.
+struct Accepted {
+    request: Request,
+    payload: Option<Bytes>,
+    slot: OwnedSemaphorePermit,
+    budget: Option<OwnedSemaphorePermit>,
+}
+
+/// Serves requests until the client disconnects or `shutdown` turns true; then answers the
+/// requests already accepted.
+///
+/// The reader, the requests in flight and the writer are three futures joined in one task:
+/// a connection never pays for a cross-thread wake-up between them (measured: those
+/// wake-ups, not the I/O, bounded 4 KiB IOPS when each request was a task of its own).
+/// Connections still run in parallel with each other.
 pub async fn serve<R, W>(
     reader: R,
     writer: W,
     negotiated: Negotiated,
     limits: Limits,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) -> SessionEnd
 where
     R: AsyncRead + Unpin + Send + 'static,
@@ -77,48 +91,99 @@ where
 {
     assert!(limits.max_payload as u64 <= limits.max_buffered_bytes);
     assert!(limits.max_in_flight > 0);
-    let session = Arc::new(Session { negotiated, limits });
+    let session = Session { negotiated, limits };
+    // Unbounded in type only: every queued request and reply holds a slot, so neither queue
+    // exceeds max_in_flight entries.
+    let (accepted, to_run) = mpsc::unbounded_channel();
+    let (replies, to_write) = mpsc::unbounded_channel();
+    let structured = session.negotiated.structured_replies;
+    let (end, (), ()) = tokio::join!(
+        read_requests(&session, reader, accepted, shutdown),
+        run_requests(&session, to_run, replies),
+        write_replies(writer, to_write, structured),
+    );
+    end
+}
+
+/// Reads requests until the session ends, taking each one's permits before its buffer.
+async fn read_requests<R: AsyncRead + Unpin>(
+    session: &Session,
+    reader: R,
+    accepted: mpsc::UnboundedSender<Accepted>,
+    mut shutdown: watch::Receiver<bool>,
+) -> SessionEnd {
+    let limits = &session.limits;
     let slots = Arc::new(Semaphore::new(limits.max_in_flight as usize));
     let budget_units = (limits.max_buffered_bytes / BUDGET_UNIT) as usize;
     let budget = Arc::new(Semaphore::new(budget_units));
-    // Unbounded in type only: every queued reply holds a slot, so the queue never exceeds
-    // max_in_flight entries.
-    let (replies, queue) = mpsc::unbounded_channel();
-    let structured = session.negotiated.structured_replies;
-    let writer_task = tokio::spawn(write_replies(writer, queue, structured));
-
     let mut reader = BufReader::with_capacity(128 * 1024, reader);
-    let end = loop {
+    loop {
         let mut header = [0u8; REQUEST_HEADER_LEN];
         let read = tokio::select! {
             biased;
-            _ = shutdown.wait_for(|stop| *stop) => break SessionEnd::Shutdown,
+            _ = shutdown.wait_for(|stop| *stop) => return SessionEnd::Shutdown,
             read = read_header(&mut reader, &mut header) => read,
         };
         match read {
             Ok(true) => {}
-            Ok(false) => break SessionEnd::ClientDone,
-            Err(e) => break SessionEnd::Dropped(format!("reading a request: {e}")),
+            Ok(false) => return SessionEnd::ClientDone,
+            Err(e) => return SessionEnd::Dropped(format!("reading a request: {e}")),
         }
         let request = match Request::parse(&header) {
             Ok(request) => request,
-            Err(magic) => break SessionEnd::Dropped(format!("bad request magic {magic:#x}")),
+            Err(magic) => return SessionEnd::Dropped(format!("bad request magic {magic:#x}")),
         };
         if request.kind == CMD_DISC {
-            break SessionEnd::ClientDone;
+            return SessionEnd::ClientDone;
         }
         let slot = acquire(&slots, 1).await;
-        if let Err(end) = accept(&session, &mut reader, request, slot, &budget, &replies).await {
-            break end;
+        match accept(session, &mut reader, request, slot, &budget).await {
+            Ok(next) => {
+                // The runner outlives the reader, so the queue is open.
+                let _ = accepted.send(next);
+            }
+            Err(end) => return end,
         }
-    };
-    // Every accepted request must be answered before the connection closes.
-    let _all = acquire(&slots, session.limits.max_in_flight).await;
-    drop(replies);
-    if let Err(e) = writer_task.await {
-        warn!("reply writer failed: {e}");
     }
-    end
+}
+
+/// Runs accepted requests concurrently and queues their replies as they complete.
+async fn run_requests(
+    session: &Session,
+    mut to_run: mpsc::UnboundedReceiver<Accepted>,
+    replies: mpsc::UnboundedSender<Reply>,
+) {
+    let mut running = FuturesUnordered::new();
+    let mut reading = true;
+    loop {
+        tokio::select! {
+            next = to_run.recv(), if reading => match next {
+                Some(accepted) => running.push(run(session, accepted)),
+                None => reading = false,
+            },
+            Some(reply) = running.next(), if !running.is_empty() => {
+                // The writer drains its queue to the end, so the queue is open.
+                let _ = replies.send(reply);
+            }
+            else => break,
+        }
+    }
+}
+
+async fn run(session: &Session, accepted: Accepted) -> Reply {
+    let Accepted {
+        request,
+        payload,
+        slot,
+        budget,
+    } = accepted;
+    let body = execute(session, request, payload).await;
+    Reply {
+        handle: request.handle,
+        body,
+        _slot: slot,
+        _budget: budget,
+    }
 }
 
 async fn acquire(semaphore: &Arc<Semaphore>, permits: u32) -> OwnedSemaphorePermit {
@@ -142,15 +207,14 @@ async fn read_header<R: AsyncRead + Unpin>(
     Ok(true)
 }
 
-/// Takes one request off the wire (with its payload) and starts it.
+/// Takes one request's payload off the wire, or refuses it on the spot.
 async fn accept<R: AsyncRead + Unpin>(
-    session: &Arc<Session>,
+    session: &Session,
     reader: &mut R,
     request: Request,
     slot: OwnedSemaphorePermit,
     budget: &Arc<Semaphore>,
-    replies: &mpsc::UnboundedSender<Reply>,
-) -> Result<(), SessionEnd> {
+) -> Result<Accepted, SessionEnd> {
     let carries_data = matches!(request.kind, CMD_READ | CMD_WRITE);
     let length = u64::from(request.length);
     if carries_data && request.length > session.limits.max_payload {
@@ -161,16 +225,20 @@ async fn accept<R: AsyncRead + Unpin>(
                 .await
                 .map_err(|e| SessionEnd::Dropped(format!("skipping an oversize write: {e}")))?;
         }
-        let message = format!(
+        warn!(
+            handle = request.handle,
             "request of {length} bytes exceeds the maximum payload of {}",
             session.limits.max_payload
         );
-        warn!(handle = request.handle, "{message}");
-        let body = ReplyBody::error(errno::EINVAL, message);
-        send(replies, request.handle, body, slot, None);
-        return Ok(());
+        // Turned into EINVAL by `validate`, which sees the same excess.
+        return Ok(Accepted {
+            request,
+            payload: None,
+            slot,
+            budget: None,
+        });
     }
-    let budget_permit = if carries_data && length > 0 {
+    let budget = if carries_data && length > 0 {
         let units = length.div_ceil(BUDGET_UNIT) as u32;
         Some(acquire(budget, units).await)
     } else {
@@ -187,30 +255,12 @@ async fn accept<R: AsyncRead + Unpin>(
     } else {
         None
     };
-    let session = session.clone();
-    let replies = replies.clone();
-    tokio::spawn(async move {
-        let body = execute(&session, request, payload).await;
-        send(&replies, request.handle, body, slot, budget_permit);
-    });
-    Ok(())
-}
-
-fn send(
-    replies: &mpsc::UnboundedSender<Reply>,
-    handle: u64,
-    body: ReplyBody,
-    slot: OwnedSemaphorePermit,
-    budget: Option<OwnedSemaphorePermit>,
-) {
-    let reply = Reply {
-        handle,
-        body,
-        _slot: slot,
-        _budget: budget,
-    };
-    // A closed queue means the writer gave up on a dead socket; the reply has nowhere to go.
-    let _ = replies.send(reply);
+    Ok(Accepted {
+        request,
+        payload,
+        slot,
+        budget,
+    })
 }
 
 async fn skip<R: AsyncRead + Unpin>(reader: &mut R, mut length: u64) -> std::io::Result<()> {
@@ -262,6 +312,16 @@ fn validate(session: &Session, request: &Request) -> Result<(), ReplyBody> {
         return Err(ReplyBody::error(
             errno::EINVAL,
             "no metadata context was negotiated",
+        ));
+    }
+    let carries_data = matches!(request.kind, CMD_READ | CMD_WRITE);
+    if carries_data && request.length > session.limits.max_payload {
+        return Err(ReplyBody::error(
+            errno::EINVAL,
+            format!(
+                "request of {} bytes exceeds the maximum payload of {}",
+                request.length, session.limits.max_payload
+            ),
         ));
     }
     if request.kind == CMD_FLUSH {
