@@ -255,6 +255,35 @@ def test_block_status_after_trim(server):
             assert flags & nbd.STATE_ZERO, far
 
 
+def test_meta_context_negotiation(server):
+    # LIST_META_CONTEXT with no queries: the server lists what it supports
+    h = nbd.NBD()
+    h.set_opt_mode(True)
+    h.connect_uri(server.uri())
+    got = []
+    n = h.opt_list_meta_context(lambda name: got.append(name) or 0)
+    assert n == len(got)
+    assert "base:allocation" in got, got
+    # a query for an unknown namespace matches nothing
+    h.add_meta_context("nosuch:context")
+    got2 = []
+    h.opt_list_meta_context(lambda name: got2.append(name) or 0)
+    assert got2 == [], got2
+    h.opt_abort()
+    close_handle(h)
+    # SET_META_CONTEXT: base:allocation accepted, the unknown one not
+    h = nbd.NBD()
+    h.add_meta_context("nosuch:context")
+    h.add_meta_context(nbd.CONTEXT_BASE_ALLOCATION)
+    h.connect_uri(server.uri())
+    assert h.can_meta_context(nbd.CONTEXT_BASE_ALLOCATION)
+    assert not h.can_meta_context("nosuch:context")
+    seen = []
+    h.block_status(MiB, 0, lambda ctx, off, ents, err: seen.append(ctx) or 0)
+    assert seen == [nbd.CONTEXT_BASE_ALLOCATION]
+    close_handle(h)
+
+
 def block_status(h, length, offset):
     """Return [(offset, length, flags)] for base:allocation, following
     short replies until `length` is covered."""
