@@ -255,6 +255,36 @@ def test_block_status_after_trim(server):
             assert flags & nbd.STATE_ZERO, far
 
 
+def test_structured_read_chunks_and_df(server):
+    """Structured READ replies cover the request exactly (data and hole
+    chunks); with NBD_CMD_FLAG_DF the reply is a single data chunk."""
+    d1, d2 = pattern_bytes(61, 65536), pattern_bytes(62, 65536)
+    expect = d1 + bytes(MiB - 65536) + d2 + bytes(MiB - 65536)
+    with nbd_handle(server) as h:
+        h.pwrite(d1, 0)
+        h.pwrite(d2, MiB)
+        h.flush()
+        chunks = []
+
+        def cb(sub, off, status, err):
+            chunks.append((off, len(sub), status))
+            if status == nbd.READ_HOLE:
+                assert bytes(sub).count(0) == len(sub)
+            return 0
+
+        assert h.pread_structured(2 * MiB, 0, cb) == expect
+        covered = sorted((o, o + n) for o, n, st in chunks if st in (nbd.READ_DATA, nbd.READ_HOLE))
+        pos = 0
+        for a, b in covered:
+            assert a == pos, f"gap or overlap in chunks: {chunks}"
+            pos = b
+        assert pos == 2 * MiB
+        assert h.can_df()
+        chunks.clear()
+        assert h.pread_structured(2 * MiB, 0, cb, nbd.CMD_FLAG_DF) == expect
+        assert chunks == [(0, 2 * MiB, nbd.READ_DATA)], chunks
+
+
 def test_meta_context_negotiation(server):
     # LIST_META_CONTEXT with no queries: the server lists what it supports
     h = nbd.NBD()
