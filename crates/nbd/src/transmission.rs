@@ -273,16 +273,18 @@ async fn skip<R: AsyncRead + Unpin>(reader: &mut R, mut length: u64) -> std::io:
     Ok(())
 }
 
-/// Flags each command accepts; anything else is EINVAL (spec: "Error values").
+/// Flags each command accepts; anything else is EINVAL (spec: "Error values"). FUA is
+/// accepted on every command, as the spec requires once SEND_FUA is advertised ("even by
+/// ignoring the bit"); it only means something on commands that write.
 fn allowed_flags(kind: u16, structured: bool) -> Option<u16> {
-    Some(match kind {
+    let specific = match kind {
         CMD_READ if structured => CMD_FLAG_DF,
-        CMD_READ | CMD_FLUSH | CMD_CACHE => 0,
-        CMD_WRITE | CMD_TRIM => CMD_FLAG_FUA,
-        CMD_WRITE_ZEROES => CMD_FLAG_FUA | CMD_FLAG_NO_HOLE | CMD_FLAG_FAST_ZERO,
+        CMD_READ | CMD_FLUSH | CMD_CACHE | CMD_WRITE | CMD_TRIM => 0,
+        CMD_WRITE_ZEROES => CMD_FLAG_NO_HOLE | CMD_FLAG_FAST_ZERO,
         CMD_BLOCK_STATUS => CMD_FLAG_REQ_ONE,
         _ => return None,
-    })
+    };
+    Some(specific | CMD_FLAG_FUA)
 }
 
 /// Checks a request against the export before it reaches the device, so each failure gets

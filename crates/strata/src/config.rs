@@ -285,7 +285,7 @@ mod tests {
         assert_eq!(loaded.config.disks.len(), 1);
         assert_eq!(loaded.config.disks[0].size, Some(ByteSize(16 << 30)));
         assert_eq!(loaded.listen.len(), 2);
-        assert_eq!(loaded.data_dir, PathBuf::from("/base/."));
+        assert_eq!(loaded.data_dir, PathBuf::from("/base"));
         assert_eq!(loaded.listen[1], ListenAddr::Tcp("127.0.0.1:10809".into()));
     }
 

@@ -117,8 +117,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("STRATA_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    use std::io::IsTerminal;
     tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr)
         .init();
 }
