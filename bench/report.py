@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
 """Summarise bench/run.sh results as one markdown table.
 
-Usage: report.py RESULTS_DIR   (files named <server>-<workload>.json)
+Usage: report.py RESULTS_DIR   (files named <server>-<workload>-r<round>.json)
+
+Each figure is the median over the rounds that produced a result.
 """
 
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -16,9 +19,19 @@ WORKLOADS = ["randread-4k", "randwrite-4k", "seqread-1m", "seqwrite-1m"]
 
 
 def load(res: Path, server: str, workload: str):
-    p = res / f"{server}-{workload}.json"
-    if not p.exists():
+    rounds = [r for p in sorted(res.glob(f"{server}-{workload}-r*.json"))
+              if (r := load_one(p, workload)) is not None]
+    if not rounds:
         return None
+    median = {}
+    for key in ("iops", "mibs", "p99_us"):
+        values = [r[key] for r in rounds if r[key] is not None]
+        median[key] = statistics.median(values) if values else None
+    median["rounds"] = len(rounds)
+    return median
+
+
+def load_one(p: Path, workload: str):
     text = p.read_text()
     try:
         doc = json.loads(text[text.index("{"):])
@@ -78,10 +91,12 @@ def main() -> int:
     for row in rows:
         print("| " + " | ".join(row) + " |")
     print()
+    counts = sorted({r["rounds"] for w in WORKLOADS for s in SERVERS if (r := load(res, s, w))})
+    print(f"Medians over {', '.join(map(str, counts))} round(s) per cell.")
     print("Ratios: 'strata / best peer' compares IOPS with the better of qemu-nbd and nbdkit;")
     print("'strata / raw' compares MiB/s with fio on the file itself (1 MiB sequential only).")
-    for name, label in [("strata-idle-rss-kib.txt", "idle, one export"),
-                        ("strata-loaded-rss-kib.txt", "after the benchmark")]:
+    for name, label in [("strata-idle-rss-kib.txt", "idle, one export, before any I/O"),
+                        ("strata-loaded-rss-kib.txt", "idle, 5 s after the last job")]:
         p = res / name
         if p.exists() and p.read_text().strip():
             kib = int(p.read_text().split()[0])

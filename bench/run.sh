@@ -7,7 +7,10 @@
 #   BENCH_SERVERS="strata qemu-nbd" bench/run.sh
 #
 # Environment:
-#   BENCH_SECONDS   runtime of each fio job (default 15; plus 2 s ramp)
+#   BENCH_SECONDS   runtime of each fio job (default 10; plus 2 s ramp)
+#   BENCH_ROUNDS    rounds; each round runs every server once, in turn, so that drift in
+#                   this shared machine's speed hits all servers alike (default 3; the
+#                   report takes the median of the rounds)
 #   BENCH_SIZE_MIB  size of the test file in MiB (default 1024)
 #   BENCH_SERVERS   servers to run (default "strata qemu-nbd nbdkit raw")
 #   STRATA_BIN      strata binary (default target/release/strata, built if
@@ -19,7 +22,8 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 OUT=$ROOT/bench/out
 RES=$OUT/results
-SECONDS_PER_JOB=${BENCH_SECONDS:-15}
+SECONDS_PER_JOB=${BENCH_SECONDS:-10}
+ROUNDS=${BENCH_ROUNDS:-3}
 SIZE_MIB=${BENCH_SIZE_MIB:-1024}
 SERVERS=${BENCH_SERVERS:-"strata qemu-nbd nbdkit raw"}
 STRATA_BIN=${STRATA_BIN:-$ROOT/target/release/strata}
@@ -141,37 +145,41 @@ if ! fio --name=probe --filename="$IMG" --size=1m --rw=read --bs=4k --ioengine=i
     RAW_ENGINE=libaio
 fi
 
-run_fio() { # server workload rw bs iodepth
-    local server=$1 name=$2 rw=$3 bs=$4 qd=$5 target
+run_fio() { # round server workload rw bs iodepth
+    local round=$1 server=$2 name=$3 rw=$4 bs=$5 qd=$6 target
     if [ "$server" = raw ]; then
         target=(--ioengine="$RAW_ENGINE" --filename="$IMG")
     else
         target=(--ioengine=nbd --uri="nbd+unix:///bench?socket=$SOCK")
     fi
     drop_caches
-    log "$server $name (${SECONDS_PER_JOB}s)"
+    log "round $round: $server $name (${SECONDS_PER_JOB}s)"
     fio --name="$name" "${target[@]}" --rw="$rw" --bs="$bs" --iodepth="$qd" --numjobs=1 \
         --time_based --runtime="$SECONDS_PER_JOB" --ramp_time=2 --size="${SIZE_MIB}m" \
         --randrepeat=0 --norandommap --refill_buffers \
-        --output-format=json --output="$RES/$server-$name.json"
+        --output-format=json --output="$RES/$server-$name-r$round.json"
 }
 
-for server in $SERVERS; do
-    case $server in
-        strata) start_strata || { log "skipping strata"; stop_server; continue; } ;;
-        qemu-nbd) start_qemu_nbd || { stop_server; continue; } ;;
-        nbdkit) start_nbdkit || { stop_server; continue; } ;;
-        raw) ;;
-        *) log "unknown server $server"; exit 1 ;;
-    esac
-    for w in "${WORKLOADS[@]}"; do
-        # shellcheck disable=SC2086
-        run_fio "$server" $w || log "fio failed for $server $w"
+for round in $(seq 1 "$ROUNDS"); do
+    for server in $SERVERS; do
+        case $server in
+            strata) start_strata || { log "skipping strata"; stop_server; continue; } ;;
+            qemu-nbd) start_qemu_nbd || { stop_server; continue; } ;;
+            nbdkit) start_nbdkit || { stop_server; continue; } ;;
+            raw) ;;
+            *) log "unknown server $server"; exit 1 ;;
+        esac
+        for w in "${WORKLOADS[@]}"; do
+            # shellcheck disable=SC2086
+            run_fio "$round" "$server" $w || log "fio failed for $server $w"
+        done
+        if [ "$server" = strata ]; then
+            # Resident memory once the load is over: what an idle server keeps.
+            sleep 5
+            awk '/^VmRSS:/ {print $2}' "/proc/$SERVER_PID/status" >"$RES/strata-loaded-rss-kib.txt" || true
+        fi
+        stop_server
     done
-    if [ "$server" = strata ]; then
-        awk '/^VmRSS:/ {print $2}' "/proc/$SERVER_PID/status" >"$RES/strata-loaded-rss-kib.txt" || true
-    fi
-    stop_server
 done
 
 echo "$RAW_ENGINE" >"$RES/raw-engine.txt"
