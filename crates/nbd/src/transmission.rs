@@ -250,13 +250,14 @@ async fn accept<R: AsyncRead + Unpin>(
         None
     };
     let payload = if request.kind == CMD_WRITE {
-        let mut data = BytesMut::zeroed(request.length as usize);
-        reader.read_exact(&mut data).await.map_err(|e| {
-            SessionEnd::Dropped(format!(
-                "client vanished in the middle of a {length}-byte write: {e}"
-            ))
-        })?;
-        Some(data.freeze())
+        let data = read_payload(reader, request.length as usize)
+            .await
+            .map_err(|e| {
+                SessionEnd::Dropped(format!(
+                    "client vanished in the middle of a {length}-byte write: {e}"
+                ))
+            })?;
+        Some(data)
     } else {
         None
     };
@@ -266,6 +267,25 @@ async fn accept<R: AsyncRead + Unpin>(
         slot,
         budget,
     })
+}
+
+/// Reads exactly `length` bytes into a fresh buffer without zeroing it first (`read_buf`
+/// fills spare capacity; zeroing 1 MiB payloads measured ~10% of a sequential write's CPU).
+async fn read_payload<R: AsyncRead + Unpin>(
+    reader: &mut R,
+    length: usize,
+) -> std::io::Result<Bytes> {
+    use bytes::BufMut;
+    let mut data = BytesMut::with_capacity(length);
+    while data.len() < length {
+        let wanted = length - data.len();
+        // `limit` keeps the read inside this payload: the next request's bytes stay queued.
+        if reader.read_buf(&mut (&mut data).limit(wanted)).await? == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+    }
+    debug_assert_eq!(data.len(), length);
+    Ok(data.freeze())
 }
 
 async fn skip<R: AsyncRead + Unpin>(reader: &mut R, mut length: u64) -> std::io::Result<()> {
