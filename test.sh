@@ -4,6 +4,7 @@
 # end-to-end suite (tests/integration) against target/release/strata.
 set -euo pipefail
 cd "$(dirname "$0")"
+. scripts/ensure-rust.sh
 
 log() { printf '\n==> %s\n' "$*"; }
 

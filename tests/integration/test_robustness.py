@@ -146,7 +146,7 @@ def test_huge_request_lengths(server):
 def test_sigterm_with_stuck_client_exits(server):
     """A client that never reads its replies must not keep the server from
     shutting down: it may wait a while for in-flight requests (strata drains
-    for up to ~30 s), but then it exits 0."""
+    for up to ~10 s), but then it exits 0."""
     c = raw(server, rcvbuf=16 * 1024)
     c.go("vol")
     for i in range(4):  # 4 MiB of replies that will never be read

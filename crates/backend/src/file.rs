@@ -120,6 +120,11 @@ impl FileDevice {
     }
 }
 
+/// Hands a filled vector over as a `BytesMut` without copying (the vector is unique).
+fn owned(data: Vec<u8>) -> BytesMut {
+    BytesMut::from(Bytes::from(data))
+}
+
 #[async_trait]
 impl BlockDevice for FileDevice {
     fn geometry(&self) -> Geometry {
@@ -145,19 +150,21 @@ impl BlockDevice for FileDevice {
         }
     }
 
-    async fn read(&self, offset: u64, mut buf: BytesMut) -> Result<BytesMut> {
-        self.geometry.check_range(offset, buf.len() as u64)?;
-        if buf.is_empty() {
-            return Ok(buf);
+    async fn read(&self, offset: u64, len: usize) -> Result<BytesMut> {
+        self.geometry.check_range(offset, len as u64)?;
+        let mut buf = Vec::with_capacity(len);
+        if len == 0 {
+            return Ok(BytesMut::new());
         }
         // Most reads of a buffered file hit the page cache: serve those on this thread and
         // save the two context switches of a blocking thread.
-        if self.inline && self.backing.read_cached(&mut buf, offset) {
-            return Ok(buf);
+        if self.inline && self.backing.read_cached(&mut buf, len, offset) {
+            return Ok(owned(buf));
         }
+        buf.clear();
         self.blocking(move |backing| {
-            backing.read_at(&mut buf, offset)?;
-            Ok(buf)
+            backing.read_at(&mut buf, len, offset)?;
+            Ok(owned(buf))
         })
         .await
     }

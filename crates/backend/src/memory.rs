@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use bytes::{Bytes, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 use strata_core::{
     async_trait, push_extent, BlockDevice, BlockError, Capabilities, Control, ControlReply, Extent,
     ExtentState, Geometry, Health, NodeStatus, Result, WriteFlags, ZeroFlags,
@@ -141,16 +141,18 @@ impl BlockDevice for MemoryDevice {
         }
     }
 
-    async fn read(&self, offset: u64, mut buf: BytesMut) -> Result<BytesMut> {
-        self.geometry.check_range(offset, buf.len() as u64)?;
+    async fn read(&self, offset: u64, len: usize) -> Result<BytesMut> {
+        self.geometry.check_range(offset, len as u64)?;
+        let mut buf = BytesMut::with_capacity(len);
         let pages = self.pages_read();
-        for segment in segments(offset, buf.len() as u64) {
-            let out = &mut buf[segment.in_request()];
+        for segment in segments(offset, len as u64) {
+            debug_assert_eq!(buf.len(), segment.in_request().start);
             match pages.get(&segment.index) {
-                Some(page) => out.copy_from_slice(&page[segment.in_page()]),
-                None => out.fill(0),
+                Some(page) => buf.extend_from_slice(&page[segment.in_page()]),
+                None => buf.put_bytes(0, segment.len),
             }
         }
+        debug_assert_eq!(buf.len(), len);
         Ok(buf)
     }
 
@@ -244,18 +246,14 @@ mod tests {
     }
 
     async fn read(dev: &MemoryDevice, offset: u64, len: usize) -> Vec<u8> {
-        dev.read(offset, BytesMut::zeroed(len))
-            .await
-            .unwrap()
-            .to_vec()
+        dev.read(offset, len).await.unwrap().to_vec()
     }
 
     #[tokio::test(flavor = "multi_thread")]
     async fn never_written_reads_zeros_and_is_one_hole() {
         let dev = MemoryDevice::new(1 << 20);
-        // Hand in a dirty buffer: the device must overwrite every byte, not assume zeros.
-        let buf = BytesMut::from(&[0xAAu8; 10_000][..]);
-        let out = dev.read(12_345, buf).await.unwrap();
+        let out = dev.read(12_345, 10_000).await.unwrap();
+        assert_eq!(out.len(), 10_000);
         assert!(out.iter().all(|&b| b == 0));
         let extents = dev.block_status(100, 50_000).await.unwrap();
         assert_eq!(
@@ -355,7 +353,7 @@ mod tests {
             matches!(past_end, Err(BlockError::OutOfRange { .. })),
             "{past_end:?}"
         );
-        let short = dev.read(0, BytesMut::zeroed(100)).await;
+        let short = dev.read(0, 100).await;
         assert!(
             matches!(short, Err(BlockError::InvalidArgument(_))),
             "{short:?}"

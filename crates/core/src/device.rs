@@ -83,10 +83,11 @@ pub trait BlockDevice: Send + Sync {
     fn geometry(&self) -> Geometry;
     fn capabilities(&self) -> Capabilities;
 
-    /// Fills `buf` (whose length is the request length) from `offset` and hands it back.
-    /// Buffers are owned so that a completion-based engine (io_uring, a simulator) can hold
-    /// them while the request is in flight.
-    async fn read(&self, offset: u64, buf: BytesMut) -> Result<BytesMut>;
+    /// Reads `len` bytes from `offset` into a buffer the device allocates and hands over.
+    /// The device owns the buffer while the request is in flight, as a completion-based
+    /// engine (io_uring, a simulator) must; and it can fill fresh memory without zeroing it
+    /// first (zeroing measured ~10% of a 1 MiB read's CPU).
+    async fn read(&self, offset: u64, len: usize) -> Result<BytesMut>;
 
     async fn write(&self, offset: u64, data: Bytes, flags: WriteFlags) -> Result<()>;
 

@@ -235,11 +235,10 @@ impl<D: BlockDevice> BlockDevice for Metered<D> {
         self.inner.capabilities()
     }
 
-    async fn read(&self, offset: u64, buf: BytesMut) -> Result<BytesMut> {
+    async fn read(&self, offset: u64, len: usize) -> Result<BytesMut> {
         let started = self.runtime.now();
-        let len = buf.len() as u64;
-        let result = self.inner.read(offset, buf).await;
-        self.finish(Op::Read, len, started, result)
+        let result = self.inner.read(offset, len).await;
+        self.finish(Op::Read, len as u64, started, result)
     }
 
     async fn write(&self, offset: u64, data: Bytes, flags: WriteFlags) -> Result<()> {

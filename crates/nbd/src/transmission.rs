@@ -398,16 +398,13 @@ async fn execute(session: &Session, request: Request, payload: Option<Bytes>) ->
         return ReplyBody::Done;
     }
     let result = match request.kind {
-        CMD_READ => {
-            let buffer = BytesMut::zeroed(request.length as usize);
-            match device.read(offset, buffer).await {
-                Ok(data) => {
-                    let data = data.freeze();
-                    return ReplyBody::Data { offset, data };
-                }
-                Err(e) => Err(e),
+        CMD_READ => match device.read(offset, request.length as usize).await {
+            Ok(data) => {
+                let data = data.freeze();
+                return ReplyBody::Data { offset, data };
             }
-        }
+            Err(e) => Err(e),
+        },
         CMD_WRITE => {
             let data = payload.expect("a write always carries its payload");
             device.write(offset, data, WriteFlags { fua }).await

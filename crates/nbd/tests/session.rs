@@ -30,11 +30,11 @@ impl BlockDevice for Gate {
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
     }
-    async fn read(&self, offset: u64, buf: BytesMut) -> Result<BytesMut> {
+    async fn read(&self, offset: u64, len: usize) -> Result<BytesMut> {
         if offset == 0 {
             self.open.notified().await;
         }
-        self.inner.read(offset, buf).await
+        self.inner.read(offset, len).await
     }
     async fn write(&self, offset: u64, data: bytes::Bytes, flags: WriteFlags) -> Result<()> {
         self.inner.write(offset, data, flags).await

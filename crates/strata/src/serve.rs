@@ -18,7 +18,7 @@ use crate::build;
 use crate::config::{self, ListenAddr, Loaded};
 
 /// How long shutdown waits for clients to take their last replies.
-const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub struct ServeArgs {
     pub config: Option<PathBuf>,

@@ -4,7 +4,6 @@
 
 use std::path::Path;
 
-use bytes::BytesMut;
 use strata_backend::{FileDevice, FileOptions};
 use strata_core::{BlockDevice, BlockError, Result, TokioRuntime};
 
@@ -44,7 +43,13 @@ pub fn open_direct(path: &Path, size: u64) -> Option<FileDevice> {
 }
 
 pub async fn read(dev: &dyn BlockDevice, offset: u64, len: usize) -> Result<Vec<u8>> {
-    Ok(dev.read(offset, BytesMut::zeroed(len)).await?.to_vec())
+    let data = dev.read(offset, len).await?;
+    assert_eq!(
+        data.len(),
+        len,
+        "a read returns exactly the bytes asked for"
+    );
+    Ok(data.to_vec())
 }
 
 /// Non-zero bytes that depend on their position, so a write landing in the wrong place shows.

@@ -1,0 +1,13 @@
+# Sourced by run.sh and test.sh: on a fresh Debian machine, install Rust with rustup
+# (Debian's own cargo is too old for this workspace).
+if ! command -v cargo >/dev/null 2>&1; then
+    [ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
+fi
+if ! command -v cargo >/dev/null 2>&1; then
+    echo "==> installing Rust (rustup, stable)" >&2
+    SUDO=""
+    [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+    command -v curl >/dev/null 2>&1 || { $SUDO apt-get update -q && $SUDO apt-get install -y -q curl ca-certificates build-essential; }
+    curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal --component rustfmt,clippy
+    . "$HOME/.cargo/env"
+fi
