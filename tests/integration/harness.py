@@ -402,3 +402,13 @@ def sha256_file(path, length: int | None = None) -> str:
 
 
 ERRNO_RE = re.compile(r"\b(E[A-Z]+)\b")
+
+
+def assert_alive_and_working(srv: Server, offset: int = 200 * MiB, length: int = 8192) -> None:
+    """A fresh connection can write, flush and read back, and the server still runs."""
+    data = pattern_bytes(offset, length)
+    with nbd_handle(srv) as h:
+        h.pwrite(data, offset)
+        h.flush()
+        assert h.pread(len(data), offset) == data
+    assert srv.alive(), "server died"

@@ -13,7 +13,8 @@ import nbd
 import pytest
 
 import nbdraw
-from harness import MiB, Disk, Export, ServerSpec, close_handle, nbd_handle, pattern_bytes
+from harness import (MiB, Disk, Export, ServerSpec, assert_alive_and_working, close_handle, nbd_handle,
+                     pattern_bytes)
 
 
 def expect_nbd_error(fn, *errnos):
@@ -22,16 +23,6 @@ def expect_nbd_error(fn, *errnos):
     if errnos:
         assert ei.value.errno in errnos, f"expected {errnos}, got {ei.value.errno}: {ei.value.string}"
     return ei.value
-
-
-def assert_alive_and_working(srv, offset=200 * MiB):
-    """A fresh connection can write, flush and read back."""
-    data = pattern_bytes(offset, 8192)
-    with nbd_handle(srv) as h:
-        h.pwrite(data, offset)
-        h.flush()
-        assert h.pread(len(data), offset) == data
-    assert srv.alive(), "server died"
 
 
 # ---------------------------------------------------------------------------

@@ -16,8 +16,8 @@ import nbd
 import pytest
 
 import nbdraw
-from harness import (MiB, STRATA_BIN, Disk, Export, ServerSpec, close_handle, nbd_handle, pattern_bytes,
-                     requires_strata)
+from harness import (MiB, STRATA_BIN, Disk, Export, ServerSpec, assert_alive_and_working, close_handle,
+                     nbd_handle, pattern_bytes, requires_strata)
 
 
 def vm_size_kib(pid):
@@ -29,12 +29,7 @@ def vm_size_kib(pid):
 
 
 def check_working(srv, offset=100 * MiB):
-    data = pattern_bytes(offset, 65536)
-    with nbd_handle(srv) as h:
-        h.pwrite(data, offset)
-        h.flush()
-        assert h.pread(len(data), offset) == data
-    assert srv.alive()
+    assert_alive_and_working(srv, offset, 65536)
 
 
 def raw(srv, **kw):

@@ -184,6 +184,20 @@ where
         self.reply(option, reply, message.as_bytes()).await
     }
 
+    /// Looks an export up, answering `REP_ERR_UNKNOWN` when there is none.
+    async fn find_export(
+        &mut self,
+        option: u32,
+        name: &str,
+    ) -> std::io::Result<Option<Arc<Export>>> {
+        let export = self.exports.lookup(name);
+        if export.is_none() {
+            let message = format!("no export named {name:?}");
+            self.error(option, REP_ERR_UNKNOWN, &message).await?;
+        }
+        Ok(export)
+    }
+
     async fn export_name(
         &mut self,
         data: &[u8],
@@ -247,13 +261,7 @@ where
                 .await?;
             return Ok(None);
         };
-        let Some(export) = self.exports.lookup(&name) else {
-            self.error(
-                option,
-                REP_ERR_UNKNOWN,
-                &format!("no export named {name:?}"),
-            )
-            .await?;
+        let Some(export) = self.find_export(option, &name).await? else {
             return Ok(None);
         };
         let negotiated = self.agree(export);
@@ -315,13 +323,7 @@ where
                 .await?;
             return Ok(());
         };
-        let Some(export) = self.exports.lookup(&name) else {
-            self.error(
-                option,
-                REP_ERR_UNKNOWN,
-                &format!("no export named {name:?}"),
-            )
-            .await?;
+        let Some(export) = self.find_export(option, &name).await? else {
             return Ok(());
         };
         let list_all = option == OPT_LIST_META_CONTEXT && queries.is_empty();

@@ -183,6 +183,7 @@ async fn accept(listener: &Listener) -> std::io::Result<Option<Halves>> {
     match listener {
         Listener::Unix { listener, .. } => {
             let (stream, _) = listener.accept().await?;
+            enlarge_send_buffer(&stream);
             let (reader, writer) = stream.into_split();
             Ok(Some((Box::new(reader), Box::new(writer), "unix".into())))
         }
@@ -192,8 +193,19 @@ async fn accept(listener: &Listener) -> std::io::Result<Option<Halves>> {
             if let Err(e) = stream.set_nodelay(true) {
                 debug!("TCP_NODELAY: {e}");
             }
+            enlarge_send_buffer(&stream);
             let (reader, writer) = stream.into_split();
             Ok(Some((Box::new(reader), Box::new(writer), peer.to_string())))
         }
+    }
+}
+
+/// Room for a few maximum-size read replies in the socket, so that sending one does not stall
+/// on every ~200 KiB the client drains (the kernel caps this at net.core.wmem_max).
+const SEND_BUFFER_BYTES: usize = 4 << 20;
+
+fn enlarge_send_buffer(socket: &impl std::os::fd::AsFd) {
+    if let Err(e) = rustix::net::sockopt::set_socket_send_buffer_size(socket, SEND_BUFFER_BYTES) {
+        debug!("SO_SNDBUF: {e}");
     }
 }
