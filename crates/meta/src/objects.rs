@@ -1,0 +1,381 @@
+//! The typed objects a layer keeps: sparse tables of fixed-size records and sparse bitmaps.
+//!
+//! Both are paged so that memory and checkpoint space follow what is set, not the index
+//! space: a page that becomes all zeros is dropped. An absent entry reads as all zeros, so a
+//! layer encodes "unset" as zero (a thin map stores physical extent + 1).
+//!
+//! Memory: a table page of 64 entries costs 64 × value_size bytes plus about 48 bytes of page
+//! and tree overhead, so a dense 4-byte table costs about 4.8 bytes per entry. A bitmap page
+//! covers 4096 bits in 512 bytes plus the same overhead.
+
+use std::collections::BTreeMap;
+
+/// Entries per table page.
+pub const TABLE_PAGE_ENTRIES: u64 = 64;
+/// Bits per bitmap page.
+pub const BITMAP_PAGE_BITS: u64 = 4096;
+const BITMAP_PAGE_WORDS: usize = (BITMAP_PAGE_BITS / 64) as usize;
+/// Largest record a table holds.
+pub const MAX_VALUE_SIZE: usize = 256;
+
+/// Bytes a table page takes in a checkpoint: its page number, then its values.
+pub fn table_page_bytes(value_size: usize) -> u64 {
+    8 + TABLE_PAGE_ENTRIES * value_size as u64
+}
+
+/// Bytes a bitmap page takes in a checkpoint.
+pub const BITMAP_PAGE_BYTES: u64 = 8 + BITMAP_PAGE_BITS / 8;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct TablePage {
+    pub(crate) values: Box<[u8]>,
+    /// Entries in this page that are not all zeros.
+    pub(crate) present: u32,
+}
+
+/// A sparse array of fixed-size records indexed by u64.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Table {
+    value_size: usize,
+    pub(crate) pages: BTreeMap<u64, TablePage>,
+    present: u64,
+}
+
+impl Table {
+    pub fn new(value_size: usize) -> Self {
+        assert!((1..=MAX_VALUE_SIZE).contains(&value_size));
+        Table {
+            value_size,
+            pages: BTreeMap::new(),
+            present: 0,
+        }
+    }
+
+    pub fn value_size(&self) -> usize {
+        self.value_size
+    }
+
+    /// Entries that are not all zeros.
+    pub fn len(&self) -> u64 {
+        self.present
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.present == 0
+    }
+
+    /// The record at `index`, or None when it is all zeros.
+    pub fn get(&self, index: u64) -> Option<&[u8]> {
+        let page = self.pages.get(&(index / TABLE_PAGE_ENTRIES))?;
+        let value = &page.values[self.slot(index)];
+        value.iter().any(|&b| b != 0).then_some(value)
+    }
+
+    /// The record at `index` as a little-endian u32 (0 when absent). For 4-byte tables.
+    pub fn get_u32(&self, index: u64) -> u32 {
+        debug_assert_eq!(self.value_size, 4);
+        self.get(index)
+            .map_or(0, |v| u32::from_le_bytes(v.try_into().expect("4-byte table")))
+    }
+
+    /// Entries that are not all zeros, in index order, from `start`.
+    pub fn iter_from(&self, start: u64) -> impl Iterator<Item = (u64, &[u8])> + '_ {
+        let size = self.value_size;
+        self.pages
+            .range(start / TABLE_PAGE_ENTRIES..)
+            .flat_map(move |(page_no, page)| {
+                page.values
+                    .chunks_exact(size)
+                    .enumerate()
+                    .map(move |(i, v)| (page_no * TABLE_PAGE_ENTRIES + i as u64, v))
+            })
+            .filter(move |(index, value)| *index >= start && value.iter().any(|&b| b != 0))
+    }
+
+    /// Pages held, for accounting.
+    pub fn pages(&self) -> u64 {
+        self.pages.len() as u64
+    }
+
+    fn slot(&self, index: u64) -> std::ops::Range<usize> {
+        let at = (index % TABLE_PAGE_ENTRIES) as usize * self.value_size;
+        at..at + self.value_size
+    }
+
+    /// Sets a record and returns its previous value and the change in checkpoint bytes.
+    pub(crate) fn set(&mut self, index: u64, value: &[u8]) -> (Vec<u8>, i64) {
+        assert_eq!(value.len(), self.value_size);
+        let slot = self.slot(index);
+        let page_no = index / TABLE_PAGE_ENTRIES;
+        let page_bytes = table_page_bytes(self.value_size) as i64;
+        let new_nonzero = value.iter().any(|&b| b != 0);
+        let Some(page) = self.pages.get_mut(&page_no) else {
+            let old = vec![0; self.value_size];
+            if !new_nonzero {
+                return (old, 0);
+            }
+            let mut values = vec![0; TABLE_PAGE_ENTRIES as usize * self.value_size];
+            values[slot].copy_from_slice(value);
+            let page = TablePage {
+                values: values.into_boxed_slice(),
+                present: 1,
+            };
+            self.pages.insert(page_no, page);
+            self.present += 1;
+            return (old, page_bytes);
+        };
+        let old = page.values[slot.clone()].to_vec();
+        let old_nonzero = old.iter().any(|&b| b != 0);
+        page.values[slot].copy_from_slice(value);
+        match (old_nonzero, new_nonzero) {
+            (false, true) => {
+                page.present += 1;
+                self.present += 1;
+            }
+            (true, false) => {
+                page.present -= 1;
+                self.present -= 1;
+            }
+            _ => {}
+        }
+        debug_assert!(page.present as u64 <= TABLE_PAGE_ENTRIES);
+        if page.present == 0 {
+            self.pages.remove(&page_no);
+            return (old, -page_bytes);
+        }
+        (old, 0)
+    }
+
+    /// Inserts a whole page read from a checkpoint. Returns false if the page is malformed.
+    pub(crate) fn insert_page(&mut self, page_no: u64, values: Box<[u8]>) -> bool {
+        if values.len() != TABLE_PAGE_ENTRIES as usize * self.value_size {
+            return false;
+        }
+        let present = values
+            .chunks_exact(self.value_size)
+            .filter(|v| v.iter().any(|&b| b != 0))
+            .count() as u32;
+        if present == 0 || self.pages.contains_key(&page_no) {
+            return false;
+        }
+        self.present += present as u64;
+        self.pages.insert(page_no, TablePage { values, present });
+        true
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct BitmapPage {
+    pub(crate) words: Box<[u64; BITMAP_PAGE_WORDS]>,
+    pub(crate) ones: u32,
+}
+
+/// A sparse bitmap over u64 bit numbers; absent pages are all clear.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Bitmap {
+    pub(crate) pages: BTreeMap<u64, BitmapPage>,
+    ones: u64,
+}
+
+/// The pages a bit-range operation changed, as they were before, for undo.
+pub(crate) type BitmapUndo = Vec<(u64, Option<BitmapPage>)>;
+
+impl Bitmap {
+    pub fn get(&self, bit: u64) -> bool {
+        self.pages
+            .get(&(bit / BITMAP_PAGE_BITS))
+            .is_some_and(|page| {
+                let within = bit % BITMAP_PAGE_BITS;
+                page.words[(within / 64) as usize] >> (within % 64) & 1 == 1
+            })
+    }
+
+    pub fn count_ones(&self) -> u64 {
+        self.ones
+    }
+
+    /// Set bits in `[start, start + len)`.
+    pub fn count_range(&self, start: u64, len: u64) -> u64 {
+        (start..start + len).filter(|&bit| self.get(bit)).count() as u64
+    }
+
+    /// Whether every bit of `[start, start + len)` has `value`.
+    pub fn all(&self, start: u64, len: u64, value: bool) -> bool {
+        (start..start + len).all(|bit| self.get(bit) == value)
+    }
+
+    /// The first bit in `[from, limit)` whose value is `value`.
+    pub fn next(&self, from: u64, limit: u64, value: bool) -> Option<u64> {
+        let mut bit = from;
+        while bit < limit {
+            let page_no = bit / BITMAP_PAGE_BITS;
+            let page_end = ((page_no + 1) * BITMAP_PAGE_BITS).min(limit);
+            match self.pages.get(&page_no) {
+                None if !value => return Some(bit),
+                None => {
+                    // Skip straight to the next present page.
+                    let next = self.pages.range(page_no + 1..).next()?;
+                    bit = (*next.0 * BITMAP_PAGE_BITS).max(page_end);
+                    continue;
+                }
+                Some(page) if page.ones == 0 && value => {}
+                Some(page) if page.ones as u64 == BITMAP_PAGE_BITS && !value => {}
+                Some(page) => {
+                    for b in bit..page_end {
+                        let within = b % BITMAP_PAGE_BITS;
+                        let set = page.words[(within / 64) as usize] >> (within % 64) & 1 == 1;
+                        if set == value {
+                            return Some(b);
+                        }
+                    }
+                }
+            }
+            bit = page_end;
+        }
+        None
+    }
+
+    pub fn pages(&self) -> u64 {
+        self.pages.len() as u64
+    }
+
+    /// Sets `count` bits from `start` to `value`. Returns the pages as they were (for undo)
+    /// and the change in checkpoint bytes.
+    pub(crate) fn set_range(&mut self, start: u64, count: u64, value: bool) -> (BitmapUndo, i64) {
+        let mut undo = Vec::new();
+        let mut delta = 0i64;
+        let mut bit = start;
+        let end = start + count;
+        while bit < end {
+            let page_no = bit / BITMAP_PAGE_BITS;
+            let page_end = ((page_no + 1) * BITMAP_PAGE_BITS).min(end);
+            let before = self.pages.get(&page_no).cloned();
+            if before.is_none() && !value {
+                bit = page_end;
+                continue;
+            }
+            let page = self.pages.entry(page_no).or_insert_with(|| {
+                delta += BITMAP_PAGE_BYTES as i64;
+                BitmapPage {
+                    words: Box::new([0; BITMAP_PAGE_WORDS]),
+                    ones: 0,
+                }
+            });
+            for b in bit..page_end {
+                let within = b % BITMAP_PAGE_BITS;
+                let word = &mut page.words[(within / 64) as usize];
+                let mask = 1u64 << (within % 64);
+                if (*word & mask != 0) != value {
+                    *word ^= mask;
+                    if value {
+                        page.ones += 1;
+                        self.ones += 1;
+                    } else {
+                        page.ones -= 1;
+                        self.ones -= 1;
+                    }
+                }
+            }
+            if page.ones == 0 {
+                self.pages.remove(&page_no);
+                delta -= BITMAP_PAGE_BYTES as i64;
+            }
+            undo.push((page_no, before));
+            bit = page_end;
+        }
+        (undo, delta)
+    }
+
+    /// Puts pages back as [`Bitmap::set_range`] found them.
+    pub(crate) fn restore(&mut self, undo: BitmapUndo) -> i64 {
+        let mut delta = 0i64;
+        for (page_no, before) in undo.into_iter().rev() {
+            let removed = self.pages.remove(&page_no);
+            if let Some(page) = &removed {
+                self.ones -= page.ones as u64;
+                delta -= BITMAP_PAGE_BYTES as i64;
+            }
+            if let Some(page) = before {
+                self.ones += page.ones as u64;
+                delta += BITMAP_PAGE_BYTES as i64;
+                self.pages.insert(page_no, page);
+            }
+        }
+        delta
+    }
+
+    /// Inserts a whole page read from a checkpoint. Returns false if it is malformed.
+    pub(crate) fn insert_page(&mut self, page_no: u64, words: Box<[u64; BITMAP_PAGE_WORDS]>) -> bool {
+        let ones: u32 = words.iter().map(|w| w.count_ones()).sum();
+        if ones == 0 || self.pages.contains_key(&page_no) {
+            return false;
+        }
+        self.ones += ones as u64;
+        self.pages.insert(page_no, BitmapPage { words, ones });
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_pages_come_and_go_with_their_entries() {
+        let mut table = Table::new(4);
+        assert_eq!(table.get(5), None);
+        let (old, delta) = table.set(5, &7u32.to_le_bytes());
+        assert_eq!(old, vec![0; 4]);
+        assert_eq!(delta, table_page_bytes(4) as i64);
+        assert_eq!(table.get_u32(5), 7);
+        assert_eq!(table.len(), 1);
+        let (_, delta) = table.set(6, &1u32.to_le_bytes());
+        assert_eq!(delta, 0, "same page");
+        let (old, _) = table.set(5, &[0; 4]);
+        assert_eq!(old, 7u32.to_le_bytes());
+        let (_, delta) = table.set(6, &[0; 4]);
+        assert_eq!(delta, -(table_page_bytes(4) as i64));
+        assert!(table.is_empty());
+        assert_eq!(table.pages(), 0);
+    }
+
+    #[test]
+    fn table_iterates_present_entries_in_order() {
+        let mut table = Table::new(8);
+        for index in [1000u64, 3, 64, 65] {
+            table.set(index, &(index + 1).to_le_bytes());
+        }
+        let indexes: Vec<u64> = table.iter_from(4).map(|(i, _)| i).collect();
+        assert_eq!(indexes, vec![64, 65, 1000]);
+    }
+
+    #[test]
+    fn bitmap_ranges_count_and_undo() {
+        let mut bitmap = Bitmap::default();
+        let (undo, delta) = bitmap.set_range(4090, 10, true);
+        assert_eq!(delta, 2 * BITMAP_PAGE_BYTES as i64, "spans two pages");
+        assert_eq!(bitmap.count_ones(), 10);
+        assert!(bitmap.get(4099));
+        assert!(!bitmap.get(4100));
+        assert_eq!(bitmap.next(0, 10_000, true), Some(4090));
+        assert_eq!(bitmap.next(4090, 10_000, false), Some(4100));
+        assert_eq!(bitmap.next(0, 4000, true), None);
+        assert_eq!(bitmap.count_range(4095, 100), 5);
+        let restored = bitmap.restore(undo);
+        assert_eq!(restored, -delta);
+        assert_eq!(bitmap.count_ones(), 0);
+        assert_eq!(bitmap.pages(), 0);
+        assert_eq!(bitmap.next(0, 10_000, true), None);
+        assert_eq!(bitmap.next(7, 10_000, false), Some(7));
+    }
+
+    #[test]
+    fn bitmap_next_clear_skips_full_pages() {
+        let mut bitmap = Bitmap::default();
+        bitmap.set_range(0, 2 * BITMAP_PAGE_BITS + 3, true);
+        assert_eq!(bitmap.next(0, u64::MAX, false), Some(2 * BITMAP_PAGE_BITS + 3));
+        assert!(bitmap.all(0, 100, true));
+        bitmap.set_range(17, 1, false);
+        assert_eq!(bitmap.next(0, u64::MAX, false), Some(17));
+    }
+}

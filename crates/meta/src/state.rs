@@ -1,0 +1,631 @@
+//! The state a store holds: named objects, the operations that change them, and the
+//! checkpoint encoding of the whole.
+//!
+//! Every change is an [`Op`]. Applying an op returns its [`Undo`], so a transaction that turns
+//! out not to fit is rolled back exactly; replaying the journal applies the same ops in the same
+//! order and so rebuilds the same state. The state also keeps, exactly, the number of bytes its
+//! checkpoint would take, which is what metadata space accounting is about.
+
+use std::collections::{BTreeMap, HashMap};
+
+use bytes::BufMut;
+
+use crate::codec::{put_name, DecodeError, Reader};
+use crate::objects::{
+    table_page_bytes, Bitmap, BitmapUndo, Table, BITMAP_PAGE_BITS, BITMAP_PAGE_BYTES,
+    MAX_VALUE_SIZE, TABLE_PAGE_ENTRIES,
+};
+
+pub type ObjectId = u32;
+
+/// Largest blob, so that one record never dominates a checkpoint.
+pub const MAX_BLOB_SIZE: usize = 1 << 20;
+/// Most bits one op may change, so that an op's undo stays small.
+pub const MAX_BITS_PER_OP: u64 = 1 << 20;
+/// Longest object name.
+pub const MAX_NAME_LEN: usize = 64;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ObjectKind {
+    Table = 1,
+    Bitmap = 2,
+    Blob = 3,
+}
+
+impl ObjectKind {
+    fn from_u8(value: u8) -> Option<Self> {
+        match value {
+            1 => Some(ObjectKind::Table),
+            2 => Some(ObjectKind::Bitmap),
+            3 => Some(ObjectKind::Blob),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Body {
+    Table(Table),
+    Bitmap(Bitmap),
+    Blob(Vec<u8>),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Object {
+    pub name: String,
+    pub body: Body,
+}
+
+impl Object {
+    pub fn kind(&self) -> ObjectKind {
+        match self.body {
+            Body::Table(_) => ObjectKind::Table,
+            Body::Bitmap(_) => ObjectKind::Bitmap,
+            Body::Blob(_) => ObjectKind::Blob,
+        }
+    }
+
+    fn value_size(&self) -> u32 {
+        match &self.body {
+            Body::Table(table) => table.value_size() as u32,
+            _ => 0,
+        }
+    }
+
+    /// Checkpoint bytes of this object.
+    fn encoded_bytes(&self) -> u64 {
+        header_bytes(&self.name)
+            + match &self.body {
+                Body::Table(table) => table.pages() * table_page_bytes(table.value_size()),
+                Body::Bitmap(bitmap) => bitmap.pages() * BITMAP_PAGE_BYTES,
+                Body::Blob(data) => 4 + data.len() as u64,
+            }
+    }
+}
+
+/// Checkpoint bytes of an object's header: id, kind, name, value size, item count.
+fn header_bytes(name: &str) -> u64 {
+    4 + 1 + 1 + name.len() as u64 + 4 + 8
+}
+
+/// One change to the state. The journal is a sequence of these.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Op {
+    Create {
+        id: ObjectId,
+        kind: ObjectKind,
+        value_size: u32,
+        name: String,
+    },
+    Delete {
+        id: ObjectId,
+    },
+    Set {
+        id: ObjectId,
+        index: u64,
+        value: Vec<u8>,
+    },
+    SetBits {
+        id: ObjectId,
+        start: u64,
+        count: u64,
+        value: bool,
+    },
+    PutBlob {
+        id: ObjectId,
+        data: Vec<u8>,
+    },
+}
+
+/// How to take an applied op back.
+pub(crate) enum Undo {
+    Create { id: ObjectId, next_id: ObjectId },
+    Delete { id: ObjectId, object: Object },
+    Set { id: ObjectId, index: u64, old: Vec<u8> },
+    SetBits { id: ObjectId, pages: BitmapUndo },
+    PutBlob { id: ObjectId, old: Vec<u8> },
+}
+
+/// Why an op cannot apply. At run time this is a layer's bug; during recovery, corruption.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ApplyError {
+    #[error("no object {0}")]
+    NoObject(ObjectId),
+    #[error("object {id} is a {actual:?}, not a {wanted:?}")]
+    WrongKind {
+        id: ObjectId,
+        actual: ObjectKind,
+        wanted: ObjectKind,
+    },
+    #[error("object {0} already exists")]
+    Exists(String),
+    #[error("bad op: {0}")]
+    Invalid(String),
+}
+
+/// Named objects and the exact size of their checkpoint.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct State {
+    objects: BTreeMap<ObjectId, Object>,
+    names: HashMap<String, ObjectId>,
+    next_id: ObjectId,
+    encoded_bytes: u64,
+}
+
+/// Checkpoint bytes before the first object: next id and object count.
+const STATE_HEADER_BYTES: u64 = 8;
+
+impl State {
+    pub fn new() -> Self {
+        State {
+            encoded_bytes: STATE_HEADER_BYTES,
+            next_id: 1,
+            ..State::default()
+        }
+    }
+
+    /// Bytes the checkpoint of this state takes.
+    pub fn encoded_bytes(&self) -> u64 {
+        self.encoded_bytes
+    }
+
+    pub fn next_id(&self) -> ObjectId {
+        self.next_id
+    }
+
+    pub fn id(&self, name: &str) -> Option<ObjectId> {
+        self.names.get(name).copied()
+    }
+
+    pub fn object(&self, id: ObjectId) -> Option<&Object> {
+        self.objects.get(&id)
+    }
+
+    pub fn objects(&self) -> impl Iterator<Item = (ObjectId, &Object)> {
+        self.objects.iter().map(|(id, object)| (*id, object))
+    }
+
+    pub fn table(&self, id: ObjectId) -> Option<&Table> {
+        match &self.objects.get(&id)?.body {
+            Body::Table(table) => Some(table),
+            _ => None,
+        }
+    }
+
+    pub fn bitmap(&self, id: ObjectId) -> Option<&Bitmap> {
+        match &self.objects.get(&id)?.body {
+            Body::Bitmap(bitmap) => Some(bitmap),
+            _ => None,
+        }
+    }
+
+    pub fn blob(&self, id: ObjectId) -> Option<&[u8]> {
+        match &self.objects.get(&id)?.body {
+            Body::Blob(data) => Some(data),
+            _ => None,
+        }
+    }
+
+    fn body_mut(&mut self, id: ObjectId, wanted: ObjectKind) -> Result<&mut Body, ApplyError> {
+        let object = self.objects.get_mut(&id).ok_or(ApplyError::NoObject(id))?;
+        let actual = object.kind();
+        if actual != wanted {
+            return Err(ApplyError::WrongKind { id, actual, wanted });
+        }
+        Ok(&mut object.body)
+    }
+
+    fn grow(&mut self, delta: i64) {
+        self.encoded_bytes = self
+            .encoded_bytes
+            .checked_add_signed(delta)
+            .expect("checkpoint size accounting went negative");
+    }
+
+    /// Applies one op, or changes nothing and says why.
+    pub(crate) fn apply(&mut self, op: &Op) -> Result<Undo, ApplyError> {
+        match op {
+            Op::Create {
+                id,
+                kind,
+                value_size,
+                name,
+            } => self.create(*id, *kind, *value_size, name),
+            Op::Delete { id } => {
+                let object = self.objects.remove(id).ok_or(ApplyError::NoObject(*id))?;
+                self.names.remove(&object.name);
+                self.grow(-(object.encoded_bytes() as i64));
+                Ok(Undo::Delete { id: *id, object })
+            }
+            Op::Set { id, index, value } => {
+                let Body::Table(table) = self.body_mut(*id, ObjectKind::Table)? else {
+                    unreachable!()
+                };
+                if value.len() != table.value_size() {
+                    let size = table.value_size();
+                    return Err(ApplyError::Invalid(format!(
+                        "value of {} bytes for a table of {size}-byte values",
+                        value.len()
+                    )));
+                }
+                let (old, delta) = table.set(*index, value);
+                self.grow(delta);
+                Ok(Undo::Set {
+                    id: *id,
+                    index: *index,
+                    old,
+                })
+            }
+            Op::SetBits {
+                id,
+                start,
+                count,
+                value,
+            } => {
+                if *count > MAX_BITS_PER_OP || start.checked_add(*count).is_none() {
+                    return Err(ApplyError::Invalid(format!("{count} bits from {start}")));
+                }
+                let Body::Bitmap(bitmap) = self.body_mut(*id, ObjectKind::Bitmap)? else {
+                    unreachable!()
+                };
+                let (pages, delta) = bitmap.set_range(*start, *count, *value);
+                self.grow(delta);
+                Ok(Undo::SetBits { id: *id, pages })
+            }
+            Op::PutBlob { id, data } => {
+                if data.len() > MAX_BLOB_SIZE {
+                    return Err(ApplyError::Invalid(format!("blob of {} bytes", data.len())));
+                }
+                let Body::Blob(blob) = self.body_mut(*id, ObjectKind::Blob)? else {
+                    unreachable!()
+                };
+                let old = std::mem::replace(blob, data.clone());
+                self.grow(data.len() as i64 - old.len() as i64);
+                Ok(Undo::PutBlob { id: *id, old })
+            }
+        }
+    }
+
+    fn create(
+        &mut self,
+        id: ObjectId,
+        kind: ObjectKind,
+        value_size: u32,
+        name: &str,
+    ) -> Result<Undo, ApplyError> {
+        if name.is_empty() || name.len() > MAX_NAME_LEN {
+            return Err(ApplyError::Invalid(format!("object name {name:?}")));
+        }
+        if self.names.contains_key(name) {
+            return Err(ApplyError::Exists(name.to_string()));
+        }
+        if id == 0 || self.objects.contains_key(&id) {
+            return Err(ApplyError::Invalid(format!("object id {id} in use")));
+        }
+        let body = match kind {
+            ObjectKind::Table if (1..=MAX_VALUE_SIZE as u32).contains(&value_size) => {
+                Body::Table(Table::new(value_size as usize))
+            }
+            ObjectKind::Table => {
+                return Err(ApplyError::Invalid(format!("table value size {value_size}")))
+            }
+            ObjectKind::Bitmap => Body::Bitmap(Bitmap::default()),
+            ObjectKind::Blob => Body::Blob(Vec::new()),
+        };
+        let object = Object {
+            name: name.to_string(),
+            body,
+        };
+        self.grow(object.encoded_bytes() as i64);
+        self.objects.insert(id, object);
+        self.names.insert(name.to_string(), id);
+        let next_id = self.next_id;
+        self.next_id = self.next_id.max(id + 1);
+        Ok(Undo::Create { id, next_id })
+    }
+
+    /// Takes back an op applied by [`State::apply`]; undos must come in reverse order.
+    pub(crate) fn undo(&mut self, undo: Undo) {
+        match undo {
+            Undo::Create { id, next_id } => {
+                let object = self.objects.remove(&id).expect("undo of a create");
+                self.names.remove(&object.name);
+                self.grow(-(object.encoded_bytes() as i64));
+                self.next_id = next_id;
+            }
+            Undo::Delete { id, object } => {
+                self.grow(object.encoded_bytes() as i64);
+                self.names.insert(object.name.clone(), id);
+                self.objects.insert(id, object);
+            }
+            Undo::Set { id, index, old } => {
+                let Ok(Body::Table(table)) = self.body_mut(id, ObjectKind::Table) else {
+                    panic!("undo of a set on object {id}, which is not a table")
+                };
+                let (_, delta) = table.set(index, &old);
+                self.grow(delta);
+            }
+            Undo::SetBits { id, pages } => {
+                let Ok(Body::Bitmap(bitmap)) = self.body_mut(id, ObjectKind::Bitmap) else {
+                    panic!("undo of set-bits on object {id}, which is not a bitmap")
+                };
+                let delta = bitmap.restore(pages);
+                self.grow(delta);
+            }
+            Undo::PutBlob { id, old } => {
+                let Ok(Body::Blob(blob)) = self.body_mut(id, ObjectKind::Blob) else {
+                    panic!("undo of a blob put on object {id}, which is not a blob")
+                };
+                let delta = old.len() as i64 - blob.len() as i64;
+                *blob = old;
+                self.grow(delta);
+            }
+        }
+    }
+}
+
+/// Appends the checkpoint encoding of `state`: next id, object count, then each object with
+/// its header and its present pages (tables, bitmaps) or bytes (blobs).
+pub fn encode_checkpoint(state: &State, out: &mut Vec<u8>) {
+    let start = out.len();
+    out.put_u32_le(state.next_id);
+    out.put_u32_le(state.objects.len() as u32);
+    for (id, object) in &state.objects {
+        out.put_u32_le(*id);
+        out.put_u8(object.kind() as u8);
+        put_name(out, &object.name);
+        out.put_u32_le(object.value_size());
+        match &object.body {
+            Body::Table(table) => {
+                out.put_u64_le(table.pages());
+                for (page_no, page) in &table.pages {
+                    out.put_u64_le(*page_no);
+                    out.put_slice(&page.values);
+                }
+            }
+            Body::Bitmap(bitmap) => {
+                out.put_u64_le(bitmap.pages());
+                for (page_no, page) in &bitmap.pages {
+                    out.put_u64_le(*page_no);
+                    page.words.iter().for_each(|w| out.put_u64_le(*w));
+                }
+            }
+            Body::Blob(data) => {
+                out.put_u64_le(1);
+                out.put_u32_le(data.len() as u32);
+                out.put_slice(data);
+            }
+        }
+    }
+    assert_eq!((out.len() - start) as u64, state.encoded_bytes);
+}
+
+/// Rebuilds a state from its checkpoint encoding, checking every count and size.
+pub fn decode_checkpoint(stream: &[u8]) -> Result<State, DecodeError> {
+    let mut reader = Reader::new(stream);
+    let mut state = State::new();
+    let next_id = reader.u32("next object id")?;
+    let count = reader.u32("object count")?;
+    for _ in 0..count {
+        let at = reader.position();
+        let id = reader.u32("object id")?;
+        let kind = reader.u8("object kind")?;
+        let kind = ObjectKind::from_u8(kind)
+            .ok_or_else(|| reader.error(format!("object {id}: unknown kind {kind}")))?;
+        let name = reader.name("object name")?;
+        let value_size = reader.u32("value size")?;
+        let items = reader.u64("item count")?;
+        state
+            .create(id, kind, value_size, &name)
+            .map_err(|e| DecodeError {
+                at,
+                what: format!("object {id} ({name}): {e}"),
+            })?;
+        let object = state.objects.get_mut(&id).expect("just created");
+        let empty_bytes = object.encoded_bytes();
+        decode_body(&mut reader, object, items)?;
+        state.encoded_bytes += object.encoded_bytes() - empty_bytes;
+    }
+    if !reader.is_empty() {
+        return Err(reader.error(format!("{} bytes after the last object", reader.remaining())));
+    }
+    if next_id < state.next_id {
+        return Err(reader.error(format!("next object id {next_id} is in use")));
+    }
+    state.next_id = next_id;
+    Ok(state)
+}
+
+fn decode_body(reader: &mut Reader, object: &mut Object, items: u64) -> Result<(), DecodeError> {
+    let name = object.name.clone();
+    let at = reader.position();
+    let mut last_page = None;
+    let mut ordered = |page_no: u64| {
+        let ok = last_page.map_or(true, |last| page_no > last);
+        last_page = Some(page_no);
+        ok
+    };
+    match &mut object.body {
+        Body::Table(table) => {
+            let page_len = TABLE_PAGE_ENTRIES as usize * table.value_size();
+            for _ in 0..items {
+                let page_no = reader.u64("table page number")?;
+                let values = reader.bytes(page_len, "table page")?;
+                if !ordered(page_no) || !table.insert_page(page_no, values.into()) {
+                    return Err(reader.error(format!("{name}: page {page_no} is empty or repeated")));
+                }
+            }
+        }
+        Body::Bitmap(bitmap) => {
+            for _ in 0..items {
+                let page_no = reader.u64("bitmap page number")?;
+                let mut words = Box::new([0u64; (BITMAP_PAGE_BITS / 64) as usize]);
+                for word in words.iter_mut() {
+                    *word = reader.u64("bitmap word")?;
+                }
+                if !ordered(page_no) || !bitmap.insert_page(page_no, words) {
+                    return Err(reader.error(format!("{name}: page {page_no} is empty or repeated")));
+                }
+            }
+        }
+        Body::Blob(data) => {
+            if items != 1 {
+                return Err(DecodeError {
+                    at,
+                    what: format!("{name}: blob with {items} parts"),
+                });
+            }
+            let len = reader.u32("blob length")? as usize;
+            if len > MAX_BLOB_SIZE {
+                return Err(reader.error(format!("{name}: blob of {len} bytes")));
+            }
+            *data = reader.bytes(len, "blob")?.to_vec();
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> State {
+        let mut state = State::new();
+        let ops = [
+            Op::Create {
+                id: 1,
+                kind: ObjectKind::Table,
+                value_size: 4,
+                name: "map".into(),
+            },
+            Op::Create {
+                id: 2,
+                kind: ObjectKind::Bitmap,
+                value_size: 0,
+                name: "live".into(),
+            },
+            Op::Create {
+                id: 3,
+                kind: ObjectKind::Blob,
+                value_size: 0,
+                name: "config".into(),
+            },
+            Op::Set {
+                id: 1,
+                index: 1_000_000,
+                value: 9u32.to_le_bytes().to_vec(),
+            },
+            Op::SetBits {
+                id: 2,
+                start: 100,
+                count: 5000,
+                value: true,
+            },
+            Op::PutBlob {
+                id: 3,
+                data: b"extent=512KiB".to_vec(),
+            },
+        ];
+        for op in &ops {
+            state.apply(op).unwrap();
+        }
+        state
+    }
+
+    #[test]
+    fn checkpoint_round_trips_and_its_size_is_exact() {
+        let state = sample();
+        let mut out = Vec::new();
+        encode_checkpoint(&state, &mut out);
+        assert_eq!(out.len() as u64, state.encoded_bytes());
+        let back = decode_checkpoint(&out).unwrap();
+        assert_eq!(back, state);
+        assert_eq!(back.table(1).unwrap().get_u32(1_000_000), 9);
+        assert_eq!(back.bitmap(2).unwrap().count_ones(), 5000);
+    }
+
+    #[test]
+    fn undo_restores_exactly() {
+        let before = sample();
+        let mut state = before.clone();
+        let ops = [
+            Op::Set {
+                id: 1,
+                index: 1_000_000,
+                value: vec![0; 4],
+            },
+            Op::SetBits {
+                id: 2,
+                start: 0,
+                count: 9000,
+                value: false,
+            },
+            Op::PutBlob {
+                id: 3,
+                data: vec![1; 100],
+            },
+            Op::Delete { id: 3 },
+            Op::Create {
+                id: 7,
+                kind: ObjectKind::Table,
+                value_size: 16,
+                name: "other".into(),
+            },
+        ];
+        let undos: Vec<Undo> = ops.iter().map(|op| state.apply(op).unwrap()).collect();
+        assert_ne!(state, before);
+        assert_eq!(state.next_id(), 8);
+        for undo in undos.into_iter().rev() {
+            state.undo(undo);
+        }
+        assert_eq!(state, before);
+    }
+
+    #[test]
+    fn bad_ops_change_nothing() {
+        let mut state = sample();
+        let before = state.clone();
+        let bad = [
+            Op::Delete { id: 42 },
+            Op::Set {
+                id: 2,
+                index: 0,
+                value: vec![1; 4],
+            },
+            Op::Set {
+                id: 1,
+                index: 0,
+                value: vec![1; 3],
+            },
+            Op::Create {
+                id: 9,
+                kind: ObjectKind::Blob,
+                value_size: 0,
+                name: "map".into(),
+            },
+            Op::SetBits {
+                id: 2,
+                start: u64::MAX,
+                count: 2,
+                value: true,
+            },
+        ];
+        for op in &bad {
+            assert!(state.apply(op).is_err(), "{op:?}");
+        }
+        assert_eq!(state, before);
+    }
+
+    #[test]
+    fn damaged_checkpoints_are_errors_not_panics() {
+        let mut out = Vec::new();
+        encode_checkpoint(&sample(), &mut out);
+        for cut in 0..out.len() {
+            assert!(decode_checkpoint(&out[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut extra = out.clone();
+        extra.push(0);
+        assert!(decode_checkpoint(&extra).is_err());
+    }
+}

@@ -1,0 +1,642 @@
+//! The metadata service: transactions applied in memory at once, made durable by group
+//! commit, and checkpointed when the journal fills.
+//!
+//! Lock rules: `shared` (a std RwLock) is held only for in-memory work, never across an await.
+//! `committer` (an async mutex) serializes commits and is held across their I/O; a commit
+//! takes `shared` briefly to cut its batch. Layers read state under `shared`'s read lock.
+//!
+//! Durability contract: a transaction is durable once a [`MetaStore::commit`] that started
+//! after it returns Ok. Every commit first flushes the data devices (and the store's own
+//! device), so metadata never reaches the disk before the data it points to. A failed
+//! metadata write leaves the store failed: it refuses further transactions, because what
+//! reached the disk is then unknown, and the next open recovers from what is there.
+
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
+use std::time::Duration;
+
+use strata_core::{BlockError, DeviceRef, Result, Runtime, WriteFlags};
+
+use crate::block::{self, BlockKind, BLOCK_SIZE};
+use crate::journal::PendingBatch;
+use crate::layout::{Layout, Superblock};
+use crate::recovery::{self, JournalEnd, Recovered};
+use crate::state::{encode_checkpoint, ObjectId, ObjectKind, Op, State, Undo};
+use crate::stats::{MetaCounters, SpaceReport};
+
+/// Whether a transaction may dig into the reserve.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TxnClass {
+    /// Ordinary work: refused with NoSpace once only the reserve is left.
+    Normal,
+    /// Work that frees space (discard, delete): may use the reserve, so it always works on a
+    /// full store.
+    Reclaim,
+}
+
+/// Settings fixed when a region is formatted.
+#[derive(Clone, Debug)]
+pub struct FormatOptions {
+    /// Who keeps state here; `strata check` picks its invariants by this name.
+    pub owner: String,
+    /// Fraction of the region given to the journal.
+    pub journal_fraction: f64,
+    /// Fraction of checkpoint space kept for [`TxnClass::Reclaim`] transactions.
+    pub reserve_fraction: f64,
+    /// Fraction of checkpoint space above which a low-space event is raised.
+    pub low_water_fraction: f64,
+    /// The first generation; random by default so that blocks left by an earlier store in
+    /// the same region never match the new one's epochs.
+    pub first_generation: Option<u64>,
+}
+
+impl FormatOptions {
+    pub fn new(owner: &str) -> Self {
+        FormatOptions {
+            owner: owner.to_string(),
+            journal_fraction: 0.25,
+            reserve_fraction: 0.05,
+            low_water_fraction: 0.80,
+            first_generation: None,
+        }
+    }
+}
+
+/// Settings of an open store.
+#[derive(Clone)]
+pub struct StoreOptions {
+    /// Name used in logs and status ("pool0 metadata").
+    pub name: String,
+    /// Devices that hold data the metadata points to; flushed before every commit.
+    pub data_devices: Vec<DeviceRef>,
+    /// Test-only: skip the data flush before a commit. This plants the ordering bug (data
+    /// committed after its metadata) the crash harness must catch.
+    #[doc(hidden)]
+    pub unsafe_skip_data_barrier: bool,
+}
+
+impl StoreOptions {
+    pub fn new(name: &str) -> Self {
+        StoreOptions {
+            name: name.to_string(),
+            data_devices: Vec::new(),
+            unsafe_skip_data_barrier: false,
+        }
+    }
+}
+
+/// Changes staged by a transaction; applied all together or not at all.
+pub struct Txn {
+    ops: Vec<Op>,
+    next_id: ObjectId,
+}
+
+impl Txn {
+    fn create(&mut self, name: &str, kind: ObjectKind, value_size: u32) -> ObjectId {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.ops.push(Op::Create {
+            id,
+            kind,
+            value_size,
+            name: name.to_string(),
+        });
+        id
+    }
+
+    pub fn create_table(&mut self, name: &str, value_size: usize) -> ObjectId {
+        self.create(name, ObjectKind::Table, value_size as u32)
+    }
+
+    pub fn create_bitmap(&mut self, name: &str) -> ObjectId {
+        self.create(name, ObjectKind::Bitmap, 0)
+    }
+
+    pub fn create_blob(&mut self, name: &str) -> ObjectId {
+        self.create(name, ObjectKind::Blob, 0)
+    }
+
+    pub fn delete(&mut self, id: ObjectId) {
+        self.ops.push(Op::Delete { id });
+    }
+
+    pub fn set(&mut self, table: ObjectId, index: u64, value: &[u8]) {
+        self.ops.push(Op::Set {
+            id: table,
+            index,
+            value: value.to_vec(),
+        });
+    }
+
+    pub fn set_u32(&mut self, table: ObjectId, index: u64, value: u32) {
+        self.set(table, index, &value.to_le_bytes());
+    }
+
+    pub fn set_bits(&mut self, bitmap: ObjectId, start: u64, count: u64, value: bool) {
+        self.ops.push(Op::SetBits {
+            id: bitmap,
+            start,
+            count,
+            value,
+        });
+    }
+
+    pub fn put_blob(&mut self, blob: ObjectId, data: Vec<u8>) {
+        self.ops.push(Op::PutBlob { id: blob, data });
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+}
+
+struct Shared {
+    state: State,
+    pending: PendingBatch,
+    next_txn: u64,
+    /// Every transaction numbered below this is durable.
+    durable_txn: u64,
+    failed: Option<String>,
+    low_space: bool,
+}
+
+/// Where the next commit goes. Owned by whoever holds the commit lock.
+struct Committer {
+    superblock: Superblock,
+    journal_block: u64,
+    batch_seq: u64,
+}
+
+/// A crash-consistent store of named objects in a region of a device.
+pub struct MetaStore {
+    device: DeviceRef,
+    options: StoreOptions,
+    layout: Layout,
+    shared: RwLock<Shared>,
+    committer: tokio::sync::Mutex<Committer>,
+    counters: MetaCounters,
+    uuid: [u8; 16],
+    reserve_bytes: u64,
+    low_water_bytes: u64,
+}
+
+impl MetaStore {
+    /// Writes an empty store into the region `[offset, offset + len)` of `device` and opens it.
+    pub async fn format(
+        device: DeviceRef,
+        offset: u64,
+        len: u64,
+        format: FormatOptions,
+        options: StoreOptions,
+    ) -> Result<Arc<MetaStore>> {
+        let layout = Layout::new(offset, len, format.journal_fraction)
+            .map_err(BlockError::InvalidArgument)?;
+        let capacity = layout.slot_capacity_bytes() as f64;
+        let generation = format.first_generation.unwrap_or_else(random_generation);
+        let superblock = Superblock {
+            uuid: random_uuid(),
+            generation,
+            owner: format.owner.clone(),
+            layout,
+            active_slot: 0,
+            checkpoint_blocks: 1,
+            checkpoint_txn: 0,
+            reserve_bytes: (capacity * format.reserve_fraction) as u64,
+            low_water_bytes: (capacity * format.low_water_fraction) as u64,
+        };
+        // Invalidate both copies first, so that no superblock of an earlier store survives
+        // next to the new one.
+        let zeros = bytes::Bytes::from(vec![0u8; 2 * BLOCK_SIZE]);
+        device
+            .write(layout.superblock_offset(0), zeros, WriteFlags::default())
+            .await?;
+        let recovered = Recovered {
+            superblock,
+            state: State::new(),
+            next_txn: 0,
+            journal_end_block: 0,
+            batches_replayed: 0,
+            txns_replayed: 0,
+            journal_end: JournalEnd::Clean,
+            superblock_faults: Vec::new(),
+            checkpoint_bytes: 0,
+            elapsed: Duration::ZERO,
+        };
+        let store = MetaStore::from_recovered(device, recovered, options);
+        // Twice, so that both superblock copies are valid from the start.
+        store.checkpoint_now().await?;
+        store.checkpoint_now().await?;
+        Ok(store)
+    }
+
+    /// Opens the store whose region starts at `offset`, recovering it and writing a fresh
+    /// checkpoint so that the journal starts clean in a new epoch.
+    pub async fn open(
+        device: DeviceRef,
+        offset: u64,
+        options: StoreOptions,
+    ) -> Result<(Arc<MetaStore>, Recovered)> {
+        let recovered = recovery::recover(device.as_ref(), offset).await?;
+        let name = options.name.clone();
+        tracing::info!(
+            store = %name,
+            generation = recovered.superblock.generation,
+            batches = recovered.batches_replayed,
+            transactions = recovered.txns_replayed,
+            journal_end = ?recovered.journal_end,
+            state_bytes = recovered.state.encoded_bytes(),
+            elapsed_ms = recovered.elapsed.as_secs_f64() * 1e3,
+            "metadata recovered"
+        );
+        for (copy, reason) in &recovered.superblock_faults {
+            tracing::warn!(store = %name, copy, %reason, "superblock copy is not valid; the next checkpoint rewrites it");
+        }
+        let store = MetaStore::from_recovered(device, recovered.clone(), options);
+        store.checkpoint_now().await?;
+        Ok((store, recovered))
+    }
+
+    fn from_recovered(device: DeviceRef, recovered: Recovered, options: StoreOptions) -> Arc<Self> {
+        let layout = recovered.superblock.layout;
+        let uuid = recovered.superblock.uuid;
+        let reserve_bytes = recovered.superblock.reserve_bytes;
+        let low_water_bytes = recovered.superblock.low_water_bytes;
+        let shared = Shared {
+            pending: PendingBatch::new(recovered.next_txn),
+            next_txn: recovered.next_txn,
+            durable_txn: recovered.next_txn,
+            state: recovered.state,
+            failed: None,
+            low_space: false,
+        };
+        let committer = Committer {
+            superblock: recovered.superblock,
+            journal_block: recovered.journal_end_block,
+            batch_seq: recovered.batches_replayed,
+        };
+        Arc::new(MetaStore {
+            device,
+            options,
+            layout,
+            shared: RwLock::new(shared),
+            committer: tokio::sync::Mutex::new(committer),
+            counters: MetaCounters::default(),
+            uuid,
+            reserve_bytes,
+            low_water_bytes,
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.options.name
+    }
+
+    pub fn uuid(&self) -> [u8; 16] {
+        self.uuid
+    }
+
+    fn read_shared(&self) -> RwLockReadGuard<'_, Shared> {
+        self.shared.read().unwrap_or_else(|poison| poison.into_inner())
+    }
+
+    fn write_shared(&self) -> RwLockWriteGuard<'_, Shared> {
+        self.shared.write().unwrap_or_else(|poison| poison.into_inner())
+    }
+
+    /// Runs `f` on the current state (including transactions not yet durable).
+    pub fn read<R>(&self, f: impl FnOnce(&State) -> R) -> R {
+        f(&self.read_shared().state)
+    }
+
+    /// Runs a transaction: `build` looks at the state and stages changes, which are then
+    /// applied all together, or not at all if `build` fails, an op is invalid or the result
+    /// would not fit. Staged changes are not visible to `build` itself.
+    pub fn transact<R>(
+        &self,
+        class: TxnClass,
+        build: impl FnOnce(&State, &mut Txn) -> Result<R>,
+    ) -> Result<R> {
+        let mut shared = self.write_shared();
+        if let Some(reason) = &shared.failed {
+            return Err(failed_error(&self.options.name, reason));
+        }
+        let mut txn = Txn {
+            ops: Vec::new(),
+            next_id: shared.state.next_id(),
+        };
+        let result = build(&shared.state, &mut txn)?;
+        if txn.ops.is_empty() {
+            return Ok(result);
+        }
+        let limit = match class {
+            TxnClass::Normal => self.capacity_bytes() - self.reserve_bytes(),
+            TxnClass::Reclaim => self.capacity_bytes(),
+        };
+        apply_all(&mut shared.state, &txn.ops, limit).map_err(|error| {
+            if !matches!(error, BlockError::NoSpace) {
+                tracing::error!(store = %self.options.name, %error, "metadata transaction refused");
+            }
+            error
+        })?;
+        shared.pending.push(&txn.ops);
+        shared.next_txn += 1;
+        self.counters.txn(txn.ops.len());
+        self.watch_space(&mut shared);
+        Ok(result)
+    }
+
+    fn watch_space(&self, shared: &mut Shared) {
+        let used = shared.state.encoded_bytes();
+        let low_water = self.low_water_bytes;
+        if used > low_water && !shared.low_space {
+            shared.low_space = true;
+            self.counters.low_space_event();
+            tracing::warn!(
+                store = %self.options.name,
+                used_bytes = used,
+                capacity_bytes = self.capacity_bytes(),
+                "metadata space is running low"
+            );
+        } else if used <= low_water && shared.low_space {
+            shared.low_space = false;
+            tracing::info!(store = %self.options.name, used_bytes = used, "metadata space is back under the low-water mark");
+        }
+    }
+
+
+    pub fn capacity_bytes(&self) -> u64 {
+        self.layout.slot_capacity_bytes()
+    }
+
+    fn reserve_bytes(&self) -> u64 {
+        self.reserve_bytes
+    }
+
+    /// Makes every transaction run so far durable. Concurrent callers share one write.
+    pub async fn commit(&self) -> Result<()> {
+        let target = self.read_shared().next_txn;
+        loop {
+            {
+                let shared = self.read_shared();
+                if let Some(reason) = &shared.failed {
+                    return Err(failed_error(&self.options.name, reason));
+                }
+                if shared.durable_txn >= target {
+                    return Ok(());
+                }
+            }
+            let mut committer = self.committer.lock().await;
+            if self.read_shared().durable_txn >= target {
+                return Ok(());
+            }
+            self.commit_locked(&mut committer).await?;
+        }
+    }
+
+    /// Transactions not yet durable.
+    pub fn uncommitted(&self) -> u64 {
+        let shared = self.read_shared();
+        shared.next_txn - shared.durable_txn
+    }
+
+    /// Transactions numbered below this are durable; layers use it to release space freed by
+    /// a transaction only once the free is on disk.
+    pub fn durable_txn(&self) -> u64 {
+        self.read_shared().durable_txn
+    }
+
+    /// The number the next transaction will get.
+    pub fn next_txn(&self) -> u64 {
+        self.read_shared().next_txn
+    }
+
+    async fn commit_locked(&self, committer: &mut Committer) -> Result<()> {
+        let started = std::time::Instant::now();
+        let (batch, upto, checkpoint) = {
+            let mut shared = self.write_shared();
+            let upto = shared.next_txn;
+            let batch = std::mem::replace(&mut shared.pending, PendingBatch::new(upto));
+            if batch.is_empty() {
+                shared.durable_txn = upto;
+                return Ok(());
+            }
+            let blocks = block::blocks_for(batch.stream_len()) as u64;
+            let fits = committer.journal_block + blocks <= self.layout.journal_blocks;
+            let checkpoint = (!fits).then(|| {
+                let mut stream = Vec::with_capacity(shared.state.encoded_bytes() as usize);
+                encode_checkpoint(&shared.state, &mut stream);
+                stream
+            });
+            (batch, upto, checkpoint)
+        };
+        let result = async {
+            self.data_barrier().await?;
+            match checkpoint {
+                Some(stream) => self.write_checkpoint(committer, &stream, upto).await,
+                None => self.write_batch(committer, &batch).await,
+            }
+        }
+        .await;
+        let mut shared = self.write_shared();
+        match result {
+            Ok(()) => {
+                shared.durable_txn = upto;
+                self.counters.commit(started.elapsed());
+                Ok(())
+            }
+            Err(error) => {
+                tracing::error!(store = %self.options.name, %error, "metadata commit failed; the store is now failed");
+                shared.failed = Some(error.to_string());
+                Err(error)
+            }
+        }
+    }
+
+    /// Flushes the data the metadata about to be written may point to.
+    async fn data_barrier(&self) -> Result<()> {
+        if self.options.unsafe_skip_data_barrier {
+            return Ok(());
+        }
+        for device in &self.options.data_devices {
+            device.flush().await?;
+        }
+        self.device.flush().await
+    }
+
+    async fn write_batch(&self, committer: &mut Committer, batch: &PendingBatch) -> Result<()> {
+        let epoch = committer.superblock.generation;
+        let unit = block::encode_unit(BlockKind::Journal, epoch, committer.batch_seq, &batch.stream());
+        let blocks = (unit.len() / BLOCK_SIZE) as u64;
+        let offset = self.layout.journal_offset(committer.journal_block);
+        self.device
+            .write(offset, unit.freeze(), WriteFlags { fua: true })
+            .await?;
+        committer.journal_block += blocks;
+        committer.batch_seq += 1;
+        self.counters.batch(blocks);
+        Ok(())
+    }
+
+    /// Writes the whole state as a new checkpoint and publishes it with a superblock.
+    async fn write_checkpoint(
+        &self,
+        committer: &mut Committer,
+        stream: &[u8],
+        upto: u64,
+    ) -> Result<()> {
+        let previous = &committer.superblock;
+        let next = Superblock {
+            generation: previous.generation + 1,
+            active_slot: 1 - previous.active_slot,
+            checkpoint_blocks: block::blocks_for(stream.len()) as u64,
+            checkpoint_txn: upto,
+            ..previous.clone()
+        };
+        if next.checkpoint_blocks > self.layout.slot_blocks {
+            // Transactions are refused before the state outgrows a slot; reaching this is a bug.
+            return Err(BlockError::io(
+                "metadata checkpoint",
+                std::io::Error::other(format!(
+                    "state of {} bytes exceeds the checkpoint slot",
+                    stream.len()
+                )),
+            ));
+        }
+        let unit = block::encode_unit(BlockKind::Checkpoint, next.generation, 0, stream);
+        let slot = self.layout.slot_offset(next.active_slot);
+        self.device.write(slot, unit.freeze(), WriteFlags::default()).await?;
+        self.device.flush().await?;
+        let offset = self.layout.superblock_offset(next.copy());
+        self.device
+            .write(offset, next.encode().freeze(), WriteFlags { fua: true })
+            .await?;
+        committer.superblock = next;
+        committer.journal_block = 0;
+        committer.batch_seq = 0;
+        self.counters.checkpoint(stream.len() as u64);
+        Ok(())
+    }
+
+    /// Writes a checkpoint of the current state now (at open, and from `strata check --repair`).
+    pub async fn checkpoint_now(&self) -> Result<()> {
+        let mut committer = self.committer.lock().await;
+        let (stream, upto) = {
+            let mut shared = self.write_shared();
+            let upto = shared.next_txn;
+            shared.pending = PendingBatch::new(upto);
+            let mut stream = Vec::new();
+            encode_checkpoint(&shared.state, &mut stream);
+            (stream, upto)
+        };
+        let result = async {
+            self.data_barrier().await?;
+            self.write_checkpoint(&mut committer, &stream, upto).await
+        }
+        .await;
+        let mut shared = self.write_shared();
+        match result {
+            Ok(()) => {
+                shared.durable_txn = upto;
+                Ok(())
+            }
+            Err(error) => {
+                shared.failed = Some(error.to_string());
+                Err(error)
+            }
+        }
+    }
+
+    /// Commits every `interval` while there is something to commit, until the store is
+    /// dropped. The timer bounds how much acknowledged-but-unflushed metadata a crash loses.
+    pub fn spawn_committer(self: &Arc<Self>, runtime: Arc<dyn Runtime>, interval: Duration) {
+        let store: Weak<MetaStore> = Arc::downgrade(self);
+        let sleeper = runtime.clone();
+        runtime.spawn(Box::pin(async move {
+            loop {
+                sleeper.sleep(interval).await;
+                let Some(store) = store.upgrade() else { return };
+                if store.uncommitted() == 0 {
+                    continue;
+                }
+                if let Err(error) = store.commit().await {
+                    tracing::error!(store = %store.options.name, %error, "timed metadata commit failed");
+                    return;
+                }
+            }
+        }));
+    }
+
+    /// Usage and limits of the checkpoint space.
+    pub fn space(&self) -> SpaceReport {
+        let shared = self.read_shared();
+        SpaceReport {
+            capacity_bytes: self.capacity_bytes(),
+            used_bytes: shared.state.encoded_bytes(),
+            reserve_bytes: self.reserve_bytes(),
+            low_water_bytes: self.low_water_bytes,
+            low_space: shared.low_space,
+            failed: shared.failed.clone(),
+        }
+    }
+
+    pub fn counters(&self) -> &MetaCounters {
+        &self.counters
+    }
+
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+}
+
+/// Applies `ops` in order; undoes them all if one fails or the state ends above `limit`.
+fn apply_all(state: &mut State, ops: &[Op], limit: u64) -> Result<()> {
+    let mut undos: Vec<Undo> = Vec::with_capacity(ops.len());
+    let mut failure = None;
+    for op in ops {
+        match state.apply(op) {
+            Ok(undo) => undos.push(undo),
+            Err(error) => {
+                failure = Some(BlockError::InvalidArgument(format!("metadata op {op:?}: {error}")));
+                break;
+            }
+        }
+    }
+    if failure.is_none() && state.encoded_bytes() > limit {
+        failure = Some(BlockError::NoSpace);
+    }
+    let Some(error) = failure else {
+        return Ok(());
+    };
+    for undo in undos.into_iter().rev() {
+        state.undo(undo);
+    }
+    Err(error)
+}
+
+fn failed_error(name: &str, reason: &str) -> BlockError {
+    BlockError::io(
+        format!("metadata store {name} failed earlier ({reason}); reopen to recover"),
+        std::io::Error::other("metadata store failed"),
+    )
+}
+
+/// 64 random bits from the OS, by way of the standard library's randomly keyed hasher.
+fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u64(std::process::id() as u64);
+    hasher.finish()
+}
+
+/// A random first generation with room below 2^63 for every checkpoint a store will write.
+fn random_generation() -> u64 {
+    (random_u64() >> 16) + 1
+}
+
+fn random_uuid() -> [u8; 16] {
+    let mut uuid = [0u8; 16];
+    uuid[..8].copy_from_slice(&random_u64().to_le_bytes());
+    uuid[8..].copy_from_slice(&random_u64().to_le_bytes());
+    uuid[6] = (uuid[6] & 0x0f) | 0x40; // version 4
+    uuid[8] = (uuid[8] & 0x3f) | 0x80; // RFC 4122 variant
+    uuid
+}

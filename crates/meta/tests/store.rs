@@ -1,0 +1,151 @@
+//! The store against a plain memory device: round trips, checkpoints, space limits, failure.
+
+use std::sync::Arc;
+
+use strata_backend::MemoryDevice;
+use strata_core::{BlockError, DeviceRef};
+use strata_meta::{FormatOptions, JournalEnd, MetaStore, ObjectId, StoreOptions, TxnClass};
+
+fn device(size: u64) -> DeviceRef {
+    Arc::new(MemoryDevice::new(size))
+}
+
+async fn format(device: &DeviceRef, len: u64) -> Arc<MetaStore> {
+    let mut format = FormatOptions::new("test");
+    format.first_generation = Some(1000);
+    MetaStore::format(device.clone(), 0, len, format, StoreOptions::new("t"))
+        .await
+        .unwrap()
+}
+
+fn create_map(store: &MetaStore) -> ObjectId {
+    store
+        .transact(TxnClass::Normal, |_, txn| Ok(txn.create_table("map", 8)))
+        .unwrap()
+}
+
+fn put(store: &MetaStore, map: ObjectId, index: u64, value: u64) -> strata_core::Result<()> {
+    store.transact(TxnClass::Normal, |_, txn| {
+        txn.set(map, index, &value.to_le_bytes());
+        Ok(())
+    })
+}
+
+#[tokio::test]
+async fn committed_state_survives_reopen_and_uncommitted_does_not() {
+    let dev = device(8 << 20);
+    let store = format(&dev, 1 << 20).await;
+    let map = create_map(&store);
+    for i in 0..100 {
+        put(&store, map, i * 3, i + 1).unwrap();
+    }
+    store.commit().await.unwrap();
+    put(&store, map, 5000, 9).unwrap(); // never committed
+    let expected = store.read(|state| state.clone());
+    drop(store);
+
+    let (store, recovered) = MetaStore::open(dev.clone(), 0, StoreOptions::new("t"))
+        .await
+        .unwrap();
+    assert_eq!(recovered.txns_replayed, 101);
+    assert_eq!(recovered.batches_replayed, 1);
+    assert_eq!(recovered.journal_end, JournalEnd::Clean);
+    store.read(|state| {
+        let table = state.table(state.id("map").unwrap()).unwrap();
+        assert_eq!(table.len(), 100);
+        assert_eq!(table.get(297).unwrap(), &100u64.to_le_bytes());
+        assert_eq!(table.get(5000), None, "an uncommitted transaction came back");
+        assert_ne!(*state, expected);
+    });
+}
+
+#[tokio::test]
+async fn journal_overflow_checkpoints_and_everything_survives() {
+    let dev = device(8 << 20);
+    // 40 blocks: 10 journal blocks, 14-block slots.
+    let store = format(&dev, 40 * 4096).await;
+    let map = create_map(&store);
+    for round in 0..200u64 {
+        for i in 0..20 {
+            put(&store, map, round * 20 + i, round + 1).unwrap();
+        }
+        store.commit().await.unwrap();
+    }
+    let counters = store.counters().snapshot();
+    assert!(counters.checkpoints >= 5, "{counters:?}");
+    let expected = store.read(|state| state.clone());
+    drop(store);
+    let (store, _) = MetaStore::open(dev, 0, StoreOptions::new("t")).await.unwrap();
+    store.read(|state| assert_eq!(*state, expected));
+}
+
+#[tokio::test]
+async fn full_store_refuses_normal_work_but_reclaim_uses_the_reserve() {
+    let dev = device(8 << 20);
+    let store = format(&dev, 40 * 4096).await;
+    let map = create_map(&store);
+    // Each new 64-entry page of 8-byte values costs 520 bytes; spread entries one per page.
+    let mut written = 0;
+    let full = loop {
+        match put(&store, map, written * 64, 1) {
+            Ok(()) => written += 1,
+            Err(error) => break error,
+        }
+        assert!(written < 10_000, "the store never filled");
+    };
+    assert!(matches!(full, BlockError::NoSpace), "{full:?}");
+    let space = store.space();
+    assert!(space.low_space, "{space:?}");
+    assert!(space.used_bytes <= space.capacity_bytes - space.reserve_bytes);
+    assert_eq!(store.counters().snapshot().low_space_events, 1);
+    // A refused transaction changed nothing.
+    let len = store.read(|state| state.table(map).unwrap().len());
+    assert_eq!(len, written);
+    // Reclaim may grow into the reserve, and freeing works on a full store.
+    store
+        .transact(TxnClass::Reclaim, |_, txn| {
+            txn.set(map, 64 * 10_000, &1u64.to_le_bytes());
+            txn.set(map, 0, &[0; 8]);
+            Ok(())
+        })
+        .unwrap();
+    store.commit().await.unwrap();
+    put(&store, map, 64 * 20_000, 1).unwrap_err();
+    store
+        .transact(TxnClass::Reclaim, |_, txn| {
+            (1..written / 2).for_each(|i| txn.set(map, i * 64, &[0; 8]));
+            Ok(())
+        })
+        .unwrap();
+    put(&store, map, 64 * 20_000, 1).unwrap();
+    store.commit().await.unwrap();
+    assert!(!store.space().low_space);
+    let expected = store.read(|state| state.clone());
+    drop(store);
+    let (store, _) = MetaStore::open(dev, 0, StoreOptions::new("t")).await.unwrap();
+    store.read(|state| assert_eq!(*state, expected));
+}
+
+#[tokio::test]
+async fn a_transaction_is_all_or_nothing() {
+    let dev = device(4 << 20);
+    let store = format(&dev, 1 << 20).await;
+    let map = create_map(&store);
+    let error = store
+        .transact(TxnClass::Normal, |_, txn| {
+            txn.set(map, 1, &7u64.to_le_bytes());
+            txn.set(map, 2, &[1, 2, 3]); // wrong size
+            Ok(())
+        })
+        .unwrap_err();
+    assert!(matches!(error, BlockError::InvalidArgument(_)), "{error:?}");
+    store.read(|state| assert_eq!(state.table(map).unwrap().len(), 0));
+    assert_eq!(store.uncommitted(), 1, "only the create is pending");
+}
+
+#[tokio::test]
+async fn open_refuses_a_region_without_a_store() {
+    let dev = device(1 << 20);
+    let error = MetaStore::open(dev, 0, StoreOptions::new("t")).await.err().unwrap();
+    assert!(error.to_string().contains("no valid superblock"), "{error}");
+}
