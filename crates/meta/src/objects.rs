@@ -181,6 +181,16 @@ pub struct Bitmap {
 pub(crate) type BitmapUndo = Vec<(u64, Option<BitmapPage>)>;
 
 impl Bitmap {
+    /// A bitmap with exactly these bits set (for tests and tools; layers change bitmaps
+    /// through transactions).
+    pub fn from_bits(bits: impl IntoIterator<Item = u64>) -> Bitmap {
+        let mut bitmap = Bitmap::default();
+        for bit in bits {
+            bitmap.set_range(bit, 1, true);
+        }
+        bitmap
+    }
+
     pub fn get(&self, bit: u64) -> bool {
         self.pages
             .get(&(bit / BITMAP_PAGE_BITS))

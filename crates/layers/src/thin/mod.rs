@@ -1,0 +1,18 @@
+//! Virtual Allocation: thin pools whose volumes get physical extents on first write.
+//!
+//! - `map`: address arithmetic (extents, 4 KiB granules), pure.
+//! - `alloc`: which extent a first write gets (log order from a moving head), pure.
+//! - `records`: the pool's objects in the metadata store and their invariants.
+//! - `pool`: format/open, volumes, space, flush.
+//! - `volume`: the block device a volume is.
+
+mod alloc;
+mod map;
+mod pool;
+mod records;
+mod volume;
+
+pub use map::GRANULE;
+pub use pool::{map_id, PoolOptions, PoolRuntime, ThinPool};
+pub use records::check_state;
+pub use volume::{ThinVolume, VolumeRef};
