@@ -9,7 +9,7 @@ use std::time::Instant;
 use anyhow::Context;
 use prometheus_client::registry::Registry;
 use serde::{Deserialize, Serialize};
-use strata_core::{Control, ControlReply, NodeStatus};
+use strata_core::NodeStatus;
 use strata_nbd::Server;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 use tokio::net::UnixListener;
@@ -106,12 +106,11 @@ async fn answer(stream: tokio::net::UnixStream, state: &AdminState) -> anyhow::R
 pub async fn status(state: &AdminState) -> Status {
     let mut devices = Vec::new();
     for node in &state.stack.nodes {
-        match node.device.control(Control::Describe).await {
-            Ok(ControlReply::Describe(mut status)) => {
+        match node.describe().await {
+            Ok(mut status) => {
                 status.name = node.name.clone();
                 devices.push(status);
             }
-            Ok(other) => warn!(device = %node.name, "describe answered {other:?}"),
             Err(e) => warn!(device = %node.name, "describe failed: {e}"),
         }
     }
@@ -147,7 +146,7 @@ fn device_name(state: &AdminState, export: &strata_nbd::Export) -> String {
         .stack
         .nodes
         .iter()
-        .find(|node| Arc::ptr_eq(&node.device, &export.device))
+        .find(|node| node.device().is_some_and(|d| Arc::ptr_eq(d, &export.device)))
         .map(|node| node.name.clone())
         .unwrap_or_default()
 }

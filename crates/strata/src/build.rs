@@ -1,18 +1,56 @@
 //! Turns a validated configuration into devices and exports.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use strata_backend::{FileDevice, FileOptions};
-use strata_core::{DeviceRef, Metered, MetricsRegistry, Runtime};
+use strata_core::{
+    BlockDevice, Control, ControlReply, DeviceRef, Metered, MetricsRegistry, NodeStatus, Runtime,
+};
+use strata_layers::thin::{PoolOptions, PoolRuntime, ThinPool};
 use strata_nbd::{Export, Exports};
 
-use crate::config::Loaded;
+use crate::config::{LayerConfig, Loaded};
 
-/// A named device the server holds, in configuration order.
+/// What a named node of the stack is.
+pub enum NodeKind {
+    /// A block device (a disk, a layer, a volume).
+    Device(DeviceRef),
+    /// A thin pool: not a device itself, the parent of its volumes.
+    Pool(Arc<ThinPool>),
+}
+
+/// A named node the server holds, in configuration order.
 pub struct Node {
     pub name: String,
-    pub device: DeviceRef,
+    pub kind: NodeKind,
+}
+
+impl Node {
+    pub fn device(&self) -> Option<&DeviceRef> {
+        match &self.kind {
+            NodeKind::Device(device) => Some(device),
+            NodeKind::Pool(_) => None,
+        }
+    }
+
+    pub async fn describe(&self) -> strata_core::Result<NodeStatus> {
+        match &self.kind {
+            NodeKind::Device(device) => match device.control(Control::Describe).await? {
+                ControlReply::Describe(status) => Ok(status),
+                _ => Err(strata_core::BlockError::Unsupported("describe")),
+            },
+            NodeKind::Pool(pool) => pool.describe().await,
+        }
+    }
+
+    pub async fn flush(&self) -> strata_core::Result<()> {
+        match &self.kind {
+            NodeKind::Device(device) => device.flush().await,
+            NodeKind::Pool(pool) => pool.flush().await,
+        }
+    }
 }
 
 /// What the configuration built.
@@ -21,12 +59,24 @@ pub struct Stack {
     pub exports: Arc<Exports>,
 }
 
-pub fn build(
+impl Stack {
+    fn device(&self, name: &str) -> Option<DeviceRef> {
+        self.nodes
+            .iter()
+            .find(|node| node.name == name)
+            .and_then(|node| node.device().cloned())
+    }
+}
+
+pub async fn build(
     loaded: &Loaded,
     runtime: Arc<dyn Runtime>,
     metrics: &MetricsRegistry,
 ) -> anyhow::Result<Stack> {
-    let mut nodes = Vec::new();
+    let mut stack = Stack {
+        nodes: Vec::new(),
+        exports: Arc::new(Exports::new()),
+    };
     for disk in &loaded.config.disks {
         let name = disk.name.get_ref().clone();
         let path = loaded.resolve(&disk.path);
@@ -44,24 +94,74 @@ pub fn build(
         let file = FileDevice::open(options, runtime.clone())
             .with_context(|| format!("disk {name}: opening {}", path.display()))?;
         let device = Metered::new(file, metrics.device(&name), runtime.clone());
-        nodes.push(Node {
+        stack.nodes.push(Node {
             name,
-            device: Arc::new(device),
+            kind: NodeKind::Device(Arc::new(device)),
         });
     }
-    let exports = Arc::new(Exports::new());
+    for layer in &loaded.config.layers {
+        build_thin_pool(&mut stack, layer, runtime.clone(), metrics).await?;
+    }
     for export in &loaded.config.exports {
         let device_name = export.device.get_ref();
-        let node = nodes
-            .iter()
-            .find(|node| &node.name == device_name)
+        let device = stack
+            .device(device_name)
             .expect("config validation checked every export's device");
-        exports.insert(Export {
+        stack.exports.insert(Export {
             name: export.name.get_ref().clone(),
             description: export.description.clone(),
-            device: node.device.clone(),
+            device,
             read_only: export.read_only,
         });
     }
-    Ok(Stack { nodes, exports })
+    Ok(stack)
+}
+
+/// Opens (or formats, the first time) a thin pool and creates its configured volumes.
+async fn build_thin_pool(
+    stack: &mut Stack,
+    layer: &LayerConfig,
+    runtime: Arc<dyn Runtime>,
+    metrics: &MetricsRegistry,
+) -> anyhow::Result<()> {
+    let name = layer.name.get_ref().clone();
+    let child_name = &layer.children.get_ref()[0];
+    let child = stack
+        .device(child_name)
+        .expect("config validation checked every child");
+    let options = PoolOptions {
+        extent_size: layer.extent.as_ref().map_or(512 << 10, |e| e.get_ref().0),
+        metadata_size: layer.metadata_size.map(|size| size.0),
+        start_mid: layer.start_mid,
+    };
+    let mut settings = PoolRuntime::new(runtime.clone());
+    if let Some(ms) = layer.commit_interval_ms {
+        settings.commit_interval = Some(Duration::from_millis(ms.max(1)));
+    }
+    let pool = ThinPool::open_or_format(&name, child, &options, settings)
+        .await
+        .with_context(|| format!("thin pool {name}: opening on {child_name}"))?;
+    for volume in &layer.volumes {
+        let volume_name = volume.name.get_ref();
+        if pool.volume(volume_name).is_none() {
+            pool.create_volume(volume_name, volume.size.0)
+                .await
+                .with_context(|| format!("thin pool {name}: creating volume {volume_name}"))?;
+        }
+    }
+    stack.nodes.push(Node {
+        name: name.clone(),
+        kind: NodeKind::Pool(pool.clone()),
+    });
+    for volume_name in pool.volume_names() {
+        let volume = pool.open_volume(&volume_name).expect("listed volume");
+        let full_name = format!("{name}/{volume_name}");
+        let metered = Metered::new(volume, metrics.device(&full_name), runtime.clone());
+        let device: Arc<dyn BlockDevice> = Arc::new(metered);
+        stack.nodes.push(Node {
+            name: full_name,
+            kind: NodeKind::Device(device),
+        });
+    }
+    Ok(())
 }

@@ -40,6 +40,8 @@ pub struct Config {
     pub metrics: Option<Spanned<String>>,
     #[serde(default, rename = "disk")]
     pub disks: Vec<DiskConfig>,
+    #[serde(default, rename = "layer")]
+    pub layers: Vec<LayerConfig>,
     #[serde(default, rename = "export")]
     pub exports: Vec<ExportConfig>,
 }
@@ -63,6 +65,37 @@ pub struct DiskConfig {
 fn yes() -> bool {
     true
 }
+
+/// A layer: a virtual device built over `children` (disks or earlier layers).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct LayerConfig {
+    pub name: Spanned<String>,
+    pub kind: Spanned<String>,
+    pub children: Spanned<Vec<String>>,
+    /// thin-pool: allocation unit (64KiB..4MiB, default 512KiB), fixed at creation.
+    pub extent: Option<Spanned<ByteSize>>,
+    /// thin-pool: bytes of metadata region, fixed at creation.
+    pub metadata_size: Option<ByteSize>,
+    /// thin-pool: start allocating mid-device (Virtual Allocation's variant).
+    #[serde(default)]
+    pub start_mid: bool,
+    /// thin-pool: milliseconds between metadata commits without a client FLUSH.
+    pub commit_interval_ms: Option<u64>,
+    /// thin-pool: volumes created at start when missing, exported as `<pool>/<volume>`.
+    #[serde(default)]
+    pub volumes: Vec<VolumeConfig>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct VolumeConfig {
+    pub name: Spanned<String>,
+    pub size: ByteSize,
+}
+
+/// Layer kinds this build knows.
+pub const LAYER_KINDS: &[&str] = &["thin-pool"];
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
@@ -198,6 +231,10 @@ fn validate(
             return Err(error(disk.name.span().start, message));
         }
     }
+    let mut devices: HashSet<String> = disks.iter().map(|d| d.to_string()).collect();
+    for layer in &config.layers {
+        validate_layer(layer, &mut devices, error)?;
+    }
     let mut exports = HashSet::new();
     for export in &config.exports {
         let name = export.name.get_ref();
@@ -208,8 +245,8 @@ fn validate(
             return Err(error(export.name.span().start, message));
         }
         let device = export.device.get_ref();
-        if !disks.contains(device.as_str()) {
-            let message = format!("field `device`: no disk or layer named {device:?}");
+        if !devices.contains(device.as_str()) {
+            let message = format!("field `device`: no disk, layer or volume named {device:?}");
             return Err(error(export.device.span().start, message));
         }
     }
@@ -224,6 +261,59 @@ fn validate(
             0,
             "field `listen` is empty: clients could not reach any export".into(),
         ));
+    }
+    Ok(())
+}
+
+/// Checks one layer and adds the devices it defines (itself, and a pool's volumes as
+/// `<pool>/<volume>`) to `devices`. Children must be defined before the layer, which rules
+/// out cycles.
+fn validate_layer(
+    layer: &LayerConfig,
+    devices: &mut HashSet<String>,
+    error: &dyn Fn(usize, String) -> ConfigError,
+) -> Result<(), ConfigError> {
+    let name = layer.name.get_ref();
+    let at = layer.name.span().start;
+    check_name(name).map_err(|m| error(at, format!("field `name`: {m}")))?;
+    if devices.contains(name.as_str()) {
+        return Err(error(at, format!("field `name`: a disk or layer named {name:?} is already defined")));
+    }
+    let kind = layer.kind.get_ref();
+    if !LAYER_KINDS.contains(&kind.as_str()) {
+        let message = format!("field `kind`: unknown layer kind {kind:?} (known: {})", LAYER_KINDS.join(", "));
+        return Err(error(layer.kind.span().start, message));
+    }
+    let children = layer.children.get_ref();
+    let children_at = layer.children.span().start;
+    if children.len() != 1 {
+        let message = format!("field `children`: a {kind} takes exactly 1 child, not {}", children.len());
+        return Err(error(children_at, message));
+    }
+    for child in children {
+        if !devices.contains(child.as_str()) {
+            let message = format!("field `children`: no disk or earlier layer named {child:?}");
+            return Err(error(children_at, message));
+        }
+    }
+    if let Some(extent) = &layer.extent {
+        let size = extent.get_ref().0;
+        if !size.is_power_of_two() || !(64 << 10..=4 << 20).contains(&size) {
+            let message = format!("field `extent`: {size} bytes is not a power of two from 64KiB to 4MiB");
+            return Err(error(extent.span().start, message));
+        }
+    }
+    devices.insert(name.clone());
+    for volume in &layer.volumes {
+        let volume_name = volume.name.get_ref();
+        let at = volume.name.span().start;
+        check_name(volume_name).map_err(|m| error(at, format!("field `volumes.name`: {m}")))?;
+        if volume.size.0 == 0 || volume.size.0 % 512 != 0 {
+            return Err(error(at, format!("volume {volume_name:?}: size must be a positive multiple of 512")));
+        }
+        if !devices.insert(format!("{name}/{volume_name}")) {
+            return Err(error(at, format!("volume {volume_name:?} is defined twice")));
+        }
     }
     Ok(())
 }
@@ -310,6 +400,25 @@ mod tests {
         let err = load_str(unknown).err().unwrap();
         assert_eq!(err.line, Some(5), "{err}");
         assert!(err.to_string().contains("sise"), "{err}");
+    }
+
+    #[test]
+    fn thin_pool_layers_are_validated() {
+        let base = "listen = [\"unix:s\"]\n[[disk]]\nname = \"d0\"\npath = \"x\"\n";
+        let good = format!("{base}[[layer]]\nname = \"pool\"\nkind = \"thin-pool\"\nchildren = [\"d0\"]\nextent = \"64KiB\"\nvolumes = [{{ name = \"v\", size = \"1GiB\" }}]\n[[export]]\nname = \"e\"\ndevice = \"pool/v\"\n");
+        let loaded = load_str(&good).unwrap();
+        assert_eq!(loaded.config.layers[0].volumes[0].size, ByteSize(1 << 30));
+        let bad_kind = good.replace("thin-pool", "raid9");
+        let err = load_str(&bad_kind).err().unwrap();
+        assert_eq!(err.line, Some(7), "{err}");
+        assert!(err.to_string().contains("raid9"), "{err}");
+        let bad_child = good.replace("children = [\"d0\"]", "children = [\"d1\"]");
+        let err = load_str(&bad_child).err().unwrap();
+        assert!(err.to_string().contains("d1"), "{err}");
+        let bad_extent = good.replace("64KiB", "96KiB");
+        assert!(load_str(&bad_extent).err().unwrap().to_string().contains("extent"));
+        let bad_export = good.replace("pool/v\"", "pool/w\"");
+        assert!(load_str(&bad_export).err().unwrap().to_string().contains("pool/w"));
     }
 
     #[test]

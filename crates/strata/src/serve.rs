@@ -70,7 +70,7 @@ pub async fn serve(loaded: Loaded) -> anyhow::Result<()> {
     let metrics = MetricsRegistry::default();
     let mut registry = Registry::default();
     metrics.register(&mut registry);
-    let stack = build::build(&loaded, runtime, &metrics)?;
+    let stack = build::build(&loaded, runtime, &metrics).await?;
     let server = Server::new(stack.exports.clone(), Limits::default());
 
     let mut names = Vec::new();
@@ -107,7 +107,7 @@ pub async fn serve(loaded: Loaded) -> anyhow::Result<()> {
     }
     let mut failed = false;
     for node in &state.stack.nodes {
-        if let Err(e) = node.device.flush().await {
+        if let Err(e) = node.flush().await {
             error!(device = %node.name, "final flush failed: {e}");
             failed = true;
         }

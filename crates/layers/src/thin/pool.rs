@@ -286,8 +286,13 @@ impl ThinPool {
 
     /// A handle on the named volume. Handles share all state through the pool.
     pub fn volume(self: &Arc<Self>, name: &str) -> Option<Arc<ThinVolume>> {
+        self.open_volume(name).map(Arc::new)
+    }
+
+    /// Like [`ThinPool::volume`], unwrapped, for callers that wrap it themselves.
+    pub fn open_volume(self: &Arc<Self>, name: &str) -> Option<ThinVolume> {
         let (record, map) = self.volumes_lock().get(name).cloned()?;
-        Some(Arc::new(ThinVolume::new(self.clone(), record, map)))
+        Some(ThinVolume::new(self.clone(), record, map))
     }
 
     pub fn volume_names(&self) -> Vec<String> {
