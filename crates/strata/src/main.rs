@@ -2,6 +2,7 @@
 
 mod admin;
 mod build;
+mod check;
 mod config;
 mod metrics_http;
 mod serve;
@@ -46,6 +47,19 @@ enum Command {
     Status {
         #[command(flatten)]
         target: AdminTarget,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Verify the metadata on devices offline (the server must not be using them).
+    Check {
+        /// Devices (files) whose metadata to check.
+        #[arg(required = true)]
+        devices: Vec<PathBuf>,
+        /// Rewrite the metadata from what recovery reads, where that cannot lose
+        /// acknowledged data (a torn journal tail, a damaged superblock copy).
+        #[arg(long)]
+        repair: bool,
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
@@ -103,6 +117,29 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 println!("{}", serde_json::to_string_pretty(&status)?);
             } else {
                 print!("{}", status::render(&status));
+            }
+            Ok(())
+        }
+        Command::Check {
+            devices,
+            repair,
+            json,
+        } => {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            let mut damaged = false;
+            for device in &devices {
+                let report = runtime.block_on(check::check(device, repair))?;
+                damaged |= !report.errors.is_empty();
+                if json {
+                    println!("{}", serde_json::to_string(&report)?);
+                } else {
+                    print!("{}", check::render(&report));
+                }
+            }
+            if damaged {
+                anyhow::bail!("metadata damage found");
             }
             Ok(())
         }
