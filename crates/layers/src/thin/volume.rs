@@ -94,7 +94,9 @@ impl ThinVolume {
                 if located.runs.iter().all(|(_, live)| *live) {
                     let offset = self.pool.extent_offset(located.phys) + piece.within;
                     self.pool.child.write(offset, data, WriteFlags { fua }).await?;
-                    return Ok(false);
+                    // The mapping this overwrite lands in may itself not be durable yet;
+                    // report it as published so that a FUA write commits it.
+                    return Ok(fua && self.pool.store.uncommitted() > 0);
                 }
             }
         }
