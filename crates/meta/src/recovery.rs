@@ -134,6 +134,9 @@ pub async fn recover(device: &dyn BlockDevice, offset: u64) -> Result<Recovered,
     let (superblock, superblock_faults) = read_superblock(device, offset).await?;
     let layout = superblock.layout;
     let generation = superblock.generation;
+    if !superblock_faults.is_empty() {
+        refuse_if_newer_epoch(device, &superblock).await?;
+    }
     let slot = layout.slot_offset(superblock.active_slot);
     let blocks = read_blocks(device, slot, superblock.checkpoint_blocks).await?;
     let checkpoint_error = |reason: String| RecoveryError::Checkpoint { generation, reason };
@@ -158,6 +161,29 @@ pub async fn recover(device: &dyn BlockDevice, offset: u64) -> Result<Recovered,
     Ok(recovered)
 }
 
+/// A superblock copy that fails its checks is normally a superblock write torn by a crash, and
+/// the other copy is then the current one. But journal batches of a newer epoch are written
+/// only after that epoch's superblock is durable: if the journal starts with one, the newer
+/// superblock was damaged after the fact, and falling back would silently roll back.
+async fn refuse_if_newer_epoch(
+    device: &dyn BlockDevice,
+    superblock: &Superblock,
+) -> Result<(), RecoveryError> {
+    let first = read_blocks(device, superblock.layout.journal_offset(0), 1).await?;
+    if let Ok((header, _)) = block::decode(&first) {
+        if header.kind == BlockKind::Journal && header.epoch > superblock.generation {
+            return Err(RecoveryError::NoSuperblock {
+                a: format!("the superblock of generation {} is damaged", header.epoch),
+                b: format!(
+                    "only generation {} is readable, and falling back to it would lose committed metadata",
+                    superblock.generation
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// Journal blocks read ahead per device read while scanning.
 const SCAN_CHUNK_BLOCKS: u64 = 256;
 
@@ -178,9 +204,9 @@ async fn replay_journal(
         }
         let first = window.blocks(device, &layout, at, 1).await?;
         let Ok((header, _)) = block::decode(first) else {
-            // Unreadable first block: either never written in this epoch or torn.
+            // Unreadable first block: never written in this epoch, or torn by a crash.
             recovered.journal_end = JournalEnd::Clean;
-            return Ok(());
+            return refuse_if_later_batches(device, &layout, epoch, seq, at + 1, &mut window).await;
         };
         if header.kind != BlockKind::Journal || header.epoch != epoch || header.seq != seq {
             recovered.journal_end = JournalEnd::Clean;
@@ -196,7 +222,7 @@ async fn replay_journal(
             Ok((_, stream)) => stream,
             Err(fault) => {
                 recovered.journal_end = JournalEnd::Torn(format!("batch {seq}: {fault}"));
-                return Ok(());
+                return refuse_if_later_batches(device, &layout, epoch, seq, at + 1, &mut window).await;
             }
         };
         let replay_error = |txn: u64, reason: String| RecoveryError::Replay {
@@ -221,6 +247,39 @@ async fn replay_journal(
         recovered.batches_replayed += 1;
         recovered.journal_end_block = at + count;
     }
+}
+
+/// A batch that fails its checks is normally the one a crash interrupted, and nothing after
+/// it was ever written: each batch is written only once the one before it is durable. A
+/// valid later batch of the same epoch therefore means the failed one was damaged after it
+/// was acknowledged (media corruption). Replaying past it would be guessing and stopping at it
+/// would silently drop committed transactions, so recovery refuses and says where.
+async fn refuse_if_later_batches(
+    device: &dyn BlockDevice,
+    layout: &crate::layout::Layout,
+    epoch: u64,
+    seq: u64,
+    from: u64,
+    window: &mut JournalWindow,
+) -> Result<(), RecoveryError> {
+    for at in from..layout.journal_blocks {
+        let block = window.blocks(device, layout, at, 1).await?;
+        let Ok((header, _)) = block::decode(block) else {
+            continue;
+        };
+        if header.kind == BlockKind::Journal && header.epoch == epoch && header.seq > seq {
+            return Err(RecoveryError::Replay {
+                batch: seq,
+                txn: 0,
+                reason: format!(
+                    "batch {seq} is damaged but batch {} follows it at journal block {at}: \
+                     committed metadata was corrupted on the medium",
+                    header.seq
+                ),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// A read-ahead buffer over the journal, so a scan costs a few large reads, not one per batch.

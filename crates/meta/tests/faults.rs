@@ -1,0 +1,170 @@
+//! Damage and faults: the store reports them as errors, never as wrong state.
+
+use std::sync::Arc;
+
+use strata_core::{BlockError, DeviceRef};
+use strata_crash::rand::SeedableRng;
+use strata_crash::{sector_disk, CrashDisk, CrashGroup, CrashPolicy, CrashRng, DiskImage};
+use strata_meta::{FormatOptions, Layout, MetaStore, ObjectId, StoreOptions, TxnClass};
+
+const REGION: u64 = 64 * 4096;
+const DISK: u64 = 80 * 4096;
+
+struct Fixture {
+    group: CrashGroup,
+    disk: CrashDisk,
+    store: Arc<MetaStore>,
+    map: ObjectId,
+}
+
+async fn new_fixture() -> Fixture {
+    let group = CrashGroup::new();
+    let disk = group.disk(sector_disk(DISK));
+    let device: DeviceRef = Arc::new(disk.clone());
+    let mut format = FormatOptions::new("faults");
+    format.first_generation = Some(500);
+    let store = MetaStore::format(device, 0, REGION, format, StoreOptions::new("f"))
+        .await
+        .unwrap();
+    let map = store
+        .transact(TxnClass::Normal, |_, txn| Ok(txn.create_table("map", 8)))
+        .unwrap();
+    store.commit().await.unwrap();
+    Fixture { group, disk, store, map }
+}
+
+fn put(store: &MetaStore, map: ObjectId, index: u64) -> strata_core::Result<()> {
+    store.transact(TxnClass::Normal, |_, txn| {
+        txn.set(map, index, &(index + 1).to_le_bytes());
+        Ok(())
+    })
+}
+
+/// Commits `batches` batches of one transaction each and returns the durable image.
+async fn with_batches(batches: u64) -> (Fixture, DiskImage) {
+    let fixture = new_fixture().await;
+    for i in 0..batches {
+        put(&fixture.store, fixture.map, i).unwrap();
+        fixture.store.commit().await.unwrap();
+    }
+    let mut rng = CrashRng::seed_from_u64(1);
+    let image = fixture.group.crash_with(CrashPolicy::DropAll, &mut rng).remove(0);
+    (fixture, image)
+}
+
+async fn open(image: DiskImage) -> strata_core::Result<Arc<MetaStore>> {
+    let device: DeviceRef = Arc::new(CrashGroup::new().disk_from(image));
+    MetaStore::open(device, 0, StoreOptions::new("f")).await.map(|(store, _)| store)
+}
+
+fn layout() -> Layout {
+    Layout::new(0, REGION, 0.25).unwrap()
+}
+
+#[tokio::test]
+async fn a_damaged_last_batch_is_a_torn_tail_but_a_damaged_middle_batch_is_an_error() {
+    let (_, image) = with_batches(4).await;
+    // Batch 0 (the fixture's create) and batches 1..=4 occupy journal blocks 0..=4.
+    let mut rng = CrashRng::seed_from_u64(2);
+    let mut torn_tail = image.clone();
+    torn_tail.corrupt(layout().journal_offset(4) + 100, 8, &mut rng);
+    let store = open(torn_tail).await.expect("a torn tail is a normal crash");
+    let len = store.read(|s| s.table(s.id("map").unwrap()).unwrap().len());
+    assert_eq!(len, 3, "the three batches before the torn one are kept");
+
+    let mut damaged = image.clone();
+    damaged.corrupt(layout().journal_offset(1) + 100, 8, &mut rng);
+    let error = open(damaged).await.err().expect("damage before later batches must not be ignored");
+    assert!(error.to_string().contains("corrupted on the medium"), "{error}");
+}
+
+#[tokio::test]
+async fn a_damaged_checkpoint_is_an_error() {
+    let (_, image) = with_batches(1).await;
+    let recovered = {
+        let device: DeviceRef = Arc::new(CrashGroup::new().disk_from(image.clone()));
+        strata_meta::recover(device.as_ref(), 0).await.unwrap()
+    };
+    let slot = layout().slot_offset(recovered.superblock.active_slot);
+    let mut damaged = image;
+    damaged.write(slot + 50, &[0xff; 4]);
+    let error = open(damaged).await.err().expect("a damaged checkpoint must be reported");
+    assert!(error.to_string().contains("checkpoint"), "{error}");
+}
+
+#[tokio::test]
+async fn one_damaged_superblock_copy_is_survivable_unless_it_hides_newer_metadata() {
+    // Right after a checkpoint (no batches of its epoch yet), the older copy is a safe
+    // fallback: that is a superblock write torn by a crash.
+    let fixture = new_fixture().await;
+    put(&fixture.store, fixture.map, 1).unwrap();
+    fixture.store.checkpoint_now().await.unwrap();
+    let generation = strata_meta::read_superblock(&fixture.disk, 0).await.unwrap().0.generation;
+    let mut rng = CrashRng::seed_from_u64(3);
+    let image = fixture.group.crash_with(CrashPolicy::DropAll, &mut rng).remove(0);
+    let mut torn = image.clone();
+    torn.write((generation % 2) * 4096 + 64, &[0xee; 16]);
+    let store = open(torn).await.expect("the older copy is current after a torn write");
+    // Indistinguishable from a crash during that superblock write, when the checkpoint (and
+    // the transaction only it held) was not yet durable: the older state is a correct answer.
+    let len = store.read(|s| s.table(s.id("map").unwrap()).unwrap().len());
+    assert_eq!(len, 0);
+
+    // Once batches of the newer epoch exist, falling back would lose them: refuse.
+    let fixture = new_fixture().await;
+    put(&fixture.store, fixture.map, 1).unwrap();
+    fixture.store.commit().await.unwrap();
+    let generation = strata_meta::read_superblock(&fixture.disk, 0).await.unwrap().0.generation;
+    let image = fixture.group.crash_with(CrashPolicy::DropAll, &mut rng).remove(0);
+    let mut damaged = image;
+    damaged.write((generation % 2) * 4096 + 64, &[0xee; 16]);
+    let error = open(damaged).await.err().expect("must not roll back silently");
+    assert!(error.to_string().contains("would lose committed metadata"), "{error}");
+}
+
+#[tokio::test]
+async fn read_errors_fail_recovery_instead_of_inventing_state() {
+    let (_, image) = with_batches(3).await;
+    let disk = CrashGroup::new().disk_from(image.clone());
+    disk.latent_sector_error(layout().journal_offset(1), 512);
+    let device: DeviceRef = Arc::new(disk);
+    let error = MetaStore::open(device, 0, StoreOptions::new("f")).await.err().unwrap();
+    assert!(matches!(error, BlockError::Io { .. }), "{error:?}");
+
+    let disk = CrashGroup::new().disk_from(image);
+    disk.fail_reads(0, 8192);
+    let device: DeviceRef = Arc::new(disk);
+    assert!(MetaStore::open(device, 0, StoreOptions::new("f")).await.is_err());
+}
+
+#[tokio::test]
+async fn a_failed_commit_fails_the_store_and_reopen_recovers_what_was_committed() {
+    let fixture = new_fixture().await;
+    put(&fixture.store, fixture.map, 1).unwrap();
+    fixture.store.commit().await.unwrap();
+    fixture.disk.fail_writes(layout().journal_offset(0), layout().journal_blocks * 4096);
+    put(&fixture.store, fixture.map, 2).unwrap();
+    let error = fixture.store.commit().await.unwrap_err();
+    assert!(matches!(error, BlockError::Io { .. }), "{error:?}");
+    assert!(fixture.store.space().failed.is_some());
+    let refused = put(&fixture.store, fixture.map, 3).unwrap_err();
+    assert!(refused.to_string().contains("failed earlier"), "{refused}");
+    fixture.disk.clear_faults();
+    let mut rng = CrashRng::seed_from_u64(4);
+    let image = fixture.group.crash_with(CrashPolicy::Random, &mut rng).remove(0);
+    let store = open(image).await.unwrap();
+    store.read(|s| {
+        let map = s.table(s.id("map").unwrap()).unwrap();
+        assert_eq!(map.get(1), Some(&2u64.to_le_bytes()[..]));
+        assert_eq!(map.get(3), None, "a refused transaction came back");
+    });
+}
+
+#[tokio::test]
+async fn a_disk_that_disappears_fails_commits_not_reads_of_memory() {
+    let fixture = new_fixture().await;
+    put(&fixture.store, fixture.map, 1).unwrap();
+    fixture.disk.disappear();
+    assert!(fixture.store.commit().await.is_err());
+    assert!(put(&fixture.store, fixture.map, 2).is_err());
+}
