@@ -60,6 +60,16 @@ pub struct Stack {
 }
 
 impl Stack {
+    pub fn pools(&self) -> Vec<Arc<ThinPool>> {
+        self.nodes
+            .iter()
+            .filter_map(|node| match &node.kind {
+                NodeKind::Pool(pool) => Some(pool.clone()),
+                NodeKind::Device(_) => None,
+            })
+            .collect()
+    }
+
     fn device(&self, name: &str) -> Option<DeviceRef> {
         self.nodes
             .iter()

@@ -5,6 +5,7 @@ mod build;
 mod check;
 mod config;
 mod metrics_http;
+mod pool_metrics;
 mod serve;
 mod size;
 mod status;

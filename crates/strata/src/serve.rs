@@ -15,6 +15,7 @@ use tracing::{error, info, warn};
 
 use crate::admin::{self, AdminState};
 use crate::build;
+use crate::pool_metrics::PoolCollector;
 use crate::config::{self, ListenAddr, Loaded};
 
 /// How long shutdown waits for clients to take their last replies.
@@ -71,6 +72,7 @@ pub async fn serve(loaded: Loaded) -> anyhow::Result<()> {
     let mut registry = Registry::default();
     metrics.register(&mut registry);
     let stack = build::build(&loaded, runtime, &metrics).await?;
+    registry.register_collector(Box::new(PoolCollector::new(stack.pools())));
     let server = Server::new(stack.exports.clone(), Limits::default());
 
     let mut names = Vec::new();
