@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use strata_core::{DeviceRef, TokioRuntime};
 use strata_crash::{
-    flat_device_scenario, open_disks, panic_message, sector_disk, CrashGroup, CrashPlan,
-    CrashRun, CrashStats, DiskImage, ScenarioConfig,
+    flat_device_scenario, open_disks, panic_message, sector_disk, CrashGroup, CrashPlan, CrashRun,
+    CrashStats, DiskImage, ScenarioConfig,
 };
 use strata_layers::thin::{check_state, PoolOptions, PoolRuntime, ThinPool};
 
@@ -44,7 +44,10 @@ async fn open_volume(
         ThinPool::open("pool", child, settings).await?.0
     };
     let problems = pool.store().read(check_state);
-    assert!(problems.is_empty(), "pool invariants broken after reopen: {problems:?}");
+    assert!(
+        problems.is_empty(),
+        "pool invariants broken after reopen: {problems:?}"
+    );
     Ok(pool.volume("v").expect("volume v"))
 }
 

@@ -16,7 +16,11 @@ use strata_meta::{FormatOptions, MetaStore, StoreOptions, TxnClass};
 
 fn rss_bytes() -> u64 {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
-    let pages: u64 = statm.split_whitespace().nth(1).and_then(|v| v.parse().ok()).unwrap_or(0);
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
     pages * 4096
 }
 
@@ -29,11 +33,19 @@ async fn measure(entries: u64) {
     let mut options = FileOptions::new(dir.join("meta.img"));
     options.size = Some(region);
     let device: DeviceRef = Arc::new(FileDevice::open(options, TokioRuntime::current()).unwrap());
-    let store = MetaStore::format(device.clone(), 0, region, FormatOptions::new("bench"), StoreOptions::new("bench"))
-        .await
-        .unwrap();
+    let store = MetaStore::format(
+        device.clone(),
+        0,
+        region,
+        FormatOptions::new("bench"),
+        StoreOptions::new("bench"),
+    )
+    .await
+    .unwrap();
     let (map, live) = store
-        .transact(TxnClass::Normal, |_, txn| Ok((txn.create_table("map.1", 4), txn.create_bitmap("live"))))
+        .transact(TxnClass::Normal, |_, txn| {
+            Ok((txn.create_table("map.1", 4), txn.create_bitmap("live")))
+        })
         .unwrap();
     let before = rss_bytes();
     let mut index = 0;
@@ -57,7 +69,9 @@ async fn measure(entries: u64) {
     drop(store);
 
     let started = Instant::now();
-    let (store, recovered) = MetaStore::open(device.clone(), 0, StoreOptions::new("bench")).await.unwrap();
+    let (store, recovered) = MetaStore::open(device.clone(), 0, StoreOptions::new("bench"))
+        .await
+        .unwrap();
     let from_checkpoint = started.elapsed();
     assert_eq!(recovered.txns_replayed, 0);
     let recover_only = recovered.elapsed;
@@ -76,7 +90,9 @@ async fn measure(entries: u64) {
         txns += 1;
     }
     drop(store);
-    let (_, recovered) = MetaStore::open(device, 0, StoreOptions::new("bench")).await.unwrap();
+    let (_, recovered) = MetaStore::open(device, 0, StoreOptions::new("bench"))
+        .await
+        .unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
     println!(
         "| {entries:>9} | {:>10.1} | {:>12} | {:>9.1} | {:>9.1} | {:>8} | {:>9.1} |",
@@ -92,7 +108,10 @@ async fn measure(entries: u64) {
 fn main() {
     // Each size runs in a fresh process, so that memory freed by one does not hide the next.
     if let Some(entries) = std::env::args().nth(1).and_then(|a| a.parse().ok()) {
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
         runtime.block_on(measure(entries));
         return;
     }
@@ -100,7 +119,10 @@ fn main() {
     println!("|---:|---:|---:|---:|---:|---:|---:|");
     for entries in [10_000u64, 100_000, 1_000_000, 4_000_000] {
         let exe = std::env::current_exe().unwrap();
-        let status = std::process::Command::new(exe).arg(entries.to_string()).status().unwrap();
+        let status = std::process::Command::new(exe)
+            .arg(entries.to_string())
+            .status()
+            .unwrap();
         assert!(status.success());
     }
 }

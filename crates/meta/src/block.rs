@@ -15,8 +15,8 @@ pub const HEADER_SIZE: usize = 40;
 /// Payload bytes a block carries.
 pub const PAYLOAD_SIZE: usize = BLOCK_SIZE - HEADER_SIZE;
 
-const _: () = assert!(BLOCK_SIZE % 512 == 0);
-const _: () = assert!(HEADER_SIZE % 8 == 0);
+const _: () = assert!(BLOCK_SIZE.is_multiple_of(512));
+const _: () = assert!(HEADER_SIZE.is_multiple_of(8));
 
 /// What a block is. The values are magic numbers so a block of the wrong kind never parses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,7 +68,11 @@ pub enum BlockFault {
 
 /// Frames `payload` (at most PAYLOAD_SIZE bytes) as one block and appends it to `out`.
 pub fn encode(out: &mut BytesMut, header: BlockHeader, payload: &[u8]) {
-    assert!(payload.len() <= PAYLOAD_SIZE, "payload of {}", payload.len());
+    assert!(
+        payload.len() <= PAYLOAD_SIZE,
+        "payload of {}",
+        payload.len()
+    );
     assert!(header.index < header.count);
     let start = out.len();
     out.put_u32_le(header.kind as u32);
@@ -187,8 +191,7 @@ pub fn decode_unit(
     }
     let mut stream = Vec::with_capacity(count * PAYLOAD_SIZE);
     for (index, block) in blocks.chunks_exact(BLOCK_SIZE).take(count).enumerate() {
-        let (header, payload) =
-            decode(block).map_err(|fault| UnitFault::Block { index, fault })?;
+        let (header, payload) = decode(block).map_err(|fault| UnitFault::Block { index, fault })?;
         let expected = BlockHeader {
             index: index as u32,
             payload_len: header.payload_len,
@@ -215,8 +218,8 @@ fn first_header(
     seq: u64,
     blocks: &[u8],
 ) -> Result<BlockHeader, UnitFault> {
-    let (first, _) = decode(&blocks[..BLOCK_SIZE])
-        .map_err(|fault| UnitFault::Block { index: 0, fault })?;
+    let (first, _) =
+        decode(&blocks[..BLOCK_SIZE]).map_err(|fault| UnitFault::Block { index: 0, fault })?;
     if first.kind != kind || first.epoch != epoch || first.seq != seq || first.index != 0 {
         return Err(UnitFault::Mismatch {
             index: 0,
@@ -244,14 +247,23 @@ mod tests {
         assert_eq!(header.count, 3);
 
         let wrong_epoch = decode_unit(BlockKind::Journal, 4, 9, &unit);
-        assert!(matches!(wrong_epoch, Err(UnitFault::Mismatch { index: 0, .. })));
+        assert!(matches!(
+            wrong_epoch,
+            Err(UnitFault::Mismatch { index: 0, .. })
+        ));
         let wrong_kind = decode_unit(BlockKind::Checkpoint, 3, 9, &unit);
         assert!(wrong_kind.is_err());
 
         let mut torn = unit.clone();
         torn[BLOCK_SIZE + 100] ^= 1;
         let fault = decode_unit(BlockKind::Journal, 3, 9, &torn).unwrap_err();
-        assert!(matches!(fault, UnitFault::Block { index: 1, fault: BlockFault::Checksum { .. } }));
+        assert!(matches!(
+            fault,
+            UnitFault::Block {
+                index: 1,
+                fault: BlockFault::Checksum { .. }
+            }
+        ));
 
         // Two attempts at the same batch, spliced: every block is valid, the unit is not.
         let other: Vec<u8> = stream.iter().map(|b| b ^ 0x55).collect();
@@ -259,7 +271,10 @@ mod tests {
         let mut spliced = unit.clone();
         spliced[2 * BLOCK_SIZE..].copy_from_slice(&second[2 * BLOCK_SIZE..]);
         let spliced = decode_unit(BlockKind::Journal, 3, 9, &spliced);
-        assert!(spliced.is_err(), "a unit spliced from two attempts must be rejected");
+        assert!(
+            spliced.is_err(),
+            "a unit spliced from two attempts must be rejected"
+        );
 
         let short = decode_unit(BlockKind::Journal, 3, 9, &unit[..2 * BLOCK_SIZE]);
         assert!(short.is_err());
@@ -271,6 +286,9 @@ mod tests {
         assert_eq!(unit.len(), BLOCK_SIZE);
         let (_, back) = decode_unit(BlockKind::Checkpoint, 1, 0, &unit).unwrap();
         assert!(back.is_empty());
-        assert_eq!(decode(&[0u8; BLOCK_SIZE]).unwrap_err(), BlockFault::Magic(0));
+        assert_eq!(
+            decode(&[0u8; BLOCK_SIZE]).unwrap_err(),
+            BlockFault::Magic(0)
+        );
     }
 }

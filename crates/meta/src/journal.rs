@@ -195,7 +195,10 @@ pub fn decode_batch(stream: &[u8]) -> Result<Batch, DecodeError> {
         txns.push(txn);
     }
     if !reader.is_empty() {
-        return Err(reader.error(format!("{} bytes after the last transaction", reader.remaining())));
+        return Err(reader.error(format!(
+            "{} bytes after the last transaction",
+            reader.remaining()
+        )));
     }
     Ok(Batch { first_txn, txns })
 }
@@ -216,7 +219,11 @@ mod tests {
                 }
             }),
             (1u32..100).prop_map(|id| Op::Delete { id }),
-            (1u32..100, any::<u64>(), proptest::collection::vec(any::<u8>(), 0..40))
+            (
+                1u32..100,
+                any::<u64>(),
+                proptest::collection::vec(any::<u8>(), 0..40)
+            )
                 .prop_map(|(id, index, value)| Op::Set { id, index, value }),
             (1u32..100, any::<u64>(), any::<u64>(), any::<bool>()).prop_map(
                 |(id, start, count, value)| Op::SetBits {

@@ -39,8 +39,10 @@ impl Layout {
     /// Splits a region of `len` bytes: a quarter (at least 4 blocks) for the journal and the
     /// rest in two equal checkpoint slots.
     pub fn new(offset: u64, len: u64, journal_fraction: f64) -> Result<Layout, String> {
-        if offset % BLOCK_SIZE as u64 != 0 {
-            return Err(format!("metadata region offset {offset} is not 4 KiB aligned"));
+        if !offset.is_multiple_of(BLOCK_SIZE as u64) {
+            return Err(format!(
+                "metadata region offset {offset} is not 4 KiB aligned"
+            ));
         }
         let region_blocks = len / BLOCK_SIZE as u64;
         if region_blocks < MIN_REGION_BLOCKS {
@@ -51,7 +53,9 @@ impl Layout {
         let journal_blocks = ((region_blocks as f64 * journal_fraction) as u64).max(4);
         let slot_blocks = (region_blocks - 2 - journal_blocks) / 2;
         if slot_blocks < 2 {
-            return Err(format!("metadata region of {len} bytes leaves no checkpoint space"));
+            return Err(format!(
+                "metadata region of {len} bytes leaves no checkpoint space"
+            ));
         }
         Ok(Layout {
             offset,
@@ -246,7 +250,9 @@ mod tests {
         assert_eq!(superblock.copy(), 1);
         let mut torn = block.clone();
         torn[60..].fill(0xff);
-        assert!(Superblock::decode(&torn, 0).unwrap_err().contains("checksum"));
+        assert!(Superblock::decode(&torn, 0)
+            .unwrap_err()
+            .contains("checksum"));
         let bad = Superblock {
             checkpoint_blocks: 10_000,
             ..superblock

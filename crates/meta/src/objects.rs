@@ -74,8 +74,9 @@ impl Table {
     /// The record at `index` as a little-endian u32 (0 when absent). For 4-byte tables.
     pub fn get_u32(&self, index: u64) -> u32 {
         debug_assert_eq!(self.value_size, 4);
-        self.get(index)
-            .map_or(0, |v| u32::from_le_bytes(v.try_into().expect("4-byte table")))
+        self.get(index).map_or(0, |v| {
+            u32::from_le_bytes(v.try_into().expect("4-byte table"))
+        })
     }
 
     /// Entries that are not all zeros, in index order, from `start`.
@@ -315,7 +316,11 @@ impl Bitmap {
     }
 
     /// Inserts a whole page read from a checkpoint. Returns false if it is malformed.
-    pub(crate) fn insert_page(&mut self, page_no: u64, words: Box<[u64; BITMAP_PAGE_WORDS]>) -> bool {
+    pub(crate) fn insert_page(
+        &mut self,
+        page_no: u64,
+        words: Box<[u64; BITMAP_PAGE_WORDS]>,
+    ) -> bool {
         let ones: u32 = words.iter().map(|w| w.count_ones()).sum();
         if ones == 0 || self.pages.contains_key(&page_no) {
             return false;
@@ -383,7 +388,10 @@ mod tests {
     fn bitmap_next_clear_skips_full_pages() {
         let mut bitmap = Bitmap::default();
         bitmap.set_range(0, 2 * BITMAP_PAGE_BITS + 3, true);
-        assert_eq!(bitmap.next(0, u64::MAX, false), Some(2 * BITMAP_PAGE_BITS + 3));
+        assert_eq!(
+            bitmap.next(0, u64::MAX, false),
+            Some(2 * BITMAP_PAGE_BITS + 3)
+        );
         assert!(bitmap.all(0, 100, true));
         bitmap.set_range(17, 1, false);
         assert_eq!(bitmap.next(0, u64::MAX, false), Some(17));

@@ -54,7 +54,11 @@ pub enum RecoveryError {
     #[error("checkpoint of generation {generation} is damaged: {reason}")]
     Checkpoint { generation: u64, reason: String },
     #[error("journal batch {batch} (transaction {txn}) does not apply: {reason}")]
-    Replay { batch: u64, txn: u64, reason: String },
+    Replay {
+        batch: u64,
+        txn: u64,
+        reason: String,
+    },
     #[error(transparent)]
     Io(#[from] BlockError),
 }
@@ -100,9 +104,10 @@ pub async fn read_superblock(
     for copy in 0..2u64 {
         let data = &both[copy as usize * BLOCK_SIZE..(copy as usize + 1) * BLOCK_SIZE];
         match Superblock::decode(data, offset) {
-            Ok(sb) if sb.copy() != copy => {
-                faults.push((copy, format!("generation {} in the wrong copy", sb.generation)))
-            }
+            Ok(sb) if sb.copy() != copy => faults.push((
+                copy,
+                format!("generation {} in the wrong copy", sb.generation),
+            )),
             Ok(sb) => {
                 if best.as_ref().is_none_or(|b| sb.generation > b.generation) {
                     best = Some(sb);
@@ -222,7 +227,8 @@ async fn replay_journal(
             Ok((_, stream)) => stream,
             Err(fault) => {
                 recovered.journal_end = JournalEnd::Torn(format!("batch {seq}: {fault}"));
-                return refuse_if_later_batches(device, &layout, epoch, seq, at + 1, &mut window).await;
+                return refuse_if_later_batches(device, &layout, epoch, seq, at + 1, &mut window)
+                    .await;
             }
         };
         let replay_error = |txn: u64, reason: String| RecoveryError::Replay {
@@ -230,7 +236,8 @@ async fn replay_journal(
             txn,
             reason,
         };
-        let batch = decode_batch(&stream).map_err(|e| replay_error(recovered.next_txn, e.to_string()))?;
+        let batch =
+            decode_batch(&stream).map_err(|e| replay_error(recovered.next_txn, e.to_string()))?;
         if batch.first_txn != recovered.next_txn {
             let reason = format!("starts at transaction {}", batch.first_txn);
             return Err(replay_error(recovered.next_txn, reason));

@@ -120,11 +120,27 @@ pub enum Op {
 
 /// How to take an applied op back.
 pub(crate) enum Undo {
-    Create { id: ObjectId, next_id: ObjectId },
-    Delete { id: ObjectId, object: Object },
-    Set { id: ObjectId, index: u64, old: Vec<u8> },
-    SetBits { id: ObjectId, pages: BitmapUndo },
-    PutBlob { id: ObjectId, old: Vec<u8> },
+    Create {
+        id: ObjectId,
+        next_id: ObjectId,
+    },
+    Delete {
+        id: ObjectId,
+        object: Object,
+    },
+    Set {
+        id: ObjectId,
+        index: u64,
+        old: Vec<u8>,
+    },
+    SetBits {
+        id: ObjectId,
+        pages: BitmapUndo,
+    },
+    PutBlob {
+        id: ObjectId,
+        old: Vec<u8>,
+    },
 }
 
 /// Why an op cannot apply. At run time this is a layer's bug; during recovery, corruption.
@@ -308,7 +324,9 @@ impl State {
                 Body::Table(Table::new(value_size as usize))
             }
             ObjectKind::Table => {
-                return Err(ApplyError::Invalid(format!("table value size {value_size}")))
+                return Err(ApplyError::Invalid(format!(
+                    "table value size {value_size}"
+                )))
             }
             ObjectKind::Bitmap => Body::Bitmap(Bitmap::default()),
             ObjectKind::Blob => Body::Blob(Vec::new()),
@@ -428,7 +446,10 @@ pub fn decode_checkpoint(stream: &[u8]) -> Result<State, DecodeError> {
         state.encoded_bytes += object.encoded_bytes() - empty_bytes;
     }
     if !reader.is_empty() {
-        return Err(reader.error(format!("{} bytes after the last object", reader.remaining())));
+        return Err(reader.error(format!(
+            "{} bytes after the last object",
+            reader.remaining()
+        )));
     }
     if next_id < state.next_id {
         return Err(reader.error(format!("next object id {next_id} is in use")));
@@ -442,7 +463,7 @@ fn decode_body(reader: &mut Reader, object: &mut Object, items: u64) -> Result<(
     let at = reader.position();
     let mut last_page = None;
     let mut ordered = |page_no: u64| {
-        let ok = last_page.map_or(true, |last| page_no > last);
+        let ok = last_page.is_none_or(|last| page_no > last);
         last_page = Some(page_no);
         ok
     };
@@ -453,7 +474,9 @@ fn decode_body(reader: &mut Reader, object: &mut Object, items: u64) -> Result<(
                 let page_no = reader.u64("table page number")?;
                 let values = reader.bytes(page_len, "table page")?;
                 if !ordered(page_no) || !table.insert_page(page_no, values.into()) {
-                    return Err(reader.error(format!("{name}: page {page_no} is empty or repeated")));
+                    return Err(
+                        reader.error(format!("{name}: page {page_no} is empty or repeated"))
+                    );
                 }
             }
         }
@@ -465,7 +488,9 @@ fn decode_body(reader: &mut Reader, object: &mut Object, items: u64) -> Result<(
                     *word = reader.u64("bitmap word")?;
                 }
                 if !ordered(page_no) || !bitmap.insert_page(page_no, words) {
-                    return Err(reader.error(format!("{name}: page {page_no} is empty or repeated")));
+                    return Err(
+                        reader.error(format!("{name}: page {page_no} is empty or repeated"))
+                    );
                 }
             }
         }

@@ -295,11 +295,15 @@ impl MetaStore {
     }
 
     fn read_shared(&self) -> RwLockReadGuard<'_, Shared> {
-        self.shared.read().unwrap_or_else(|poison| poison.into_inner())
+        self.shared
+            .read()
+            .unwrap_or_else(|poison| poison.into_inner())
     }
 
     fn write_shared(&self) -> RwLockWriteGuard<'_, Shared> {
-        self.shared.write().unwrap_or_else(|poison| poison.into_inner())
+        self.shared
+            .write()
+            .unwrap_or_else(|poison| poison.into_inner())
     }
 
     /// Runs `f` on the current state (including transactions not yet durable).
@@ -361,7 +365,6 @@ impl MetaStore {
             tracing::info!(store = %self.options.name, used_bytes = used, "metadata space is back under the low-water mark");
         }
     }
-
 
     pub fn capacity_bytes(&self) -> u64 {
         self.layout.slot_capacity_bytes()
@@ -464,7 +467,12 @@ impl MetaStore {
 
     async fn write_batch(&self, committer: &mut Committer, batch: &PendingBatch) -> Result<()> {
         let epoch = committer.superblock.generation;
-        let unit = block::encode_unit(BlockKind::Journal, epoch, committer.batch_seq, &batch.stream());
+        let unit = block::encode_unit(
+            BlockKind::Journal,
+            epoch,
+            committer.batch_seq,
+            &batch.stream(),
+        );
         let blocks = (unit.len() / BLOCK_SIZE) as u64;
         let offset = self.layout.journal_offset(committer.journal_block);
         self.device
@@ -503,7 +511,9 @@ impl MetaStore {
         }
         let unit = block::encode_unit(BlockKind::Checkpoint, next.generation, 0, stream);
         let slot = self.layout.slot_offset(next.active_slot);
-        self.device.write(slot, unit.freeze(), WriteFlags::default()).await?;
+        self.device
+            .write(slot, unit.freeze(), WriteFlags::default())
+            .await?;
         self.device.flush().await?;
         let offset = self.layout.superblock_offset(next.copy());
         self.device
@@ -595,7 +605,9 @@ fn apply_all(state: &mut State, ops: &[Op], limit: u64) -> Result<()> {
         match state.apply(op) {
             Ok(undo) => undos.push(undo),
             Err(error) => {
-                failure = Some(BlockError::InvalidArgument(format!("metadata op {op:?}: {error}")));
+                failure = Some(BlockError::InvalidArgument(format!(
+                    "metadata op {op:?}: {error}"
+                )));
                 break;
             }
         }

@@ -45,12 +45,20 @@ impl History {
 
 /// One random transaction. Returns Ok(true) if it applied, Ok(false) if refused as full.
 fn random_txn(store: &MetaStore, rng: &mut CrashRng) -> Result<bool, BlockError> {
-    let class = if rng.random_bool(0.2) { TxnClass::Reclaim } else { TxnClass::Normal };
+    let class = if rng.random_bool(0.2) {
+        TxnClass::Reclaim
+    } else {
+        TxnClass::Normal
+    };
     let choice = rng.random_range(0..100u32);
     let index = rng.random_range(0..2000u64);
     let value = rng.random_range(0..4u64);
     let result = store.transact(class, |state, txn| {
-        let tables: Vec<_> = state.objects().filter(|(_, o)| o.name.starts_with('t')).map(|(id, _)| id).collect();
+        let tables: Vec<_> = state
+            .objects()
+            .filter(|(_, o)| o.name.starts_with('t'))
+            .map(|(id, _)| id)
+            .collect();
         let bitmap = state.id("bits").expect("bits");
         let blob = state.id("blob").expect("blob");
         match choice {
@@ -78,7 +86,11 @@ fn random_txn(store: &MetaStore, rng: &mut CrashRng) -> Result<bool, BlockError>
     }
 }
 
-async fn reopen(group: &CrashGroup, images: Vec<DiskImage>, seed: u64) -> Result<Arc<MetaStore>, String> {
+async fn reopen(
+    group: &CrashGroup,
+    images: Vec<DiskImage>,
+    seed: u64,
+) -> Result<Arc<MetaStore>, String> {
     let disk = group.disk_from(images.into_iter().next().expect("one disk"));
     let device: DeviceRef = Arc::new(disk);
     MetaStore::open(device, 0, StoreOptions::new("crash"))
@@ -105,7 +117,10 @@ async fn scenario(seed: u64) -> Result<CrashStats, String> {
         })
         .map_err(|e| e.to_string())?;
     store.commit().await.map_err(|e| e.to_string())?;
-    let mut history = History { base: store.next_txn(), states: vec![store.read(|s| s.clone())] };
+    let mut history = History {
+        base: store.next_txn(),
+        states: vec![store.read(|s| s.clone())],
+    };
     let mut stats = CrashStats::default();
     for round in 0..ROUNDS {
         group.arm_crash_at(group.mutating_ops() + rng.random_range(0..60u64));
@@ -130,16 +145,25 @@ async fn scenario(seed: u64) -> Result<CrashStats, String> {
         group = CrashGroup::new();
         store = reopen(&group, images, seed).await?;
         let recovered = store.next_txn();
-        let context = format!("seed {seed}, round {round}: recovered {recovered} transactions; {} durable, {} run", history.base, history.applied());
+        let context = format!(
+            "seed {seed}, round {round}: recovered {recovered} transactions; {} durable, {} run",
+            history.base,
+            history.applied()
+        );
         if recovered < history.base || recovered > history.applied() {
-            return Err(format!("{context}: not a prefix that keeps every committed transaction"));
+            return Err(format!(
+                "{context}: not a prefix that keeps every committed transaction"
+            ));
         }
         let expected = &history.states[(recovered - history.base) as usize];
         let matches = store.read(|state| state == expected);
         if !matches {
             return Err(format!("{context}: the recovered state differs from the state after that many transactions"));
         }
-        history = History { base: recovered, states: vec![expected.clone()] };
+        history = History {
+            base: recovered,
+            states: vec![expected.clone()],
+        };
     }
     Ok(stats)
 }

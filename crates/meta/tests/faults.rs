@@ -30,7 +30,12 @@ async fn new_fixture() -> Fixture {
         .transact(TxnClass::Normal, |_, txn| Ok(txn.create_table("map", 8)))
         .unwrap();
     store.commit().await.unwrap();
-    Fixture { group, disk, store, map }
+    Fixture {
+        group,
+        disk,
+        store,
+        map,
+    }
 }
 
 fn put(store: &MetaStore, map: ObjectId, index: u64) -> strata_core::Result<()> {
@@ -48,13 +53,18 @@ async fn with_batches(batches: u64) -> (Fixture, DiskImage) {
         fixture.store.commit().await.unwrap();
     }
     let mut rng = CrashRng::seed_from_u64(1);
-    let image = fixture.group.crash_with(CrashPolicy::DropAll, &mut rng).remove(0);
+    let image = fixture
+        .group
+        .crash_with(CrashPolicy::DropAll, &mut rng)
+        .remove(0);
     (fixture, image)
 }
 
 async fn open(image: DiskImage) -> strata_core::Result<Arc<MetaStore>> {
     let device: DeviceRef = Arc::new(CrashGroup::new().disk_from(image));
-    MetaStore::open(device, 0, StoreOptions::new("f")).await.map(|(store, _)| store)
+    MetaStore::open(device, 0, StoreOptions::new("f"))
+        .await
+        .map(|(store, _)| store)
 }
 
 fn layout() -> Layout {
@@ -68,14 +78,22 @@ async fn a_damaged_last_batch_is_a_torn_tail_but_a_damaged_middle_batch_is_an_er
     let mut rng = CrashRng::seed_from_u64(2);
     let mut torn_tail = image.clone();
     torn_tail.corrupt(layout().journal_offset(4) + 100, 8, &mut rng);
-    let store = open(torn_tail).await.expect("a torn tail is a normal crash");
+    let store = open(torn_tail)
+        .await
+        .expect("a torn tail is a normal crash");
     let len = store.read(|s| s.table(s.id("map").unwrap()).unwrap().len());
     assert_eq!(len, 3, "the three batches before the torn one are kept");
 
     let mut damaged = image.clone();
     damaged.corrupt(layout().journal_offset(1) + 100, 8, &mut rng);
-    let error = open(damaged).await.err().expect("damage before later batches must not be ignored");
-    assert!(error.to_string().contains("corrupted on the medium"), "{error}");
+    let error = open(damaged)
+        .await
+        .err()
+        .expect("damage before later batches must not be ignored");
+    assert!(
+        error.to_string().contains("corrupted on the medium"),
+        "{error}"
+    );
 }
 
 #[tokio::test]
@@ -88,7 +106,10 @@ async fn a_damaged_checkpoint_is_an_error() {
     let slot = layout().slot_offset(recovered.superblock.active_slot);
     let mut damaged = image;
     damaged.write(slot + 50, &[0xff; 4]);
-    let error = open(damaged).await.err().expect("a damaged checkpoint must be reported");
+    let error = open(damaged)
+        .await
+        .err()
+        .expect("a damaged checkpoint must be reported");
     assert!(error.to_string().contains("checkpoint"), "{error}");
 }
 
@@ -99,12 +120,21 @@ async fn one_damaged_superblock_copy_is_survivable_unless_it_hides_newer_metadat
     let fixture = new_fixture().await;
     put(&fixture.store, fixture.map, 1).unwrap();
     fixture.store.checkpoint_now().await.unwrap();
-    let generation = strata_meta::read_superblock(&fixture.disk, 0).await.unwrap().0.generation;
+    let generation = strata_meta::read_superblock(&fixture.disk, 0)
+        .await
+        .unwrap()
+        .0
+        .generation;
     let mut rng = CrashRng::seed_from_u64(3);
-    let image = fixture.group.crash_with(CrashPolicy::DropAll, &mut rng).remove(0);
+    let image = fixture
+        .group
+        .crash_with(CrashPolicy::DropAll, &mut rng)
+        .remove(0);
     let mut torn = image.clone();
     torn.write((generation % 2) * 4096 + 64, &[0xee; 16]);
-    let store = open(torn).await.expect("the older copy is current after a torn write");
+    let store = open(torn)
+        .await
+        .expect("the older copy is current after a torn write");
     // Indistinguishable from a crash during that superblock write, when the checkpoint (and
     // the transaction only it held) was not yet durable: the older state is a correct answer.
     let len = store.read(|s| s.table(s.id("map").unwrap()).unwrap().len());
@@ -114,12 +144,25 @@ async fn one_damaged_superblock_copy_is_survivable_unless_it_hides_newer_metadat
     let fixture = new_fixture().await;
     put(&fixture.store, fixture.map, 1).unwrap();
     fixture.store.commit().await.unwrap();
-    let generation = strata_meta::read_superblock(&fixture.disk, 0).await.unwrap().0.generation;
-    let image = fixture.group.crash_with(CrashPolicy::DropAll, &mut rng).remove(0);
+    let generation = strata_meta::read_superblock(&fixture.disk, 0)
+        .await
+        .unwrap()
+        .0
+        .generation;
+    let image = fixture
+        .group
+        .crash_with(CrashPolicy::DropAll, &mut rng)
+        .remove(0);
     let mut damaged = image;
     damaged.write((generation % 2) * 4096 + 64, &[0xee; 16]);
-    let error = open(damaged).await.err().expect("must not roll back silently");
-    assert!(error.to_string().contains("would lose committed metadata"), "{error}");
+    let error = open(damaged)
+        .await
+        .err()
+        .expect("must not roll back silently");
+    assert!(
+        error.to_string().contains("would lose committed metadata"),
+        "{error}"
+    );
 }
 
 #[tokio::test]
@@ -128,13 +171,18 @@ async fn read_errors_fail_recovery_instead_of_inventing_state() {
     let disk = CrashGroup::new().disk_from(image.clone());
     disk.latent_sector_error(layout().journal_offset(1), 512);
     let device: DeviceRef = Arc::new(disk);
-    let error = MetaStore::open(device, 0, StoreOptions::new("f")).await.err().unwrap();
+    let error = MetaStore::open(device, 0, StoreOptions::new("f"))
+        .await
+        .err()
+        .unwrap();
     assert!(matches!(error, BlockError::Io { .. }), "{error:?}");
 
     let disk = CrashGroup::new().disk_from(image);
     disk.fail_reads(0, 8192);
     let device: DeviceRef = Arc::new(disk);
-    assert!(MetaStore::open(device, 0, StoreOptions::new("f")).await.is_err());
+    assert!(MetaStore::open(device, 0, StoreOptions::new("f"))
+        .await
+        .is_err());
 }
 
 #[tokio::test]
@@ -142,7 +190,9 @@ async fn a_failed_commit_fails_the_store_and_reopen_recovers_what_was_committed(
     let fixture = new_fixture().await;
     put(&fixture.store, fixture.map, 1).unwrap();
     fixture.store.commit().await.unwrap();
-    fixture.disk.fail_writes(layout().journal_offset(0), layout().journal_blocks * 4096);
+    fixture
+        .disk
+        .fail_writes(layout().journal_offset(0), layout().journal_blocks * 4096);
     put(&fixture.store, fixture.map, 2).unwrap();
     let error = fixture.store.commit().await.unwrap_err();
     assert!(matches!(error, BlockError::Io { .. }), "{error:?}");
@@ -151,7 +201,10 @@ async fn a_failed_commit_fails_the_store_and_reopen_recovers_what_was_committed(
     assert!(refused.to_string().contains("failed earlier"), "{refused}");
     fixture.disk.clear_faults();
     let mut rng = CrashRng::seed_from_u64(4);
-    let image = fixture.group.crash_with(CrashPolicy::Random, &mut rng).remove(0);
+    let image = fixture
+        .group
+        .crash_with(CrashPolicy::Random, &mut rng)
+        .remove(0);
     let store = open(image).await.unwrap();
     store.read(|s| {
         let map = s.table(s.id("map").unwrap()).unwrap();

@@ -54,7 +54,11 @@ async fn committed_state_survives_reopen_and_uncommitted_does_not() {
         let table = state.table(state.id("map").unwrap()).unwrap();
         assert_eq!(table.len(), 100);
         assert_eq!(table.get(297).unwrap(), &100u64.to_le_bytes());
-        assert_eq!(table.get(5000), None, "an uncommitted transaction came back");
+        assert_eq!(
+            table.get(5000),
+            None,
+            "an uncommitted transaction came back"
+        );
         assert_ne!(*state, expected);
     });
 }
@@ -75,7 +79,9 @@ async fn journal_overflow_checkpoints_and_everything_survives() {
     assert!(counters.checkpoints >= 5, "{counters:?}");
     let expected = store.read(|state| state.clone());
     drop(store);
-    let (store, _) = MetaStore::open(dev, 0, StoreOptions::new("t")).await.unwrap();
+    let (store, _) = MetaStore::open(dev, 0, StoreOptions::new("t"))
+        .await
+        .unwrap();
     store.read(|state| assert_eq!(*state, expected));
 }
 
@@ -122,7 +128,9 @@ async fn full_store_refuses_normal_work_but_reclaim_uses_the_reserve() {
     assert!(!store.space().low_space);
     let expected = store.read(|state| state.clone());
     drop(store);
-    let (store, _) = MetaStore::open(dev, 0, StoreOptions::new("t")).await.unwrap();
+    let (store, _) = MetaStore::open(dev, 0, StoreOptions::new("t"))
+        .await
+        .unwrap();
     store.read(|state| assert_eq!(*state, expected));
 }
 
@@ -146,6 +154,9 @@ async fn a_transaction_is_all_or_nothing() {
 #[tokio::test]
 async fn open_refuses_a_region_without_a_store() {
     let dev = device(1 << 20);
-    let error = MetaStore::open(dev, 0, StoreOptions::new("t")).await.err().unwrap();
+    let error = MetaStore::open(dev, 0, StoreOptions::new("t"))
+        .await
+        .err()
+        .unwrap();
     assert!(error.to_string().contains("no valid superblock"), "{error}");
 }

@@ -146,7 +146,10 @@ fn device_name(state: &AdminState, export: &strata_nbd::Export) -> String {
         .stack
         .nodes
         .iter()
-        .find(|node| node.device().is_some_and(|d| Arc::ptr_eq(d, &export.device)))
+        .find(|node| {
+            node.device()
+                .is_some_and(|d| Arc::ptr_eq(d, &export.device))
+        })
         .map(|node| node.name.clone())
         .unwrap_or_default()
 }

@@ -12,7 +12,7 @@
 //! superblock copy. A damaged checkpoint or broken invariants are reported and left alone,
 //! because any fix would have to guess.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::Context;
@@ -41,15 +41,16 @@ pub struct DeviceReport {
     pub repaired: bool,
 }
 
-pub async fn check(path: &PathBuf, repair: bool) -> anyhow::Result<DeviceReport> {
+pub async fn check(path: &Path, repair: bool) -> anyhow::Result<DeviceReport> {
     let runtime = TokioRuntime::current();
-    let mut options = FileOptions::new(path.clone());
+    let mut options = FileOptions::new(path.to_path_buf());
     options.read_only = !repair;
     let device: DeviceRef = Arc::new(
-        FileDevice::open(options, runtime).with_context(|| format!("opening {}", path.display()))?,
+        FileDevice::open(options, runtime)
+            .with_context(|| format!("opening {}", path.display()))?,
     );
     let mut report = DeviceReport {
-        path: path.clone(),
+        path: path.to_path_buf(),
         owner: None,
         generation: None,
         checkpoint_bytes: 0,
@@ -84,17 +85,28 @@ pub async fn check(path: &PathBuf, repair: bool) -> anyhow::Result<DeviceReport>
     report.recovery_ms = recovered.elapsed.as_secs_f64() * 1e3;
     for (copy, reason) in &recovered.superblock_faults {
         let copy = ["A", "B"][*copy as usize];
-        report.warnings.push(format!("superblock copy {copy}: {reason}"));
+        report
+            .warnings
+            .push(format!("superblock copy {copy}: {reason}"));
     }
     if let JournalEnd::Torn(reason) = &recovered.journal_end {
-        report.warnings.push(format!("journal ends in a torn batch (an interrupted commit, never acknowledged): {reason}"));
+        report.warnings.push(format!(
+            "journal ends in a torn batch (an interrupted commit, never acknowledged): {reason}"
+        ));
     }
     if report.used_bytes > report.capacity_bytes {
-        report.errors.push(format!("state of {} bytes exceeds its {}-byte slot", report.used_bytes, report.capacity_bytes));
+        report.errors.push(format!(
+            "state of {} bytes exceeds its {}-byte slot",
+            report.used_bytes, report.capacity_bytes
+        ));
     }
     match superblock.owner.as_str() {
-        "thin-pool" => report.errors.extend(strata_layers::thin::check_state(&recovered.state)),
-        other => report.warnings.push(format!("no invariants known for owner {other:?}")),
+        "thin-pool" => report
+            .errors
+            .extend(strata_layers::thin::check_state(&recovered.state)),
+        other => report
+            .warnings
+            .push(format!("no invariants known for owner {other:?}")),
     }
     if repair && report.errors.is_empty() && !report.warnings.is_empty() {
         let (store, _) = MetaStore::open(device.clone(), 0, StoreOptions::new("check")).await?;
@@ -128,11 +140,17 @@ pub fn render(report: &DeviceReport) -> String {
     for error in &report.errors {
         let _ = writeln!(out, "  ERROR: {error}");
     }
-    let verdict = match (report.errors.is_empty(), report.warnings.is_empty(), report.repaired) {
+    let verdict = match (
+        report.errors.is_empty(),
+        report.warnings.is_empty(),
+        report.repaired,
+    ) {
         (false, _, _) => "damaged: not repaired (a repair would have to guess)",
         (true, _, true) => "repaired",
         (true, true, _) => "clean",
-        (true, false, false) => "consistent; recovery will handle the warnings (or run with --repair)",
+        (true, false, false) => {
+            "consistent; recovery will handle the warnings (or run with --repair)"
+        }
     };
     let _ = writeln!(out, "  {verdict}");
     out

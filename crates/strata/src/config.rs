@@ -277,17 +277,26 @@ fn validate_layer(
     let at = layer.name.span().start;
     check_name(name).map_err(|m| error(at, format!("field `name`: {m}")))?;
     if devices.contains(name.as_str()) {
-        return Err(error(at, format!("field `name`: a disk or layer named {name:?} is already defined")));
+        return Err(error(
+            at,
+            format!("field `name`: a disk or layer named {name:?} is already defined"),
+        ));
     }
     let kind = layer.kind.get_ref();
     if !LAYER_KINDS.contains(&kind.as_str()) {
-        let message = format!("field `kind`: unknown layer kind {kind:?} (known: {})", LAYER_KINDS.join(", "));
+        let message = format!(
+            "field `kind`: unknown layer kind {kind:?} (known: {})",
+            LAYER_KINDS.join(", ")
+        );
         return Err(error(layer.kind.span().start, message));
     }
     let children = layer.children.get_ref();
     let children_at = layer.children.span().start;
     if children.len() != 1 {
-        let message = format!("field `children`: a {kind} takes exactly 1 child, not {}", children.len());
+        let message = format!(
+            "field `children`: a {kind} takes exactly 1 child, not {}",
+            children.len()
+        );
         return Err(error(children_at, message));
     }
     for child in children {
@@ -299,7 +308,8 @@ fn validate_layer(
     if let Some(extent) = &layer.extent {
         let size = extent.get_ref().0;
         if !size.is_power_of_two() || !(64 << 10..=4 << 20).contains(&size) {
-            let message = format!("field `extent`: {size} bytes is not a power of two from 64KiB to 4MiB");
+            let message =
+                format!("field `extent`: {size} bytes is not a power of two from 64KiB to 4MiB");
             return Err(error(extent.span().start, message));
         }
     }
@@ -309,10 +319,16 @@ fn validate_layer(
         let at = volume.name.span().start;
         check_name(volume_name).map_err(|m| error(at, format!("field `volumes.name`: {m}")))?;
         if volume.size.0 == 0 || volume.size.0 % 512 != 0 {
-            return Err(error(at, format!("volume {volume_name:?}: size must be a positive multiple of 512")));
+            return Err(error(
+                at,
+                format!("volume {volume_name:?}: size must be a positive multiple of 512"),
+            ));
         }
         if !devices.insert(format!("{name}/{volume_name}")) {
-            return Err(error(at, format!("volume {volume_name:?} is defined twice")));
+            return Err(error(
+                at,
+                format!("volume {volume_name:?} is defined twice"),
+            ));
         }
     }
     Ok(())
@@ -416,9 +432,17 @@ mod tests {
         let err = load_str(&bad_child).err().unwrap();
         assert!(err.to_string().contains("d1"), "{err}");
         let bad_extent = good.replace("64KiB", "96KiB");
-        assert!(load_str(&bad_extent).err().unwrap().to_string().contains("extent"));
+        assert!(load_str(&bad_extent)
+            .err()
+            .unwrap()
+            .to_string()
+            .contains("extent"));
         let bad_export = good.replace("pool/v\"", "pool/w\"");
-        assert!(load_str(&bad_export).err().unwrap().to_string().contains("pool/w"));
+        assert!(load_str(&bad_export)
+            .err()
+            .unwrap()
+            .to_string()
+            .contains("pool/w"));
     }
 
     #[test]

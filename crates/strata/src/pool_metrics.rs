@@ -19,7 +19,9 @@ pub struct PoolCollector {
 impl std::fmt::Debug for PoolCollector {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let names: Vec<&str> = self.pools.iter().map(|p| p.name()).collect();
-        f.debug_struct("PoolCollector").field("pools", &names).finish()
+        f.debug_struct("PoolCollector")
+            .field("pools", &names)
+            .finish()
     }
 }
 
@@ -28,6 +30,9 @@ impl PoolCollector {
         PoolCollector { pools }
     }
 }
+
+/// One metric family: name, help, type, and a value per pool.
+type Family = (&'static str, &'static str, Kind, Vec<(String, f64)>);
 
 enum Kind {
     Gauge,
@@ -60,22 +65,75 @@ fn family(
 impl Collector for PoolCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let per_pool = |f: &dyn Fn(&ThinPool) -> f64| -> Vec<(String, f64)> {
-            self.pools.iter().map(|p| (p.name().to_string(), f(p))).collect()
+            self.pools
+                .iter()
+                .map(|p| (p.name().to_string(), f(p)))
+                .collect()
         };
         let space = |p: &ThinPool| p.store().space();
         let counters = |p: &ThinPool| p.store().counters().snapshot();
         use Kind::{Counter, Gauge};
-        let families: [(&str, &str, Kind, Vec<(String, f64)>); 10] = [
-            ("strata_meta_used_bytes", "Metadata checkpoint space in use", Gauge, per_pool(&|p| space(p).used_bytes as f64)),
-            ("strata_meta_capacity_bytes", "Metadata checkpoint space in all", Gauge, per_pool(&|p| space(p).capacity_bytes as f64)),
-            ("strata_meta_reserve_bytes", "Metadata space kept for discard and delete", Gauge, per_pool(&|p| space(p).reserve_bytes as f64)),
-            ("strata_meta_low_space", "1 while metadata usage is above its low-water mark", Gauge, per_pool(&|p| space(p).low_space as u8 as f64)),
-            ("strata_meta_low_space_events", "Times metadata usage crossed its low-water mark", Counter, per_pool(&|p| counters(p).low_space_events as f64)),
-            ("strata_meta_transactions", "Metadata transactions applied", Counter, per_pool(&|p| counters(p).txns as f64)),
-            ("strata_meta_commits", "Metadata commits (journal batches or checkpoints)", Counter, per_pool(&|p| counters(p).commits as f64)),
-            ("strata_meta_checkpoints", "Metadata checkpoints written", Counter, per_pool(&|p| counters(p).checkpoints as f64)),
-            ("strata_thin_extents_allocated", "Extents mapped by the pool's volumes", Gauge, per_pool(&|p| p.allocated_extents() as f64)),
-            ("strata_thin_extents", "Extents in the pool", Gauge, per_pool(&|p| p.extents() as f64)),
+        let families: [Family; 10] = [
+            (
+                "strata_meta_used_bytes",
+                "Metadata checkpoint space in use",
+                Gauge,
+                per_pool(&|p| space(p).used_bytes as f64),
+            ),
+            (
+                "strata_meta_capacity_bytes",
+                "Metadata checkpoint space in all",
+                Gauge,
+                per_pool(&|p| space(p).capacity_bytes as f64),
+            ),
+            (
+                "strata_meta_reserve_bytes",
+                "Metadata space kept for discard and delete",
+                Gauge,
+                per_pool(&|p| space(p).reserve_bytes as f64),
+            ),
+            (
+                "strata_meta_low_space",
+                "1 while metadata usage is above its low-water mark",
+                Gauge,
+                per_pool(&|p| space(p).low_space as u8 as f64),
+            ),
+            (
+                "strata_meta_low_space_events",
+                "Times metadata usage crossed its low-water mark",
+                Counter,
+                per_pool(&|p| counters(p).low_space_events as f64),
+            ),
+            (
+                "strata_meta_transactions",
+                "Metadata transactions applied",
+                Counter,
+                per_pool(&|p| counters(p).txns as f64),
+            ),
+            (
+                "strata_meta_commits",
+                "Metadata commits (journal batches or checkpoints)",
+                Counter,
+                per_pool(&|p| counters(p).commits as f64),
+            ),
+            (
+                "strata_meta_checkpoints",
+                "Metadata checkpoints written",
+                Counter,
+                per_pool(&|p| counters(p).checkpoints as f64),
+            ),
+            (
+                "strata_thin_extents_allocated",
+                "Extents mapped by the pool's volumes",
+                Gauge,
+                per_pool(&|p| p.allocated_extents() as f64),
+            ),
+            (
+                "strata_thin_extents",
+                "Extents in the pool",
+                Gauge,
+                per_pool(&|p| p.extents() as f64),
+            ),
         ];
         for (name, help, kind, values) in families {
             family(&mut encoder, name, help, kind, &values)?;

@@ -15,8 +15,8 @@ use tracing::{error, info, warn};
 
 use crate::admin::{self, AdminState};
 use crate::build;
-use crate::pool_metrics::PoolCollector;
 use crate::config::{self, ListenAddr, Loaded};
+use crate::pool_metrics::PoolCollector;
 
 /// How long shutdown waits for clients to take their last replies.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);

@@ -100,9 +100,17 @@ mod tests {
         let used = bitmap(&[]);
         assert_eq!(alloc.allocate(&used, 0), Some(0));
         alloc.quarantine(1, 10);
-        assert_eq!(alloc.allocate(&used, 9), Some(2), "1 waits for transaction 10");
+        assert_eq!(
+            alloc.allocate(&used, 9),
+            Some(2),
+            "1 waits for transaction 10"
+        );
         assert_eq!(alloc.allocate(&used, 9), Some(3));
-        assert_eq!(alloc.allocate(&used, 9), None, "0, 2, 3 reserved; 1 quarantined");
+        assert_eq!(
+            alloc.allocate(&used, 9),
+            None,
+            "0, 2, 3 reserved; 1 quarantined"
+        );
         assert_eq!(alloc.allocate(&used, 10), Some(1), "durable now");
         assert_eq!(alloc.quarantined(), 0);
     }

@@ -79,8 +79,24 @@ mod tests {
         let extent = 64 * 1024;
         let got: Vec<Piece> = pieces(60 * 1024, 72 * 1024, extent).collect();
         assert_eq!(got.len(), 3);
-        assert_eq!(got[0], Piece { extent: 0, within: 60 * 1024, len: 4096, done: 0 });
-        assert_eq!(got[1], Piece { extent: 1, within: 0, len: extent, done: 4096 });
+        assert_eq!(
+            got[0],
+            Piece {
+                extent: 0,
+                within: 60 * 1024,
+                len: 4096,
+                done: 0
+            }
+        );
+        assert_eq!(
+            got[1],
+            Piece {
+                extent: 1,
+                within: 0,
+                len: extent,
+                done: 4096
+            }
+        );
         assert_eq!(got[2].extent, 2);
         assert_eq!(got[2].len, 4096);
         assert_eq!(got.iter().map(|p| p.len).sum::<u64>(), 72 * 1024);
@@ -88,10 +104,20 @@ mod tests {
 
     #[test]
     fn granule_ranges_cover_and_contain() {
-        let piece = Piece { extent: 0, within: 512, len: 8192, done: 0 };
+        let piece = Piece {
+            extent: 0,
+            within: 512,
+            len: 8192,
+            done: 0,
+        };
         assert_eq!(piece.granules(), 0..3);
         assert_eq!(piece.whole_granules(), 1..2);
-        let small = Piece { extent: 0, within: 512, len: 512, done: 0 };
+        let small = Piece {
+            extent: 0,
+            within: 512,
+            len: 512,
+            done: 0,
+        };
         assert_eq!(small.granules(), 0..1);
         assert!(small.whole_granules().is_empty());
     }

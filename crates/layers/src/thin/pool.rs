@@ -12,7 +12,9 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use strata_core::{BlockError, Control, ControlReply, DeviceRef, Health, NodeStatus, Result, Runtime};
+use strata_core::{
+    BlockError, Control, ControlReply, DeviceRef, Health, NodeStatus, Result, Runtime,
+};
 use strata_meta::{FormatOptions, MetaStore, ObjectId, Recovered, StoreOptions, TxnClass};
 
 use super::alloc::Allocator;
@@ -98,7 +100,10 @@ impl ThinPool {
         }
         let size = child.geometry().size;
         let guess = (size / extent_size * 860).clamp(256 << 10, 4 << 30);
-        let metadata = options.metadata_size.unwrap_or(guess).next_multiple_of(1 << 20);
+        let metadata = options
+            .metadata_size
+            .unwrap_or(guess)
+            .next_multiple_of(1 << 20);
         let data_start = metadata.next_multiple_of(extent_size);
         let extents = size.saturating_sub(data_start) / extent_size;
         if extents == 0 {
@@ -130,14 +135,25 @@ impl ThinPool {
             Ok(())
         })?;
         store.commit().await?;
-        tracing::info!(pool = name, extents, extent_size, metadata_bytes = metadata, "thin pool formatted");
+        tracing::info!(
+            pool = name,
+            extents,
+            extent_size,
+            metadata_bytes = metadata,
+            "thin pool formatted"
+        );
         let head = if options.start_mid { extents / 2 } else { 0 };
         Self::assemble(name, child, store, head, settings)
     }
 
     /// Opens the pool on `child`, recovering its metadata.
-    pub async fn open(name: &str, child: DeviceRef, settings: PoolRuntime) -> Result<(Arc<ThinPool>, Recovered)> {
-        let (store, recovered) = MetaStore::open(child.clone(), 0, store_options(name, &settings)).await?;
+    pub async fn open(
+        name: &str,
+        child: DeviceRef,
+        settings: PoolRuntime,
+    ) -> Result<(Arc<ThinPool>, Recovered)> {
+        let (store, recovered) =
+            MetaStore::open(child.clone(), 0, store_options(name, &settings)).await?;
         if recovered.superblock.owner != "thin-pool" {
             return Err(BlockError::InvalidArgument(format!(
                 "{name}: the metadata belongs to a {:?}, not a thin pool",
@@ -212,7 +228,9 @@ impl ThinPool {
             record,
             allocator: Mutex::new(Allocator::new(record.extents, head.min(record.extents))),
             volumes: Mutex::new(BTreeMap::new()),
-            locks: (0..LOCK_STRIPES).map(|_| tokio::sync::RwLock::new(())).collect(),
+            locks: (0..LOCK_STRIPES)
+                .map(|_| tokio::sync::RwLock::new(()))
+                .collect(),
         });
         for volume in volume_records {
             pool.attach(volume)?;
@@ -224,18 +242,25 @@ impl ThinPool {
         let map = self
             .store
             .read(|state| state.id(&map_name(record.id)))
-            .ok_or_else(|| BlockError::InvalidArgument(format!("volume {} has no map", record.name)))?;
+            .ok_or_else(|| {
+                BlockError::InvalidArgument(format!("volume {} has no map", record.name))
+            })?;
         let volume = Arc::new(ThinVolume::new(self.clone(), record.clone(), map));
-        self.volumes_lock().insert(record.name.clone(), (record, map));
+        self.volumes_lock()
+            .insert(record.name.clone(), (record, map));
         Ok(volume)
     }
 
     fn volumes_lock(&self) -> MutexGuard<'_, BTreeMap<String, (VolumeRecord, ObjectId)>> {
-        self.volumes.lock().unwrap_or_else(|poison| poison.into_inner())
+        self.volumes
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
     }
 
     pub(crate) fn allocator(&self) -> MutexGuard<'_, Allocator> {
-        self.allocator.lock().unwrap_or_else(|poison| poison.into_inner())
+        self.allocator
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
     }
 
     pub fn name(&self) -> &str {
@@ -259,8 +284,10 @@ impl ThinPool {
         if name.is_empty() || name.len() > 64 || name.contains('/') {
             return Err(BlockError::InvalidArgument(format!("volume name {name:?}")));
         }
-        if size == 0 || size % 512 != 0 {
-            return Err(BlockError::InvalidArgument(format!("volume size {size} is not a positive multiple of 512")));
+        if size == 0 || !size.is_multiple_of(512) {
+            return Err(BlockError::InvalidArgument(format!(
+                "volume size {size} is not a positive multiple of 512"
+            )));
         }
         let ids = self.ids;
         let record = self.store.transact(TxnClass::Normal, |state, txn| {
@@ -271,7 +298,11 @@ impl ThinPool {
             }
             let mut pool = PoolRecord::decode(state.blob(ids.pool).unwrap_or(&[]))
                 .map_err(BlockError::InvalidArgument)?;
-            let record = VolumeRecord { id: pool.next_volume, size, name: name.to_string() };
+            let record = VolumeRecord {
+                id: pool.next_volume,
+                size,
+                name: name.to_string(),
+            };
             pool.next_volume += 1;
             volumes.push(record.clone());
             txn.put_blob(ids.pool, pool.encode());
@@ -301,7 +332,8 @@ impl ThinPool {
 
     /// The lock stripe for one virtual extent of one volume.
     pub(crate) fn lock(&self, volume: u32, extent: u64) -> &tokio::sync::RwLock<()> {
-        let hash = (volume as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ extent.wrapping_mul(0xff51_afd7_ed55_8ccd);
+        let hash = (volume as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+            ^ extent.wrapping_mul(0xff51_afd7_ed55_8ccd);
         &self.locks[(hash >> 32) as usize % LOCK_STRIPES]
     }
 
@@ -348,11 +380,17 @@ impl ThinPool {
 
     /// Extents mapped by any volume.
     pub fn allocated_extents(&self) -> u64 {
-        self.store.read(|state| state.bitmap(self.ids.allocated).map_or(0, |b| b.count_ones()))
+        self.store.read(|state| {
+            state
+                .bitmap(self.ids.allocated)
+                .map_or(0, |b| b.count_ones())
+        })
     }
 
     pub(crate) fn volume_status(&self, record: &VolumeRecord, map: ObjectId) -> NodeStatus {
-        let mapped = self.store.read(|state| state.table(map).map_or(0, |t| t.len()));
+        let mapped = self
+            .store
+            .read(|state| state.table(map).map_or(0, |t| t.len()));
         NodeStatus {
             name: record.name.clone(),
             kind: "thin".into(),
@@ -361,7 +399,10 @@ impl ThinPool {
             detail: vec![
                 ("pool".into(), self.name.clone()),
                 ("extents mapped".into(), mapped.to_string()),
-                ("bytes mapped".into(), (mapped * self.record.extent_size).to_string()),
+                (
+                    "bytes mapped".into(),
+                    (mapped * self.record.extent_size).to_string(),
+                ),
             ],
             stats: None,
             children: Vec::new(),
@@ -382,7 +423,8 @@ impl ThinPool {
             Health::Ok
         };
         let mut children = vec![child];
-        let volumes: Vec<(VolumeRecord, ObjectId)> = self.volumes_lock().values().cloned().collect();
+        let volumes: Vec<(VolumeRecord, ObjectId)> =
+            self.volumes_lock().values().cloned().collect();
         for (record, map) in volumes {
             children.push(self.volume_status(&record, map));
         }
@@ -393,10 +435,19 @@ impl ThinPool {
             health,
             detail: vec![
                 ("extent size".into(), self.record.extent_size.to_string()),
-                ("extents allocated".into(), format!("{allocated} of {}", self.record.extents)),
-                ("metadata used".into(), format!("{} of {} bytes", space.used_bytes, space.capacity_bytes)),
+                (
+                    "extents allocated".into(),
+                    format!("{allocated} of {}", self.record.extents),
+                ),
+                (
+                    "metadata used".into(),
+                    format!("{} of {} bytes", space.used_bytes, space.capacity_bytes),
+                ),
                 ("metadata low".into(), space.low_space.to_string()),
-                ("allocation head".into(), self.allocator().head().to_string()),
+                (
+                    "allocation head".into(),
+                    self.allocator().head().to_string(),
+                ),
             ],
             stats: None,
             children,

@@ -108,7 +108,8 @@ pub fn decode_volumes(bytes: &[u8]) -> Result<Vec<VolumeRecord>, String> {
         let id = u32::from_le_bytes(take(4)?.try_into().unwrap());
         let size = u64::from_le_bytes(take(8)?.try_into().unwrap());
         let len = take(1)?[0] as usize;
-        let name = String::from_utf8(take(len)?.to_vec()).map_err(|_| "volume name is not UTF-8")?;
+        let name =
+            String::from_utf8(take(len)?.to_vec()).map_err(|_| "volume name is not UTF-8")?;
         volumes.push(VolumeRecord { id, size, name });
     }
     Ok(volumes)
@@ -159,7 +160,10 @@ pub fn check_state(state: &State) -> Vec<String> {
     };
     let mut owners = std::collections::HashMap::new();
     for volume in &volumes {
-        let Some(map) = state.id(&map_name(volume.id)).and_then(|id| state.table(id)) else {
+        let Some(map) = state
+            .id(&map_name(volume.id))
+            .and_then(|id| state.table(id))
+        else {
             problems.push(format!("volume {} has no map", volume.name));
             continue;
         };
@@ -167,17 +171,29 @@ pub fn check_state(state: &State) -> Vec<String> {
         for (index, value) in map.iter_from(0) {
             let phys = u32::from_le_bytes(value.try_into().unwrap_or([0; 4])) as u64;
             let Some(phys) = phys.checked_sub(1).filter(|p| *p < pool.extents) else {
-                problems.push(format!("{}: extent {index} maps outside the pool", volume.name));
+                problems.push(format!(
+                    "{}: extent {index} maps outside the pool",
+                    volume.name
+                ));
                 continue;
             };
             if index >= virtual_extents {
-                problems.push(format!("{}: extent {index} lies past the volume's end", volume.name));
+                problems.push(format!(
+                    "{}: extent {index} lies past the volume's end",
+                    volume.name
+                ));
             }
             if !allocated.get(phys) {
-                problems.push(format!("{}: extent {index} → {phys}, not marked allocated", volume.name));
+                problems.push(format!(
+                    "{}: extent {index} → {phys}, not marked allocated",
+                    volume.name
+                ));
             }
             if let Some(other) = owners.insert(phys, (volume.name.clone(), index)) {
-                problems.push(format!("physical extent {phys} mapped twice: {other:?} and ({}, {index})", volume.name));
+                problems.push(format!(
+                    "physical extent {phys} mapped twice: {other:?} and ({}, {index})",
+                    volume.name
+                ));
             }
         }
     }

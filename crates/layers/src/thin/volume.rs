@@ -10,8 +10,8 @@ use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 use strata_core::{
-    async_trait, push_extent, BlockDevice, BlockError, Capabilities, Control, ControlReply,
-    Extent, ExtentState, Geometry, NodeStatus, Result, WriteFlags, ZeroFlags,
+    async_trait, push_extent, BlockDevice, BlockError, Capabilities, Control, ControlReply, Extent,
+    ExtentState, Geometry, NodeStatus, Result, WriteFlags, ZeroFlags,
 };
 use strata_meta::{ObjectId, State, TxnClass};
 
@@ -76,7 +76,11 @@ impl ThinVolume {
             let start = (granules.start * GRANULE).max(piece.within);
             let end = (granules.end * GRANULE).min(piece.within + piece.len);
             if live {
-                let data = self.pool.child.read(extent_offset + start, (end - start) as usize).await?;
+                let data = self
+                    .pool
+                    .child
+                    .read(extent_offset + start, (end - start) as usize)
+                    .await?;
                 out.extend_from_slice(&data);
             } else {
                 out.resize(out.len() + (end - start) as usize, 0);
@@ -93,7 +97,10 @@ impl ThinVolume {
             if let Some(located) = self.locate(&piece) {
                 if located.runs.iter().all(|(_, live)| *live) {
                     let offset = self.pool.extent_offset(located.phys) + piece.within;
-                    self.pool.child.write(offset, data, WriteFlags { fua }).await?;
+                    self.pool
+                        .child
+                        .write(offset, data, WriteFlags { fua })
+                        .await?;
                     // The mapping this overwrite lands in may itself not be durable yet;
                     // report it as published so that a FUA write commits it.
                     return Ok(fua && self.pool.store.uncommitted() > 0);
@@ -128,8 +135,16 @@ impl ThinVolume {
     ) -> Result<()> {
         let granules = piece.granules();
         let dead = |g: u64| runs.iter().any(|(range, live)| !live && range.contains(&g));
-        let start = if dead(granules.start) { granules.start * GRANULE } else { piece.within };
-        let end = if dead(granules.end - 1) { granules.end * GRANULE } else { piece.within + piece.len };
+        let start = if dead(granules.start) {
+            granules.start * GRANULE
+        } else {
+            piece.within
+        };
+        let end = if dead(granules.end - 1) {
+            granules.end * GRANULE
+        } else {
+            piece.within + piece.len
+        };
         let buffer = if start == piece.within && end == piece.within + piece.len {
             data
         } else {
@@ -139,7 +154,10 @@ impl ThinVolume {
             padded.freeze()
         };
         let offset = self.pool.extent_offset(phys) + start;
-        self.pool.child.write(offset, buffer, WriteFlags::default()).await?;
+        self.pool
+            .child
+            .write(offset, buffer, WriteFlags::default())
+            .await?;
         let ids = self.pool.ids;
         let first = self.pool.first_granule(phys);
         self.pool.store.transact(TxnClass::Normal, |_, txn| {
@@ -147,7 +165,12 @@ impl ThinVolume {
                 txn.set_u32(self.map, piece.extent, phys as u32 + 1);
                 txn.set_bits(ids.allocated, phys, 1, true);
             }
-            txn.set_bits(ids.live, first + granules.start, granules.end - granules.start, true);
+            txn.set_bits(
+                ids.live,
+                first + granules.start,
+                granules.end - granules.start,
+                true,
+            );
             Ok(())
         })
     }
@@ -179,7 +202,12 @@ impl ThinVolume {
                 txn.set_u32(self.map, piece.extent, 0);
                 txn.set_bits(ids.allocated, phys, 1, false);
             } else {
-                txn.set_bits(ids.live, first + whole.start, whole.end - whole.start, false);
+                txn.set_bits(
+                    ids.live,
+                    first + whole.start,
+                    whole.end - whole.start,
+                    false,
+                );
             }
             Ok(left == 0)
         })?;
@@ -190,10 +218,20 @@ impl ThinVolume {
         Ok(())
     }
 
-    async fn zero_edges(&self, piece: &Piece, located: &Located, whole: &std::ops::Range<u64>) -> Result<()> {
+    async fn zero_edges(
+        &self,
+        piece: &Piece,
+        located: &Located,
+        whole: &std::ops::Range<u64>,
+    ) -> Result<()> {
         let offset = self.pool.extent_offset(located.phys);
         let end = piece.within + piece.len;
-        let live = |g: u64| located.runs.iter().any(|(range, live)| *live && range.contains(&g));
+        let live = |g: u64| {
+            located
+                .runs
+                .iter()
+                .any(|(range, live)| *live && range.contains(&g))
+        };
         let mut edges = Vec::new();
         let head_granule = piece.within / GRANULE;
         if !whole.contains(&head_granule) && live(head_granule) {
@@ -205,7 +243,10 @@ impl ThinVolume {
         }
         for (start, stop) in edges {
             let zeros = Bytes::from(vec![0u8; (stop - start) as usize]);
-            self.pool.child.write(offset + start, zeros, WriteFlags::default()).await?;
+            self.pool
+                .child
+                .write(offset + start, zeros, WriteFlags::default())
+                .await?;
         }
         Ok(())
     }
@@ -304,15 +345,33 @@ impl BlockDevice for ThinVolume {
         for piece in pieces(offset, len, self.extent_size()) {
             let piece_start = base + piece.done;
             let Some(located) = self.locate(&piece) else {
-                push_extent(&mut extents, Extent { offset: piece_start, len: piece.len, state: ExtentState::Hole });
+                push_extent(
+                    &mut extents,
+                    Extent {
+                        offset: piece_start,
+                        len: piece.len,
+                        state: ExtentState::Hole,
+                    },
+                );
                 continue;
             };
             for (granules, live) in located.runs {
                 let start = (granules.start * GRANULE).max(piece.within);
                 let end = (granules.end * GRANULE).min(piece.within + piece.len);
-                let state = if live { ExtentState::Data } else { ExtentState::Hole };
+                let state = if live {
+                    ExtentState::Data
+                } else {
+                    ExtentState::Hole
+                };
                 let at = piece_start + (start - piece.within);
-                push_extent(&mut extents, Extent { offset: at, len: end - start, state });
+                push_extent(
+                    &mut extents,
+                    Extent {
+                        offset: at,
+                        len: end - start,
+                        state,
+                    },
+                );
             }
         }
         Ok(extents)
@@ -334,7 +393,8 @@ impl ThinVolume {
         let mut at = offset;
         while at < offset + len {
             let n = chunk.min(offset + len - at);
-            self.write(at, zeros.slice(..n as usize), WriteFlags { fua: false }).await?;
+            self.write(at, zeros.slice(..n as usize), WriteFlags { fua: false })
+                .await?;
             at += n;
         }
         if fua {
