@@ -27,6 +27,9 @@ pub struct DeviceReport {
     pub owner: Option<String>,
     pub generation: Option<u64>,
     pub checkpoint_bytes: u64,
+    /// Byte offsets of the current checkpoint and of the journal on the device.
+    pub checkpoint_offset: u64,
+    pub journal_offset: u64,
     pub batches: u64,
     pub transactions: u64,
     pub journal_end: Option<JournalEnd>,
@@ -54,6 +57,8 @@ pub async fn check(path: &Path, repair: bool) -> anyhow::Result<DeviceReport> {
         owner: None,
         generation: None,
         checkpoint_bytes: 0,
+        checkpoint_offset: 0,
+        journal_offset: 0,
         batches: 0,
         transactions: 0,
         journal_end: None,
@@ -76,6 +81,8 @@ pub async fn check(path: &Path, repair: bool) -> anyhow::Result<DeviceReport> {
     report.owner = Some(superblock.owner.clone());
     report.generation = Some(superblock.generation);
     report.checkpoint_bytes = recovered.checkpoint_bytes;
+    report.checkpoint_offset = superblock.layout.slot_offset(superblock.active_slot);
+    report.journal_offset = superblock.layout.journal_offset(0);
     report.batches = recovered.batches_replayed;
     report.transactions = recovered.txns_replayed;
     report.journal_end = Some(recovered.journal_end.clone());
