@@ -9,6 +9,8 @@
 
 mod block;
 mod codec;
+#[doc(hidden)]
+pub mod fuzzing;
 mod journal;
 mod layout;
 mod objects;

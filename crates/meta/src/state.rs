@@ -316,7 +316,7 @@ impl State {
         if self.names.contains_key(name) {
             return Err(ApplyError::Exists(name.to_string()));
         }
-        if id == 0 || self.objects.contains_key(&id) {
+        if id == 0 || id == ObjectId::MAX || self.objects.contains_key(&id) {
             return Err(ApplyError::Invalid(format!("object id {id} in use")));
         }
         let body = match kind {
@@ -640,6 +640,21 @@ mod tests {
             assert!(state.apply(op).is_err(), "{op:?}");
         }
         assert_eq!(state, before);
+    }
+
+    #[test]
+    fn the_largest_object_id_is_refused_not_overflowed() {
+        // Found by the meta_checkpoint fuzz target: id u32::MAX made next_id overflow.
+        let mut out = Vec::new();
+        out.put_u32_le(1); // next id
+        out.put_u32_le(1); // one object
+        out.put_u32_le(u32::MAX);
+        out.put_u8(ObjectKind::Bitmap as u8);
+        put_name(&mut out, "b");
+        out.put_u32_le(0);
+        out.put_u64_le(0);
+        let error = decode_checkpoint(&out).unwrap_err();
+        assert!(error.what.contains("in use"), "{error}");
     }
 
     #[test]
