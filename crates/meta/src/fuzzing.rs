@@ -17,7 +17,10 @@ pub fn checkpoint(bytes: &[u8]) {
     let mut again = Vec::new();
     encode_checkpoint(&state, &mut again);
     assert_eq!(again.len() as u64, state.encoded_bytes());
-    assert_eq!(again, bytes, "a decoded checkpoint must re-encode to the same bytes");
+    assert_eq!(
+        again, bytes,
+        "a decoded checkpoint must re-encode to the same bytes"
+    );
 }
 
 /// A journal batch stream: decodes or fails; what decodes re-encodes identically.
@@ -29,7 +32,11 @@ pub fn batch(bytes: &[u8]) {
     for txn in &batch.txns {
         pending.push(txn);
     }
-    assert_eq!(pending.stream(), bytes, "a decoded batch must re-encode to the same bytes");
+    assert_eq!(
+        pending.stream(),
+        bytes,
+        "a decoded batch must re-encode to the same bytes"
+    );
 }
 
 /// A superblock block (any length; padded or cut to 4 KiB).

@@ -160,3 +160,47 @@ async fn open_refuses_a_region_without_a_store() {
         .unwrap();
     assert!(error.to_string().contains("no valid superblock"), "{error}");
 }
+
+/// The stated bounds (docs/metadata-format.md): a dense table costs one 64-entry page per 64
+/// records, so checkpoint bytes (what recovery reads) and page memory grow linearly with
+/// entries: 4.125 bytes per 4-byte record (264-byte pages of 64) plus 16.25 bytes for 128
+/// bits of bitmap (520-byte pages of 4096 bits).
+#[tokio::test]
+async fn state_size_per_entry_is_what_the_docs_say() {
+    let dev = device(64 << 20);
+    let store = format(&dev, 32 << 20).await;
+    let (map, live) = store
+        .transact(TxnClass::Normal, |_, txn| {
+            Ok((txn.create_table("map.1", 4), txn.create_bitmap("live")))
+        })
+        .unwrap();
+    let empty = store.space().used_bytes;
+    let entries = 64 * 1000;
+    for chunk in 0..entries / 1000 {
+        store
+            .transact(TxnClass::Normal, |_, txn| {
+                for i in chunk * 1000..(chunk + 1) * 1000 {
+                    txn.set_u32(map, i, i as u32 + 1);
+                    txn.set_bits(live, i * 128, 128, true);
+                }
+                Ok(())
+            })
+            .unwrap();
+    }
+    let per_entry = (store.space().used_bytes - empty) as f64 / entries as f64;
+    assert!(
+        (per_entry - (4.125 + 16.25)).abs() < 0.01,
+        "{per_entry} bytes per entry"
+    );
+    store.read(|state| {
+        assert_eq!(state.table(map).unwrap().pages(), entries / 64);
+        assert_eq!(state.bitmap(live).unwrap().pages(), entries * 128 / 4096);
+    });
+    store.commit().await.unwrap();
+    drop(store);
+    let (store, recovered) = MetaStore::open(dev, 0, StoreOptions::new("t"))
+        .await
+        .unwrap();
+    assert_eq!(recovered.txns_replayed, 65, "the create and 64 batches of sets");
+    assert_eq!(store.read(|s| s.table(map).unwrap().len()), entries);
+}
