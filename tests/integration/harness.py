@@ -75,12 +75,31 @@ class Export:
 
 
 @dataclass
+class Volume:
+    name: str
+    size: int
+
+
+@dataclass
+class Layer:
+    """A `[[layer]]` section (a thin pool); its volumes are devices `<name>/<volume>`."""
+    name: str = "pool"
+    kind: str = "thin-pool"
+    children: list[str] = field(default_factory=lambda: ["d0"])
+    extent: int | None = None
+    metadata_size: int | None = None
+    commit_interval_ms: int | None = None
+    volumes: list[Volume] = field(default_factory=list)
+
+
+@dataclass
 class ServerSpec:
     disks: list[Disk] = field(default_factory=lambda: [Disk()])
     exports: list[Export] = field(default_factory=lambda: [Export()])
     unix: bool = True
     tcp: bool = False
     metrics: bool = False
+    layers: list[Layer] = field(default_factory=list)
 
 
 def pid_rss_kib(pid: int) -> int:
@@ -173,6 +192,23 @@ class Server:
                 f'size = "{size_str(d.size)}"',
                 f"direct = {'true' if d.direct else 'false'}",
             ]
+        for layer in s.layers:
+            lines += [
+                "",
+                "[[layer]]",
+                f"name = {toml_str(layer.name)}",
+                f"kind = {toml_str(layer.kind)}",
+                f"children = [{', '.join(toml_str(c) for c in layer.children)}]",
+            ]
+            if layer.extent is not None:
+                lines.append(f'extent = "{size_str(layer.extent)}"')
+            if layer.metadata_size is not None:
+                lines.append(f'metadata-size = "{size_str(layer.metadata_size)}"')
+            if layer.commit_interval_ms is not None:
+                lines.append(f"commit-interval-ms = {layer.commit_interval_ms}")
+            if layer.volumes:
+                vols = ", ".join(f'{{ name = {toml_str(v.name)}, size = "{size_str(v.size)}" }}' for v in layer.volumes)
+                lines.append(f"volumes = [{vols}]")
         for e in s.exports:
             lines += [
                 "",
@@ -212,6 +248,37 @@ class Server:
             stderr=self.stderr_f,
             env={**os.environ, "RUST_BACKTRACE": "1"},
         )
+
+    def spawn(self) -> None:
+        """Start `strata serve` without waiting for it to be ready (see crash())."""
+        assert self.kind == "strata"
+        assert self.proc is None or self.proc.poll() is not None
+        self.stopped = False
+        if self.stderr_path.exists():
+            self.history.append(self.stderr_path.read_text(errors="replace"))
+        if not STRATA_BIN.exists():
+            pytest.fail(f"strata binary not found at {STRATA_BIN} (run cargo build --release or set STRATA_BIN)")
+        self.config_path.write_text(self.config_text())
+        self._popen([str(STRATA_BIN), "serve", "--config", str(self.config_path)])
+
+    def crash(self) -> int:
+        """SIGKILL the server (if something else has not already) and reap it: no shutdown
+        of any kind.  start() then restarts it on the same data.  Returns the exit status."""
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        rc = self.proc.wait()
+        self._close_logs()
+        self.stopped = True
+        self.proc = None
+        return rc
+
+    def _close_logs(self) -> None:
+        for name in ("stdout_f", "stderr_f"):
+            f = getattr(self, name, None)
+            if f:
+                f.close()
+                setattr(self, name, None)
 
     def _start_strata(self) -> None:
         if not STRATA_BIN.exists():
