@@ -201,6 +201,9 @@ async fn state_size_per_entry_is_what_the_docs_say() {
     let (store, recovered) = MetaStore::open(dev, 0, StoreOptions::new("t"))
         .await
         .unwrap();
-    assert_eq!(recovered.txns_replayed, 65, "the create and 64 batches of sets");
+    assert_eq!(
+        recovered.txns_replayed, 65,
+        "the create and 64 batches of sets"
+    );
     assert_eq!(store.read(|s| s.table(map).unwrap().len()), entries);
 }
