@@ -245,6 +245,7 @@ impl BlockDevice for FileDevice {
                     ],
                     stats: None,
                     children: Vec::new(),
+                    activity: None,
                 }))
             }
             _ => Err(BlockError::Unsupported("control verb on a file device")),

@@ -223,6 +223,7 @@ impl BlockDevice for MemoryDevice {
                 detail: vec![("allocated".into(), self.allocated_bytes().to_string())],
                 stats: None,
                 children: Vec::new(),
+                activity: None,
             })),
             _ => Err(BlockError::Unsupported("control verb on a memory device")),
         }

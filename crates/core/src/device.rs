@@ -25,6 +25,19 @@ pub struct ZeroFlags {
     pub fua: bool,
 }
 
+/// A device handed to a layer by name, for reconfiguration.
+#[derive(Clone)]
+pub struct Member {
+    pub name: String,
+    pub device: DeviceRef,
+}
+
+impl std::fmt::Debug for Member {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Member").field("name", &self.name).finish()
+    }
+}
+
 /// A typed control call: Violin's ioctl. Layers add variants as they grow verbs
 /// ("take a version", "add a disk"); a device that does not know a verb answers `Unsupported`.
 #[derive(Clone, Debug)]
@@ -32,6 +45,15 @@ pub struct ZeroFlags {
 pub enum Control {
     /// Describe this node and its children: kind, size, state.
     Describe,
+    /// Add a member (a mirror leg; a disk to grow onto).
+    AddMember(Member),
+    /// Put `member` in the place of child `index` (a failed disk's replacement) and rebuild
+    /// onto it in the background.
+    ReplaceMember { index: usize, member: Member },
+    /// Stop using child `index`, as if it had failed (for maintenance and tests).
+    FailMember { index: usize },
+    /// Grow the device to `size` bytes (children must already have the room).
+    Grow { size: u64 },
 }
 
 /// The answer to a [`Control`] call.
@@ -39,6 +61,27 @@ pub enum Control {
 #[non_exhaustive]
 pub enum ControlReply {
     Describe(NodeStatus),
+    /// The change is made (and durable, for layers that record their shape).
+    Done,
+}
+
+/// Long work a node is doing (rebuild, resync, reshape), for progress displays.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Activity {
+    /// What is going on ("rebuilding d3").
+    pub what: String,
+    pub done_bytes: u64,
+    pub total_bytes: u64,
+}
+
+impl Activity {
+    pub fn percent(&self) -> f64 {
+        if self.total_bytes == 0 {
+            100.0
+        } else {
+            self.done_bytes as f64 * 100.0 / self.total_bytes as f64
+        }
+    }
 }
 
 /// Health of a node, ordered from best to worst so that a parent's state is the max of what
@@ -63,6 +106,24 @@ pub struct NodeStatus {
     pub detail: Vec<(String, String)>,
     pub stats: Option<crate::StatsSnapshot>,
     pub children: Vec<NodeStatus>,
+    /// Long work under way, if any.
+    pub activity: Option<Activity>,
+}
+
+impl NodeStatus {
+    /// A healthy node with nothing more to say; callers fill in the rest.
+    pub fn new(name: impl Into<String>, kind: impl Into<String>, size: u64) -> Self {
+        NodeStatus {
+            name: name.into(),
+            kind: kind.into(),
+            size,
+            health: Health::Ok,
+            detail: Vec::new(),
+            stats: None,
+            children: Vec::new(),
+            activity: None,
+        }
+    }
 }
 
 /// An asynchronous block device.

@@ -6,15 +6,18 @@ mod error;
 mod extent;
 mod geometry;
 mod runtime;
+mod size;
 mod stats;
 
 pub use device::{
-    BlockDevice, Control, ControlReply, DeviceRef, Health, NodeStatus, WriteFlags, ZeroFlags,
+    Activity, BlockDevice, Control, ControlReply, DeviceRef, Health, Member, NodeStatus,
+    WriteFlags, ZeroFlags,
 };
 pub use error::{errno, BlockError, Result};
 pub use extent::{push_extent, Extent, ExtentState};
 pub use geometry::{Capabilities, Geometry};
 pub use runtime::{run_blocking, BoxFuture, Runtime, TokioRuntime};
+pub use size::ByteSize;
 pub use stats::{DeviceStats, Metered, MetricsRegistry, Op, OpSnapshot, StatsSnapshot};
 
 /// Re-exported so that implementors use the same version of the attribute macro.

@@ -279,6 +279,7 @@ impl<D: BlockDevice> BlockDevice for Metered<D> {
                 node.stats = Some(self.stats.snapshot());
                 ControlReply::Describe(node)
             }
+            other => other,
         })
     }
 }

@@ -233,6 +233,7 @@ impl BlockDevice for CrashDisk {
                     ],
                     stats: None,
                     children: Vec::new(),
+                    activity: None,
                 }))
             }
             _ => Err(BlockError::Unsupported("control verb on a crash disk")),

@@ -1,4 +1,7 @@
 //! Strata's layers. Each is one module that speaks [`strata_core::BlockDevice`] above and
-//! owns its children below; layers that keep state keep it through `strata_meta`.
+//! owns its children below; layers that keep state keep it through `strata_meta`. The
+//! registry lists every kind the configuration can name.
 
+pub mod registry;
+pub mod slice;
 pub mod thin;

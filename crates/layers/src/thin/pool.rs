@@ -406,6 +406,7 @@ impl ThinPool {
             ],
             stats: None,
             children: Vec::new(),
+            activity: None,
         }
     }
 
@@ -451,6 +452,7 @@ impl ThinPool {
             ],
             stats: None,
             children,
+            activity: None,
         })
     }
 }
