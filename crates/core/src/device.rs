@@ -57,6 +57,8 @@ pub enum Control {
 }
 
 /// The answer to a [`Control`] call.
+// Control calls are rare (status, reconfiguration), so the size of a reply does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub enum ControlReply {
