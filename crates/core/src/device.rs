@@ -173,3 +173,43 @@ pub trait BlockDevice: Send + Sync {
 
 /// Devices are shared by the exports and connections that use them.
 pub type DeviceRef = Arc<dyn BlockDevice>;
+
+/// A shared device is a device: wrappers such as `Metered` can take an `Arc<dyn BlockDevice>`.
+#[async_trait]
+impl<T: BlockDevice + ?Sized> BlockDevice for Arc<T> {
+    fn geometry(&self) -> Geometry {
+        (**self).geometry()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        (**self).capabilities()
+    }
+
+    async fn read(&self, offset: u64, len: usize) -> Result<BytesMut> {
+        (**self).read(offset, len).await
+    }
+
+    async fn write(&self, offset: u64, data: Bytes, flags: WriteFlags) -> Result<()> {
+        (**self).write(offset, data, flags).await
+    }
+
+    async fn flush(&self) -> Result<()> {
+        (**self).flush().await
+    }
+
+    async fn discard(&self, offset: u64, len: u64) -> Result<()> {
+        (**self).discard(offset, len).await
+    }
+
+    async fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> {
+        (**self).write_zeroes(offset, len, flags).await
+    }
+
+    async fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
+        (**self).block_status(offset, len).await
+    }
+
+    async fn control(&self, request: Control) -> Result<ControlReply> {
+        (**self).control(request).await
+    }
+}

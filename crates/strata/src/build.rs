@@ -8,10 +8,12 @@ use strata_backend::{FileDevice, FileOptions};
 use strata_core::{
     BlockDevice, Control, ControlReply, DeviceRef, Metered, MetricsRegistry, NodeStatus, Runtime,
 };
+use strata_layers::registry::{self, LayerArgs, Options};
 use strata_layers::thin::{PoolOptions, PoolRuntime, ThinPool};
 use strata_nbd::{Export, Exports};
 
-use crate::config::{LayerConfig, Loaded};
+use crate::config::Loaded;
+use crate::graph::LayerConfig;
 
 /// What a named node of the stack is.
 pub enum NodeKind {
@@ -109,8 +111,13 @@ pub async fn build(
             kind: NodeKind::Device(Arc::new(device)),
         });
     }
-    for layer in &loaded.config.layers {
-        build_thin_pool(&mut stack, layer, runtime.clone(), metrics).await?;
+    for &index in &loaded.build_order {
+        let layer = &loaded.layers[index];
+        if layer.kind == "thin-pool" {
+            build_thin_pool(&mut stack, layer, loaded, runtime.clone(), metrics).await?;
+        } else {
+            build_layer(&mut stack, layer, loaded, runtime.clone(), metrics).await?;
+        }
     }
     for export in &loaded.config.exports {
         let device_name = export.device.get_ref();
@@ -127,34 +134,77 @@ pub async fn build(
     Ok(stack)
 }
 
+fn layer_options(layer: &LayerConfig, loaded: &Loaded) -> Options {
+    Options::new(layer.options.clone(), loaded.data_dir.clone())
+}
+
+/// Builds one registered layer over its (already built) children.
+async fn build_layer(
+    stack: &mut Stack,
+    layer: &LayerConfig,
+    loaded: &Loaded,
+    runtime: Arc<dyn Runtime>,
+    metrics: &MetricsRegistry,
+) -> anyhow::Result<()> {
+    let kind = registry::find(&layer.kind).expect("config validation checked the kind");
+    let children = layer
+        .children
+        .iter()
+        .map(|name| stack.device(name))
+        .collect();
+    let args = LayerArgs {
+        name: layer.name.clone(),
+        children,
+        child_names: layer.children.clone(),
+        options: layer_options(layer, loaded),
+        runtime: runtime.clone(),
+    };
+    let device = (kind.build)(args)
+        .await
+        .with_context(|| format!("layer {} ({})", layer.name, layer.kind))?;
+    let metered = Metered::new(device, metrics.device(&layer.name), runtime);
+    stack.nodes.push(Node {
+        name: layer.name.clone(),
+        kind: NodeKind::Device(Arc::new(metered)),
+    });
+    Ok(())
+}
+
 /// Opens (or formats, the first time) a thin pool and creates its configured volumes.
 async fn build_thin_pool(
     stack: &mut Stack,
     layer: &LayerConfig,
+    loaded: &Loaded,
     runtime: Arc<dyn Runtime>,
     metrics: &MetricsRegistry,
 ) -> anyhow::Result<()> {
-    let name = layer.name.get_ref().clone();
-    let child_name = &layer.children.get_ref()[0];
+    let name = layer.name.clone();
+    let child_name = &layer.children[0];
     let child = stack
         .device(child_name)
         .expect("config validation checked every child");
+    let opts = layer_options(layer, loaded);
+    let invalid = |e: strata_core::BlockError| anyhow::anyhow!("thin pool {name}: {e}");
+    let extent_size = opts.size("extent").map_err(invalid)?.unwrap_or(512 << 10);
+    if !extent_size.is_power_of_two() || !(64 << 10..=4 << 20).contains(&extent_size) {
+        anyhow::bail!("thin pool {name}: field `extent`: {extent_size} bytes is not a power of two from 64KiB to 4MiB");
+    }
     let options = PoolOptions {
-        extent_size: layer.extent.as_ref().map_or(512 << 10, |e| e.get_ref().0),
-        metadata_size: layer.metadata_size.map(|size| size.0),
-        start_mid: layer.start_mid,
+        extent_size,
+        metadata_size: opts.size("metadata-size").map_err(invalid)?,
+        start_mid: opts.bool("start-mid").map_err(invalid)?.unwrap_or(false),
     };
     let mut settings = PoolRuntime::new(runtime.clone());
-    if let Some(ms) = layer.commit_interval_ms {
+    if let Some(ms) = opts.u64("commit-interval-ms").map_err(invalid)? {
         settings.commit_interval = Some(Duration::from_millis(ms.max(1)));
     }
     let pool = ThinPool::open_or_format(&name, child, &options, settings)
         .await
         .with_context(|| format!("thin pool {name}: opening on {child_name}"))?;
     for volume in &layer.volumes {
-        let volume_name = volume.name.get_ref();
+        let volume_name = &volume.name;
         if pool.volume(volume_name).is_none() {
-            pool.create_volume(volume_name, volume.size.0)
+            pool.create_volume(volume_name, volume.size)
                 .await
                 .with_context(|| format!("thin pool {name}: creating volume {volume_name}"))?;
         }

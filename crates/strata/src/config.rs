@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use toml::Spanned;
 
+use crate::graph::{self, LayerConfig};
 use crate::size::ByteSize;
 
 /// The configuration `strata serve` uses when given none: one sparse file-backed disk
@@ -40,8 +41,9 @@ pub struct Config {
     pub metrics: Option<Spanned<String>>,
     #[serde(default, rename = "disk")]
     pub disks: Vec<DiskConfig>,
+    /// Parsed by `graph::parse_layer`: each kind takes its own options.
     #[serde(default, rename = "layer")]
-    pub layers: Vec<LayerConfig>,
+    pub layers: Vec<Spanned<toml::Table>>,
     #[serde(default, rename = "export")]
     pub exports: Vec<ExportConfig>,
 }
@@ -65,37 +67,6 @@ pub struct DiskConfig {
 fn yes() -> bool {
     true
 }
-
-/// A layer: a virtual device built over `children` (disks or earlier layers).
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "kebab-case")]
-pub struct LayerConfig {
-    pub name: Spanned<String>,
-    pub kind: Spanned<String>,
-    pub children: Spanned<Vec<String>>,
-    /// thin-pool: allocation unit (64KiB..4MiB, default 512KiB), fixed at creation.
-    pub extent: Option<Spanned<ByteSize>>,
-    /// thin-pool: bytes of metadata region, fixed at creation.
-    pub metadata_size: Option<ByteSize>,
-    /// thin-pool: start allocating mid-device (Virtual Allocation's variant).
-    #[serde(default)]
-    pub start_mid: bool,
-    /// thin-pool: milliseconds between metadata commits without a client FLUSH.
-    pub commit_interval_ms: Option<u64>,
-    /// thin-pool: volumes created at start when missing, exported as `<pool>/<volume>`.
-    #[serde(default)]
-    pub volumes: Vec<VolumeConfig>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "kebab-case")]
-pub struct VolumeConfig {
-    pub name: Spanned<String>,
-    pub size: ByteSize,
-}
-
-/// Layer kinds this build knows.
-pub const LAYER_KINDS: &[&str] = &["thin-pool"];
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
@@ -152,6 +123,10 @@ pub struct Loaded {
     pub config: Config,
     pub data_dir: PathBuf,
     pub listen: Vec<ListenAddr>,
+    /// The `[[layer]]` tables, parsed.
+    pub layers: Vec<LayerConfig>,
+    /// Indexes into `layers`, children before parents.
+    pub build_order: Vec<usize>,
 }
 
 impl Loaded {
@@ -187,7 +162,25 @@ pub fn load(
             message,
         }
     };
+    let layers = config
+        .layers
+        .iter()
+        .map(|table| graph::parse_layer(text, table))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|l| error(l.at, l.message))?;
     validate(&config, &error)?;
+    let disks: Vec<(String, usize)> = config
+        .disks
+        .iter()
+        .map(|d| (d.name.get_ref().clone(), d.name.span().start))
+        .collect();
+    let exports: Vec<(String, usize)> = config
+        .exports
+        .iter()
+        .map(|e| (e.device.get_ref().clone(), e.device.span().start))
+        .collect();
+    let build_order =
+        graph::validate(text, &disks, &layers, &exports).map_err(|l| error(l.at, l.message))?;
     let mut listen = Vec::new();
     for entry in &config.listen {
         listen.push(parse_listen(entry.get_ref()).map_err(|m| error(entry.span().start, m))?);
@@ -214,6 +207,8 @@ pub fn load(
         config,
         data_dir,
         listen,
+        layers,
+        build_order,
     })
 }
 
@@ -231,10 +226,6 @@ fn validate(
             return Err(error(disk.name.span().start, message));
         }
     }
-    let mut devices: HashSet<String> = disks.iter().map(|d| d.to_string()).collect();
-    for layer in &config.layers {
-        validate_layer(layer, &mut devices, error)?;
-    }
     let mut exports = HashSet::new();
     for export in &config.exports {
         let name = export.name.get_ref();
@@ -243,11 +234,6 @@ fn validate(
         if !exports.insert(name.as_str()) {
             let message = format!("field `name`: an export named {name:?} is already defined");
             return Err(error(export.name.span().start, message));
-        }
-        let device = export.device.get_ref();
-        if !devices.contains(device.as_str()) {
-            let message = format!("field `device`: no disk, layer or volume named {device:?}");
-            return Err(error(export.device.span().start, message));
         }
     }
     if config.exports.is_empty() {
@@ -265,76 +251,7 @@ fn validate(
     Ok(())
 }
 
-/// Checks one layer and adds the devices it defines (itself, and a pool's volumes as
-/// `<pool>/<volume>`) to `devices`. Children must be defined before the layer, which rules
-/// out cycles.
-fn validate_layer(
-    layer: &LayerConfig,
-    devices: &mut HashSet<String>,
-    error: &dyn Fn(usize, String) -> ConfigError,
-) -> Result<(), ConfigError> {
-    let name = layer.name.get_ref();
-    let at = layer.name.span().start;
-    check_name(name).map_err(|m| error(at, format!("field `name`: {m}")))?;
-    if devices.contains(name.as_str()) {
-        return Err(error(
-            at,
-            format!("field `name`: a disk or layer named {name:?} is already defined"),
-        ));
-    }
-    let kind = layer.kind.get_ref();
-    if !LAYER_KINDS.contains(&kind.as_str()) {
-        let message = format!(
-            "field `kind`: unknown layer kind {kind:?} (known: {})",
-            LAYER_KINDS.join(", ")
-        );
-        return Err(error(layer.kind.span().start, message));
-    }
-    let children = layer.children.get_ref();
-    let children_at = layer.children.span().start;
-    if children.len() != 1 {
-        let message = format!(
-            "field `children`: a {kind} takes exactly 1 child, not {}",
-            children.len()
-        );
-        return Err(error(children_at, message));
-    }
-    for child in children {
-        if !devices.contains(child.as_str()) {
-            let message = format!("field `children`: no disk or earlier layer named {child:?}");
-            return Err(error(children_at, message));
-        }
-    }
-    if let Some(extent) = &layer.extent {
-        let size = extent.get_ref().0;
-        if !size.is_power_of_two() || !(64 << 10..=4 << 20).contains(&size) {
-            let message =
-                format!("field `extent`: {size} bytes is not a power of two from 64KiB to 4MiB");
-            return Err(error(extent.span().start, message));
-        }
-    }
-    devices.insert(name.clone());
-    for volume in &layer.volumes {
-        let volume_name = volume.name.get_ref();
-        let at = volume.name.span().start;
-        check_name(volume_name).map_err(|m| error(at, format!("field `volumes.name`: {m}")))?;
-        if volume.size.0 == 0 || volume.size.0 % 512 != 0 {
-            return Err(error(
-                at,
-                format!("volume {volume_name:?}: size must be a positive multiple of 512"),
-            ));
-        }
-        if !devices.insert(format!("{name}/{volume_name}")) {
-            return Err(error(
-                at,
-                format!("volume {volume_name:?} is defined twice"),
-            ));
-        }
-    }
-    Ok(())
-}
-
-fn check_name(name: &str) -> Result<(), String> {
+pub fn check_name(name: &str) -> Result<(), String> {
     let ok = !name.is_empty()
         && name.len() <= 64
         && name
@@ -423,7 +340,7 @@ mod tests {
         let base = "listen = [\"unix:s\"]\n[[disk]]\nname = \"d0\"\npath = \"x\"\n";
         let good = format!("{base}[[layer]]\nname = \"pool\"\nkind = \"thin-pool\"\nchildren = [\"d0\"]\nextent = \"64KiB\"\nvolumes = [{{ name = \"v\", size = \"1GiB\" }}]\n[[export]]\nname = \"e\"\ndevice = \"pool/v\"\n");
         let loaded = load_str(&good).unwrap();
-        assert_eq!(loaded.config.layers[0].volumes[0].size, ByteSize(1 << 30));
+        assert_eq!(loaded.layers[0].volumes[0].size, 1 << 30);
         let bad_kind = good.replace("thin-pool", "raid9");
         let err = load_str(&bad_kind).err().unwrap();
         assert_eq!(err.line, Some(7), "{err}");
@@ -443,6 +360,69 @@ mod tests {
             .unwrap()
             .to_string()
             .contains("pool/w"));
+    }
+
+    #[test]
+    fn hierarchies_must_be_dags_with_one_parent_per_device() {
+        let disks = "listen = [\"unix:s\"]\n[[disk]]\nname = \"d0\"\npath = \"a\"\n[[disk]]\nname = \"d1\"\npath = \"b\"\n";
+        let layer = |name: &str, kind: &str, children: &str| {
+            format!("[[layer]]\nname = \"{name}\"\nkind = \"{kind}\"\nchildren = [{children}]\n")
+        };
+        let export = |device: &str| format!("[[export]]\nname = \"e\"\ndevice = \"{device}\"\n");
+        // Children may be defined after their parent: the order is the graph's, not the file's.
+        let ok = format!(
+            "{disks}{}{}{}",
+            layer("top", "slice", "\"mid\""),
+            layer("mid", "slice", "\"d0\""),
+            export("top")
+        );
+        let loaded = load_str(&ok).unwrap();
+        let order: Vec<&str> = loaded
+            .build_order
+            .iter()
+            .map(|&i| loaded.layers[i].name.as_str())
+            .collect();
+        assert_eq!(order, vec!["mid", "top"]);
+
+        let cycle = format!(
+            "{disks}{}{}{}",
+            layer("a", "slice", "\"b\""),
+            layer("b", "slice", "\"a\""),
+            export("a")
+        );
+        let err = load_str(&cycle).err().unwrap();
+        assert!(err.to_string().contains("cycle"), "{err}");
+        assert!(err.line.is_some());
+
+        let two_parents = format!(
+            "{disks}{}{}{}",
+            layer("a", "slice", "\"d0\""),
+            layer("b", "slice", "\"d0\""),
+            export("a")
+        );
+        let err = load_str(&two_parents).err().unwrap();
+        assert!(err.to_string().contains("one parent"), "{err}");
+
+        let internal = format!("{disks}{}{}", layer("a", "slice", "\"d0\""), export("d0"));
+        let err = load_str(&internal).err().unwrap();
+        assert!(err.to_string().contains("inside layer"), "{err}");
+
+        let count = format!(
+            "{disks}{}{}",
+            layer("a", "slice", "\"d0\", \"d1\""),
+            export("a")
+        );
+        let err = load_str(&count).err().unwrap();
+        assert!(err.to_string().contains("exactly 1 child"), "{err}");
+
+        let option = format!(
+            "{disks}{}chunk = \"64KiB\"\n{}",
+            layer("a", "slice", "\"d0\""),
+            export("a")
+        );
+        let err = load_str(&option).err().unwrap();
+        assert!(err.to_string().contains("`chunk`"), "{err}");
+        assert_eq!(err.line, Some(12), "{err}");
     }
 
     #[test]

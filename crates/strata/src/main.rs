@@ -4,6 +4,7 @@ mod admin;
 mod build;
 mod check;
 mod config;
+mod graph;
 mod metrics_http;
 mod pool_metrics;
 mod serve;

@@ -1,0 +1,385 @@
+//! The hierarchy as a graph: `[[layer]]` tables parsed into layers, and the checks that make
+//! a configuration a DAG the server can build.
+//!
+//! Checks, each with the line of the offending field: names unique across disks and layers;
+//! a known kind; the right number of children for the kind; children that exist; no cycle;
+//! no device under two parents, and no device both under a layer and exported (writes that
+//! bypass a layer corrupt it); only top-level devices exported; options the kind knows.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::ops::Range;
+
+use strata_core::ByteSize;
+use strata_layers::registry::{self, ChildCount, OptionValue};
+
+/// Options of a `thin-pool` layer (built apart from the registry: it defines volumes).
+pub const THIN_POOL_OPTIONS: &[&str] =
+    &["extent", "metadata-size", "start-mid", "commit-interval-ms"];
+
+#[derive(Debug, Clone)]
+pub struct VolumeConfig {
+    pub name: String,
+    pub size: u64,
+}
+
+/// One `[[layer]]` table.
+#[derive(Debug, Clone)]
+pub struct LayerConfig {
+    pub name: String,
+    pub kind: String,
+    pub children: Vec<String>,
+    /// thin-pool only: volumes created at start when missing.
+    pub volumes: Vec<VolumeConfig>,
+    /// Everything else, for the kind to interpret.
+    pub options: BTreeMap<String, OptionValue>,
+    /// Where the table is in the file, for error locations.
+    pub span: Range<usize>,
+}
+
+/// A parse or validation error at a byte offset of the configuration text.
+pub struct Located {
+    pub at: usize,
+    pub message: String,
+}
+
+fn located(at: usize, message: impl Into<String>) -> Located {
+    Located {
+        at,
+        message: message.into(),
+    }
+}
+
+/// Byte offset of `key = …` inside `span` of `text`, or the span's start.
+pub fn key_offset(text: &str, span: &Range<usize>, key: &str) -> usize {
+    let body = &text[span.start..span.end.min(text.len())];
+    let mut at = 0;
+    for line in body.split_inclusive('\n') {
+        let trimmed = line.trim_start();
+        if let Some(rest) = trimmed.strip_prefix(key) {
+            if rest.trim_start().starts_with('=') {
+                return span.start + at + (line.len() - trimmed.len());
+            }
+        }
+        at += line.len();
+    }
+    span.start
+}
+
+fn option_value(value: &toml::Value) -> Option<OptionValue> {
+    Some(match value {
+        toml::Value::String(s) => OptionValue::Text(s.clone()),
+        toml::Value::Integer(i) => OptionValue::Integer(*i),
+        toml::Value::Float(f) => OptionValue::Float(*f),
+        toml::Value::Boolean(b) => OptionValue::Bool(*b),
+        _ => return None,
+    })
+}
+
+/// Parses one `[[layer]]` table.
+pub fn parse_layer(text: &str, table: &toml::Spanned<toml::Table>) -> Result<LayerConfig, Located> {
+    let span = table.span();
+    let at = |key: &str| key_offset(text, &span, key);
+    let table = table.get_ref();
+    let string = |key: &str| -> Result<String, Located> {
+        match table.get(key) {
+            Some(toml::Value::String(s)) => Ok(s.clone()),
+            Some(_) => Err(located(at(key), format!("field `{key}`: must be a string"))),
+            None => Err(located(
+                span.start,
+                format!("missing field `{key}` in [[layer]]"),
+            )),
+        }
+    };
+    let name = string("name")?;
+    let kind = string("kind")?;
+    let children = match table.get("children") {
+        Some(toml::Value::Array(items)) => items
+            .iter()
+            .map(|item| item.as_str().map(str::to_string))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| located(at("children"), "field `children`: must be a list of names"))?,
+        Some(_) => {
+            return Err(located(
+                at("children"),
+                "field `children`: must be a list of names",
+            ))
+        }
+        None => {
+            return Err(located(
+                span.start,
+                format!("missing field `children` in layer {name}"),
+            ))
+        }
+    };
+    let mut layer = LayerConfig {
+        name,
+        kind,
+        children,
+        volumes: Vec::new(),
+        options: BTreeMap::new(),
+        span: span.clone(),
+    };
+    for (key, value) in table {
+        match key.as_str() {
+            "name" | "kind" | "children" => {}
+            "volumes" => {
+                layer.volumes = parse_volumes(value).map_err(|m| located(at("volumes"), m))?
+            }
+            _ => {
+                let value = option_value(value).ok_or_else(|| {
+                    located(
+                        at(key),
+                        format!("field `{key}`: must be a string, number or boolean"),
+                    )
+                })?;
+                layer.options.insert(key.clone(), value);
+            }
+        }
+    }
+    Ok(layer)
+}
+
+fn parse_volumes(value: &toml::Value) -> Result<Vec<VolumeConfig>, String> {
+    let shape = "field `volumes`: must be a list like [{ name = \"vol\", size = \"4GiB\" }]";
+    let items = value.as_array().ok_or(shape)?;
+    items
+        .iter()
+        .map(|item| {
+            let table = item.as_table().ok_or(shape)?;
+            let name = table
+                .get("name")
+                .and_then(|v| v.as_str())
+                .ok_or(shape)?
+                .to_string();
+            let size = match table.get("size") {
+                Some(toml::Value::String(s)) => {
+                    ByteSize::parse(s)
+                        .map_err(|e| format!("volume {name}: {e}"))?
+                        .0
+                }
+                Some(toml::Value::Integer(n)) if *n > 0 => *n as u64,
+                _ => return Err(format!("volume {name}: needs a size such as \"4GiB\"")),
+            };
+            if table.keys().any(|k| k != "name" && k != "size") {
+                return Err(format!("volume {name}: only `name` and `size` are allowed"));
+            }
+            Ok(VolumeConfig { name, size })
+        })
+        .collect()
+}
+
+/// Checks the layers against the disks and exports; returns the layers in build order
+/// (children before parents).
+pub fn validate(
+    text: &str,
+    disks: &[(String, usize)],
+    layers: &[LayerConfig],
+    exports: &[(String, usize)],
+) -> Result<Vec<usize>, Located> {
+    let mut defined: HashMap<&str, usize> = HashMap::new();
+    for (name, at) in disks {
+        defined.insert(name, *at);
+    }
+    for layer in layers {
+        let at = key_offset(text, &layer.span, "name");
+        crate::config::check_name(&layer.name)
+            .map_err(|m| located(at, format!("field `name`: {m}")))?;
+        if defined.insert(&layer.name, at).is_some() {
+            return Err(located(
+                at,
+                format!(
+                    "field `name`: a disk or layer named {:?} is already defined",
+                    layer.name
+                ),
+            ));
+        }
+        check_kind(text, layer)?;
+    }
+    let volumes: HashSet<String> = layers
+        .iter()
+        .flat_map(|l| {
+            l.volumes
+                .iter()
+                .map(move |v| format!("{}/{}", l.name, v.name))
+        })
+        .collect();
+    let pools: HashSet<&str> = layers
+        .iter()
+        .filter(|l| l.kind == "thin-pool")
+        .map(|l| l.name.as_str())
+        .collect();
+    let mut parent: HashMap<&str, &str> = HashMap::new();
+    for layer in layers {
+        let at = key_offset(text, &layer.span, "children");
+        for child in &layer.children {
+            if pools.contains(child.as_str()) {
+                return Err(located(at, format!(
+                    "field `children`: {child:?} is a thin pool, not a device; use one of its volumes, <pool>/<volume>"
+                )));
+            }
+            if !defined.contains_key(child.as_str()) && !volumes.contains(child) {
+                return Err(located(
+                    at,
+                    format!("field `children`: no disk or layer named {child:?}"),
+                ));
+            }
+            if let Some(other) = parent.insert(child, &layer.name) {
+                return Err(located(at, format!(
+                    "field `children`: {child:?} is already a child of {other:?}; a device can have one parent"
+                )));
+            }
+        }
+    }
+    let order = topological_order(text, layers)?;
+    for (device, at) in exports {
+        if let Some(owner) = parent.get(device.as_str()) {
+            return Err(located(*at, format!(
+                "field `device`: {device:?} is inside layer {owner:?}; export the top of the hierarchy instead"
+            )));
+        }
+        let pool = pools.contains(device.as_str());
+        if pool || (!defined.contains_key(device.as_str()) && !volumes.contains(device)) {
+            let hint = if pool {
+                " (a pool is not a device: export one of its volumes, <pool>/<volume>)"
+            } else {
+                ""
+            };
+            return Err(located(
+                *at,
+                format!("field `device`: no disk, layer or volume named {device:?}{hint}"),
+            ));
+        }
+    }
+    Ok(order)
+}
+
+fn check_kind(text: &str, layer: &LayerConfig) -> Result<(), Located> {
+    let kind_at = key_offset(text, &layer.span, "kind");
+    let (children, options): (ChildCount, &[&str]) = if layer.kind == "thin-pool" {
+        (ChildCount::Exactly(1), THIN_POOL_OPTIONS)
+    } else {
+        let kind = registry::find(&layer.kind).ok_or_else(|| {
+            located(
+                kind_at,
+                format!(
+                    "field `kind`: unknown layer kind {:?} (known: {})",
+                    layer.kind,
+                    registry::kind_names().join(", ")
+                ),
+            )
+        })?;
+        (kind.children, kind.options)
+    };
+    if !children.allows(layer.children.len()) {
+        let at = key_offset(text, &layer.span, "children");
+        return Err(located(
+            at,
+            format!(
+                "field `children`: a {} takes {}, not {}",
+                layer.kind,
+                children.describe(),
+                layer.children.len()
+            ),
+        ));
+    }
+    if let Some(key) = layer
+        .options
+        .keys()
+        .find(|k| !options.contains(&k.as_str()))
+    {
+        let at = key_offset(text, &layer.span, key);
+        return Err(located(
+            at,
+            format!(
+                "field `{key}`: a {} has no such option (known: {})",
+                layer.kind,
+                options.join(", ")
+            ),
+        ));
+    }
+    if layer.kind == "thin-pool" {
+        let options = registry::Options::new(layer.options.clone(), Default::default());
+        let extent = options
+            .size("extent")
+            .map_err(|e| located(key_offset(text, &layer.span, "extent"), e.to_string()))?;
+        if let Some(size) =
+            extent.filter(|s| !s.is_power_of_two() || !(64 << 10..=4 << 20).contains(s))
+        {
+            let at = key_offset(text, &layer.span, "extent");
+            return Err(located(
+                at,
+                format!("field `extent`: {size} bytes is not a power of two from 64KiB to 4MiB"),
+            ));
+        }
+    }
+    if layer.kind != "thin-pool" && !layer.volumes.is_empty() {
+        return Err(located(
+            key_offset(text, &layer.span, "volumes"),
+            "field `volumes`: only a thin-pool has volumes",
+        ));
+    }
+    Ok(())
+}
+
+/// Layers in an order where every child comes before its parent; a cycle is an error naming
+/// the layers on it.
+fn topological_order(text: &str, layers: &[LayerConfig]) -> Result<Vec<usize>, Located> {
+    let index: HashMap<&str, usize> = layers
+        .iter()
+        .enumerate()
+        .map(|(i, l)| (l.name.as_str(), i))
+        .collect();
+    #[derive(Clone, Copy, PartialEq)]
+    enum Mark {
+        New,
+        Visiting,
+        Done,
+    }
+    let mut marks = vec![Mark::New; layers.len()];
+    let mut order = Vec::new();
+    fn visit(
+        i: usize,
+        layers: &[LayerConfig],
+        index: &HashMap<&str, usize>,
+        marks: &mut [Mark],
+        order: &mut Vec<usize>,
+        path: &mut Vec<usize>,
+    ) -> Result<(), Vec<usize>> {
+        match marks[i] {
+            Mark::Done => return Ok(()),
+            Mark::Visiting => {
+                let start = path.iter().position(|&p| p == i).unwrap_or(0);
+                return Err(path[start..].to_vec());
+            }
+            Mark::New => {}
+        }
+        marks[i] = Mark::Visiting;
+        path.push(i);
+        for child in &layers[i].children {
+            // A pool's volume depends on the pool.
+            let owner = child.split('/').next().unwrap_or(child);
+            if let Some(&c) = index.get(owner) {
+                visit(c, layers, index, marks, order, path)?;
+            }
+        }
+        path.pop();
+        marks[i] = Mark::Done;
+        order.push(i);
+        Ok(())
+    }
+    for i in 0..layers.len() {
+        let mut path = Vec::new();
+        if let Err(cycle) = visit(i, layers, &index, &mut marks, &mut order, &mut path) {
+            let names: Vec<&str> = cycle.iter().map(|&c| layers[c].name.as_str()).collect();
+            let first = &layers[cycle[0]];
+            return Err(located(
+                key_offset(text, &first.span, "children"),
+                format!(
+                    "field `children`: the layers {} form a cycle",
+                    names.join(" → ")
+                ),
+            ));
+        }
+    }
+    Ok(order)
+}
