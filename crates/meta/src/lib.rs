@@ -26,4 +26,4 @@ pub use objects::{Bitmap, Table, BITMAP_PAGE_BITS, MAX_VALUE_SIZE, TABLE_PAGE_EN
 pub use recovery::{read_superblock, recover, JournalEnd, Recovered, RecoveryError};
 pub use state::{ObjectId, ObjectKind, State, MAX_BITS_PER_OP, MAX_BLOB_SIZE, MAX_NAME_LEN};
 pub use stats::{CountersSnapshot, MetaCounters, SpaceReport};
-pub use store::{FormatOptions, MetaStore, StoreOptions, Txn, TxnClass};
+pub use store::{random_uuid, FormatOptions, MetaStore, StoreOptions, Txn, TxnClass};

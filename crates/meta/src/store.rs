@@ -644,7 +644,8 @@ fn random_generation() -> u64 {
     (random_u64() >> 16) + 1
 }
 
-fn random_uuid() -> [u8; 16] {
+/// A random (version 4) UUID, for stores and hierarchies.
+pub fn random_uuid() -> [u8; 16] {
     let mut uuid = [0u8; 16];
     uuid[..8].copy_from_slice(&random_u64().to_le_bytes());
     uuid[8..].copy_from_slice(&random_u64().to_le_bytes());

@@ -14,6 +14,7 @@ use strata_nbd::{Export, Exports};
 
 use crate::config::Loaded;
 use crate::graph::LayerConfig;
+use crate::hierarchy;
 
 /// What a named node of the stack is.
 pub enum NodeKind {
@@ -59,6 +60,8 @@ impl Node {
 pub struct Stack {
     pub nodes: Vec<Node>,
     pub exports: Arc<Exports>,
+    /// Generation of the hierarchy labels on the disks (0: no disk is under a layer).
+    pub generation: u64,
 }
 
 impl Stack {
@@ -88,8 +91,9 @@ pub async fn build(
     let mut stack = Stack {
         nodes: Vec::new(),
         exports: Arc::new(Exports::new()),
+        generation: 0,
     };
-    for disk in &loaded.config.disks {
+    for disk in loaded.config.disks.iter().filter(|d| !d.missing) {
         let name = disk.name.get_ref().clone();
         let path = loaded.resolve(&disk.path);
         if let Some(parent) = path.parent() {
@@ -111,6 +115,7 @@ pub async fn build(
             kind: NodeKind::Device(Arc::new(device)),
         });
     }
+    stack.generation = label_disks(&mut stack, loaded).await?;
     for &index in &loaded.build_order {
         let layer = &loaded.layers[index];
         if layer.kind == "thin-pool" {
@@ -132,6 +137,32 @@ pub async fn build(
         });
     }
     Ok(stack)
+}
+
+/// Writes or checks the hierarchy labels of the disks under layers, and gives those layers
+/// the disks' labelled views.
+async fn label_disks(stack: &mut Stack, loaded: &Loaded) -> anyhow::Result<u64> {
+    let labelled = hierarchy::labelled_disks(loaded);
+    let disks: Vec<(String, DeviceRef)> = labelled
+        .iter()
+        .filter_map(|name| stack.device(name).map(|d| (name.clone(), d)))
+        .collect();
+    if disks.is_empty() {
+        return Ok(0);
+    }
+    let generation = hierarchy::reconcile(loaded, &disks).await?;
+    for node in stack
+        .nodes
+        .iter_mut()
+        .filter(|n| labelled.contains(&n.name))
+    {
+        if let NodeKind::Device(disk) = &node.kind {
+            let view = hierarchy::Labelled::new(&node.name, disk.clone(), generation)
+                .with_context(|| format!("disk {}: too small for a hierarchy label", node.name))?;
+            node.kind = NodeKind::Device(Arc::new(view));
+        }
+    }
+    Ok(generation)
 }
 
 fn layer_options(layer: &LayerConfig, loaded: &Loaded) -> Options {

@@ -62,6 +62,10 @@ pub struct DiskConfig {
     /// Serve page-cache hits on the async threads (see `FileOptions::inline_cached_io`).
     #[serde(default = "yes")]
     pub inline_io: bool,
+    /// The member is known to be absent (set by `--assemble` for a member it did not find):
+    /// layers that tolerate a missing member run degraded without it.
+    #[serde(default)]
+    pub missing: bool,
 }
 
 fn yes() -> bool {
@@ -127,6 +131,8 @@ pub struct Loaded {
     pub layers: Vec<LayerConfig>,
     /// Indexes into `layers`, children before parents.
     pub build_order: Vec<usize>,
+    /// The file this came from, which reconfiguration updates.
+    pub source: Option<PathBuf>,
 }
 
 impl Loaded {
@@ -209,6 +215,7 @@ pub fn load(
         listen,
         layers,
         build_order,
+        source: None,
     })
 }
 

@@ -5,6 +5,7 @@ mod build;
 mod check;
 mod config;
 mod graph;
+mod hierarchy;
 mod metrics_http;
 mod pool_metrics;
 mod serve;
@@ -44,6 +45,10 @@ enum Command {
         /// Data folder (default ./strata-data; overrides the config's data-dir).
         #[arg(long)]
         data_dir: Option<PathBuf>,
+        /// Rebuild the hierarchy from the labels on these disks instead of a config (members
+        /// not given are served as missing where their layer tolerates it).
+        #[arg(long, num_args = 1.., conflicts_with = "config")]
+        assemble: Vec<PathBuf>,
     },
     /// Show a running server's exports, devices and counters.
     Status {
@@ -105,8 +110,16 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Serve { config, data_dir } => {
-            let loaded = serve::load_config(&serve::ServeArgs { config, data_dir })?;
+        Command::Serve {
+            config,
+            data_dir,
+            assemble,
+        } => {
+            let loaded = serve::load_config(&serve::ServeArgs {
+                config,
+                data_dir,
+                assemble,
+            })?;
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .thread_name("strata")

@@ -16,6 +16,7 @@ use tracing::{error, info, warn};
 use crate::admin::{self, AdminState};
 use crate::build;
 use crate::config::{self, ListenAddr, Loaded};
+use crate::hierarchy;
 use crate::pool_metrics::PoolCollector;
 
 /// How long shutdown waits for clients to take their last replies.
@@ -24,11 +25,53 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct ServeArgs {
     pub config: Option<PathBuf>,
     pub data_dir: Option<PathBuf>,
+    /// Disks to rebuild the hierarchy from (their labels), instead of a config.
+    pub assemble: Vec<PathBuf>,
+}
+
+/// `--assemble`: the hierarchy the disks' labels describe, written to
+/// `<data-dir>/assembled.toml` (so that later reconfiguration has a file to record into).
+fn assemble_config(args: &ServeArgs) -> anyhow::Result<Loaded> {
+    let mut labels = Vec::new();
+    for path in &args.assemble {
+        let path =
+            std::fs::canonicalize(path).with_context(|| format!("disk {}", path.display()))?;
+        let label = hierarchy::read_label_file(&path)?;
+        labels.push((path, label));
+    }
+    let assembly = hierarchy::assemble(labels)?;
+    let text = hierarchy::assembled_config(&assembly)?;
+    let data_dir = args
+        .data_dir
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("strata-data"));
+    std::fs::create_dir_all(&data_dir)
+        .with_context(|| format!("creating data folder {}", data_dir.display()))?;
+    let path = data_dir.join("assembled.toml");
+    std::fs::write(&path, &text).with_context(|| format!("writing {}", path.display()))?;
+    info!(
+        hierarchy = %assembly.label.uuid,
+        generation = assembly.label.generation,
+        members = assembly.paths.len(),
+        "assembled from disk labels into {}",
+        path.display()
+    );
+    let mut loaded = config::load(
+        &text,
+        &path.display().to_string(),
+        Path::new("."),
+        Some(&data_dir),
+    )?;
+    loaded.source = Some(path);
+    Ok(loaded)
 }
 
 /// Loads the configuration: the given file, else `<data-dir>/strata.toml`, which is written
 /// from the embedded default on first start so that the administrator can see and edit it.
 pub fn load_config(args: &ServeArgs) -> anyhow::Result<Loaded> {
+    if !args.assemble.is_empty() {
+        return assemble_config(args);
+    }
     if let Some(path) = &args.config {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("reading config {}", path.display()))?;
@@ -39,6 +82,8 @@ pub fn load_config(args: &ServeArgs) -> anyhow::Result<Loaded> {
             base,
             args.data_dir.as_deref(),
         )?;
+        let mut loaded = loaded;
+        loaded.source = Some(path.clone());
         return Ok(loaded);
     }
     let data_dir = args
@@ -57,12 +102,14 @@ pub fn load_config(args: &ServeArgs) -> anyhow::Result<Loaded> {
         );
     }
     let text = std::fs::read_to_string(&path)?;
-    Ok(config::load(
+    let mut loaded = config::load(
         &text,
         &path.display().to_string(),
         Path::new("."),
         Some(&data_dir),
-    )?)
+    )?;
+    loaded.source = Some(path);
+    Ok(loaded)
 }
 
 pub async fn serve(loaded: Loaded) -> anyhow::Result<()> {

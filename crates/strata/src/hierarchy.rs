@@ -1,0 +1,506 @@
+//! The hierarchy written on its own disks (Violin's idea): every disk under a layer carries a
+//! label with the hierarchy's uuid, a generation, its own name and the whole graph, so that
+//! `strata serve --assemble DISK…` rebuilds the stack from the disks alone.
+//!
+//! Label (format version 1): the first 64 KiB of the disk, two copies of up to 32 KiB at
+//! offsets 0 and 32 KiB. Each copy is `"STRATAHL"`, version u32, crc32c u32 (of the JSON),
+//! length u32, then the JSON `{uuid, generation, member, hierarchy}` where `hierarchy` is the
+//! graph as TOML (disks without paths, layers, exports). Copies are written one after the
+//! other with FUA, so a torn write leaves the other; the newer valid copy wins. Layers see the
+//! disk from 64 KiB on.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use strata_core::{BlockDevice, WriteFlags};
+use strata_layers::registry::OptionValue;
+
+use crate::config::Loaded;
+use crate::graph::LayerConfig;
+
+/// Bytes at the start of a labelled disk that hold its label.
+pub const LABEL_BYTES: u64 = 64 << 10;
+const COPY_BYTES: u64 = LABEL_BYTES / 2;
+const MAGIC: &[u8; 8] = b"STRATAHL";
+const VERSION: u32 = 1;
+const HEADER: usize = 20;
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Label {
+    pub uuid: String,
+    pub generation: u64,
+    /// This disk's name in the graph.
+    pub member: String,
+    /// The graph as TOML: `[[disk]]` (no paths), `[[layer]]`, `[[export]]`.
+    pub hierarchy: String,
+}
+
+fn encode(label: &Label) -> anyhow::Result<Vec<u8>> {
+    let json = serde_json::to_vec(label)?;
+    anyhow::ensure!(
+        json.len() + HEADER <= COPY_BYTES as usize,
+        "the hierarchy is too large for a disk label ({} bytes)",
+        json.len()
+    );
+    let mut out = Vec::with_capacity(COPY_BYTES as usize);
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&VERSION.to_le_bytes());
+    out.extend_from_slice(&crc32c::crc32c(&json).to_le_bytes());
+    out.extend_from_slice(&(json.len() as u32).to_le_bytes());
+    out.extend_from_slice(&json);
+    out.resize(COPY_BYTES as usize, 0);
+    Ok(out)
+}
+
+fn decode(copy: &[u8]) -> Option<Label> {
+    if &copy[..8] != MAGIC {
+        return None;
+    }
+    let u32_at = |at: usize| u32::from_le_bytes(copy[at..at + 4].try_into().expect("4 bytes"));
+    let (version, crc, len) = (u32_at(8), u32_at(12), u32_at(16) as usize);
+    if version != VERSION || HEADER + len > copy.len() {
+        return None;
+    }
+    let json = &copy[HEADER..HEADER + len];
+    if crc32c::crc32c(json) != crc {
+        return None;
+    }
+    serde_json::from_slice(json).ok()
+}
+
+/// The newer valid label copy on `device`, if any.
+pub async fn read_label(device: &dyn BlockDevice) -> anyhow::Result<Option<Label>> {
+    if device.geometry().size < LABEL_BYTES {
+        return Ok(None);
+    }
+    let data = device.read(0, LABEL_BYTES as usize).await?;
+    let copies = [
+        decode(&data[..COPY_BYTES as usize]),
+        decode(&data[COPY_BYTES as usize..]),
+    ];
+    Ok(copies
+        .into_iter()
+        .flatten()
+        .max_by_key(|label| label.generation))
+}
+
+/// Reads a label straight from a file or block device, before any server opens it.
+pub fn read_label_file(path: &std::path::Path) -> anyhow::Result<Option<Label>> {
+    use std::io::Read;
+    let mut data = vec![0u8; LABEL_BYTES as usize];
+    let mut file =
+        std::fs::File::open(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    let mut filled = 0;
+    while filled < data.len() {
+        match file.read(&mut data[filled..])? {
+            0 => return Ok(None),
+            n => filled += n,
+        }
+    }
+    let copies = [
+        decode(&data[..COPY_BYTES as usize]),
+        decode(&data[COPY_BYTES as usize..]),
+    ];
+    Ok(copies
+        .into_iter()
+        .flatten()
+        .max_by_key(|label| label.generation))
+}
+
+/// Writes both copies, one after the other, each durable before the next.
+pub async fn write_label(device: &dyn BlockDevice, label: &Label) -> anyhow::Result<()> {
+    let copy = Bytes::from(encode(label)?);
+    for at in [0, COPY_BYTES] {
+        device
+            .write(at, copy.clone(), WriteFlags { fua: true })
+            .await?;
+    }
+    Ok(())
+}
+
+pub fn uuid_text(uuid: [u8; 16]) -> String {
+    let hex: String = uuid.iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..]
+    )
+}
+
+fn toml_string(text: &str) -> String {
+    toml::Value::String(text.to_string()).to_string()
+}
+
+fn option_text(value: &OptionValue) -> String {
+    match value {
+        OptionValue::Text(text) => toml_string(text),
+        OptionValue::Integer(n) => n.to_string(),
+        OptionValue::Float(x) => format!("{x:?}"),
+        OptionValue::Bool(b) => b.to_string(),
+    }
+}
+
+fn render_layer(out: &mut String, layer: &LayerConfig) {
+    let children: Vec<String> = layer.children.iter().map(|c| toml_string(c)).collect();
+    let _ = writeln!(
+        out,
+        "\n[[layer]]\nname = {}\nkind = {}",
+        toml_string(&layer.name),
+        toml_string(&layer.kind)
+    );
+    let _ = writeln!(out, "children = [{}]", children.join(", "));
+    for (key, value) in &layer.options {
+        let _ = writeln!(out, "{key} = {}", option_text(value));
+    }
+    if !layer.volumes.is_empty() {
+        let volumes: Vec<String> = layer
+            .volumes
+            .iter()
+            .map(|v| format!("{{ name = {}, size = {} }}", toml_string(&v.name), v.size))
+            .collect();
+        let _ = writeln!(out, "volumes = [{}]", volumes.join(", "));
+    }
+}
+
+/// The graph of `loaded` as TOML, without paths or listeners: what a label carries.
+pub fn render_hierarchy(loaded: &Loaded) -> String {
+    let mut out = String::new();
+    for disk in &loaded.config.disks {
+        let _ = writeln!(out, "[[disk]]\nname = {}", toml_string(disk.name.get_ref()));
+        if let Some(size) = disk.size {
+            let _ = writeln!(out, "size = {}", size.0);
+        }
+        let _ = writeln!(
+            out,
+            "direct = {}\ninline-io = {}",
+            disk.direct, disk.inline_io
+        );
+    }
+    for &index in &loaded.build_order {
+        render_layer(&mut out, &loaded.layers[index]);
+    }
+    for export in &loaded.config.exports {
+        let _ = writeln!(
+            out,
+            "\n[[export]]\nname = {}\ndevice = {}\nread-only = {}\ndescription = {}",
+            toml_string(export.name.get_ref()),
+            toml_string(export.device.get_ref()),
+            export.read_only,
+            toml_string(&export.description)
+        );
+    }
+    out
+}
+
+/// Makes the labels on `disks` (present labelled disks, by name) describe `loaded`: one
+/// uuid (refusing disks of another hierarchy), and a new generation whenever the graph or a
+/// label differs. Returns the generation now on the disks.
+pub async fn reconcile(
+    loaded: &Loaded,
+    disks: &[(String, strata_core::DeviceRef)],
+) -> anyhow::Result<u64> {
+    let hierarchy = render_hierarchy(loaded);
+    let mut labels = Vec::new();
+    for (name, device) in disks {
+        labels.push((name, read_label(device.as_ref()).await?));
+    }
+    let mut uuid: Option<(&str, &str)> = None;
+    for (name, label) in &labels {
+        let Some(label) = label else { continue };
+        match uuid {
+            Some((other, id)) if id != label.uuid => anyhow::bail!(
+                "disks {other} and {name} belong to different hierarchies ({id} and {}): refusing to mix them",
+                label.uuid
+            ),
+            _ => uuid = Some((name.as_str(), label.uuid.as_str())),
+        }
+    }
+    let newest = labels
+        .iter()
+        .filter_map(|(_, l)| l.as_ref().map(|l| l.generation))
+        .max()
+        .unwrap_or(0);
+    let current = labels.iter().all(|(name, label)| {
+        label.as_ref().is_some_and(|l| {
+            l.generation == newest && l.hierarchy == hierarchy && &&l.member == name
+        })
+    });
+    if current {
+        return Ok(newest);
+    }
+    let uuid = uuid.map_or_else(
+        || uuid_text(strata_meta::random_uuid()),
+        |(_, id)| id.to_string(),
+    );
+    let generation = newest + 1;
+    for ((name, device), _) in disks.iter().zip(&labels) {
+        let label = Label {
+            uuid: uuid.clone(),
+            generation,
+            member: name.clone(),
+            hierarchy: hierarchy.clone(),
+        };
+        write_label(device.as_ref(), &label).await?;
+    }
+    tracing::info!(generation, %uuid, disks = disks.len(), "hierarchy labels written");
+    Ok(generation)
+}
+
+/// Disks that sit under a layer and so carry a label.
+pub fn labelled_disks(loaded: &Loaded) -> Vec<String> {
+    let children: std::collections::HashSet<&str> = loaded
+        .layers
+        .iter()
+        .flat_map(|l| l.children.iter().map(String::as_str))
+        .collect();
+    loaded
+        .config
+        .disks
+        .iter()
+        .map(|d| d.name.get_ref().clone())
+        .filter(|name| children.contains(name.as_str()))
+        .collect()
+}
+
+/// What `--assemble` found on the disks it was given.
+pub struct Assembly {
+    pub label: Label,
+    /// Member name → path, for the members found.
+    pub paths: BTreeMap<String, std::path::PathBuf>,
+}
+
+/// Reads the labels of `paths` and picks the hierarchy they belong to. Refuses disks of
+/// different hierarchies, and disks whose generation is older than the newest label and
+/// whose name the newest graph no longer lists (members that left the hierarchy).
+pub fn assemble(labels: Vec<(std::path::PathBuf, Option<Label>)>) -> anyhow::Result<Assembly> {
+    let mut found = Vec::new();
+    for (path, label) in labels {
+        let label = label.ok_or_else(|| {
+            anyhow::anyhow!("{} carries no Strata hierarchy label", path.display())
+        })?;
+        found.push((path, label));
+    }
+    let newest = found
+        .iter()
+        .map(|(_, l)| l)
+        .max_by_key(|l| l.generation)
+        .cloned()
+        .ok_or_else(|| anyhow::anyhow!("--assemble needs at least one disk"))?;
+    let mut paths = BTreeMap::new();
+    for (path, label) in &found {
+        anyhow::ensure!(
+            label.uuid == newest.uuid,
+            "{} belongs to hierarchy {}, the others to {}: refusing to mix hierarchies",
+            path.display(),
+            label.uuid,
+            newest.uuid
+        );
+        let listed = newest
+            .hierarchy
+            .contains(&format!("name = {}", toml_string(&label.member)));
+        anyhow::ensure!(
+            label.generation == newest.generation || listed,
+            "{} ({}) is at generation {}, the hierarchy at {}, and no longer lists it: it left the hierarchy",
+            path.display(),
+            label.member,
+            label.generation,
+            newest.generation
+        );
+        anyhow::ensure!(
+            paths.insert(label.member.clone(), path.clone()).is_none(),
+            "two disks claim to be member {}",
+            label.member
+        );
+    }
+    Ok(Assembly {
+        label: newest,
+        paths,
+    })
+}
+
+/// The configuration text `--assemble` serves: the label's graph, with the paths found and
+/// every member not found marked missing.
+pub fn assembled_config(assembly: &Assembly) -> anyhow::Result<String> {
+    let mut doc: toml::Table = toml::from_str(&assembly.label.hierarchy)?;
+    if let Some(toml::Value::Array(disks)) = doc.get_mut("disk") {
+        for disk in disks.iter_mut().filter_map(|d| d.as_table_mut()) {
+            let name = disk
+                .get("name")
+                .and_then(|n| n.as_str())
+                .unwrap_or_default()
+                .to_string();
+            match assembly.paths.get(&name) {
+                Some(path) => {
+                    disk.insert(
+                        "path".into(),
+                        toml::Value::String(path.display().to_string()),
+                    );
+                }
+                None => {
+                    disk.insert(
+                        "path".into(),
+                        toml::Value::String(format!("missing/{name}")),
+                    );
+                    disk.insert("missing".into(), toml::Value::Boolean(true));
+                }
+            }
+        }
+    }
+    let mut text = String::from(
+        "listen = [\"unix:nbd.sock\", \"tcp:127.0.0.1:10809\"]\nadmin = \"admin.sock\"\n",
+    );
+    text.push_str(&toml::to_string(&doc)?);
+    Ok(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn label_copies_round_trip_and_reject_damage() {
+        let label = Label {
+            uuid: uuid_text([7; 16]),
+            generation: 3,
+            member: "d0".into(),
+            hierarchy: "[[disk]]\nname = \"d0\"\n".into(),
+        };
+        let copy = encode(&label).unwrap();
+        assert_eq!(copy.len() as u64, COPY_BYTES);
+        assert_eq!(decode(&copy), Some(label.clone()));
+        let mut torn = copy.clone();
+        torn[HEADER + 5] ^= 1;
+        assert_eq!(decode(&torn), None);
+        assert_eq!(decode(&vec![0; COPY_BYTES as usize]), None);
+    }
+
+    fn label(uuid: u8, generation: u64, member: &str, members: &[&str]) -> Label {
+        let hierarchy = members
+            .iter()
+            .map(|m| format!("[[disk]]\nname = \"{m}\"\n"))
+            .collect();
+        Label {
+            uuid: uuid_text([uuid; 16]),
+            generation,
+            member: member.into(),
+            hierarchy,
+        }
+    }
+
+    #[test]
+    fn assembly_refuses_mixed_hierarchies_and_departed_members() {
+        let p = |s: &str| std::path::PathBuf::from(s);
+        let ok = assemble(vec![
+            (p("a"), Some(label(1, 5, "d0", &["d0", "d1"]))),
+            (p("b"), Some(label(1, 4, "d1", &["d0", "d1"]))),
+        ])
+        .unwrap();
+        assert_eq!(
+            ok.label.generation, 5,
+            "an interrupted generation bump is accepted"
+        );
+        let mixed = assemble(vec![
+            (p("a"), Some(label(1, 5, "d0", &["d0"]))),
+            (p("b"), Some(label(2, 5, "d1", &["d1"]))),
+        ]);
+        assert!(mixed.err().unwrap().to_string().contains("refusing to mix"));
+        let departed = assemble(vec![
+            (p("a"), Some(label(1, 6, "d0", &["d0", "d3"]))),
+            (p("b"), Some(label(1, 5, "d2", &["d0", "d2"]))),
+        ]);
+        assert!(departed
+            .err()
+            .unwrap()
+            .to_string()
+            .contains("left the hierarchy"));
+        let text = assembled_config(&ok).unwrap();
+        assert!(text.contains("path = \"a\""), "{text}");
+    }
+}
+
+/// A labelled disk as its layer sees it: everything after the label. Describes itself as the
+/// disk it is, so `strata status` shows no extra level.
+pub struct Labelled {
+    disk: strata_core::DeviceRef,
+    view: strata_layers::slice::Slice,
+    generation: u64,
+}
+
+impl Labelled {
+    pub fn new(
+        name: &str,
+        disk: strata_core::DeviceRef,
+        generation: u64,
+    ) -> anyhow::Result<Labelled> {
+        let view =
+            strata_layers::slice::Slice::new(name.to_string(), disk.clone(), LABEL_BYTES, None)?;
+        Ok(Labelled {
+            disk,
+            view,
+            generation,
+        })
+    }
+}
+
+#[strata_core::async_trait]
+impl BlockDevice for Labelled {
+    fn geometry(&self) -> strata_core::Geometry {
+        self.view.geometry()
+    }
+
+    fn capabilities(&self) -> strata_core::Capabilities {
+        self.view.capabilities()
+    }
+
+    async fn read(&self, offset: u64, len: usize) -> strata_core::Result<bytes::BytesMut> {
+        self.view.read(offset, len).await
+    }
+
+    async fn write(&self, offset: u64, data: Bytes, flags: WriteFlags) -> strata_core::Result<()> {
+        self.view.write(offset, data, flags).await
+    }
+
+    async fn flush(&self) -> strata_core::Result<()> {
+        self.view.flush().await
+    }
+
+    async fn discard(&self, offset: u64, len: u64) -> strata_core::Result<()> {
+        self.view.discard(offset, len).await
+    }
+
+    async fn write_zeroes(
+        &self,
+        offset: u64,
+        len: u64,
+        flags: strata_core::ZeroFlags,
+    ) -> strata_core::Result<()> {
+        self.view.write_zeroes(offset, len, flags).await
+    }
+
+    async fn block_status(
+        &self,
+        offset: u64,
+        len: u64,
+    ) -> strata_core::Result<Vec<strata_core::Extent>> {
+        self.view.block_status(offset, len).await
+    }
+
+    async fn control(
+        &self,
+        request: strata_core::Control,
+    ) -> strata_core::Result<strata_core::ControlReply> {
+        match self.disk.control(request).await? {
+            strata_core::ControlReply::Describe(mut node) => {
+                node.detail
+                    .push(("hierarchy generation".into(), self.generation.to_string()));
+                Ok(strata_core::ControlReply::Describe(node))
+            }
+            other => Ok(other),
+        }
+    }
+}
