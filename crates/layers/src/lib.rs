@@ -3,5 +3,7 @@
 //! registry lists every kind the configuration can name.
 
 pub mod registry;
+pub mod concat;
 pub mod slice;
+pub mod stripe;
 pub mod thin;

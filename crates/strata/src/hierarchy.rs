@@ -358,71 +358,6 @@ pub fn assembled_config(assembly: &Assembly) -> anyhow::Result<String> {
     Ok(text)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn label_copies_round_trip_and_reject_damage() {
-        let label = Label {
-            uuid: uuid_text([7; 16]),
-            generation: 3,
-            member: "d0".into(),
-            hierarchy: "[[disk]]\nname = \"d0\"\n".into(),
-        };
-        let copy = encode(&label).unwrap();
-        assert_eq!(copy.len() as u64, COPY_BYTES);
-        assert_eq!(decode(&copy), Some(label.clone()));
-        let mut torn = copy.clone();
-        torn[HEADER + 5] ^= 1;
-        assert_eq!(decode(&torn), None);
-        assert_eq!(decode(&vec![0; COPY_BYTES as usize]), None);
-    }
-
-    fn label(uuid: u8, generation: u64, member: &str, members: &[&str]) -> Label {
-        let hierarchy = members
-            .iter()
-            .map(|m| format!("[[disk]]\nname = \"{m}\"\n"))
-            .collect();
-        Label {
-            uuid: uuid_text([uuid; 16]),
-            generation,
-            member: member.into(),
-            hierarchy,
-        }
-    }
-
-    #[test]
-    fn assembly_refuses_mixed_hierarchies_and_departed_members() {
-        let p = |s: &str| std::path::PathBuf::from(s);
-        let ok = assemble(vec![
-            (p("a"), Some(label(1, 5, "d0", &["d0", "d1"]))),
-            (p("b"), Some(label(1, 4, "d1", &["d0", "d1"]))),
-        ])
-        .unwrap();
-        assert_eq!(
-            ok.label.generation, 5,
-            "an interrupted generation bump is accepted"
-        );
-        let mixed = assemble(vec![
-            (p("a"), Some(label(1, 5, "d0", &["d0"]))),
-            (p("b"), Some(label(2, 5, "d1", &["d1"]))),
-        ]);
-        assert!(mixed.err().unwrap().to_string().contains("refusing to mix"));
-        let departed = assemble(vec![
-            (p("a"), Some(label(1, 6, "d0", &["d0", "d3"]))),
-            (p("b"), Some(label(1, 5, "d2", &["d0", "d2"]))),
-        ]);
-        assert!(departed
-            .err()
-            .unwrap()
-            .to_string()
-            .contains("left the hierarchy"));
-        let text = assembled_config(&ok).unwrap();
-        assert!(text.contains("path = \"a\""), "{text}");
-    }
-}
-
 /// A labelled disk as its layer sees it: everything after the label. Describes itself as the
 /// disk it is, so `strata status` shows no extra level.
 pub struct Labelled {
@@ -502,5 +437,70 @@ impl BlockDevice for Labelled {
             }
             other => Ok(other),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn label_copies_round_trip_and_reject_damage() {
+        let label = Label {
+            uuid: uuid_text([7; 16]),
+            generation: 3,
+            member: "d0".into(),
+            hierarchy: "[[disk]]\nname = \"d0\"\n".into(),
+        };
+        let copy = encode(&label).unwrap();
+        assert_eq!(copy.len() as u64, COPY_BYTES);
+        assert_eq!(decode(&copy), Some(label.clone()));
+        let mut torn = copy.clone();
+        torn[HEADER + 5] ^= 1;
+        assert_eq!(decode(&torn), None);
+        assert_eq!(decode(&vec![0; COPY_BYTES as usize]), None);
+    }
+
+    fn label(uuid: u8, generation: u64, member: &str, members: &[&str]) -> Label {
+        let hierarchy = members
+            .iter()
+            .map(|m| format!("[[disk]]\nname = \"{m}\"\n"))
+            .collect();
+        Label {
+            uuid: uuid_text([uuid; 16]),
+            generation,
+            member: member.into(),
+            hierarchy,
+        }
+    }
+
+    #[test]
+    fn assembly_refuses_mixed_hierarchies_and_departed_members() {
+        let p = |s: &str| std::path::PathBuf::from(s);
+        let ok = assemble(vec![
+            (p("a"), Some(label(1, 5, "d0", &["d0", "d1"]))),
+            (p("b"), Some(label(1, 4, "d1", &["d0", "d1"]))),
+        ])
+        .unwrap();
+        assert_eq!(
+            ok.label.generation, 5,
+            "an interrupted generation bump is accepted"
+        );
+        let mixed = assemble(vec![
+            (p("a"), Some(label(1, 5, "d0", &["d0"]))),
+            (p("b"), Some(label(2, 5, "d1", &["d1"]))),
+        ]);
+        assert!(mixed.err().unwrap().to_string().contains("refusing to mix"));
+        let departed = assemble(vec![
+            (p("a"), Some(label(1, 6, "d0", &["d0", "d3"]))),
+            (p("b"), Some(label(1, 5, "d2", &["d0", "d2"]))),
+        ]);
+        assert!(departed
+            .err()
+            .unwrap()
+            .to_string()
+            .contains("left the hierarchy"));
+        let text = assembled_config(&ok).unwrap();
+        assert!(text.contains("path = \"a\""), "{text}");
     }
 }
