@@ -185,7 +185,11 @@ pub fn none_missing(_: usize) -> usize {
 }
 
 /// Every layer kind, in the order `strata` lists them.
-pub static KINDS: &[&LayerKind] = &[&crate::slice::KIND];
+pub static KINDS: &[&LayerKind] = &[
+    &crate::slice::KIND,
+    &crate::concat::KIND,
+    &crate::stripe::KIND,
+];
 
 pub fn find(kind: &str) -> Option<&'static LayerKind> {
     KINDS.iter().copied().find(|k| k.kind == kind)
