@@ -4,6 +4,7 @@
 
 pub mod registry;
 pub mod concat;
+pub mod crypt;
 pub mod slice;
 pub mod stripe;
 pub mod thin;

@@ -188,6 +188,7 @@ pub fn none_missing(_: usize) -> usize {
 pub static KINDS: &[&LayerKind] = &[
     &crate::slice::KIND,
     &crate::concat::KIND,
+    &crate::crypt::KIND,
     &crate::stripe::KIND,
 ];
 
