@@ -107,7 +107,7 @@ def test_check_repairs_a_damaged_superblock_copy_and_refuses_a_damaged_checkpoin
     # Damage the older superblock copy: the newer one still describes everything.
     older = 1 - before["generation"] % 2
     with open(disk, "r+b") as f:
-        f.seek(older * 4096 + 100)
+        f.seek(before["metadata_offset"] + older * 4096 + 100)
         f.write(b"\xff" * 32)
     rc, report = check(disk)
     assert rc == 0 and any("superblock copy" in w for w in report["warnings"]), report

@@ -24,10 +24,14 @@ use strata_meta::{JournalEnd, MetaStore, StoreOptions};
 #[derive(Debug, Serialize)]
 pub struct DeviceReport {
     pub path: PathBuf,
+    /// The disk's hierarchy label, if it is under a layer.
+    pub hierarchy: Option<String>,
     pub owner: Option<String>,
     pub generation: Option<u64>,
     pub checkpoint_bytes: u64,
-    /// Byte offsets of the current checkpoint and of the journal on the device.
+    /// Byte offsets of the metadata region (its superblocks), the current checkpoint and
+    /// the journal on the device.
+    pub metadata_offset: u64,
     pub checkpoint_offset: u64,
     pub journal_offset: u64,
     pub batches: u64,
@@ -54,9 +58,11 @@ pub async fn check(path: &Path, repair: bool) -> anyhow::Result<DeviceReport> {
     );
     let mut report = DeviceReport {
         path: path.to_path_buf(),
+        hierarchy: None,
         owner: None,
         generation: None,
         checkpoint_bytes: 0,
+        metadata_offset: 0,
         checkpoint_offset: 0,
         journal_offset: 0,
         batches: 0,
@@ -70,7 +76,18 @@ pub async fn check(path: &Path, repair: bool) -> anyhow::Result<DeviceReport> {
         errors: Vec::new(),
         repaired: false,
     };
-    let recovered = match strata_meta::recover(device.as_ref(), 0).await {
+    // A disk under a layer starts with its hierarchy label; the layer's metadata follows it.
+    let label = crate::hierarchy::read_label(device.as_ref()).await?;
+    let offset = if let Some(label) = &label {
+        report.hierarchy = Some(format!(
+            "{} generation {} member {}",
+            label.uuid, label.generation, label.member
+        ));
+        crate::hierarchy::LABEL_BYTES
+    } else {
+        0
+    };
+    let recovered = match strata_meta::recover(device.as_ref(), offset).await {
         Ok(recovered) => recovered,
         Err(error) => {
             report.errors.push(error.to_string());
@@ -81,6 +98,7 @@ pub async fn check(path: &Path, repair: bool) -> anyhow::Result<DeviceReport> {
     report.owner = Some(superblock.owner.clone());
     report.generation = Some(superblock.generation);
     report.checkpoint_bytes = recovered.checkpoint_bytes;
+    report.metadata_offset = offset;
     report.checkpoint_offset = superblock.layout.slot_offset(superblock.active_slot);
     report.journal_offset = superblock.layout.journal_offset(0);
     report.batches = recovered.batches_replayed;
@@ -116,7 +134,8 @@ pub async fn check(path: &Path, repair: bool) -> anyhow::Result<DeviceReport> {
             .push(format!("no invariants known for owner {other:?}")),
     }
     if repair && report.errors.is_empty() && !report.warnings.is_empty() {
-        let (store, _) = MetaStore::open(device.clone(), 0, StoreOptions::new("check")).await?;
+        let (store, _) =
+            MetaStore::open(device.clone(), offset, StoreOptions::new("check")).await?;
         // Open wrote one checkpoint; a second rewrites the other superblock copy too.
         store.checkpoint_now().await?;
         report.repaired = true;
@@ -128,6 +147,9 @@ pub fn render(report: &DeviceReport) -> String {
     use std::fmt::Write;
     let mut out = String::new();
     let _ = writeln!(out, "{}:", report.path.display());
+    if let Some(hierarchy) = &report.hierarchy {
+        let _ = writeln!(out, "  hierarchy {hierarchy}");
+    }
     if let (Some(owner), Some(generation)) = (&report.owner, report.generation) {
         let _ = writeln!(out, "  owner {owner}, generation {generation}");
         let _ = writeln!(
