@@ -5,6 +5,7 @@
 pub mod registry;
 pub mod concat;
 pub mod crypt;
+pub mod mirror;
 pub mod slice;
 pub mod stripe;
 pub mod thin;

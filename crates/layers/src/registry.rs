@@ -190,6 +190,7 @@ pub static KINDS: &[&LayerKind] = &[
     &crate::concat::KIND,
     &crate::crypt::KIND,
     &crate::stripe::KIND,
+    &crate::mirror::KIND,
 ];
 
 pub fn find(kind: &str) -> Option<&'static LayerKind> {

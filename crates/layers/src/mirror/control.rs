@@ -1,0 +1,201 @@
+//! Control calls: describe the mirror, add a member, replace one, fail one.
+//!
+//! A new member gets a zeroed metadata region (no stale superblock or journal of an earlier
+//! life can ever be mistaken for this mirror's), joins the metadata fanout, receives two full
+//! checkpoints (so both superblock copies are valid on it), and is recorded as resyncing from
+//! byte 0 — all durable before the call returns. The copy itself runs in the background.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use strata_core::{
+    BlockError, Control, ControlReply, DeviceRef, Health, Member, NodeStatus, Result, WriteFlags,
+};
+use strata_meta::TxnClass;
+
+use super::policy::{percent, MemberState, MirrorRecord};
+use super::state::{Inner, Slot};
+
+impl Inner {
+    pub async fn control(self: &Arc<Self>, request: Control) -> Result<ControlReply> {
+        match request {
+            Control::Describe => Ok(ControlReply::Describe(self.describe().await)),
+            Control::AddMember(member) => {
+                self.add_member(None, member).await?;
+                Ok(ControlReply::Done)
+            }
+            Control::ReplaceMember { index, member } => {
+                self.add_member(Some(index), member).await?;
+                Ok(ControlReply::Done)
+            }
+            Control::FailMember { index } => {
+                self.check_can_fail(index)?;
+                self.mark_faulty(index, "failed by the operator").await?;
+                Ok(ControlReply::Done)
+            }
+            _ => Err(BlockError::Unsupported("mirror: control")),
+        }
+    }
+
+    /// Refuses to fail the last in-sync member (md does the same): that would fail the mirror.
+    fn check_can_fail(&self, index: usize) -> Result<()> {
+        let states = self.states();
+        if index >= states.len() {
+            return Err(BlockError::InvalidArgument(format!(
+                "mirror {}: no member {index}",
+                self.name
+            )));
+        }
+        let in_sync = states.iter().filter(|s| **s == MemberState::InSync).count();
+        if states[index] == MemberState::InSync && in_sync == 1 {
+            return Err(BlockError::InvalidArgument(format!(
+                "mirror {}: member {index} is the last in-sync member",
+                self.name
+            )));
+        }
+        Ok(())
+    }
+
+    async fn add_member(self: &Arc<Self>, index: Option<usize>, member: Member) -> Result<()> {
+        let g = member.device.geometry();
+        let need = self.data_offset + self.size;
+        if g.size < need {
+            return Err(BlockError::InvalidArgument(format!(
+                "mirror {}: member {} has {} bytes; it needs {need}",
+                self.name, member.name, g.size
+            )));
+        }
+        if g.min_io > self.geometry.min_io || !u64::from(g.min_io).is_power_of_two() {
+            return Err(BlockError::InvalidArgument(format!(
+                "mirror {}: member {} needs {}-byte requests; the mirror takes {}",
+                self.name, member.name, g.min_io, self.geometry.min_io
+            )));
+        }
+        if let Some(index) = index {
+            self.check_can_fail(index)?;
+            if self.states()[index] != MemberState::Faulty {
+                self.mark_faulty(index, "being replaced").await?;
+            }
+        }
+        zero_region(&member.device, self.data_offset).await?;
+        let state = MemberState::Resyncing { done: 0 };
+        let index = {
+            let mut slots = self.slots.write().unwrap();
+            let slot = Slot {
+                name: member.name.clone(),
+                device: Some(member.device.clone()),
+                state,
+            };
+            let index = match index {
+                Some(i) => {
+                    slots[i] = slot;
+                    i
+                }
+                None => {
+                    slots.push(slot);
+                    slots.len() - 1
+                }
+            };
+            let record = MirrorRecord {
+                members: slots.len() as u32,
+                data_offset: self.data_offset,
+                size: self.size,
+                region: self.region,
+            };
+            self.store.transact(TxnClass::Normal, |_, txn| {
+                txn.put_blob(self.ids.config, record.encode());
+                txn.set(self.ids.members, index as u64, &state.encode());
+                Ok(())
+            })?;
+            self.fanout.add(index, member.device.clone());
+            index
+        };
+        self.store.checkpoint_now().await?;
+        self.store.checkpoint_now().await?;
+        self.commit().await?;
+        tracing::info!(mirror = %self.name, member = %member.name, index, "member added; resync starts");
+        self.kick_resync();
+        Ok(())
+    }
+
+    async fn describe(&self) -> NodeStatus {
+        let mut node = NodeStatus::new(&self.name, "mirror", self.size);
+        let members: Vec<(String, Option<DeviceRef>, MemberState)> = self
+            .slots
+            .read()
+            .unwrap()
+            .iter()
+            .map(|s| (s.name.clone(), s.device.clone(), s.state))
+            .collect();
+        let needs_sync = self.regions.lock().unwrap().needs_sync.len();
+        let in_sync = members
+            .iter()
+            .filter(|(_, _, s)| *s == MemberState::InSync)
+            .count();
+        node.health = if in_sync == 0 {
+            Health::Failed
+        } else if in_sync < members.len() || needs_sync > 0 {
+            Health::Degraded
+        } else {
+            Health::Ok
+        };
+        for (name, device, state) in members {
+            node.detail
+                .push((format!("member {name}"), state.label(self.size)));
+            let child = match device {
+                Some(device) => match device.control(Control::Describe).await {
+                    Ok(ControlReply::Describe(status)) => status,
+                    _ => NodeStatus::new(&name, "unknown", 0),
+                },
+                None => {
+                    let mut missing = NodeStatus::new(&name, "missing", 0);
+                    missing.health = Health::Failed;
+                    missing
+                }
+            };
+            node.children.push(child);
+        }
+        let c = &self.counters;
+        node.detail.extend([
+            ("region".to_string(), self.region.to_string()),
+            ("dirty regions".to_string(), self.dirty_bits().to_string()),
+            (
+                "read errors".to_string(),
+                c.read_errors.load(Ordering::Relaxed).to_string(),
+            ),
+            (
+                "repaired reads".to_string(),
+                c.repairs.load(Ordering::Relaxed).to_string(),
+            ),
+        ]);
+        node.activity = self.resync.lock().unwrap().activity.clone();
+        if let Some(activity) = &node.activity {
+            node.detail.push((
+                "resync".into(),
+                format!(
+                    "{} {:.1} %",
+                    activity.what,
+                    percent(activity.done_bytes, activity.total_bytes)
+                ),
+            ));
+        }
+        node
+    }
+}
+
+/// Zeroes a new member's metadata region, so that nothing left on it from an earlier life
+/// reads as a superblock or journal batch.
+async fn zero_region(device: &DeviceRef, len: u64) -> Result<()> {
+    let chunk = (1u64 << 20).min(u64::from(device.geometry().max_io));
+    let zeros = Bytes::from(vec![0u8; chunk as usize]);
+    let mut at = 0;
+    while at < len {
+        let n = chunk.min(len - at);
+        device
+            .write(at, zeros.slice(..n as usize), WriteFlags::default())
+            .await?;
+        at += n;
+    }
+    device.flush().await
+}

@@ -1,0 +1,340 @@
+//! The mirror's metadata: one `MetaStore` kept in the metadata region of every member.
+//!
+//! The store sees one small device, [`MetaFanout`], whose writes and flushes go to the region
+//! of every member that is not faulty, and whose reads come from the member whose copy won at
+//! open. So all copies receive the same writes and differ only where a crash or a failing
+//! member cut one short. A member that fails a metadata write is dropped from the fanout (the
+//! store carries on with the others, so losing a member never fails the mirror's metadata)
+//! and reported through [`MetaFanout::take_dropped`]; the mirror then marks it faulty.
+//!
+//! At open every present member's copy is recovered on its own (read only), the newest wins
+//! (`policy::choose_copy`), and the store is opened from it. Opening writes a fresh checkpoint
+//! through the fanout, which rewrites every other copy to the winner.
+
+use std::sync::{Arc, Mutex};
+
+use bytes::{Bytes, BytesMut};
+use futures_util::future::join_all;
+use strata_core::{
+    async_trait, BlockDevice, BlockError, Capabilities, Control, ControlReply, DeviceRef, Extent,
+    Geometry, Result, WriteFlags, ZeroFlags,
+};
+use strata_meta::{FormatOptions, MetaStore, ObjectId, RecoveryError, StoreOptions};
+
+use super::policy::{choose_copy, CopyChoice, CopyView, MemberState, MirrorRecord};
+
+pub const CONFIG_BLOB: &str = "mirror.config";
+pub const MEMBERS_TABLE: &str = "mirror.members";
+pub const DIRTY_BITMAP: &str = "mirror.dirty";
+
+/// Ids of the mirror's objects in the store.
+#[derive(Clone, Copy, Debug)]
+pub struct Ids {
+    pub config: ObjectId,
+    pub members: ObjectId,
+    pub dirty: ObjectId,
+}
+
+/// The metadata regions of the non-faulty members, as one device.
+pub struct MetaFanout {
+    geometry: Geometry,
+    targets: Mutex<Vec<(usize, DeviceRef)>>,
+    /// Member whose copy reads come from (the winner at open).
+    read_from: Mutex<usize>,
+    dropped: Mutex<Vec<(usize, String)>>,
+}
+
+impl MetaFanout {
+    pub fn new(
+        region_len: u64,
+        min_io: u32,
+        targets: Vec<(usize, DeviceRef)>,
+        read_from: usize,
+    ) -> Self {
+        MetaFanout {
+            geometry: Geometry {
+                size: region_len,
+                min_io: min_io.max(512),
+                logical_block: 512,
+                physical_block: 4096,
+                preferred_io: 4096,
+                max_io: 32 << 20,
+            },
+            targets: Mutex::new(targets),
+            read_from: Mutex::new(read_from),
+            dropped: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn targets(&self) -> Vec<(usize, DeviceRef)> {
+        self.targets.lock().unwrap().clone()
+    }
+
+    pub fn add(&self, index: usize, device: DeviceRef) {
+        let mut targets = self.targets.lock().unwrap();
+        targets.retain(|(i, _)| *i != index);
+        targets.push((index, device));
+    }
+
+    pub fn remove(&self, index: usize) {
+        self.targets.lock().unwrap().retain(|(i, _)| *i != index);
+    }
+
+    /// Members dropped since the last call, with the error that dropped them.
+    pub fn take_dropped(&self) -> Vec<(usize, String)> {
+        std::mem::take(&mut *self.dropped.lock().unwrap())
+    }
+
+    /// Runs `op` on every target; drops the ones that fail. Fails only if all fail.
+    async fn fan<F>(&self, what: &'static str, op: F) -> Result<()>
+    where
+        F: Fn(DeviceRef) -> strata_core::BoxFuture<'static, Result<()>>,
+    {
+        let targets = self.targets();
+        if targets.is_empty() {
+            return Err(BlockError::io(
+                format!("mirror metadata {what}"),
+                std::io::Error::other("no member left to hold the metadata"),
+            ));
+        }
+        let results = join_all(targets.iter().map(|(_, d)| op(d.clone()))).await;
+        let mut first_error = None;
+        let mut ok = 0;
+        for ((index, _), result) in targets.iter().zip(results) {
+            match result {
+                Ok(()) => ok += 1,
+                Err(error) => {
+                    tracing::error!(member = index, %error, "mirror metadata {what} failed on a member; dropping it");
+                    self.remove(*index);
+                    self.dropped
+                        .lock()
+                        .unwrap()
+                        .push((*index, error.to_string()));
+                    first_error.get_or_insert(error);
+                }
+            }
+        }
+        match (ok, first_error) {
+            (0, Some(error)) => Err(error),
+            _ => Ok(()),
+        }
+    }
+}
+
+#[async_trait]
+impl BlockDevice for MetaFanout {
+    fn geometry(&self) -> Geometry {
+        self.geometry
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            flush: true,
+            fua: true,
+            ..Capabilities::default()
+        }
+    }
+
+    async fn read(&self, offset: u64, len: usize) -> Result<BytesMut> {
+        self.geometry.check_range(offset, len as u64)?;
+        let first = *self.read_from.lock().unwrap();
+        let mut targets = self.targets();
+        targets.sort_by_key(|(i, _)| *i != first);
+        let mut last = None;
+        for (_, device) in targets {
+            match device.read(offset, len).await {
+                Ok(data) => return Ok(data),
+                Err(error) => last = Some(error),
+            }
+        }
+        Err(last.unwrap_or(BlockError::Unsupported("mirror metadata: no member")))
+    }
+
+    async fn write(&self, offset: u64, data: Bytes, flags: WriteFlags) -> Result<()> {
+        self.geometry.check_range(offset, data.len() as u64)?;
+        self.fan("write", |d| {
+            let data = data.clone();
+            Box::pin(async move { d.write(offset, data, flags).await })
+        })
+        .await
+    }
+
+    async fn flush(&self) -> Result<()> {
+        self.fan("flush", |d| Box::pin(async move { d.flush().await }))
+            .await
+    }
+
+    async fn discard(&self, _offset: u64, _len: u64) -> Result<()> {
+        Err(BlockError::Unsupported("mirror metadata: discard"))
+    }
+
+    async fn write_zeroes(&self, _offset: u64, _len: u64, _flags: ZeroFlags) -> Result<()> {
+        Err(BlockError::Unsupported("mirror metadata: write_zeroes"))
+    }
+
+    async fn block_status(&self, _offset: u64, _len: u64) -> Result<Vec<Extent>> {
+        Err(BlockError::Unsupported("mirror metadata: block_status"))
+    }
+
+    async fn control(&self, _request: Control) -> Result<ControlReply> {
+        Err(BlockError::Unsupported("mirror metadata: control"))
+    }
+}
+
+/// Looks at one member's copy without writing anything.
+pub async fn view_copy(device: Option<&DeviceRef>) -> CopyView {
+    let Some(device) = device else {
+        return CopyView::Missing;
+    };
+    match strata_meta::recover(device.as_ref(), 0).await {
+        Ok(recovered) => CopyView::Valid {
+            uuid: recovered.superblock.uuid,
+            owner: recovered.superblock.owner,
+            generation: recovered.superblock.generation,
+            next_txn: recovered.next_txn,
+        },
+        Err(RecoveryError::NoSuperblock { .. }) => CopyView::Blank,
+        Err(error) => CopyView::Damaged(error.to_string()),
+    }
+}
+
+/// The store, opened or freshly formatted, with what it says.
+pub struct Opened {
+    pub store: Arc<MetaStore>,
+    pub fanout: Arc<MetaFanout>,
+    pub ids: Ids,
+    pub record: MirrorRecord,
+    /// One per slot of the record (before reconciling with the configured children).
+    pub states: Vec<MemberState>,
+    /// Copies found at open, per configured child; after a format, every one is the new
+    /// store's (so none reads as a disk swapped in).
+    pub copies: Vec<CopyView>,
+}
+
+/// What a fresh mirror is formatted with.
+pub struct FormatPlan {
+    pub metadata_size: u64,
+    pub region: u64,
+    pub size_hint: u64,
+}
+
+/// Opens the mirror's store from the newest copy among `children`, or formats every member
+/// if none has ever held one.
+pub async fn open_or_format(
+    name: &str,
+    children: &[Option<DeviceRef>],
+    min_io: u32,
+    plan: FormatPlan,
+) -> Result<Opened> {
+    let mut copies = Vec::with_capacity(children.len());
+    for child in children {
+        copies.push(view_copy(child.as_ref()).await);
+    }
+    let choice = choose_copy(&copies)
+        .map_err(|why| BlockError::InvalidArgument(format!("mirror {name}: {why}")))?;
+    let store_options = StoreOptions::new(&format!("{name} metadata"));
+    match choice {
+        CopyChoice::Format => {
+            let targets: Vec<(usize, DeviceRef)> = children
+                .iter()
+                .enumerate()
+                .map(|(i, c)| (i, c.clone().expect("format needs every member")))
+                .collect();
+            let fanout = Arc::new(MetaFanout::new(plan.metadata_size, min_io, targets, 0));
+            let store = MetaStore::format(
+                fanout.clone(),
+                0,
+                plan.metadata_size,
+                FormatOptions::new(super::OWNER),
+                store_options,
+            )
+            .await?;
+            let record = MirrorRecord {
+                members: children.len() as u32,
+                data_offset: plan.metadata_size,
+                size: plan.size_hint,
+                region: plan.region,
+            };
+            let ids = store.transact(strata_meta::TxnClass::Normal, |_, txn| {
+                let config = txn.create_blob(CONFIG_BLOB);
+                let members = txn.create_table(MEMBERS_TABLE, 16);
+                let dirty = txn.create_bitmap(DIRTY_BITMAP);
+                txn.put_blob(config, record.encode());
+                for i in 0..children.len() {
+                    txn.set(members, i as u64, &MemberState::InSync.encode());
+                }
+                Ok(Ids {
+                    config,
+                    members,
+                    dirty,
+                })
+            })?;
+            store.commit().await?;
+            let states = vec![MemberState::InSync; children.len()];
+            let formatted = CopyView::Damaged("formatted by this open".into());
+            Ok(Opened {
+                store,
+                fanout,
+                ids,
+                record,
+                states,
+                copies: vec![formatted; copies.len()],
+            })
+        }
+        CopyChoice::Open(winner) => {
+            let source = children[winner].clone().expect("a valid copy is present");
+            let region_len = strata_meta::read_superblock(source.as_ref(), 0)
+                .await
+                .map_err(|e| {
+                    BlockError::io("mirror metadata", std::io::Error::other(e.to_string()))
+                })?
+                .0
+                .layout
+                .region_blocks
+                * strata_meta::BLOCK_SIZE as u64;
+            // Only the members the winning copy does not call faulty get the rewrite; that
+            // is decided below once the state is known, so start with the winner alone.
+            let fanout = Arc::new(MetaFanout::new(
+                region_len,
+                min_io,
+                vec![(winner, source)],
+                winner,
+            ));
+            let (store, _) = MetaStore::open(fanout.clone(), 0, store_options).await?;
+            let (ids, record, states) = read_state(&store)
+                .map_err(|why| BlockError::InvalidArgument(format!("mirror {name}: {why}")))?;
+            Ok(Opened {
+                store,
+                fanout,
+                ids,
+                record,
+                states,
+                copies,
+            })
+        }
+    }
+}
+
+fn read_state(
+    store: &MetaStore,
+) -> std::result::Result<(Ids, MirrorRecord, Vec<MemberState>), String> {
+    store.read(|state| {
+        let id = |name: &str| state.id(name).ok_or(format!("metadata has no `{name}`"));
+        let ids = Ids {
+            config: id(CONFIG_BLOB)?,
+            members: id(MEMBERS_TABLE)?,
+            dirty: id(DIRTY_BITMAP)?,
+        };
+        let record = MirrorRecord::decode(state.blob(ids.config).unwrap_or_default())?;
+        let table = state.table(ids.members).ok_or("members is not a table")?;
+        let states = (0..u64::from(record.members))
+            .map(|i| {
+                table
+                    .get(i)
+                    .and_then(MemberState::decode)
+                    .ok_or(format!("member slot {i} has no valid state"))
+            })
+            .collect::<std::result::Result<Vec<_>, String>>()?;
+        Ok((ids, record, states))
+    })
+}

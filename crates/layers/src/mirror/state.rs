@@ -1,0 +1,432 @@
+//! The mirror's in-memory state and how it is assembled at open.
+//!
+//! Locks: `slots` and `regions` are std locks held only for in-memory work, never across an
+//! await; `slots` may be taken inside `regions`, never the other way round. The per-region
+//! locks (`locks`, striped) are async: writes hold them shared for the whole write, a resync
+//! copy or a read repair holds one exclusive while it copies.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use strata_core::{Activity, BlockError, DeviceRef, Geometry, Result};
+use strata_meta::{MetaStore, TxnClass};
+
+use super::meta::{self, FormatPlan, Ids, MetaFanout};
+use super::policy::{CopyView, MemberState, MirrorRecord};
+use super::{invalid, MirrorOptions, RuntimeRef};
+
+/// Region lock stripes: enough that unrelated regions rarely share one.
+const STRIPES: u64 = 256;
+
+pub(super) struct Slot {
+    pub name: String,
+    pub device: Option<DeviceRef>,
+    pub state: MemberState,
+}
+
+/// What the bitmap code tracks about a region whose bit is set or that has writes in flight.
+#[derive(Default)]
+pub(super) struct Track {
+    pub inflight: u32,
+    /// Bumped by every write (and resync copy) that starts in the region.
+    pub generation: u64,
+    pub last_write: Duration,
+    /// Transaction that last set the bit; the bit is durable once this one is.
+    pub set_txn: Option<u64>,
+}
+
+#[derive(Default)]
+pub(super) struct Regions {
+    pub track: BTreeMap<u64, Track>,
+    /// Regions dirty at open and not yet made identical: reads there go to the sync source.
+    pub needs_sync: BTreeSet<u64>,
+}
+
+#[derive(Default)]
+pub(super) struct Counters {
+    pub read_errors: AtomicU64,
+    pub repairs: AtomicU64,
+    pub resynced_bytes: AtomicU64,
+    pub dirty_synced: AtomicU64,
+    pub dirty_at_open: AtomicU64,
+}
+
+#[derive(Default)]
+pub(super) struct ResyncControl {
+    pub running: bool,
+    /// Work was added while a pass ran; run another.
+    pub again: bool,
+    pub activity: Option<Activity>,
+}
+
+pub(super) struct Inner {
+    pub name: String,
+    pub runtime: RuntimeRef,
+    pub options: MirrorOptions,
+    pub store: Arc<MetaStore>,
+    pub fanout: Arc<MetaFanout>,
+    pub ids: Ids,
+    pub data_offset: u64,
+    pub size: u64,
+    pub region: u64,
+    pub geometry: Geometry,
+    pub slots: RwLock<Vec<Slot>>,
+    pub regions: Mutex<Regions>,
+    locks: Vec<tokio::sync::RwLock<()>>,
+    pub turn: AtomicUsize,
+    pub resync: Mutex<ResyncControl>,
+    pub counters: Counters,
+}
+
+/// A RAID-1 mirror; see the module docs.
+pub struct Mirror {
+    pub(super) inner: Arc<Inner>,
+}
+
+/// Counters for tests and status.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MirrorStats {
+    /// Bits set in the write-intent bitmap when the mirror was opened.
+    pub dirty_at_open: u64,
+    /// Of those, regions copied so far.
+    pub dirty_regions_synced: u64,
+    /// Bytes copied by resyncs of new or replaced members.
+    pub resynced_bytes: u64,
+    pub read_errors: u64,
+    pub repairs: u64,
+    /// Bits set now.
+    pub dirty_regions: u64,
+}
+
+impl Mirror {
+    /// Assembles a mirror over `children` (None = missing), formatting it if no member has
+    /// ever held one.
+    pub async fn open(
+        name: String,
+        names: Vec<String>,
+        children: Vec<Option<DeviceRef>>,
+        options: MirrorOptions,
+        runtime: RuntimeRef,
+    ) -> Result<Mirror> {
+        assert_eq!(names.len(), children.len());
+        let present: Vec<&DeviceRef> = children.iter().flatten().collect();
+        if present.is_empty() {
+            return Err(invalid(&name, "every member is missing"));
+        }
+        if options.region == 0 || !options.region.is_multiple_of(4096) {
+            return Err(invalid(
+                &name,
+                "region must be a positive multiple of 4 KiB",
+            ));
+        }
+        if !options.metadata_size.is_multiple_of(4096) {
+            return Err(invalid(&name, "metadata-size must be a multiple of 4 KiB"));
+        }
+        let geometry = combined_geometry(&present);
+        let align = u64::from(geometry.min_io).max(4096);
+        let size_hint = present
+            .iter()
+            .map(|d| d.geometry().size.saturating_sub(options.metadata_size))
+            .min()
+            .unwrap_or(0)
+            / align
+            * align;
+        let plan = FormatPlan {
+            metadata_size: options.metadata_size,
+            region: options.region,
+            size_hint,
+        };
+        let opened = meta::open_or_format(&name, &children, geometry.min_io, plan).await?;
+        if opened.record.size == 0 {
+            return Err(invalid(&name, "members leave no room for data"));
+        }
+        let record = opened.record;
+        let states = reconcile(&name, &record, &opened.states, &opened.copies, &children);
+        if !states.contains(&MemberState::InSync) {
+            return Err(invalid(&name, "no in-sync member is present"));
+        }
+        // Record the reconciled membership and give every usable member a full copy.
+        let ids = opened.ids;
+        let store = opened.store.clone();
+        let record = MirrorRecord {
+            members: children.len() as u32,
+            ..record
+        };
+        store.transact(TxnClass::Normal, |state, txn| {
+            txn.put_blob(ids.config, record.encode());
+            let table = state.table(ids.members).map(|t| t.len()).unwrap_or(0);
+            for (i, s) in states.iter().enumerate() {
+                txn.set(ids.members, i as u64, &s.encode());
+            }
+            for i in states.len() as u64..table.max(states.len() as u64) {
+                txn.set(ids.members, i, &[0u8; 16]);
+            }
+            Ok(())
+        })?;
+        for (i, (child, state)) in children.iter().zip(&states).enumerate() {
+            if let (Some(device), true) = (child, state.receives_writes()) {
+                opened.fanout.add(i, device.clone());
+            }
+        }
+        store.checkpoint_now().await?;
+        store.checkpoint_now().await?;
+        let nregions = record.size.div_ceil(record.region);
+        let needs_sync: BTreeSet<u64> = store.read(|s| {
+            let bitmap = s.bitmap(ids.dirty).expect("dirty bitmap");
+            let mut set = BTreeSet::new();
+            let mut at = 0;
+            while let Some(bit) = bitmap.next(at, nregions, true) {
+                set.insert(bit);
+                at = bit + 1;
+            }
+            set
+        });
+        let mut regions = Regions::default();
+        for &r in &needs_sync {
+            // Durable already: transaction 0 precedes everything the open just committed.
+            let track = Track {
+                set_txn: Some(0),
+                ..Track::default()
+            };
+            regions.track.insert(r, track);
+        }
+        regions.needs_sync = needs_sync;
+        let slots = names
+            .into_iter()
+            .zip(children)
+            .zip(&states)
+            .map(|((name, device), &state)| Slot {
+                name,
+                device,
+                state,
+            })
+            .collect();
+        let counters = Counters::default();
+        counters
+            .dirty_at_open
+            .store(regions.needs_sync.len() as u64, Ordering::Relaxed);
+        let inner = Arc::new(Inner {
+            name,
+            runtime,
+            store,
+            fanout: opened.fanout,
+            ids,
+            data_offset: record.data_offset,
+            size: record.size,
+            region: record.region,
+            geometry: Geometry {
+                size: record.size,
+                ..geometry
+            },
+            slots: RwLock::new(slots),
+            regions: Mutex::new(regions),
+            locks: (0..STRIPES).map(|_| tokio::sync::RwLock::new(())).collect(),
+            turn: AtomicUsize::new(0),
+            resync: Mutex::new(ResyncControl::default()),
+            counters,
+            options,
+        });
+        tracing::info!(mirror = %inner.name, size = inner.size, dirty = inner.counters.dirty_at_open.load(Ordering::Relaxed), "mirror assembled");
+        // Members that failed the open's metadata rewrite become faulty now.
+        inner.commit().await?;
+        inner.kick_resync();
+        inner.start_cleaner();
+        Ok(Mirror { inner })
+    }
+
+    /// Member states, by slot.
+    pub fn member_states(&self) -> Vec<MemberState> {
+        self.inner.states()
+    }
+
+    pub fn stats(&self) -> MirrorStats {
+        let c = &self.inner.counters;
+        MirrorStats {
+            dirty_at_open: c.dirty_at_open.load(Ordering::Relaxed),
+            dirty_regions_synced: c.dirty_synced.load(Ordering::Relaxed),
+            resynced_bytes: c.resynced_bytes.load(Ordering::Relaxed),
+            read_errors: c.read_errors.load(Ordering::Relaxed),
+            repairs: c.repairs.load(Ordering::Relaxed),
+            dirty_regions: self.inner.dirty_bits(),
+        }
+    }
+
+    /// Where the data area starts on every member.
+    pub fn data_offset(&self) -> u64 {
+        self.inner.data_offset
+    }
+
+    /// Whether no resync is running or pending.
+    pub fn resync_idle(&self) -> bool {
+        !self.inner.resync.lock().unwrap().running
+    }
+
+    /// Waits (polling through the runtime) until no resync runs.
+    pub async fn wait_resync(&self) {
+        while !self.resync_idle() {
+            self.inner.runtime.sleep(Duration::from_millis(1)).await;
+        }
+    }
+}
+
+/// The geometry every member can honour.
+fn combined_geometry(members: &[&DeviceRef]) -> Geometry {
+    let mut g = Geometry {
+        size: 0,
+        min_io: 512,
+        logical_block: 512,
+        physical_block: 512,
+        preferred_io: 4096,
+        max_io: u32::MAX,
+    };
+    for m in members {
+        let mg = m.geometry();
+        g.min_io = g.min_io.max(mg.min_io);
+        g.logical_block = g.logical_block.max(mg.logical_block);
+        g.physical_block = g.physical_block.max(mg.physical_block);
+        g.preferred_io = g.preferred_io.max(mg.preferred_io);
+        g.max_io = g.max_io.min(mg.max_io);
+    }
+    g
+}
+
+/// Member states for the configured children, from the recorded ones:
+/// - a configured child past the recorded slots is new: resynced from the start;
+/// - a missing child is faulty;
+/// - a child too small for the data area is faulty;
+/// - a child with a blank metadata region is a disk swapped in offline: resynced from the
+///   start, whatever its slot said (a damaged copy keeps its state: the data is not suspect);
+/// - recorded slots past the configured children are dropped.
+fn reconcile(
+    name: &str,
+    record: &MirrorRecord,
+    recorded: &[MemberState],
+    copies: &[CopyView],
+    children: &[Option<DeviceRef>],
+) -> Vec<MemberState> {
+    if recorded.len() > children.len() {
+        tracing::warn!(mirror = %name, recorded = recorded.len(), configured = children.len(), "members past the configured children are dropped");
+    }
+    let need = record.data_offset + record.size;
+    children
+        .iter()
+        .enumerate()
+        .map(|(i, child)| {
+            let Some(device) = child else {
+                return MemberState::Faulty;
+            };
+            if device.geometry().size < need {
+                tracing::error!(mirror = %name, member = i, "member is smaller than the mirror; faulty");
+                return MemberState::Faulty;
+            }
+            let state = recorded
+                .get(i)
+                .copied()
+                .unwrap_or(MemberState::Resyncing { done: 0 });
+            match (&copies[i], state) {
+                (_, MemberState::Faulty) => MemberState::Faulty,
+                (CopyView::Blank, _) => MemberState::Resyncing { done: 0 },
+                (_, state) => state,
+            }
+        })
+        .collect()
+}
+
+impl Inner {
+    pub fn states(&self) -> Vec<MemberState> {
+        self.slots.read().unwrap().iter().map(|s| s.state).collect()
+    }
+
+    /// Devices and states, for one request.
+    pub fn snapshot(&self) -> Vec<(Option<DeviceRef>, MemberState)> {
+        self.slots
+            .read()
+            .unwrap()
+            .iter()
+            .map(|s| (s.device.clone(), s.state))
+            .collect()
+    }
+
+    pub fn lock_for(&self, region: u64) -> &tokio::sync::RwLock<()> {
+        &self.locks[(region % STRIPES) as usize]
+    }
+
+    /// The stripes of regions `range`, ascending and without repeats (the order every taker
+    /// uses, so that no two requests deadlock).
+    pub fn stripes(&self, range: std::ops::Range<u64>) -> Vec<usize> {
+        let mut stripes: Vec<usize> = range
+            .take(STRIPES as usize)
+            .map(|r| (r % STRIPES) as usize)
+            .collect();
+        stripes.sort_unstable();
+        stripes.dedup();
+        stripes
+    }
+
+    pub fn stripe(&self, index: usize) -> &tokio::sync::RwLock<()> {
+        &self.locks[index]
+    }
+
+    pub fn dirty_bits(&self) -> u64 {
+        self.store.read(|s| {
+            s.bitmap(self.ids.dirty)
+                .map(|b| b.count_ones())
+                .unwrap_or(0)
+        })
+    }
+
+    /// Commits, and turns members the metadata fanout dropped meanwhile into faulty ones.
+    pub async fn commit(&self) -> Result<()> {
+        loop {
+            self.store.commit().await?;
+            let dropped = self.fanout.take_dropped();
+            if dropped.is_empty() {
+                return Ok(());
+            }
+            for (index, why) in dropped {
+                self.stage_faulty(index, &why)?;
+            }
+        }
+    }
+
+    /// Marks `index` faulty in memory and in a transaction (not yet durable).
+    fn stage_faulty(&self, index: usize, why: &str) -> Result<()> {
+        let mut slots = self.slots.write().unwrap();
+        let slot = &mut slots[index];
+        if slot.state == MemberState::Faulty {
+            return Ok(());
+        }
+        tracing::error!(mirror = %self.name, member = %slot.name, %why, "member is faulty");
+        slot.state = MemberState::Faulty;
+        self.fanout.remove(index);
+        let encoded = MemberState::Faulty.encode();
+        self.store.transact(TxnClass::Normal, |_, txn| {
+            txn.set(self.ids.members, index as u64, &encoded);
+            Ok(())
+        })
+    }
+
+    /// Marks `index` faulty, durably, before returning.
+    pub async fn mark_faulty(&self, index: usize, why: &str) -> Result<()> {
+        self.stage_faulty(index, why)?;
+        self.commit().await
+    }
+
+    /// Records a member's state (resync progress, in-sync at the end) durably.
+    pub async fn record_state(&self, index: usize, state: MemberState) -> Result<()> {
+        {
+            let mut slots = self.slots.write().unwrap();
+            if slots[index].state == MemberState::Faulty {
+                return Err(BlockError::Unsupported("member became faulty"));
+            }
+            slots[index].state = state;
+            self.store.transact(TxnClass::Normal, |_, txn| {
+                txn.set(self.ids.members, index as u64, &state.encode());
+                Ok(())
+            })?;
+        }
+        self.commit().await
+    }
+}
