@@ -17,7 +17,7 @@ use strata_core::{
 use strata_meta::TxnClass;
 
 use super::policy::{read_order, regions_of, sync_source, MemberState};
-use super::state::{Inner, Mirror, Track};
+use super::state::{Inner, Mirror};
 
 type MemberOp<'a> = &'a (dyn Fn(DeviceRef, u64) -> BoxFuture<'static, Result<()>> + Sync);
 
@@ -53,7 +53,7 @@ impl Inner {
             let mut to_set = Vec::new();
             let mut newest_set = None;
             for r in range.clone() {
-                let track = regions.track.entry(r).or_insert_with(Track::default);
+                let track = regions.track.entry(r).or_default();
                 track.inflight += 1;
                 track.generation += 1;
                 track.last_write = now;
@@ -217,7 +217,11 @@ impl Inner {
         let cleanable = self.clean_candidates();
         self.write_members("flush", 0, &|d, _| Box::pin(async move { d.flush().await }))
             .await?;
-        self.clear_bits(&cleanable)?;
+        // Commit the clears now, so that a crash after this flush resyncs only what was
+        // written after it (one metadata write, and only when a bit was cleared).
+        if self.clear_bits(&cleanable)? {
+            self.commit().await?;
+        }
         Ok(())
     }
 

@@ -44,11 +44,11 @@ impl Inner {
             .collect()
     }
 
-    /// Clears the bits of candidates untouched since they were picked (not yet durable; the
-    /// next commit carries the clears).
-    pub fn clear_bits(&self, candidates: &[(u64, u64)]) -> Result<()> {
+    /// Clears the bits of candidates untouched since they were picked (not yet durable).
+    /// Returns whether it cleared any.
+    pub fn clear_bits(&self, candidates: &[(u64, u64)]) -> Result<bool> {
         if candidates.is_empty() {
-            return Ok(());
+            return Ok(false);
         }
         let mut regions = self.regions.lock().unwrap();
         let clear: Vec<u64> = candidates
@@ -61,7 +61,7 @@ impl Inner {
             .map(|(r, _)| *r)
             .collect();
         if clear.is_empty() {
-            return Ok(());
+            return Ok(false);
         }
         self.store.transact(TxnClass::Reclaim, |_, txn| {
             for &r in &clear {
@@ -72,7 +72,7 @@ impl Inner {
         for r in clear {
             regions.track.remove(&r);
         }
-        Ok(())
+        Ok(true)
     }
 
     /// Every `bitmap_clear`, cleans idle regions (flushing the members first) and commits.
@@ -198,7 +198,7 @@ impl Inner {
             }
             self.set_activity(format!("resyncing {name}"), now_done, self.size);
             let every = (CHECKPOINT_BYTES / self.region).max(1);
-            if now_done < self.size && (r + 1) % every != 0 {
+            if now_done < self.size && !(r + 1).is_multiple_of(every) {
                 return Ok(true);
             }
         }

@@ -253,6 +253,22 @@ impl Mirror {
         }
     }
 
+    /// Regions whose write-intent bit is set now, ascending.
+    pub fn dirty_region_list(&self) -> Vec<u64> {
+        let limit = self.inner.size.div_ceil(self.inner.region);
+        self.inner.store.read(|s| {
+            let mut out = Vec::new();
+            if let Some(bitmap) = s.bitmap(self.inner.ids.dirty) {
+                let mut at = 0;
+                while let Some(bit) = bitmap.next(at, limit, true) {
+                    out.push(bit);
+                    at = bit + 1;
+                }
+            }
+            out
+        })
+    }
+
     /// Where the data area starts on every member.
     pub fn data_offset(&self) -> u64 {
         self.inner.data_offset
