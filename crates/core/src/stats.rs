@@ -62,6 +62,8 @@ struct OpLabels {
 }
 
 /// The metric families every device's counters live in. One per process (or per simulation).
+/// Clones share the families.
+#[derive(Clone)]
 pub struct MetricsRegistry {
     ops: Family<OpLabels, Counter>,
     bytes: Family<OpLabels, Counter>,

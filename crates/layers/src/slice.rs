@@ -12,6 +12,8 @@
 //! Keeps no state. Every request is the child's request moved by `offset`; geometry and
 //! capabilities are the child's, with the size cut to the window.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use bytes::{Bytes, BytesMut};
 use strata_core::{
     async_trait, BlockDevice, BlockError, Capabilities, Control, ControlReply, DeviceRef, Extent,
@@ -41,7 +43,9 @@ pub struct Slice {
     name: String,
     child: DeviceRef,
     offset: u64,
-    length: u64,
+    /// Grows online (`Control::Grow`); never shrinks, so a request checked against an older
+    /// length stays inside the window.
+    length: AtomicU64,
 }
 
 impl Slice {
@@ -66,8 +70,27 @@ impl Slice {
             name,
             child,
             offset,
-            length,
+            length: AtomicU64::new(length),
         })
+    }
+
+    fn length(&self) -> u64 {
+        self.length.load(Ordering::Acquire)
+    }
+
+    fn grow(&self, size: u64) -> Result<()> {
+        let room = self.child.geometry().size - self.offset;
+        let align = u64::from(self.child.geometry().min_io.max(512));
+        if size < self.length() || size > room || !size.is_multiple_of(align) {
+            return Err(BlockError::InvalidArgument(format!(
+                "slice {}: can grow from {} to at most {room} bytes in multiples of {align}, not to {size}",
+                self.name,
+                self.length()
+            )));
+        }
+        self.length.store(size, Ordering::Release);
+        tracing::info!(slice = %self.name, size, "slice grown");
+        Ok(())
     }
 }
 
@@ -75,7 +98,7 @@ impl Slice {
 impl BlockDevice for Slice {
     fn geometry(&self) -> Geometry {
         Geometry {
-            size: self.length,
+            size: self.length(),
             ..self.child.geometry()
         }
     }
@@ -129,12 +152,13 @@ impl BlockDevice for Slice {
                 else {
                     return Err(BlockError::Unsupported("describe"));
                 };
-                let mut node = NodeStatus::new(&self.name, "slice", self.length);
+                let mut node = NodeStatus::new(&self.name, "slice", self.length());
                 node.health = child.health;
                 node.detail = vec![("offset".into(), self.offset.to_string())];
                 node.children = vec![child];
                 Ok(ControlReply::Describe(node))
             }
+            Control::Grow { size } => self.grow(size).map(|()| ControlReply::Done),
             _ => Err(BlockError::Unsupported("slice: control")),
         }
     }

@@ -15,7 +15,8 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 use tokio::net::UnixListener;
 use tracing::{debug, warn};
 
-use crate::build::Stack;
+use crate::build::Node;
+use crate::reconfig::{Change, Reconfig};
 
 /// Everything the admin interface reports on.
 pub struct AdminState {
@@ -23,8 +24,31 @@ pub struct AdminState {
     pub data_dir: String,
     pub listeners: Vec<String>,
     pub server: Arc<Server>,
-    pub stack: Stack,
+    pub exports: Arc<strata_nbd::Exports>,
+    /// The stack's nodes; reconfiguration adds and removes some.
+    pub nodes: std::sync::Mutex<Vec<Node>>,
+    pub reconfig: tokio::sync::Mutex<Reconfig>,
     pub registry: Registry,
+}
+
+impl AdminState {
+    pub fn nodes(&self) -> Vec<Node> {
+        self.nodes.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Applies one reconfiguration, serialized with any other.
+    pub async fn change(&self, change: Change) -> anyhow::Result<String> {
+        let mut reconfig = self.reconfig.lock().await;
+        let mut nodes = self.nodes();
+        tracing::info!(?change, "reconfiguration requested");
+        let result = reconfig.apply(change, &mut nodes).await;
+        *self.nodes.lock().unwrap_or_else(|p| p.into_inner()) = nodes;
+        match &result {
+            Ok(summary) => tracing::info!(%summary, "reconfiguration done"),
+            Err(e) => tracing::warn!("reconfiguration refused: {e:#}"),
+        }
+        result
+    }
 }
 
 #[derive(Debug, Deserialize, Serialize)]
@@ -32,6 +56,7 @@ pub struct AdminState {
 pub enum AdminRequest {
     Status,
     Metrics,
+    Change(Change),
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -95,6 +120,10 @@ async fn answer(stream: tokio::net::UnixStream, state: &AdminState) -> anyhow::R
             prometheus_client::encoding::text::encode(&mut text, &state.registry)?;
             serde_json::to_string(&serde_json::json!({ "metrics": text }))?
         }
+        Ok(AdminRequest::Change(change)) => match state.change(change).await {
+            Ok(summary) => serde_json::to_string(&serde_json::json!({ "done": summary }))?,
+            Err(e) => serde_json::to_string(&serde_json::json!({ "error": format!("{e:#}") }))?,
+        },
         Err(e) => serde_json::to_string(&serde_json::json!({ "error": e.to_string() }))?,
     };
     writer.write_all(reply.as_bytes()).await?;
@@ -105,7 +134,7 @@ async fn answer(stream: tokio::net::UnixStream, state: &AdminState) -> anyhow::R
 
 pub async fn status(state: &AdminState) -> Status {
     let mut devices = Vec::new();
-    for node in &state.stack.nodes {
+    for node in &state.nodes() {
         match node.describe().await {
             Ok(mut status) => {
                 status.name = node.name.clone();
@@ -115,7 +144,6 @@ pub async fn status(state: &AdminState) -> Status {
         }
     }
     let exports = state
-        .stack
         .exports
         .list()
         .iter()
@@ -143,8 +171,7 @@ pub async fn status(state: &AdminState) -> Status {
 
 fn device_name(state: &AdminState, export: &strata_nbd::Export) -> String {
     state
-        .stack
-        .nodes
+        .nodes()
         .iter()
         .find(|node| {
             node.device()

@@ -17,6 +17,7 @@ use crate::graph::LayerConfig;
 use crate::hierarchy;
 
 /// What a named node of the stack is.
+#[derive(Clone)]
 pub enum NodeKind {
     /// A block device (a disk, a layer, a volume).
     Device(DeviceRef),
@@ -25,9 +26,12 @@ pub enum NodeKind {
 }
 
 /// A named node the server holds, in configuration order.
+#[derive(Clone)]
 pub struct Node {
     pub name: String,
     pub kind: NodeKind,
+    /// For a disk under a layer: the whole disk, label included (`kind` is the view after it).
+    pub label_disk: Option<DeviceRef>,
 }
 
 impl Node {
@@ -113,6 +117,7 @@ pub async fn build(
         stack.nodes.push(Node {
             name,
             kind: NodeKind::Device(Arc::new(device)),
+            label_disk: None,
         });
     }
     stack.generation = label_disks(&mut stack, loaded).await?;
@@ -159,6 +164,7 @@ async fn label_disks(stack: &mut Stack, loaded: &Loaded) -> anyhow::Result<u64> 
         if let NodeKind::Device(disk) = &node.kind {
             let view = hierarchy::Labelled::new(&node.name, disk.clone(), generation)
                 .with_context(|| format!("disk {}: too small for a hierarchy label", node.name))?;
+            node.label_disk = Some(disk.clone());
             node.kind = NodeKind::Device(Arc::new(view));
         }
     }
@@ -197,6 +203,7 @@ async fn build_layer(
     stack.nodes.push(Node {
         name: layer.name.clone(),
         kind: NodeKind::Device(Arc::new(metered)),
+        label_disk: None,
     });
     Ok(())
 }
@@ -243,6 +250,7 @@ async fn build_thin_pool(
     stack.nodes.push(Node {
         name: name.clone(),
         kind: NodeKind::Pool(pool.clone()),
+        label_disk: None,
     });
     for volume_name in pool.volume_names() {
         let volume = pool.open_volume(&volume_name).expect("listed volume");
@@ -252,6 +260,7 @@ async fn build_thin_pool(
         stack.nodes.push(Node {
             name: full_name,
             kind: NodeKind::Device(device),
+            label_disk: None,
         });
     }
     Ok(())

@@ -28,7 +28,7 @@ device = "disk0"
 description = "Strata default volume"
 "#;
 
-#[derive(Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct Config {
     /// Where disks and sockets live; relative to the config file's folder.
@@ -48,7 +48,7 @@ pub struct Config {
     pub exports: Vec<ExportConfig>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct DiskConfig {
     pub name: Spanned<String>,
@@ -72,7 +72,7 @@ fn yes() -> bool {
     true
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct ExportConfig {
     pub name: Spanned<String>,
@@ -123,6 +123,7 @@ impl fmt::Display for ConfigError {
 impl std::error::Error for ConfigError {}
 
 /// A parsed, validated configuration and where it came from.
+#[derive(Clone)]
 pub struct Loaded {
     pub config: Config,
     pub data_dir: PathBuf,

@@ -8,6 +8,7 @@ mod graph;
 mod hierarchy;
 mod metrics_http;
 mod pool_metrics;
+mod reconfig;
 mod serve;
 mod size;
 mod status;
@@ -18,6 +19,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use crate::admin::AdminRequest;
+use crate::reconfig::Change;
 
 /// mimalloc returns freed request buffers to the OS within milliseconds; glibc's malloc kept
 /// ~70 MiB resident after a burst of 1 MiB requests (measured), over our idle budget.
@@ -70,6 +72,44 @@ enum Command {
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
+    },
+    /// Replace a member of a layer with a new disk, online; the layer rebuilds onto it.
+    Replace {
+        #[command(flatten)]
+        target: AdminTarget,
+        /// The layer (a mirror, a raid5).
+        layer: String,
+        /// The member to replace: its name or its index among the layer's children.
+        member: String,
+        /// The new disk (a file, created sparse at the member's size, or a block device).
+        path: PathBuf,
+        /// Name of the new disk (default: the file's stem).
+        #[arg(long)]
+        name: Option<String>,
+    },
+    /// Add a new disk as a member of a layer, online (a mirror leg; a concat's tail).
+    AddMember {
+        #[command(flatten)]
+        target: AdminTarget,
+        layer: String,
+        path: PathBuf,
+        #[arg(long)]
+        name: Option<String>,
+    },
+    /// Stop using a member of a layer, as if it had failed.
+    FailMember {
+        #[command(flatten)]
+        target: AdminTarget,
+        layer: String,
+        member: String,
+    },
+    /// Grow a layer (a slice) to a new size, online.
+    Grow {
+        #[command(flatten)]
+        target: AdminTarget,
+        layer: String,
+        /// The new size, e.g. 8GiB.
+        size: String,
     },
     /// Print a running server's metrics in Prometheus text format.
     Metrics {
@@ -158,12 +198,64 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Command::Replace {
+            target,
+            layer,
+            member,
+            path,
+            name,
+        } => change(
+            &target,
+            Change::Replace {
+                layer,
+                member,
+                path: absolute(&path)?,
+                name,
+            },
+        ),
+        Command::AddMember {
+            target,
+            layer,
+            path,
+            name,
+        } => change(
+            &target,
+            Change::AddMember {
+                layer,
+                path: absolute(&path)?,
+                name,
+            },
+        ),
+        Command::FailMember {
+            target,
+            layer,
+            member,
+        } => change(&target, Change::FailMember { layer, member }),
+        Command::Grow {
+            target,
+            layer,
+            size,
+        } => {
+            let size = size::ByteSize::parse(&size).map_err(anyhow::Error::msg)?.0;
+            change(&target, Change::Grow { layer, size })
+        }
         Command::Metrics { target } => {
             let reply = admin::request(&target.socket(), &AdminRequest::Metrics)?;
             print!("{}", reply["metrics"].as_str().unwrap_or_default());
             Ok(())
         }
     }
+}
+
+/// The server resolves paths against its own folder; the operator means the shell's.
+fn absolute(path: &std::path::Path) -> anyhow::Result<PathBuf> {
+    Ok(std::env::current_dir()?.join(path))
+}
+
+fn change(target: &AdminTarget, change: Change) -> anyhow::Result<()> {
+    let reply = admin::request(&target.socket(), &AdminRequest::Change(change))?;
+    println!("{}", reply["done"].as_str().unwrap_or("done"));
+    Ok(())
 }
 
 fn init_logging() {

@@ -18,6 +18,7 @@ use crate::build;
 use crate::config::{self, ListenAddr, Loaded};
 use crate::hierarchy;
 use crate::pool_metrics::PoolCollector;
+use crate::reconfig::Reconfig;
 
 /// How long shutdown waits for clients to take their last replies.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
@@ -118,7 +119,7 @@ pub async fn serve(loaded: Loaded) -> anyhow::Result<()> {
     let metrics = MetricsRegistry::default();
     let mut registry = Registry::default();
     metrics.register(&mut registry);
-    let stack = build::build(&loaded, runtime, &metrics).await?;
+    let stack = build::build(&loaded, runtime.clone(), &metrics).await?;
     registry.register_collector(Box::new(PoolCollector::new(stack.pools())));
     let server = Server::new(stack.exports.clone(), Limits::default());
 
@@ -136,7 +137,13 @@ pub async fn serve(loaded: Loaded) -> anyhow::Result<()> {
         data_dir: loaded.data_dir.display().to_string(),
         listeners: names.clone(),
         server: server.clone(),
-        stack,
+        exports: stack.exports.clone(),
+        nodes: std::sync::Mutex::new(stack.nodes),
+        reconfig: tokio::sync::Mutex::new(Reconfig {
+            loaded: loaded.clone(),
+            runtime,
+            metrics: metrics.clone(),
+        }),
         registry,
     });
     tokio::spawn(admin::run(admin_listener, state.clone()));
@@ -155,7 +162,7 @@ pub async fn serve(loaded: Loaded) -> anyhow::Result<()> {
         warn!("some clients did not take their last replies within {DRAIN_TIMEOUT:?}");
     }
     let mut failed = false;
-    for node in &state.stack.nodes {
+    for node in &state.nodes() {
         if let Err(e) = node.flush().await {
             error!(device = %node.name, "final flush failed: {e}");
             failed = true;
@@ -218,7 +225,7 @@ fn print_welcome(loaded: &Loaded, state: &AdminState, admin: &Path, metrics: Opt
         env!("CARGO_PKG_VERSION"),
         loaded.data_dir.display()
     );
-    for export in state.stack.exports.list() {
+    for export in state.exports.list() {
         let size = crate::size::ByteSize(export.device.geometry().size);
         let mode = if export.read_only {
             "read-only"
@@ -228,7 +235,6 @@ fn print_welcome(loaded: &Loaded, state: &AdminState, admin: &Path, metrics: Opt
         println!("  export {:?}: {size}, {mode}", export.name);
     }
     let first = state
-        .stack
         .exports
         .list()
         .first()
@@ -258,7 +264,7 @@ fn print_welcome(loaded: &Loaded, state: &AdminState, admin: &Path, metrics: Opt
     }
     println!(
         "ready: serving {} export(s) on {}",
-        state.stack.exports.list().len(),
+        state.exports.list().len(),
         state.listeners.join(", ")
     );
 }
