@@ -26,6 +26,7 @@ fn options() -> MirrorOptions {
         bitmap_clear: Duration::from_millis(2),
         resync_concurrency: 2,
         copy_chunk: 16 << 10,
+        resync_checkpoint: 4 * REGION,
     }
 }
 

@@ -72,6 +72,8 @@ pub struct MirrorOptions {
     pub resync_concurrency: usize,
     /// Largest piece a resync copies at once.
     pub copy_chunk: u64,
+    /// A resyncing member's progress is made durable at least this often (bytes).
+    pub resync_checkpoint: u64,
 }
 
 impl Default for MirrorOptions {
@@ -82,6 +84,7 @@ impl Default for MirrorOptions {
             bitmap_clear: Duration::from_secs(5),
             resync_concurrency: 4,
             copy_chunk: 1 << 20,
+            resync_checkpoint: 256 << 20,
         }
     }
 }
@@ -106,6 +109,7 @@ async fn build(args: LayerArgs) -> Result<Mirror> {
             .map(|n| n.max(1) as usize)
             .unwrap_or(defaults.resync_concurrency),
         copy_chunk: defaults.copy_chunk,
+        resync_checkpoint: defaults.resync_checkpoint,
     };
     Mirror::open(
         args.name,

@@ -4,7 +4,7 @@
 //! One resync task runs at a time, one region per step, holding only a weak reference
 //! between steps so that dropping the mirror stops it. Each copy holds the region's lock
 //! exclusively, so a write to that region waits and then lands on the copied data, never
-//! under it. A new member's progress is made durable every `CHECKPOINT_BYTES` (after
+//! under it. A new member's progress is made durable every `resync_checkpoint` bytes (after
 //! flushing it): a restart resumes there rather than at zero.
 //!
 //! A bit is cleared only when its region has had no write in flight and none started since a
@@ -21,9 +21,6 @@ use strata_meta::TxnClass;
 
 use super::policy::{chunks, region_bytes, sync_source, MemberState};
 use super::state::Inner;
-
-/// A resyncing member's progress is made durable at least this often.
-const CHECKPOINT_BYTES: u64 = 256 << 20;
 
 impl Inner {
     /// Regions whose bit may be cleared once a flush that starts now completes, with the
@@ -197,7 +194,7 @@ impl Inner {
                 }
             }
             self.set_activity(format!("resyncing {name}"), now_done, self.size);
-            let every = (CHECKPOINT_BYTES / self.region).max(1);
+            let every = (self.options.resync_checkpoint / self.region).max(1);
             if now_done < self.size && !(r + 1).is_multiple_of(every) {
                 return Ok(true);
             }
