@@ -134,7 +134,23 @@ async fn answer(stream: tokio::net::UnixStream, state: &AdminState) -> anyhow::R
 
 pub async fn status(state: &AdminState) -> Status {
     let mut devices = Vec::new();
-    for node in &state.nodes() {
+    // Show each tree once, from its root: a node inside a layer appears under it.
+    let inner: std::collections::HashSet<String> = {
+        let reconfig = state.reconfig.lock().await;
+        reconfig
+            .loaded
+            .layers
+            .iter()
+            .flat_map(|l| {
+                let volumes = l
+                    .volumes
+                    .iter()
+                    .map(move |v| format!("{}/{}", l.name, v.name));
+                l.children.iter().cloned().chain(volumes)
+            })
+            .collect()
+    };
+    for node in state.nodes().iter().filter(|n| !inner.contains(&n.name)) {
         match node.describe().await {
             Ok(mut status) => {
                 status.name = node.name.clone();

@@ -60,6 +60,22 @@ fn render_node(out: &mut String, node: &Value, depth: usize) {
         ByteSize(node["size"].as_u64().unwrap_or(0)),
         node["health"].as_str().unwrap_or("?")
     );
+    if let Some(activity) = node["activity"].as_object() {
+        let done = activity["done_bytes"].as_u64().unwrap_or(0);
+        let total = activity["total_bytes"].as_u64().unwrap_or(0);
+        let percent = if total == 0 {
+            100.0
+        } else {
+            done as f64 * 100.0 / total as f64
+        };
+        let _ = writeln!(
+            out,
+            "{indent}  {}: {percent:.1} % ({} of {})",
+            activity["what"].as_str().unwrap_or("working"),
+            ByteSize(done),
+            ByteSize(total)
+        );
+    }
     for pair in node["detail"].as_array().into_iter().flatten() {
         let _ = writeln!(
             out,
