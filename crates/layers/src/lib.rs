@@ -5,6 +5,8 @@
 pub mod registry;
 pub mod concat;
 pub mod crypt;
+pub mod delay;
+pub mod fault;
 pub mod mirror;
 pub mod slice;
 pub mod stripe;

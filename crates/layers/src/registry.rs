@@ -189,6 +189,8 @@ pub static KINDS: &[&LayerKind] = &[
     &crate::slice::KIND,
     &crate::concat::KIND,
     &crate::crypt::KIND,
+    &crate::delay::KIND,
+    &crate::fault::KIND,
     &crate::stripe::KIND,
     &crate::mirror::KIND,
 ];
