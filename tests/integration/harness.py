@@ -90,6 +90,8 @@ class Layer:
     metadata_size: int | None = None
     commit_interval_ms: int | None = None
     volumes: list[Volume] = field(default_factory=list)
+    # Any other option of the kind: strings are quoted, numbers and booleans written as is.
+    options: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -129,6 +131,12 @@ class Server:
         self.kind = SERVER_KIND
         self.history: list[str] = []  # stderr of earlier runs (restarts)
         self.stopped = False  # stopped on purpose by the test (which checks the exit code)
+        self.keep_config = False  # set once the server has rewritten its config (reconfiguration)
+
+    def write_config(self) -> None:
+        # After an online reconfiguration the server's own edits of the file are the truth.
+        if not (self.keep_config and self.config_path.exists()):
+            self.config_path.write_text(self.config_text())
 
     # ---- addressing -------------------------------------------------------
     def uri(self, export: str | None = None) -> str:
@@ -206,6 +214,13 @@ class Server:
                 lines.append(f'metadata-size = "{size_str(layer.metadata_size)}"')
             if layer.commit_interval_ms is not None:
                 lines.append(f"commit-interval-ms = {layer.commit_interval_ms}")
+            for key, val in layer.options.items():
+                if isinstance(val, bool):
+                    lines.append(f"{key} = {'true' if val else 'false'}")
+                elif isinstance(val, (int, float)):
+                    lines.append(f"{key} = {val}")
+                else:
+                    lines.append(f"{key} = {toml_str(str(val))}")
             if layer.volumes:
                 vols = ", ".join(f'{{ name = {toml_str(v.name)}, size = "{size_str(v.size)}" }}' for v in layer.volumes)
                 lines.append(f"volumes = [{vols}]")
@@ -258,7 +273,7 @@ class Server:
             self.history.append(self.stderr_path.read_text(errors="replace"))
         if not STRATA_BIN.exists():
             pytest.fail(f"strata binary not found at {STRATA_BIN} (run cargo build --release or set STRATA_BIN)")
-        self.config_path.write_text(self.config_text())
+        self.write_config()
         self._popen([str(STRATA_BIN), "serve", "--config", str(self.config_path)])
 
     def crash(self) -> int:
@@ -283,7 +298,7 @@ class Server:
     def _start_strata(self) -> None:
         if not STRATA_BIN.exists():
             pytest.fail(f"strata binary not found at {STRATA_BIN} (run cargo build --release or set STRATA_BIN)")
-        self.config_path.write_text(self.config_text())
+        self.write_config()
         self._popen([str(STRATA_BIN), "serve", "--config", str(self.config_path)])
         deadline = time.monotonic() + READY_TIMEOUT
         while time.monotonic() < deadline:

@@ -162,7 +162,7 @@ async fn label_disks(stack: &mut Stack, loaded: &Loaded) -> anyhow::Result<u64> 
         .filter(|n| labelled.contains(&n.name))
     {
         if let NodeKind::Device(disk) = &node.kind {
-            let view = hierarchy::Labelled::new(&node.name, disk.clone(), generation)
+            let view = hierarchy::Labelled::new(&node.name, disk.clone())
                 .with_context(|| format!("disk {}: too small for a hierarchy label", node.name))?;
             node.label_disk = Some(disk.clone());
             node.kind = NodeKind::Device(Arc::new(view));

@@ -363,22 +363,13 @@ pub fn assembled_config(assembly: &Assembly) -> anyhow::Result<String> {
 pub struct Labelled {
     disk: strata_core::DeviceRef,
     view: strata_layers::slice::Slice,
-    generation: u64,
 }
 
 impl Labelled {
-    pub fn new(
-        name: &str,
-        disk: strata_core::DeviceRef,
-        generation: u64,
-    ) -> anyhow::Result<Labelled> {
+    pub fn new(name: &str, disk: strata_core::DeviceRef) -> anyhow::Result<Labelled> {
         let view =
             strata_layers::slice::Slice::new(name.to_string(), disk.clone(), LABEL_BYTES, None)?;
-        Ok(Labelled {
-            disk,
-            view,
-            generation,
-        })
+        Ok(Labelled { disk, view })
     }
 }
 
@@ -431,8 +422,14 @@ impl BlockDevice for Labelled {
     ) -> strata_core::Result<strata_core::ControlReply> {
         match self.disk.control(request).await? {
             strata_core::ControlReply::Describe(mut node) => {
+                // Read from the disk: reconfiguration relabels while the view lives on.
+                let generation = match read_label(self.disk.as_ref()).await {
+                    Ok(Some(label)) => label.generation.to_string(),
+                    Ok(None) => "no label".into(),
+                    Err(e) => format!("unreadable: {e}"),
+                };
                 node.detail
-                    .push(("hierarchy generation".into(), self.generation.to_string()));
+                    .push(("hierarchy generation".into(), generation));
                 Ok(strata_core::ControlReply::Describe(node))
             }
             other => Ok(other),

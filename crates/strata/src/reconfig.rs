@@ -256,10 +256,9 @@ impl Reconfig {
             .find(|n| n.name == layer_name)
             .and_then(|n| n.device().cloned())
             .with_context(|| format!("layer {layer_name:?} is not a device this server built"))?;
-        let generation = self.next_generation(nodes).await?;
         let control = match (&change, &new_disk) {
             (Change::Replace { .. }, Some((name, path, size, Some(at)))) => {
-                let (disk, device) = self.labelled(name, path, *size, generation)?;
+                let (disk, device) = self.labelled(name, path, *size)?;
                 nodes.push(Node {
                     name: name.clone(),
                     kind: NodeKind::Device(device.clone()),
@@ -274,7 +273,7 @@ impl Reconfig {
                 }
             }
             (Change::AddMember { .. }, Some((name, path, size, None))) => {
-                let (disk, device) = self.labelled(name, path, *size, generation)?;
+                let (disk, device) = self.labelled(name, path, *size)?;
                 nodes.push(Node {
                     name: name.clone(),
                     kind: NodeKind::Device(device.clone()),
@@ -316,27 +315,10 @@ impl Reconfig {
         name: &str,
         path: &Path,
         size: u64,
-        generation: u64,
     ) -> anyhow::Result<(DeviceRef, DeviceRef)> {
         let disk = self.open_disk(name, path, size)?;
-        let view: DeviceRef = Arc::new(Labelled::new(name, disk.clone(), generation)?);
+        let view: DeviceRef = Arc::new(Labelled::new(name, disk.clone())?);
         Ok((disk, view))
-    }
-
-    async fn next_generation(&self, nodes: &[Node]) -> anyhow::Result<u64> {
-        let mut newest = 0;
-        for name in hierarchy::labelled_disks(&self.loaded) {
-            if let Some(disk) = nodes
-                .iter()
-                .find(|n| n.name == name)
-                .and_then(|n| n.label_disk.clone())
-            {
-                if let Some(label) = hierarchy::read_label(disk.as_ref()).await? {
-                    newest = newest.max(label.generation);
-                }
-            }
-        }
-        Ok(newest + 1)
     }
 
     /// Writes the config file (atomically) and relabels the hierarchy's disks.

@@ -1,0 +1,134 @@
+"""Violin hierarchies through real clients: stacks from the config, online reconfiguration
+(grow a slice), hierarchy labels on the member disks and `strata serve --assemble` from the
+disks alone (refusing disks of another hierarchy)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+
+import pytest
+
+from harness import (MiB, STRATA_BIN, Disk, Export, Layer, ServerSpec, nbd_handle, pattern_bytes, requires_strata,
+                     run)
+
+pytestmark = requires_strata()
+
+
+def strata(*args, check=True, timeout=60) -> subprocess.CompletedProcess:
+    proc = subprocess.run([str(STRATA_BIN), *map(str, args)], capture_output=True, text=True, timeout=timeout)
+    if check:
+        assert proc.returncode == 0, f"strata {args} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+def served_size(srv) -> int:
+    with nbd_handle(srv) as h:
+        return h.get_size()
+
+
+def generation(srv) -> int:
+    """The hierarchy generation the status reports on the disks under layers."""
+    def walk(node):
+        yield node
+        for child in node.get("children", []):
+            yield from walk(child)
+    for root in srv.status()["devices"]:
+        for node in walk(root):
+            detail = dict(node["detail"])
+            if "hierarchy generation" in detail:
+                return int(detail["hierarchy generation"])
+    raise AssertionError("no disk reports a hierarchy generation")
+
+
+def test_slice_grows_online_and_the_change_survives_a_restart(server_factory):
+    spec = ServerSpec(disks=[Disk("d0", 256 * MiB)],
+                      layers=[Layer(name="part", kind="slice", children=["d0"], options={"length": "64MiB"})],
+                      exports=[Export("vol", "part")])
+    srv = server_factory(spec)
+    assert served_size(srv) == 64 * MiB
+    data = pattern_bytes(11, 4 * MiB)
+    with nbd_handle(srv) as h:
+        h.pwrite(data, 60 * MiB)
+        h.flush()
+    before = generation(srv)
+    out = strata("grow", "--data-dir", srv.data_dir, "part", "128MiB").stdout
+    assert "generation" in out, out
+    srv.keep_config = True
+    assert served_size(srv) == 128 * MiB
+    assert generation(srv) == before + 1
+    assert "length = 134217728" in srv.config_path.read_text()
+    refused = strata("grow", "--data-dir", srv.data_dir, "part", "1GiB", check=False)
+    assert refused.returncode != 0 and "at most" in refused.stderr, refused.stderr
+    srv.restart()
+    assert served_size(srv) == 128 * MiB
+    with nbd_handle(srv) as h:
+        assert h.pread(len(data), 60 * MiB) == data
+        h.pwrite(data, 124 * MiB)
+
+
+def stripe_spec() -> ServerSpec:
+    return ServerSpec(disks=[Disk(f"d{i}", 64 * MiB) for i in range(3)],
+                      layers=[Layer(name="s", kind="stripe", children=["d0", "d1", "d2"], options={"chunk": "64KiB"})],
+                      exports=[Export("vol", "s")])
+
+
+def assemble(srv, workdir, disks, name="asm"):
+    data_dir = workdir / name
+    proc = subprocess.Popen([str(STRATA_BIN), "serve", "--data-dir", str(data_dir), "--assemble", *map(str, disks)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return proc, data_dir
+
+
+def wait_ready(proc, timeout=30):
+    deadline = time.monotonic() + timeout
+    lines = []
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if line.startswith("ready:"):
+            return "".join(lines)
+    proc.kill()
+    raise AssertionError(f"not ready: {''.join(lines)}\n{proc.stderr.read()}")
+
+
+def test_assemble_rebuilds_the_stack_from_its_disks(server_factory, workdir):
+    srv = server_factory(stripe_spec())
+    data = pattern_bytes(12, 10 * MiB)
+    with nbd_handle(srv) as h:
+        h.pwrite(data, 3 * MiB)
+    srv.stop()
+    disks = [srv.disk_file(f"d{i}") for i in range(3)]
+    proc, data_dir = assemble(srv, workdir, list(reversed(disks)))  # order does not matter
+    try:
+        wait_ready(proc)
+        uri = f"nbd+unix:///vol?socket={data_dir}/nbd.sock"
+        import nbd
+        h = nbd.NBD()
+        h.connect_uri(uri)
+        assert h.get_size() == 3 * (64 * MiB - 64 * 1024) // (64 * 1024) * (64 * 1024)
+        assert h.pread(len(data), 3 * MiB) == data
+        h.shutdown()
+        assert "assembled.toml" in (data_dir / "assembled.toml").name
+    finally:
+        proc.terminate()
+        assert proc.wait(30) == 0
+
+
+def test_assemble_refuses_foreign_disks_and_missing_members_a_layer_cannot_lose(server_factory, workdir):
+    first = server_factory(stripe_spec())
+    second = server_factory(stripe_spec())
+    first.stop()
+    second.stop()
+    mixed = [first.disk_file("d0"), first.disk_file("d1"), second.disk_file("d2")]
+    proc, _ = assemble(first, workdir, mixed, "mixed")
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode != 0 and "refusing to mix" in err, err
+    missing = [first.disk_file("d0"), first.disk_file("d1")]
+    proc, _ = assemble(first, workdir, missing, "missing")
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode != 0 and "d2" in err and "missing" in err, err
