@@ -1,0 +1,130 @@
+#!/usr/bin/python3
+"""Layer scaling benchmark (issue 4's targets), side by side in one run.
+
+This machine's disk files all share one SSD, so independent disks are emulated: every member
+is a file disk under a `delay` layer with the same bandwidth limit (BENCH_MEMBER_BW, default
+100MiB per second). One limited member is the baseline; the stripe and the raid5 are built of
+members limited the same way. Rows:
+
+- 1 MiB sequential reads, QD8: one member vs `stripe` over 3 members (target >= 2.7x).
+- Aligned full-stripe writes (3 x chunk = 192 KiB, QD8): one member vs `raid5` over 4 members
+  (target >= 2.7x).
+- 4 KiB random writes to `raid5`: member I/Os per client write, counted from the members'
+  own counters in `strata status --json` (target <= 4).
+
+Run: bench/layers.sh (BENCH_SECONDS per job, default 10; BENCH_ROUNDS rounds, default 3,
+median reported).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+STRATA = Path(os.environ.get("STRATA_BIN", ROOT / "target/release/strata"))
+SECONDS = int(os.environ.get("BENCH_SECONDS", "10"))
+ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
+MEMBER_BW = os.environ.get("BENCH_MEMBER_BW", "100MiB")
+CHUNK = 64 * 1024
+
+
+def config(base: Path) -> str:
+    lines = ['listen = ["unix:nbd.sock"]', 'admin = "admin.sock"']
+    disks = ["one"] + [f"s{i}" for i in range(3)] + [f"r{i}" for i in range(4)]
+    for d in disks:
+        lines += ["[[disk]]", f'name = "{d}"', f'path = "{d}.img"', 'size = "2GiB"']
+        lines += ["[[layer]]", f'name = "lim-{d}"', 'kind = "delay"', f'children = ["{d}"]', f'bandwidth = "{MEMBER_BW}"']
+    lines += ["[[layer]]", 'name = "stripe"', 'kind = "stripe"', 'children = ["lim-s0", "lim-s1", "lim-s2"]',
+              f'chunk = "{CHUNK}"']
+    lines += ["[[layer]]", 'name = "raid5"', 'kind = "raid5"',
+              'children = ["lim-r0", "lim-r1", "lim-r2", "lim-r3"]', f'chunk = "{CHUNK}"']
+    for name, device in [("one", "lim-one"), ("stripe", "stripe"), ("raid5", "raid5")]:
+        lines += ["[[export]]", f'name = "{name}"', f'device = "{device}"']
+    return "\n".join(lines) + "\n"
+
+
+def fio(sock: Path, export: str, rw: str, bs: int, qd: int, seconds: int, size: str = "1536M") -> dict:
+    argv = ["fio", "--name=bench", "--ioengine=nbd", f"--uri=nbd+unix:///{export}?socket={sock}", f"--rw={rw}",
+            f"--bs={bs}", f"--iodepth={qd}", f"--size={size}", "--time_based", f"--runtime={seconds}",
+            "--ramp_time=1", "--output-format=json"]
+    out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+    job = json.loads(out)["jobs"][0]
+    side = job["read"] if "read" in rw else job["write"]
+    return {"mib_s": side["bw_bytes"] / 2**20, "iops": side["iops"], "ios": side["total_ios"]}
+
+
+def status(data: Path) -> dict:
+    out = subprocess.run([str(STRATA), "status", "--json", "--data-dir", str(data)], capture_output=True, text=True,
+                         check=True).stdout
+    return json.loads(out)
+
+
+def member_ios(data: Path) -> int:
+    """Reads + writes done by the raid5's member files (journal and metadata included)."""
+    def walk(node):
+        yield node
+        for child in node.get("children", []):
+            yield from walk(child)
+    raid = next(d for d in status(data)["devices"] if d["name"] == "raid5")
+    total = 0
+    for node in walk(raid):
+        if node["kind"] == "file" and node.get("stats"):
+            total += sum(node["stats"].get(op, {}).get("ops", 0) for op in ("read", "write"))
+    return total
+
+
+def main() -> int:
+    work = Path(tempfile.mkdtemp(prefix="strata-layers-bench."))
+    (work / "strata.toml").write_text(config(work))
+    log = open(work / "server.log", "w")
+    server = subprocess.Popen([str(STRATA), "serve", "--config", str(work / "strata.toml")], stdout=subprocess.PIPE,
+                              stderr=log, text=True)
+    try:
+        for line in server.stdout:
+            if line.startswith("ready:"):
+                break
+        sock = work / "nbd.sock"
+        rows: dict[str, list[float]] = {}
+        def add(key, value):
+            rows.setdefault(key, []).append(value)
+        # Fill the read region once so reads return data, not holes.
+        for export in ("one", "stripe"):
+            subprocess.run(["fio", "--name=fill", "--ioengine=nbd", f"--uri=nbd+unix:///{export}?socket={sock}",
+                            "--rw=write", "--bs=1M", "--iodepth=8", "--size=256M"], capture_output=True, check=True)
+        for round_ in range(ROUNDS):
+            print(f"round {round_ + 1}/{ROUNDS}", file=sys.stderr)
+            add("read one", fio(sock, "one", "read", 1 << 20, 8, SECONDS, "256M")["mib_s"])
+            add("read stripe", fio(sock, "stripe", "read", 1 << 20, 8, SECONDS, "256M")["mib_s"])
+            add("write one", fio(sock, "one", "write", 3 * CHUNK, 8, SECONDS)["mib_s"])
+            add("write raid5", fio(sock, "raid5", "write", 3 * CHUNK, 8, SECONDS)["mib_s"])
+            before = member_ios(work)
+            small = fio(sock, "raid5", "randwrite", 4096, 8, max(3, SECONDS // 2))
+            add("member ios per 4k write", (member_ios(work) - before) / max(1, small["ios"]))
+            add("raid5 4k randwrite iops", small["iops"])
+        med = {k: statistics.median(v) for k, v in rows.items()}
+        print(f"\nMembers: file disks each limited by `delay` to {MEMBER_BW}/s; chunk 64 KiB; "
+              f"{ROUNDS} rounds x {SECONDS} s, medians.\n")
+        print("| workload | one member | layer | ratio | target |")
+        print("|---|---:|---:|---:|---|")
+        print(f"| 1 MiB sequential read, QD8: stripe over 3 | {med['read one']:.0f} MiB/s | "
+              f"{med['read stripe']:.0f} MiB/s | **{med['read stripe'] / med['read one']:.2f}x** | >= 2.7x |")
+        print(f"| 192 KiB full-stripe write, QD8: raid5 over 4 | {med['write one']:.0f} MiB/s | "
+              f"{med['write raid5']:.0f} MiB/s | **{med['write raid5'] / med['write one']:.2f}x** | >= 2.7x |")
+        print(f"| 4 KiB random write, QD8: raid5 member I/Os per write | | "
+              f"{med['raid5 4k randwrite iops']:.0f} IOPS | **{med['member ios per 4k write']:.2f}** | <= 4 |")
+        return 0
+    finally:
+        server.terminate()
+        server.wait(30)
+        log.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
