@@ -193,6 +193,7 @@ pub static KINDS: &[&LayerKind] = &[
     &crate::fault::KIND,
     &crate::stripe::KIND,
     &crate::mirror::KIND,
+    &crate::raid5::KIND,
 ];
 
 pub fn find(kind: &str) -> Option<&'static LayerKind> {

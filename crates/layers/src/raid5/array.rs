@@ -1,0 +1,260 @@
+//! The array's shared state and the operations every path uses: member I/O that names the
+//! member it failed on, durable failure marking, member flushes, journal resets.
+//!
+//! Lock order (outermost first): `gate` (shared by every stripe update and rebuild step,
+//! exclusive for a journal reset), one stripe lock, then `fail_lock` (async, held while a
+//! failure is made durable). std Mutexes (`full`, `lost`, `record`, `activity`) are held only
+//! for in-memory work, never across an await.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use futures_util::future::join_all;
+use strata_core::{Activity, BlockError, Result, Runtime, WriteFlags};
+use strata_meta::{MetaStore, ObjectId, TxnClass};
+
+use super::journal::{Appended, Journal, Record, MAX_DONE};
+use super::layout::Layout;
+use super::members::{array_failed, MemberState, Members};
+use super::record::ArrayRecord;
+
+/// Stripe locks are a fixed table indexed by stripe number: two stripes that share a slot
+/// serialize, which is rare at this size and costs no allocation per request.
+pub const STRIPE_LOCKS: usize = 1024;
+
+/// A member I/O that failed: which member (the caller marks it failed and retries).
+#[derive(Debug)]
+pub struct Fault {
+    pub member: usize,
+}
+
+/// Full-stripe writes whose in-place writes may not be durable yet.
+#[derive(Default)]
+pub struct FullWrites {
+    /// stripe → (parity member, journal epoch, intent seq) of its last full-stripe write.
+    pub dirty: HashMap<u64, (usize, u64, u64)>,
+    /// Completed since the last flush: (stripe, parity member, epoch, intent seq).
+    pub completed: Vec<(u64, usize, u64, u64)>,
+}
+
+pub struct Array {
+    pub name: String,
+    pub runtime: Arc<dyn Runtime>,
+    pub layout: Layout,
+    pub min_io: u32,
+    pub members: Arc<Members>,
+    pub store: Arc<MetaStore>,
+    pub blob_id: ObjectId,
+    pub lost_id: ObjectId,
+    /// The record as last made durable (shape, states, rebuild checkpoint).
+    pub record: Mutex<ArrayRecord>,
+    pub journals: Vec<Journal>,
+    pub locks: Vec<tokio::sync::Mutex<()>>,
+    pub gate: tokio::sync::RwLock<()>,
+    pub fail_lock: tokio::sync::Mutex<()>,
+    pub full: Mutex<FullWrites>,
+    /// stripe → member whose chunk there is unrecoverable (mirror of the `lost` table).
+    pub lost: Mutex<BTreeMap<u64, usize>>,
+    pub activity: Mutex<Option<Activity>>,
+    /// Test-only: no journal, so the write hole is open (the crash test must catch it).
+    pub skip_journal: bool,
+    pub epoch_base: u64,
+    pub resets: AtomicU64,
+}
+
+impl Array {
+    pub fn stripe_lock(&self, stripe: u64) -> &tokio::sync::Mutex<()> {
+        &self.locks[(stripe % STRIPE_LOCKS as u64) as usize]
+    }
+
+    pub async fn m_read(
+        &self,
+        member: usize,
+        offset: u64,
+        len: u64,
+    ) -> std::result::Result<Vec<u8>, Fault> {
+        let device = self.members.device(member).ok_or(Fault { member })?;
+        match device.read(offset, len as usize).await {
+            Ok(bytes) => Ok(bytes.to_vec()),
+            Err(error) => {
+                tracing::error!(array = %self.name, member, offset, %error, "raid5: member read failed");
+                Err(Fault { member })
+            }
+        }
+    }
+
+    pub async fn m_write(
+        &self,
+        member: usize,
+        offset: u64,
+        data: Bytes,
+        fua: bool,
+    ) -> std::result::Result<(), Fault> {
+        let device = self.members.device(member).ok_or(Fault { member })?;
+        match device.write(offset, data, WriteFlags { fua }).await {
+            Ok(()) => Ok(()),
+            Err(error) => {
+                tracing::error!(array = %self.name, member, offset, %error, "raid5: member write failed");
+                Err(Fault { member })
+            }
+        }
+    }
+
+    pub fn check_alive(&self) -> Result<()> {
+        if self.members.unhealthy() >= 2 {
+            return Err(array_failed(&self.name));
+        }
+        Ok(())
+    }
+
+    /// Marks `member` failed and makes that durable before returning, so that no degraded
+    /// write (which leaves the member stale) can be acknowledged while the metadata still
+    /// calls it active.
+    pub async fn fail_member(&self, member: usize) -> Result<()> {
+        let _serial = self.fail_lock.lock().await;
+        let changed = self.members.mark_failed(member);
+        if !changed && self.members.lock()[member].durable {
+            return self.check_alive();
+        }
+        if changed {
+            tracing::error!(array = %self.name, member, "raid5: member failed");
+        }
+        self.persist().await?;
+        self.check_alive()
+    }
+
+    /// Writes the member states (and rebuild checkpoint) to the metadata and commits. Loops
+    /// while the commit itself loses members (at most once per member).
+    pub async fn persist(&self) -> Result<()> {
+        for _ in 0..=self.layout.members {
+            let snapshot = self.members.snapshot();
+            let record = self.record.lock().unwrap().with_members(&snapshot);
+            let blob = self.blob_id;
+            self.store.transact(TxnClass::Normal, |_, txn| {
+                txn.put_blob(blob, record.encode());
+                Ok(())
+            })?;
+            self.store.commit().await?;
+            *self.record.lock().unwrap() = record;
+            self.members.mark_durable(&snapshot);
+            if self.members.snapshot().iter().all(|m| m.durable) {
+                return Ok(());
+            }
+        }
+        Err(array_failed("recording member failures"))
+    }
+
+    /// Flushes every member still in use; the first that fails is returned.
+    pub async fn flush_members(&self) -> Result<Option<usize>> {
+        let snapshot = self.members.snapshot();
+        let targets: Vec<usize> = (0..snapshot.len())
+            .filter(|&m| snapshot[m].state != MemberState::Failed)
+            .collect();
+        let flushes = targets.iter().map(|&m| async move {
+            match self.members.device(m) {
+                Some(device) => device.flush().await.map_err(|e| (m, e)),
+                None => Err((m, BlockError::Unsupported("missing member"))),
+            }
+        });
+        for result in join_all(flushes).await {
+            if let Err((member, error)) = result {
+                tracing::error!(array = %self.name, member, %error, "raid5: member flush failed");
+                return Ok(Some(member));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Flushes the members until one round succeeds, failing the members that do not.
+    pub async fn flush_all(&self) -> Result<()> {
+        for _ in 0..=self.layout.members {
+            match self.flush_members().await? {
+                None => return Ok(()),
+                Some(member) => self.fail_member(member).await?,
+            }
+        }
+        Err(array_failed("flush"))
+    }
+
+    /// Empties every journal: waits for all stripe updates (the gate), makes their in-place
+    /// writes durable, then starts a new epoch on each member in use.
+    pub async fn reset_journals(&self) -> Result<()> {
+        let _gate = self.gate.write().await;
+        self.reset_journals_locked().await
+    }
+
+    /// [`Array::reset_journals`] for a caller already holding the gate exclusively (open).
+    pub async fn reset_journals_locked(&self) -> Result<()> {
+        self.flush_all().await?;
+        let epoch = self.epoch_base + self.resets.fetch_add(1, Ordering::Relaxed) + 1;
+        let snapshot = self.members.snapshot();
+        let resets = (0..snapshot.len())
+            .filter(|&m| snapshot[m].state != MemberState::Failed)
+            .map(|m| async move {
+                let device = self.members.device(m).ok_or(Fault { member: m })?;
+                self.journals[m]
+                    .reset(&device, epoch)
+                    .await
+                    .map_err(|_| Fault { member: m })
+            });
+        for result in join_all(resets).await {
+            if let Err(Fault { member }) = result {
+                self.fail_member(member).await?;
+            }
+        }
+        *self.full.lock().unwrap() = FullWrites::default();
+        Ok(())
+    }
+
+    /// After a member flush: tells each journal that the full-stripe writes it logged before
+    /// `completed` was taken are durable, so recovery will not doubt them.
+    pub async fn log_done(&self, completed: Vec<(u64, usize, u64, u64)>) -> Result<()> {
+        let mut by_member: BTreeMap<(usize, u64), Vec<u64>> = BTreeMap::new();
+        {
+            let mut full = self.full.lock().unwrap();
+            for &(stripe, member, epoch, seq) in &completed {
+                if full.dirty.get(&stripe) == Some(&(member, epoch, seq)) {
+                    full.dirty.remove(&stripe);
+                }
+                by_member.entry((member, epoch)).or_default().push(seq);
+            }
+        }
+        for ((member, epoch), seqs) in by_member {
+            let Some(device) = self.members.device(member) else {
+                continue;
+            };
+            for part in seqs.chunks(MAX_DONE) {
+                let record = Record::Done {
+                    seqs: part.to_vec(),
+                };
+                match self.journals[member]
+                    .append(&device, &record, Some(epoch))
+                    .await
+                {
+                    Ok(Appended::Full) => return self.reset_journals().await,
+                    Ok(_) => {}
+                    Err(_) => self.fail_member(member).await?,
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes the lost mark of `stripe`'s chunk on `member` (it was rewritten whole).
+    pub async fn clear_lost(&self, stripe: u64) -> Result<()> {
+        let id = self.lost_id;
+        self.store.transact(TxnClass::Reclaim, |_, txn| {
+            txn.set(id, stripe, &[0u8; 4]);
+            Ok(())
+        })?;
+        self.store.commit().await?;
+        self.lost.lock().unwrap().remove(&stripe);
+        Ok(())
+    }
+
+    pub fn io_error(what: String) -> BlockError {
+        BlockError::io(what, std::io::Error::from_raw_os_error(5))
+    }
+}

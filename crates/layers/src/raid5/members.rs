@@ -1,0 +1,284 @@
+//! Member states, and the small mirrored device that replicates the metadata region.
+//!
+//! Lock rule: `table` (a std Mutex) is held only for in-memory work, never across an await.
+//! `copy_gate` (an async RwLock) is held shared by every metadata write and exclusively while
+//! a replacement member receives a copy of the region, so that no write slips between the
+//! copy and the moment the new member starts receiving writes.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+
+use bytes::{Bytes, BytesMut};
+use futures_util::future::join_all;
+use strata_core::{
+    async_trait, BlockDevice, BlockError, Capabilities, Control, ControlReply, DeviceRef, Extent,
+    ExtentState, Geometry, Result, WriteFlags, ZeroFlags,
+};
+
+/// Bytes at the start of every member for the metadata store (256 blocks of 4 KiB).
+pub const META_BYTES: u64 = 1 << 20;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemberState {
+    Active,
+    Failed,
+    /// Receiving a rebuild; stripes below `cursor` (and those in `extra`) hold good data.
+    Rebuilding,
+}
+
+impl MemberState {
+    pub fn code(self) -> u8 {
+        match self {
+            MemberState::Active => 0,
+            MemberState::Failed => 1,
+            MemberState::Rebuilding => 2,
+        }
+    }
+
+    pub fn from_code(code: u8) -> Option<MemberState> {
+        [
+            MemberState::Active,
+            MemberState::Failed,
+            MemberState::Rebuilding,
+        ]
+        .into_iter()
+        .find(|s| s.code() == code)
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Member {
+    pub state: MemberState,
+    /// Rebuilding: every stripe below this is rebuilt.
+    pub cursor: u64,
+    /// Rebuilding: stripes at or above `cursor` already rebuilt (concurrent rebuild).
+    pub extra: BTreeSet<u64>,
+    /// The state recorded in the metadata matches `state` (a failure is not acted upon by a
+    /// degraded write until this is true).
+    pub durable: bool,
+}
+
+pub struct Members {
+    devices: RwLock<Vec<Option<DeviceRef>>>,
+    table: Mutex<Vec<Member>>,
+    pub copy_gate: tokio::sync::RwLock<()>,
+}
+
+pub fn array_failed(what: &str) -> BlockError {
+    BlockError::io(
+        format!("raid5: {what}: two or more members are unusable, the array has failed"),
+        std::io::Error::from_raw_os_error(5),
+    )
+}
+
+impl Members {
+    pub fn new(devices: Vec<Option<DeviceRef>>, states: Vec<Member>) -> Arc<Members> {
+        assert_eq!(devices.len(), states.len());
+        Arc::new(Members {
+            devices: RwLock::new(devices),
+            table: Mutex::new(states),
+            copy_gate: tokio::sync::RwLock::new(()),
+        })
+    }
+
+    pub fn count(&self) -> usize {
+        self.lock().len()
+    }
+
+    pub fn lock(&self) -> MutexGuard<'_, Vec<Member>> {
+        self.table.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn device(&self, m: usize) -> Option<DeviceRef> {
+        self.devices.read().unwrap_or_else(|p| p.into_inner())[m].clone()
+    }
+
+    pub fn set_device(&self, m: usize, device: DeviceRef) {
+        self.devices.write().unwrap_or_else(|p| p.into_inner())[m] = Some(device);
+    }
+
+    pub fn snapshot(&self) -> Vec<Member> {
+        self.lock().clone()
+    }
+
+    /// The one member that cannot serve `stripe`, or an error when two cannot.
+    pub fn unusable(&self, stripe: u64) -> Result<Option<usize>> {
+        let table = self.lock();
+        let mut out = table
+            .iter()
+            .enumerate()
+            .filter(|(_, m)| !usable(m, stripe))
+            .map(|(i, _)| i);
+        let first = out.next();
+        if out.next().is_some() {
+            return Err(array_failed("stripe I/O"));
+        }
+        Ok(first)
+    }
+
+    /// Members that are failed or rebuilding (the array has failed at two).
+    pub fn unhealthy(&self) -> usize {
+        self.lock()
+            .iter()
+            .filter(|m| m.state != MemberState::Active)
+            .count()
+    }
+
+    /// Marks `m` failed in memory. Returns whether that changed anything.
+    pub fn mark_failed(&self, m: usize) -> bool {
+        let mut table = self.lock();
+        if table[m].state == MemberState::Failed {
+            return false;
+        }
+        table[m].state = MemberState::Failed;
+        table[m].durable = false;
+        table[m].extra.clear();
+        true
+    }
+
+    pub fn mark_durable(&self, snapshot: &[Member]) {
+        let mut table = self.lock();
+        for (now, saved) in table.iter_mut().zip(snapshot) {
+            if now.state == saved.state {
+                now.durable = true;
+            }
+        }
+    }
+
+    /// Members whose metadata copy is kept current.
+    fn metadata_targets(&self) -> Vec<(usize, DeviceRef)> {
+        let table = self.lock().clone();
+        table
+            .iter()
+            .enumerate()
+            .filter(|(_, m)| m.state != MemberState::Failed)
+            .filter_map(|(i, _)| self.device(i).map(|d| (i, d)))
+            .collect()
+    }
+
+    /// Active members, in index order: where metadata reads come from.
+    fn read_sources(&self) -> Vec<(usize, DeviceRef)> {
+        let table = self.lock().clone();
+        table
+            .iter()
+            .enumerate()
+            .filter(|(_, m)| m.state == MemberState::Active)
+            .filter_map(|(i, _)| self.device(i).map(|d| (i, d)))
+            .collect()
+    }
+}
+
+fn usable(member: &Member, stripe: u64) -> bool {
+    match member.state {
+        MemberState::Active => true,
+        MemberState::Failed => false,
+        MemberState::Rebuilding => stripe < member.cursor || member.extra.contains(&stripe),
+    }
+}
+
+/// The metadata region of every member as one device: writes go to every member that is not
+/// failed, reads come from the first active one. A member whose write fails is marked failed
+/// in memory (the array records it durably afterwards); the write succeeds if one copy took it.
+pub struct MirrorDevice {
+    members: Arc<Members>,
+}
+
+impl MirrorDevice {
+    pub fn new(members: Arc<Members>) -> Arc<MirrorDevice> {
+        Arc::new(MirrorDevice { members })
+    }
+
+    async fn each(
+        &self,
+        what: &str,
+        op: impl Fn(DeviceRef) -> strata_core::BoxFuture<'static, Result<()>>,
+    ) -> Result<()> {
+        let _gate = self.members.copy_gate.read().await;
+        let targets = self.members.metadata_targets();
+        let results = join_all(targets.iter().map(|(_, d)| op(d.clone()))).await;
+        let mut ok = 0;
+        for ((m, _), result) in targets.iter().zip(results) {
+            match result {
+                Ok(()) => ok += 1,
+                Err(error) => {
+                    tracing::error!(member = m, %error, "raid5: metadata {what} failed; member marked failed");
+                    self.members.mark_failed(*m);
+                }
+            }
+        }
+        if ok == 0 {
+            return Err(array_failed("metadata write"));
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl BlockDevice for MirrorDevice {
+    fn geometry(&self) -> Geometry {
+        Geometry {
+            min_io: 4096,
+            ..Geometry::byte_addressable(META_BYTES)
+        }
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            flush: true,
+            fua: true,
+            ..Capabilities::default()
+        }
+    }
+
+    async fn read(&self, offset: u64, len: usize) -> Result<BytesMut> {
+        self.geometry().check_range(offset, len as u64)?;
+        let mut last = None;
+        for (m, device) in self.members.read_sources() {
+            match device.read(offset, len).await {
+                Ok(bytes) => return Ok(bytes),
+                Err(error) => {
+                    tracing::error!(member = m, %error, "raid5: metadata read failed");
+                    last = Some(error);
+                }
+            }
+        }
+        Err(last.unwrap_or_else(|| array_failed("metadata read")))
+    }
+
+    async fn write(&self, offset: u64, data: Bytes, flags: WriteFlags) -> Result<()> {
+        self.geometry().check_range(offset, data.len() as u64)?;
+        self.each("write", |d| {
+            let data = data.clone();
+            Box::pin(async move { d.write(offset, data, flags).await })
+        })
+        .await
+    }
+
+    async fn flush(&self) -> Result<()> {
+        self.each("flush", |d| Box::pin(async move { d.flush().await }))
+            .await
+    }
+
+    async fn discard(&self, _offset: u64, _len: u64) -> Result<()> {
+        Ok(())
+    }
+
+    async fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> {
+        let zeros = Bytes::from(vec![0u8; len as usize]);
+        self.write(offset, zeros, WriteFlags { fua: flags.fua })
+            .await
+    }
+
+    async fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
+        self.geometry().check_range(offset, len)?;
+        Ok(vec![Extent {
+            offset,
+            len,
+            state: ExtentState::Data,
+        }])
+    }
+
+    async fn control(&self, _request: Control) -> Result<ControlReply> {
+        Err(BlockError::Unsupported("raid5 metadata mirror: control"))
+    }
+}

@@ -1,0 +1,319 @@
+//! Creating an array, and assembling one from its members after a restart or a crash.
+//!
+//! Every member carries a copy of the metadata store in its first [`META_BYTES`]. After a
+//! crash the copies may differ: a commit reached some members and not others, or a member
+//! failed earlier and stopped receiving commits. The copy chosen is the one whose store
+//! recovers the most transactions (`next_txn`), ties to the lowest member index: every
+//! commit goes to all members in use, so the longest history is the newest, and a failed
+//! member's copy is always behind the commit that recorded its failure. The chosen region is
+//! then copied over the other members' before the store is opened on the mirror, so that
+//! every copy starts identical again.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+
+use strata_core::{BlockError, DeviceRef, Result, Runtime, WriteFlags};
+use strata_meta::{FormatOptions, MetaStore, Recovered, StoreOptions, TxnClass};
+
+use super::array::{Array, FullWrites, STRIPE_LOCKS};
+use super::journal::{Journal, JBLOCK};
+use super::layout::Layout;
+use super::members::{Member, MemberState, Members, MirrorDevice, META_BYTES};
+use super::record::{ArrayRecord, BLOB, LOST};
+
+pub const OWNER: &str = "raid5";
+pub const DEFAULT_CHUNK: u64 = 64 << 10;
+pub const DEFAULT_JOURNAL: u64 = 4 << 20;
+
+/// What the configuration asks for.
+#[derive(Clone, Debug, Default)]
+pub struct Settings {
+    /// Chunk size; fixed at creation, checked at every open.
+    pub chunk: Option<u64>,
+    /// Journal bytes per member; fixed at creation.
+    pub journal: Option<u64>,
+    /// Test-only: run without the stripe journal (plants the write hole).
+    pub unsafe_skip_journal: bool,
+}
+
+fn invalid(name: &str, what: impl std::fmt::Display) -> BlockError {
+    BlockError::InvalidArgument(format!("raid5 {name}: {what}"))
+}
+
+fn member(state: MemberState) -> Member {
+    Member {
+        state,
+        cursor: 0,
+        extra: Default::default(),
+        durable: true,
+    }
+}
+
+/// Opens the array on `children`, creating it when no member holds one.
+pub async fn assemble(
+    name: String,
+    children: Vec<Option<DeviceRef>>,
+    settings: Settings,
+    runtime: Arc<dyn Runtime>,
+) -> Result<Arc<Array>> {
+    if children.len() < 3 {
+        return Err(invalid(&name, "needs at least 3 members"));
+    }
+    let mut copies: Vec<(usize, Recovered)> = Vec::new();
+    for (index, child) in children.iter().enumerate() {
+        let Some(device) = child else { continue };
+        if let Ok(recovered) = strata_meta::recover(device.as_ref(), 0).await {
+            if recovered.superblock.owner == OWNER {
+                copies.push((index, recovered));
+            }
+        }
+    }
+    if copies.is_empty() {
+        return create(name, children, settings, runtime).await;
+    }
+    let best = copies
+        .iter()
+        .max_by_key(|(index, r)| (r.next_txn, std::cmp::Reverse(*index)))
+        .expect("a copy");
+    let uuid = best.1.superblock.uuid;
+    let state = &best.1.state;
+    let blob = state.id(BLOB).and_then(|id| state.blob(id));
+    let record =
+        ArrayRecord::decode(blob.ok_or_else(|| invalid(&name, "metadata has no raid5 record"))?)?;
+    check_shape(&name, &record, children.len(), &settings)?;
+    let mut states: Vec<Member> = record.states.iter().map(|&(s, _)| member(s)).collect();
+    for (index, state) in states.iter_mut().enumerate() {
+        if state.state == MemberState::Rebuilding {
+            state.cursor = record.states[index].1;
+        }
+        let ours = copies
+            .iter()
+            .any(|(i, r)| *i == index && r.superblock.uuid == uuid);
+        if !ours && state.state != MemberState::Failed {
+            tracing::error!(array = %name, member = index, "raid5: member missing or not part of this array; running degraded");
+            state.state = MemberState::Failed;
+            state.durable = false;
+        }
+    }
+    let source = best.0;
+    let region = children[source]
+        .as_ref()
+        .expect("present")
+        .read(0, META_BYTES as usize)
+        .await?;
+    for (index, state) in states.iter().enumerate() {
+        if index != source && state.state != MemberState::Failed {
+            let device = children[index].as_ref().expect("present member");
+            device
+                .write(0, region.clone().freeze(), WriteFlags { fua: true })
+                .await?;
+        }
+    }
+    let members = Members::new(children, states);
+    let (store, _) =
+        MetaStore::open(MirrorDevice::new(members.clone()), 0, store_options(&name)).await?;
+    let array = Arc::new(build(name, members, store, record, settings, runtime)?);
+    let _gate = array.gate.write().await;
+    let replayed = array.replay().await?;
+    tracing::info!(array = %array.name, updates = replayed.updates, resynced = replayed.resynced, lost = replayed.lost, "raid5: journals replayed");
+    array.reset_journals_locked().await?;
+    // Always a transaction, so that every open advances next_txn (the journal epochs and the
+    // choice among metadata copies rely on it).
+    array.persist().await?;
+    drop(_gate);
+    Ok(array)
+}
+
+fn check_shape(
+    name: &str,
+    record: &ArrayRecord,
+    children: usize,
+    settings: &Settings,
+) -> Result<()> {
+    if record.members != children {
+        return Err(invalid(
+            name,
+            format!(
+                "the array was created with {} members, the configuration names {children}",
+                record.members
+            ),
+        ));
+    }
+    if let Some(chunk) = settings.chunk.filter(|&c| c != record.chunk_bytes) {
+        return Err(invalid(
+            name,
+            format!(
+                "option chunk = {chunk} bytes, but the array was created with chunk = {} bytes; \
+             the chunk size is fixed at creation",
+                record.chunk_bytes
+            ),
+        ));
+    }
+    if let Some(journal) = settings.journal.filter(|&j| j != record.journal_bytes) {
+        return Err(invalid(
+            name,
+            format!(
+            "option journal = {journal} bytes, but the array was created with journal = {} bytes",
+            record.journal_bytes
+        ),
+        ));
+    }
+    Ok(())
+}
+
+fn store_options(name: &str) -> StoreOptions {
+    StoreOptions::new(&format!("{name} metadata"))
+}
+
+async fn create(
+    name: String,
+    children: Vec<Option<DeviceRef>>,
+    settings: Settings,
+    runtime: Arc<dyn Runtime>,
+) -> Result<Arc<Array>> {
+    let devices: Vec<DeviceRef> = children
+        .iter()
+        .map(|c| {
+            c.clone()
+                .ok_or_else(|| invalid(&name, "cannot create an array with a member missing"))
+        })
+        .collect::<Result<_>>()?;
+    let n = devices.len();
+    let chunk = settings.chunk.unwrap_or(DEFAULT_CHUNK);
+    if !chunk.is_power_of_two() || chunk < 4096 {
+        return Err(invalid(
+            &name,
+            format!("chunk = {chunk}: must be a power of two of at least 4 KiB"),
+        ));
+    }
+    // Room for two of the largest records (a header and n chunks).
+    let least = 2 * (n as u64 * chunk + JBLOCK) + JBLOCK;
+    let journal = settings.journal.unwrap_or(DEFAULT_JOURNAL.max(least));
+    if journal < least || !journal.is_multiple_of(JBLOCK) {
+        return Err(invalid(&name, format!(
+            "journal = {journal}: must be a multiple of 4 KiB and at least {least} bytes for {n} members of {chunk}-byte chunks"
+        )));
+    }
+    if let Some(d) = devices.iter().find(|d| d.geometry().min_io > 4096) {
+        return Err(invalid(
+            &name,
+            format!(
+                "members must accept 4 KiB I/O (min_io {})",
+                d.geometry().min_io
+            ),
+        ));
+    }
+    let data_start = (META_BYTES + journal).div_ceil(chunk) * chunk;
+    let smallest = devices
+        .iter()
+        .map(|d| d.geometry().size)
+        .min()
+        .expect("members");
+    let stripes = smallest.saturating_sub(data_start) / chunk;
+    if stripes == 0 {
+        return Err(invalid(&name, format!("members of {smallest} bytes leave no room for data after {data_start} bytes of metadata and journal")));
+    }
+    // Parity must match data from the start: zero the data area (cheap on sparse backends).
+    for device in &devices {
+        let flags = strata_core::ZeroFlags {
+            may_trim: false,
+            ..Default::default()
+        };
+        device
+            .write_zeroes(data_start, stripes * chunk, flags)
+            .await?;
+    }
+    let members = Members::new(
+        children,
+        (0..n).map(|_| member(MemberState::Active)).collect(),
+    );
+    let mirror = MirrorDevice::new(members.clone());
+    let format = FormatOptions::new(OWNER);
+    let store = MetaStore::format(mirror, 0, META_BYTES, format, store_options(&name)).await?;
+    let record = ArrayRecord {
+        members: n,
+        chunk_bytes: chunk,
+        journal_bytes: journal,
+        data_start,
+        stripes,
+        uuid: store.uuid(),
+        states: vec![(MemberState::Active, 0); n],
+    };
+    store.transact(TxnClass::Normal, |_, txn| {
+        let blob = txn.create_blob(BLOB);
+        txn.put_blob(blob, record.encode());
+        txn.create_table(LOST, 4);
+        Ok(())
+    })?;
+    store.commit().await?;
+    let array = Arc::new(build(name, members, store, record, settings, runtime)?);
+    array.reset_journals().await?;
+    array.persist().await?;
+    Ok(array)
+}
+
+fn build(
+    name: String,
+    members: Arc<Members>,
+    store: Arc<MetaStore>,
+    record: ArrayRecord,
+    settings: Settings,
+    runtime: Arc<dyn Runtime>,
+) -> Result<Array> {
+    let (blob_id, lost_id, lost) = store
+        .read(|state| {
+            let blob = state.id(BLOB)?;
+            let lost_id = state.id(LOST)?;
+            let table = state.table(lost_id)?;
+            let lost: BTreeMap<u64, usize> = table
+                .iter_from(0)
+                .map(|(stripe, v)| {
+                    (
+                        stripe,
+                        u32::from_le_bytes(v.try_into().unwrap()) as usize - 1,
+                    )
+                })
+                .collect();
+            Some((blob, lost_id, lost))
+        })
+        .ok_or_else(|| invalid(&name, "metadata lacks the raid5 objects"))?;
+    let layout = Layout::new(
+        record.members,
+        record.chunk_bytes,
+        record.data_start,
+        record.stripes,
+    );
+    let min_io = (0..record.members)
+        .filter_map(|m| members.device(m))
+        .map(|d| d.geometry().min_io)
+        .max()
+        .unwrap_or(512)
+        .max(512);
+    let journals = (0..record.members)
+        .map(|m| Journal::new(m, META_BYTES, record.journal_bytes, record.uuid))
+        .collect();
+    Ok(Array {
+        epoch_base: store.next_txn() << 20,
+        name,
+        runtime,
+        layout,
+        min_io,
+        members,
+        store,
+        blob_id,
+        lost_id,
+        record: Mutex::new(record),
+        journals,
+        locks: (0..STRIPE_LOCKS)
+            .map(|_| tokio::sync::Mutex::new(()))
+            .collect(),
+        gate: tokio::sync::RwLock::new(()),
+        fail_lock: tokio::sync::Mutex::new(()),
+        full: Mutex::new(FullWrites::default()),
+        lost: Mutex::new(lost),
+        activity: Mutex::new(None),
+        skip_journal: settings.unsafe_skip_journal,
+        resets: AtomicU64::new(0),
+    })
+}

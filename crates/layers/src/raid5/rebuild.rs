@@ -1,0 +1,194 @@
+//! Online rebuild onto a replacement member.
+//!
+//! `ReplaceMember` copies the metadata region onto the new device (under the mirror's copy
+//! gate, so no commit slips between), starts its journal, records it as *rebuilding* with
+//! checkpoint 0, and spawns the rebuild through the runtime. The rebuild walks the stripes
+//! in batches of [`BATCH`] run concurrently; each stripe, under the gate and its stripe lock,
+//! is read from every other member, XORed and written to the new one, and is marked rebuilt
+//! in memory before the lock drops, so that writes from then on update the new member too.
+//! Every [`CHECKPOINT_STRIPES`] stripes the new member is flushed and the checkpoint
+//! committed; after a restart the rebuild resumes there (the stripes rebuilt past it are
+//! simply rebuilt again).
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures_util::future::join_all;
+use strata_core::{Activity, BlockError, DeviceRef, Member, Result, WriteFlags};
+
+use super::array::{Array, Fault};
+use super::members::{MemberState, META_BYTES};
+use super::plan::xor_into;
+
+/// Stripes rebuilt concurrently.
+pub const BATCH: u64 = 8;
+/// Stripes between durable checkpoints.
+pub const CHECKPOINT_STRIPES: u64 = 64;
+
+impl Array {
+    pub async fn replace_member(self: &Arc<Self>, index: usize, member: Member) -> Result<()> {
+        let n = self.layout.members;
+        if index >= n {
+            return Err(BlockError::InvalidArgument(format!(
+                "raid5 {}: no member {index}",
+                self.name
+            )));
+        }
+        let state = self.members.lock()[index].state;
+        if state != MemberState::Failed {
+            return Err(BlockError::InvalidArgument(format!(
+                "raid5 {}: member {index} is {state:?}; only a failed member can be replaced",
+                self.name
+            )));
+        }
+        let need = self.layout.data_start + self.layout.stripes * self.layout.chunk_bytes;
+        let size = member.device.geometry().size;
+        if size < need {
+            return Err(BlockError::InvalidArgument(format!(
+                "raid5 {}: replacement {} has {size} bytes, the array needs {need}",
+                self.name, member.name
+            )));
+        }
+        self.install(index, member.device).await?;
+        let array = self.clone();
+        self.runtime.spawn(Box::pin(async move {
+            if let Err(error) = array.rebuild(index).await {
+                tracing::error!(array = %array.name, member = index, %error, "raid5: rebuild stopped");
+            }
+            *array.activity.lock().unwrap() = None;
+        }));
+        Ok(())
+    }
+
+    /// Puts `device` in place of member `index` as a rebuilding member with checkpoint 0.
+    async fn install(&self, index: usize, device: DeviceRef) -> Result<()> {
+        {
+            let _copy = self.members.copy_gate.write().await;
+            let region = self.metadata_region().await?;
+            device.write(0, region, WriteFlags { fua: true }).await?;
+            self.members.set_device(index, device.clone());
+            let mut table = self.members.lock();
+            table[index].state = MemberState::Rebuilding;
+            table[index].cursor = 0;
+            table[index].extra.clear();
+            table[index].durable = false;
+        }
+        // Records logged before the replacement may leave this member out (degraded updates)
+        // or carry its pre-failure contents: replayed after it is back, the older ones would
+        // overwrite what the rebuild derives. Emptying every journal (after a flush) retires
+        // them all; the new member's journal starts in the same step.
+        self.reset_journals().await?;
+        self.record.lock().unwrap().states[index].1 = 0;
+        self.persist().await?;
+        tracing::info!(array = %self.name, member = index, "raid5: member replaced; rebuilding");
+        Ok(())
+    }
+
+    async fn metadata_region(&self) -> Result<Bytes> {
+        for m in 0..self.layout.members {
+            if self.members.lock()[m].state != MemberState::Active {
+                continue;
+            }
+            if let Ok(bytes) = self.m_read(m, 0, META_BYTES).await {
+                return Ok(Bytes::from(bytes));
+            }
+        }
+        Err(Array::io_error(format!(
+            "raid5 {}: no member to copy metadata from",
+            self.name
+        )))
+    }
+
+    /// Rebuilds member `index` from its durable checkpoint to the end.
+    pub async fn rebuild(&self, index: usize) -> Result<()> {
+        let stripes = self.layout.stripes;
+        let mut next = self.members.lock()[index].cursor;
+        while next < stripes {
+            self.set_activity(index, next);
+            let end = (next + BATCH).min(stripes);
+            let steps = (next..end).map(|s| self.rebuild_stripe(index, s));
+            for result in join_all(steps).await {
+                result?;
+            }
+            {
+                let mut table = self.members.lock();
+                if table[index].state != MemberState::Rebuilding {
+                    return Err(Array::io_error(format!(
+                        "raid5 {}: member {index} failed during its rebuild",
+                        self.name
+                    )));
+                }
+                table[index].cursor = end;
+                table[index].extra.retain(|&s| s >= end);
+            }
+            next = end;
+            if next.is_multiple_of(CHECKPOINT_STRIPES) || next == stripes {
+                self.checkpoint(index, next).await?;
+            }
+        }
+        self.members.lock()[index].state = MemberState::Active;
+        self.persist().await?;
+        tracing::info!(array = %self.name, member = index, "raid5: rebuild complete");
+        Ok(())
+    }
+
+    async fn checkpoint(&self, index: usize, cursor: u64) -> Result<()> {
+        let device = self.members.device(index).ok_or(Fault { member: index });
+        let flushed = match device {
+            Ok(device) => device.flush().await.is_ok(),
+            Err(_) => false,
+        };
+        if !flushed {
+            self.fail_member(index).await?;
+            return Err(Array::io_error(format!(
+                "raid5 {}: replacement failed",
+                self.name
+            )));
+        }
+        self.record.lock().unwrap().states[index].1 = cursor;
+        self.persist().await
+    }
+
+    async fn rebuild_stripe(&self, index: usize, stripe: u64) -> Result<()> {
+        let _gate = self.gate.read().await;
+        let _lock = self.stripe_lock(stripe).lock().await;
+        if self.members.lock()[index].state != MemberState::Rebuilding {
+            return Ok(());
+        }
+        let chunk = self.layout.chunk_bytes;
+        let offset = self.layout.member_offset(stripe, 0);
+        let sources = (0..self.layout.members).filter(|&m| m != index);
+        let reads = join_all(sources.map(|m| self.m_read(m, offset, chunk))).await;
+        let mut sum = vec![0u8; chunk as usize];
+        for read in reads {
+            match read {
+                Ok(bytes) => xor_into(&mut sum, &bytes),
+                Err(Fault { member }) => {
+                    self.fail_member(member).await?;
+                    return Err(Array::io_error(format!(
+                        "raid5 {}: rebuild source failed",
+                        self.name
+                    )));
+                }
+            }
+        }
+        if let Err(Fault { member }) = self.m_write(index, offset, Bytes::from(sum), false).await {
+            self.fail_member(member).await?;
+            return Err(Array::io_error(format!(
+                "raid5 {}: replacement write failed",
+                self.name
+            )));
+        }
+        self.members.lock()[index].extra.insert(stripe);
+        Ok(())
+    }
+
+    fn set_activity(&self, index: usize, done: u64) {
+        let bytes = self.layout.chunk_bytes;
+        *self.activity.lock().unwrap() = Some(Activity {
+            what: format!("rebuilding member {index}"),
+            done_bytes: done * bytes,
+            total_bytes: self.layout.stripes * bytes,
+        });
+    }
+}
