@@ -214,7 +214,7 @@ fn key_dir(name: &str) -> PathBuf {
     dir
 }
 
-async fn build(dir: &PathBuf, options: &[(&str, OptionValue)]) -> strata_core::Result<DeviceRef> {
+async fn build(dir: &std::path::Path, options: &[(&str, OptionValue)]) -> strata_core::Result<DeviceRef> {
     let values: BTreeMap<String, OptionValue> = options
         .iter()
         .map(|(k, v)| (k.to_string(), v.clone()))
@@ -223,7 +223,7 @@ async fn build(dir: &PathBuf, options: &[(&str, OptionValue)]) -> strata_core::R
         name: "secret".into(),
         children: vec![Some(Arc::new(MemoryDevice::new(1 << 20)) as DeviceRef)],
         child_names: vec!["d0".into()],
-        options: Options::new(values, dir.clone()),
+        options: Options::new(values, dir.to_path_buf()),
         runtime: TokioRuntime::current(),
     };
     (crypt::KIND.build)(args).await
