@@ -40,7 +40,8 @@ where
 /// The real runtime: tokio's executor, its blocking pool and the monotonic clock.
 pub struct TokioRuntime {
     handle: tokio::runtime::Handle,
-    started: std::time::Instant,
+    /// tokio's clock, so that tests with a paused clock (`start_paused`) see virtual time.
+    started: tokio::time::Instant,
 }
 
 impl TokioRuntime {
@@ -51,7 +52,7 @@ impl TokioRuntime {
     pub fn current() -> std::sync::Arc<Self> {
         std::sync::Arc::new(TokioRuntime {
             handle: tokio::runtime::Handle::current(),
-            started: std::time::Instant::now(),
+            started: tokio::time::Instant::now(),
         })
     }
 }

@@ -300,9 +300,7 @@ pub fn assemble(labels: Vec<(std::path::PathBuf, Option<Label>)>) -> anyhow::Res
             label.uuid,
             newest.uuid
         );
-        let listed = newest
-            .hierarchy
-            .contains(&format!("name = {}", toml_string(&label.member)));
+        let listed = members_of(&newest.hierarchy).contains(&label.member);
         anyhow::ensure!(
             label.generation == newest.generation || listed,
             "{} ({}) is at generation {}, the hierarchy at {}, and no longer lists it: it left the hierarchy",
@@ -321,6 +319,22 @@ pub fn assemble(labels: Vec<(std::path::PathBuf, Option<Label>)>) -> anyhow::Res
         label: newest,
         paths,
     })
+}
+
+/// The disks a graph puts under layers (the members its labels are written to).
+fn members_of(hierarchy: &str) -> std::collections::HashSet<String> {
+    let doc: toml::Table = toml::from_str(hierarchy).unwrap_or_default();
+    let layers = doc
+        .get("layer")
+        .and_then(|l| l.as_array())
+        .cloned()
+        .unwrap_or_default();
+    layers
+        .iter()
+        .filter_map(|l| l.get("children").and_then(|c| c.as_array()))
+        .flatten()
+        .filter_map(|c| c.as_str().map(str::to_string))
+        .collect()
 }
 
 /// The configuration text `--assemble` serves: the label's graph, with the paths found and
@@ -351,9 +365,9 @@ pub fn assembled_config(assembly: &Assembly) -> anyhow::Result<String> {
             }
         }
     }
-    let mut text = String::from(
-        "listen = [\"unix:nbd.sock\", \"tcp:127.0.0.1:10809\"]\nadmin = \"admin.sock\"\n",
-    );
+    // Unix socket only: a TCP port may be taken, and exposing one is the operator's choice
+    // (edit assembled.toml and serve it with --config).
+    let mut text = String::from("listen = [\"unix:nbd.sock\"]\nadmin = \"admin.sock\"\n");
     text.push_str(&toml::to_string(&doc)?);
     Ok(text)
 }
@@ -459,10 +473,15 @@ mod tests {
     }
 
     fn label(uuid: u8, generation: u64, member: &str, members: &[&str]) -> Label {
-        let hierarchy = members
+        let disks: String = members
             .iter()
             .map(|m| format!("[[disk]]\nname = \"{m}\"\n"))
             .collect();
+        let children: Vec<String> = members.iter().map(|m| format!("\"{m}\"")).collect();
+        let hierarchy = format!(
+            "{disks}[[layer]]\nname = \"l\"\nkind = \"concat\"\nchildren = [{}]\n",
+            children.join(", ")
+        );
         Label {
             uuid: uuid_text([uuid; 16]),
             generation,

@@ -133,6 +133,13 @@ fn add_disk(doc: &mut DocumentMut, name: &str, path: &Path, size: u64) {
     }
 }
 
+/// Drops the `[[disk]]` of a member that left the hierarchy (its file stays where it is).
+fn remove_disk(doc: &mut DocumentMut, name: &str) {
+    if let Some(disks) = doc.get_mut("disk").and_then(Item::as_array_of_tables_mut) {
+        disks.retain(|t| t.get("name").and_then(|n| n.as_str()) != Some(name));
+    }
+}
+
 fn children_array(table: &mut Table) -> anyhow::Result<&mut Array> {
     table
         .get_mut("children")
@@ -223,6 +230,8 @@ impl Reconfig {
                     Ok(())
                 })?;
                 add_disk(&mut doc, &name, path, size);
+                let old = self.loaded.layers[index].children[at].clone();
+                remove_disk(&mut doc, &old);
                 (
                     layer.clone(),
                     doc,
