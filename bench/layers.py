@@ -54,8 +54,11 @@ def fio(sock: Path, export: str, rw: str, bs: int, qd: int, seconds: int, size: 
     argv = ["fio", "--name=bench", "--ioengine=nbd", f"--uri=nbd+unix:///{export}?socket={sock}", f"--rw={rw}",
             f"--bs={bs}", f"--iodepth={qd}", f"--size={size}", "--time_based", f"--runtime={seconds}",
             "--ramp_time=1", "--output-format=json"]
-    out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
-    job = json.loads(out)["jobs"][0]
+    proc = subprocess.run(argv, capture_output=True, text=True)
+    out = proc.stdout
+    if proc.returncode != 0 or "{" not in out:
+        raise RuntimeError(f"fio {export} {rw} failed: {proc.stderr[-2000:]}{out[-2000:]}")
+    job = json.loads(out[out.index("{"):])["jobs"][0]
     side = job["read"] if "read" in rw else job["write"]
     return {"mib_s": side["bw_bytes"] / 2**20, "iops": side["iops"], "ios": side["total_ios"]}
 
