@@ -213,3 +213,29 @@ def test_mirror_member_fails_is_replaced_online_and_the_change_survives(server_f
     proc, _ = assemble(srv, workdir, [srv.disk_file("d0"), srv.disk_file("d1")], "stale")
     out, err = proc.communicate(timeout=30)
     assert proc.returncode != 0 and "left the hierarchy" in err, err
+
+
+def test_assemble_serves_a_raid5_with_a_member_missing(server_factory, workdir):
+    spec = ServerSpec(disks=[Disk(f"d{i}", 64 * MiB) for i in range(3)],
+                      layers=[Layer(name="r5", kind="raid5", children=["d0", "d1", "d2"], options={"chunk": "64KiB"})],
+                      exports=[Export("vol", "r5")])
+    srv = server_factory(spec)
+    data = pattern_bytes(31, 24 * MiB)
+    with nbd_handle(srv) as h:
+        put(h, data, 5 * MiB)
+        h.flush()
+    srv.stop()
+    proc, data_dir = assemble(srv, workdir, [srv.disk_file("d0"), srv.disk_file("d2")], "degraded")
+    try:
+        wait_ready(proc)
+        import nbd
+        h = nbd.NBD()
+        h.connect_uri(f"nbd+unix:///vol?socket={data_dir}/nbd.sock")
+        assert get(h, len(data), 5 * MiB) == data
+        h.shutdown()
+        status = json.loads(strata("status", "--json", "--data-dir", data_dir).stdout)
+        r5 = next(d for d in status["devices"] if d["name"] == "r5")
+        assert r5["health"] == "degraded", r5
+    finally:
+        proc.terminate()
+        assert proc.wait(30) == 0
