@@ -221,6 +221,8 @@ impl Array {
                 by_member.entry((member, epoch)).or_default().push(seq);
             }
         }
+        // Appends hold the gate shared, so that a reset never runs under them.
+        let gate = self.gate.read().await;
         for ((member, epoch), seqs) in by_member {
             let Some(device) = self.members.device(member) else {
                 continue;
@@ -233,7 +235,10 @@ impl Array {
                     .append(&device, &record, Some(epoch))
                     .await
                 {
-                    Ok(Appended::Full) => return self.reset_journals().await,
+                    Ok(Appended::Full) => {
+                        drop(gate);
+                        return self.reset_journals().await;
+                    }
                     Ok(_) => {}
                     Err(_) => self.fail_member(member).await?,
                 }

@@ -264,7 +264,16 @@ impl Journal {
             .write(self.base, Bytes::from(block), WriteFlags { fua: true })
             .await?;
         let mut state = self.lock();
-        assert!(state.pending.is_empty(), "reset with records queued");
+        // Appenders hold the array's gate, which a reset holds exclusively: records can only
+        // still be queued when their appender was cancelled (its update never reached the
+        // members) or a journal write failed. None of them was acknowledged; drop them.
+        if !state.pending.is_empty() {
+            tracing::debug!(
+                member = self.member,
+                records = state.pending.len(),
+                "raid5: journal reset drops abandoned records"
+            );
+        }
         *state = State {
             epoch,
             next_block: 1,
@@ -322,6 +331,14 @@ impl Journal {
             let _writer = self.writer.lock().await;
             let batch = std::mem::take(&mut self.lock().pending);
             let Some(&(_, first, _)) = batch.first() else {
+                // Not queued, not durable, not failed: a reset dropped it (it cannot happen
+                // to an appender holding the gate; refuse rather than spin).
+                if self.lock().durable <= seq {
+                    return Err(journal_error(
+                        self.member,
+                        "record dropped by a journal reset",
+                    ));
+                }
                 continue;
             };
             let last = batch.last().expect("non-empty").0;

@@ -34,7 +34,7 @@ mod recover;
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
-use futures_util::future::try_join_all;
+use futures_util::future::{join_all, try_join_all};
 use strata_core::{
     async_trait, BlockDevice, BlockError, Capabilities, Control, ControlReply, DeviceRef, Extent,
     ExtentState, Geometry, Health, NodeStatus, Result, Runtime, WriteFlags, ZeroFlags,
@@ -180,12 +180,14 @@ impl Raid5 {
         let a = &self.array;
         a.check_alive()?;
         let pieces = a.layout.split(offset, data.len() as u64);
-        try_join_all(pieces.into_iter().map(|(stripe, within, len, src)| {
+        // join_all, not try_join_all: a failed stripe must not cancel its siblings halfway
+        // through their updates (the journal would then hold records nobody waits for).
+        let results = join_all(pieces.into_iter().map(|(stripe, within, len, src)| {
             let data = data.slice(src as usize..(src + len) as usize);
             async move { a.write_stripe(stripe, within, &data, fua).await }
         }))
-        .await?;
-        Ok(())
+        .await;
+        results.into_iter().collect()
     }
 }
 
