@@ -204,3 +204,58 @@ fn write_hole_without_journal_is_caught() {
     eprintln!("without the journal, {caught} of 300 seeds end with wrong data");
     assert!(caught > 0, "the harness did not catch the open write hole");
 }
+
+/// A member whose writes fail is failed durably: the write still succeeds (degraded), the
+/// data read back are right, and after a power cut the reopened array still knows the member
+/// failed (its stale chunks are never read). A second member's failure fails the array: EIO,
+/// never wrong data.
+#[test]
+fn failing_member_is_recorded_and_a_second_failure_stops_the_array() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let geometries = vec![sector_disk(disk_bytes()); 3];
+        let group = CrashGroup::new();
+        let disks = open_disks(&group, &geometries, None);
+        let children = disks
+            .iter()
+            .cloned()
+            .map(|d| Some(Arc::new(d) as DeviceRef))
+            .collect();
+        let raid = open(children, false).await.unwrap();
+        disks[1].fail_writes(META_BYTES + JOURNAL, disk_bytes());
+        let data = vec![5u8; 3 * CHUNK as usize];
+        raid.write(0, data.clone().into(), WriteFlags::default())
+            .await
+            .unwrap();
+        assert_eq!(
+            raid.member_states()[1],
+            strata_layers::raid5::MemberState::Failed
+        );
+        assert_eq!(&raid.read(0, data.len()).await.unwrap()[..], &data[..]);
+        raid.flush().await.unwrap();
+        let mut rng = CrashRng::seed_from_u64(7);
+        let images = group.crash_with(strata_crash::CrashPolicy::DropAll, &mut rng);
+        let group = CrashGroup::new();
+        let children = images
+            .into_iter()
+            .map(|i| Some(Arc::new(group.disk_from(i)) as DeviceRef))
+            .collect();
+        let raid = open(children, false).await.unwrap();
+        assert_eq!(
+            raid.member_states()[1],
+            strata_layers::raid5::MemberState::Failed
+        );
+        assert_eq!(&raid.read(0, data.len()).await.unwrap()[..], &data[..]);
+        raid.control(strata_core::Control::FailMember { index: 0 })
+            .await
+            .unwrap_err();
+        assert!(raid.read(0, 512).await.is_err());
+        assert!(raid
+            .write(0, vec![1u8; 512].into(), WriteFlags::default())
+            .await
+            .is_err());
+    });
+}
