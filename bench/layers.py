@@ -50,10 +50,11 @@ def config(base: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-def fio(sock: Path, export: str, rw: str, bs: int, qd: int, seconds: int, size: str = "1536M") -> dict:
+def fio(sock: Path, export: str, rw: str, bs: int, qd: int, seconds: int, size: str = "1536M",
+        ramp: bool = True) -> dict:
     argv = ["fio", "--name=bench", "--ioengine=nbd", f"--uri=nbd+unix:///{export}?socket={sock}", f"--rw={rw}",
             f"--bs={bs}", f"--iodepth={qd}", f"--size={size}", "--time_based", f"--runtime={seconds}",
-            "--ramp_time=1", "--output-format=json"]
+            "--output-format=json"] + (["--ramp_time=1"] if ramp else [])
     proc = subprocess.run(argv, capture_output=True, text=True)
     out = proc.stdout
     if proc.returncode != 0 or "{" not in out:
@@ -108,7 +109,8 @@ def main() -> int:
             add("write one", fio(sock, "one", "write", 3 * CHUNK, 8, SECONDS)["mib_s"])
             add("write raid5", fio(sock, "raid5", "write", 3 * CHUNK, 8, SECONDS)["mib_s"])
             before = member_ios(work)
-            small = fio(sock, "raid5", "randwrite", 4096, 8, max(3, SECONDS // 2))
+            # No ramp: the member counters see every write, so fio must count every write.
+            small = fio(sock, "raid5", "randwrite", 4096, 8, max(3, SECONDS // 2), ramp=False)
             add("member ios per 4k write", (member_ios(work) - before) / max(1, small["ios"]))
             add("raid5 4k randwrite iops", small["iops"])
         med = {k: statistics.median(v) for k, v in rows.items()}
