@@ -2,13 +2,13 @@
 //! owns its children below; layers that keep state keep it through `strata_meta`. The
 //! registry lists every kind the configuration can name.
 
-pub mod raid5;
-pub mod registry;
 pub mod concat;
 pub mod crypt;
 pub mod delay;
 pub mod fault;
 pub mod mirror;
+pub mod raid5;
+pub mod registry;
 pub mod slice;
 pub mod stripe;
 pub mod thin;

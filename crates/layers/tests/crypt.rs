@@ -214,7 +214,10 @@ fn key_dir(name: &str) -> PathBuf {
     dir
 }
 
-async fn build(dir: &std::path::Path, options: &[(&str, OptionValue)]) -> strata_core::Result<DeviceRef> {
+async fn build(
+    dir: &std::path::Path,
+    options: &[(&str, OptionValue)],
+) -> strata_core::Result<DeviceRef> {
     let values: BTreeMap<String, OptionValue> = options
         .iter()
         .map(|(k, v)| (k.to_string(), v.clone()))
