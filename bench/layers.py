@@ -129,6 +129,9 @@ def main() -> int:
         server.terminate()
         server.wait(30)
         log.close()
+        # The member files are sparse but grow to gigabytes over a run.
+        import shutil
+        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
