@@ -239,3 +239,15 @@ def test_assemble_serves_a_raid5_with_a_member_missing(server_factory, workdir):
     finally:
         proc.terminate()
         assert proc.wait(30) == 0
+
+
+def test_a_disk_holding_data_is_never_labelled_over(workdir):
+    data_dir = workdir / "data"
+    data_dir.mkdir()
+    (data_dir / "d0.img").write_bytes(b"precious" * (8 * MiB // 8))
+    (data_dir / "strata.toml").write_text(
+        'listen = ["unix:nbd.sock"]\n[[disk]]\nname = "d0"\npath = "d0.img"\n'
+        '[[layer]]\nname = "p"\nkind = "slice"\nchildren = ["d0"]\n[[export]]\nname = "v"\ndevice = "p"\n')
+    proc = strata("serve", "--config", data_dir / "strata.toml", check=False, timeout=30)
+    assert proc.returncode != 0 and "refusing to overwrite" in proc.stderr, proc.stderr
+    assert (data_dir / "d0.img").read_bytes()[:8] == b"precious"

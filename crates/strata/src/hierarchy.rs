@@ -207,7 +207,11 @@ pub async fn reconcile(
     let hierarchy = render_hierarchy(loaded);
     let mut labels = Vec::new();
     for (name, device) in disks {
-        labels.push((name, read_label(device.as_ref()).await?));
+        let label = read_label(device.as_ref()).await?;
+        if label.is_none() {
+            refuse_to_overwrite(name, device.as_ref()).await?;
+        }
+        labels.push((name, label));
     }
     let mut uuid: Option<(&str, &str)> = None;
     for (name, label) in &labels {
@@ -249,6 +253,24 @@ pub async fn reconcile(
     }
     tracing::info!(generation, %uuid, disks = disks.len(), "hierarchy labels written");
     Ok(generation)
+}
+
+/// A disk without a label gets one only if its first 64 KiB are zeros: anything else is
+/// somebody's data (a disk used before, a file system), and a label would destroy it.
+async fn refuse_to_overwrite(name: &str, device: &dyn BlockDevice) -> anyhow::Result<()> {
+    if device.geometry().size < LABEL_BYTES {
+        anyhow::bail!("disk {name} is smaller than its {LABEL_BYTES}-byte hierarchy label");
+    }
+    let head = device.read(0, LABEL_BYTES as usize).await?;
+    if head.iter().any(|&b| b != 0) {
+        anyhow::bail!(
+            "disk {name} holds data where its hierarchy label goes (its first {} KiB are not \
+             zeros) and no Strata label: refusing to overwrite it. Use an empty disk, or clear \
+             those bytes if the data is not wanted",
+            LABEL_BYTES >> 10
+        );
+    }
+    Ok(())
 }
 
 /// Disks that sit under a layer and so carry a label.
