@@ -257,7 +257,7 @@ pub async fn reconcile(
 
 /// A disk without a label gets one only if its first 64 KiB are zeros: anything else is
 /// somebody's data (a disk used before, a file system), and a label would destroy it.
-async fn refuse_to_overwrite(name: &str, device: &dyn BlockDevice) -> anyhow::Result<()> {
+pub async fn refuse_to_overwrite(name: &str, device: &dyn BlockDevice) -> anyhow::Result<()> {
     if device.geometry().size < LABEL_BYTES {
         anyhow::bail!("disk {name} is smaller than its {LABEL_BYTES}-byte hierarchy label");
     }

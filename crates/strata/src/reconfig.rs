@@ -267,7 +267,7 @@ impl Reconfig {
             .with_context(|| format!("layer {layer_name:?} is not a device this server built"))?;
         let control = match (&change, &new_disk) {
             (Change::Replace { .. }, Some((name, path, size, Some(at)))) => {
-                let (disk, device) = self.labelled(name, path, *size)?;
+                let (disk, device) = self.labelled(name, path, *size).await?;
                 nodes.push(Node {
                     name: name.clone(),
                     kind: NodeKind::Device(device.clone()),
@@ -282,7 +282,7 @@ impl Reconfig {
                 }
             }
             (Change::AddMember { .. }, Some((name, path, size, None))) => {
-                let (disk, device) = self.labelled(name, path, *size)?;
+                let (disk, device) = self.labelled(name, path, *size).await?;
                 nodes.push(Node {
                     name: name.clone(),
                     kind: NodeKind::Device(device.clone()),
@@ -319,13 +319,23 @@ impl Reconfig {
         self.record(&new_text, loaded, nodes).await
     }
 
-    fn labelled(
+    /// Opens a new member, refusing one that holds data (before the layer is told anything).
+    async fn labelled(
         &self,
         name: &str,
         path: &Path,
         size: u64,
     ) -> anyhow::Result<(DeviceRef, DeviceRef)> {
         let disk = self.open_disk(name, path, size)?;
+        if let Some(label) = hierarchy::read_label(disk.as_ref()).await? {
+            bail!(
+                "{} already belongs to hierarchy {} (as member {}): clear its first 64 KiB to reuse it",
+                path.display(),
+                label.uuid,
+                label.member
+            );
+        }
+        hierarchy::refuse_to_overwrite(name, disk.as_ref()).await?;
         let view: DeviceRef = Arc::new(Labelled::new(name, disk.clone())?);
         Ok((disk, view))
     }
