@@ -8,12 +8,25 @@
 //! `docs/layers/raid5.md` for why the parity member is the right place (its loss leaves the
 //! data chunks intact, and its survival keeps the record).
 //!
-//! Group commit: records queued while a journal write is in flight go out together in the
-//! next write, so concurrent stripe updates on one member share one journal I/O.
+//! Lanes: the region after the superblock is split into up to [`MAX_LANES`] lanes, each a
+//! log of its own with one write in flight at a time, so a torn batch is always the last
+//! thing in its lane. A record goes to an idle lane if there is one, so up to that many
+//! journal writes of one member run at once: with one lane, every stripe update whose parity
+//! is on a member waited for the previous one's journal write, which waits behind the
+//! member's queued data, and the array could not keep its members busy.
 //!
-//! Lock rule: `state` (std Mutex) never across an await; `writer` (async Mutex) serializes the
-//! journal writes of one member, so batch k+1 starts only once batch k is durable, and a
-//! torn batch is always the last thing in the log.
+//! Group commit: when every lane is busy, a record joins a lane's queue and goes out with the
+//! others queued there in that lane's next write, so concurrent stripe updates on one member
+//! share journal I/O.
+//!
+//! Order: every record carries a seq, counted per journal and epoch in append order; recovery
+//! reads every lane and orders records by seq. Two updates of one stripe never overlap (the
+//! stripe lock), so the later one's seq is higher and it was appended after the earlier one
+//! was durable: whatever lane tails a crash tears, a stripe's surviving records are a prefix
+//! of its history in seq order.
+//!
+//! Lock rule: `state` (std Mutex) never across an await; `writers[lane]` (async Mutex)
+//! serializes the journal writes of one lane.
 
 use std::sync::Mutex;
 
@@ -24,7 +37,11 @@ use strata_core::{BlockError, DeviceRef, Result, WriteFlags};
 pub const JBLOCK: u64 = 4096;
 const RECORD_MAGIC: u32 = 0x5335_4a52; // "S5JR"
 const SUPER_MAGIC: u32 = 0x5335_4a53; // "S5JS"
-pub const JOURNAL_VERSION: u32 = 1;
+/// Version 2: lanes (version 1 had a single log).
+pub const JOURNAL_VERSION: u32 = 2;
+/// At most this many lanes per journal; fewer when the journal is small (each lane must hold
+/// two of the largest records).
+pub const MAX_LANES: u64 = 4;
 const HEADER: usize = 56;
 const ENTRY: usize = 20;
 /// Done records list at most this many intent seqs.
@@ -61,13 +78,16 @@ impl Record {
         1 + payload.div_ceil(JBLOCK)
     }
 
-    pub fn encode(&self, epoch: u64, seq: u64) -> Vec<u8> {
+    /// The record as the `index`-th of `lane` in `epoch`, with journal-wide order `seq`.
+    pub fn encode(&self, epoch: u64, seq: u64, lane: u8, index: u32) -> Vec<u8> {
         let mut out = vec![0u8; (self.blocks() * JBLOCK) as usize];
         out[0..4].copy_from_slice(&RECORD_MAGIC.to_le_bytes());
         out[8..16].copy_from_slice(&epoch.to_le_bytes());
         out[16..24].copy_from_slice(&seq.to_le_bytes());
         out[24..32].copy_from_slice(&self.blocks().to_le_bytes());
         out[32] = self.kind();
+        out[33] = lane;
+        out[52..56].copy_from_slice(&index.to_le_bytes());
         let mut at = HEADER;
         match self {
             Record::Update { stripe, writes } => {
@@ -108,14 +128,16 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(b[at..at + 8].try_into().unwrap())
 }
 
-/// Decodes the record at the start of `log` if it is whole and belongs to (epoch, seq).
-pub fn decode(log: &[u8], epoch: u64, seq: u64) -> Option<(Record, u64)> {
+/// Decodes the record at the start of `log` if it is whole and is the `index`-th of `lane`
+/// in `epoch`: (seq, record, blocks).
+pub fn decode(log: &[u8], epoch: u64, lane: u8, index: u32) -> Option<(u64, Record, u64)> {
     if log.len() < JBLOCK as usize || u32_at(log, 0) != RECORD_MAGIC {
         return None;
     }
-    if u64_at(log, 8) != epoch || u64_at(log, 16) != seq {
+    if u64_at(log, 8) != epoch || log[33] != lane || u32_at(log, 52) != index {
         return None;
     }
+    let seq = u64_at(log, 16);
     let blocks = u64_at(log, 24);
     if blocks == 0 || blocks * JBLOCK > log.len() as u64 {
         return None;
@@ -151,24 +173,26 @@ pub fn decode(log: &[u8], epoch: u64, seq: u64) -> Option<(Record, u64)> {
         },
         _ => return None,
     };
-    Some((record, blocks))
+    Some((seq, record, blocks))
 }
 
-/// Block 0 of a journal: which array and member it belongs to, and the current epoch.
-pub fn encode_super(uuid: [u8; 16], member: usize, epoch: u64) -> Vec<u8> {
+/// Block 0 of a journal: which array and member it belongs to, the current epoch, and how
+/// many lanes share the rest of the region.
+pub fn encode_super(uuid: [u8; 16], member: usize, epoch: u64, lanes: u64) -> Vec<u8> {
     let mut out = vec![0u8; JBLOCK as usize];
     out[0..4].copy_from_slice(&SUPER_MAGIC.to_le_bytes());
     out[8..16].copy_from_slice(&epoch.to_le_bytes());
     out[16..32].copy_from_slice(&uuid);
     out[32..36].copy_from_slice(&(member as u32).to_le_bytes());
     out[36..40].copy_from_slice(&JOURNAL_VERSION.to_le_bytes());
+    out[40..48].copy_from_slice(&lanes.to_le_bytes());
     let crc = crc32c::crc32c(&out);
     out[4..8].copy_from_slice(&crc.to_le_bytes());
     out
 }
 
-/// (uuid, member, epoch) of a valid journal superblock.
-pub fn decode_super(block: &[u8]) -> Option<([u8; 16], usize, u64)> {
+/// (uuid, member, epoch, lanes) of a valid journal superblock.
+pub fn decode_super(block: &[u8]) -> Option<([u8; 16], usize, u64, u64)> {
     if block.len() < JBLOCK as usize || u32_at(block, 0) != SUPER_MAGIC {
         return None;
     }
@@ -178,48 +202,103 @@ pub fn decode_super(block: &[u8]) -> Option<([u8; 16], usize, u64)> {
     if crc32c::crc32c(&copy) != crc || u32_at(&copy, 36) != JOURNAL_VERSION {
         return None;
     }
+    let lanes = u64_at(&copy, 40);
+    if !(1..=MAX_LANES).contains(&lanes) {
+        return None;
+    }
     let uuid = copy[16..32].try_into().unwrap();
-    Some((uuid, u32_at(&copy, 32) as usize, u64_at(&copy, 8)))
+    Some((uuid, u32_at(&copy, 32) as usize, u64_at(&copy, 8), lanes))
 }
 
-/// Every valid record of a journal region read whole, in order: (seq, record).
+/// Lanes for a journal of `blocks` blocks whose largest record takes `max_record` blocks:
+/// as many as hold two such records each, at most [`MAX_LANES`], at least one.
+pub fn lanes_for(blocks: u64, max_record: u64) -> u64 {
+    ((blocks - 1) / (2 * max_record)).clamp(1, MAX_LANES)
+}
+
+/// Blocks `[first, first + len)` of lane `lane` of `lanes` in a journal of `blocks` blocks.
+fn lane_span(blocks: u64, lanes: u64, lane: u64) -> (u64, u64) {
+    let len = (blocks - 1) / lanes;
+    (1 + lane * len, len)
+}
+
+/// Every valid record of a journal region read whole, in seq order: (seq, record). Each
+/// lane is read up to its first record that is not whole.
 pub fn scan(region: &[u8], uuid: [u8; 16], member: usize) -> Vec<(u64, Record)> {
-    let Some((found, index, epoch)) = decode_super(region) else {
+    let Some((found, index, epoch, lanes)) = decode_super(region) else {
         return Vec::new();
     };
     if found != uuid || index != member {
         return Vec::new();
     }
+    let blocks = region.len() as u64 / JBLOCK;
     let mut out = Vec::new();
-    let mut at = JBLOCK as usize;
-    let mut seq = 0;
-    while let Some((record, blocks)) = decode(&region[at.min(region.len())..], epoch, seq) {
-        out.push((seq, record));
-        at += (blocks * JBLOCK) as usize;
-        seq += 1;
+    for lane in 0..lanes {
+        let (first, len) = lane_span(blocks, lanes, lane);
+        let end = ((first + len) * JBLOCK) as usize;
+        let mut at = (first * JBLOCK) as usize;
+        let mut index = 0;
+        while let Some((seq, record, taken)) =
+            decode(&region[at.min(end)..end], epoch, lane as u8, index)
+        {
+            out.push((seq, record));
+            at += (taken * JBLOCK) as usize;
+            index += 1;
+        }
     }
+    out.sort_by_key(|(seq, _)| *seq);
     out
+}
+
+/// One lane's log: blocks `[first, first + len)`.
+struct Lane {
+    first: u64,
+    len: u64,
+    next_block: u64,
+    next_index: u32,
+    /// Every index below this is durable.
+    durable: u32,
+    /// Queued, not yet written: (index, first block, bytes).
+    pending: Vec<(u32, u64, Vec<u8>)>,
+    /// A batch of this lane is being written.
+    writing: bool,
+}
+
+impl Lane {
+    fn new(first: u64, len: u64) -> Lane {
+        Lane {
+            first,
+            len,
+            next_block: first,
+            next_index: 0,
+            durable: 0,
+            pending: Vec::new(),
+            writing: false,
+        }
+    }
+
+    fn room(&self, blocks: u64) -> bool {
+        self.next_block + blocks <= self.first + self.len
+    }
 }
 
 struct State {
     epoch: u64,
-    next_block: u64,
     next_seq: u64,
-    /// Every seq below this is durable.
-    durable: u64,
-    /// Queued, not yet written: (seq, first block, bytes).
-    pending: Vec<(u64, u64, Vec<u8>)>,
+    lanes: Vec<Lane>,
     failed: Option<String>,
 }
 
-/// One member's journal: a log in `[base, base + blocks * JBLOCK)`, block 0 the superblock.
+/// One member's journal: a region `[base, base + blocks * JBLOCK)`, block 0 the superblock,
+/// the rest split into lanes.
 pub struct Journal {
     member: usize,
     base: u64,
     blocks: u64,
+    lanes: u64,
     uuid: [u8; 16],
     state: Mutex<State>,
-    writer: tokio::sync::Mutex<()>,
+    writers: Vec<tokio::sync::Mutex<()>>,
 }
 
 /// Outcome of an append.
@@ -232,23 +311,38 @@ pub enum Appended {
 }
 
 impl Journal {
-    pub fn new(member: usize, base: u64, bytes: u64, uuid: [u8; 16]) -> Journal {
-        assert!(bytes / JBLOCK >= 8);
+    /// A journal of `bytes` at `base` whose largest record takes `max_record` bytes.
+    pub fn new(member: usize, base: u64, bytes: u64, max_record: u64, uuid: [u8; 16]) -> Journal {
+        let blocks = bytes / JBLOCK;
+        assert!(blocks >= 8);
+        let lanes = lanes_for(blocks, max_record.div_ceil(JBLOCK));
         Journal {
             member,
             base,
-            blocks: bytes / JBLOCK,
+            blocks,
+            lanes,
             uuid,
             state: Mutex::new(State {
                 epoch: 0,
-                next_block: 1,
                 next_seq: 0,
-                durable: 0,
-                pending: Vec::new(),
+                lanes: Self::empty_lanes(blocks, lanes),
                 failed: Some("not yet reset".into()),
             }),
-            writer: tokio::sync::Mutex::new(()),
+            writers: (0..lanes).map(|_| tokio::sync::Mutex::new(())).collect(),
         }
+    }
+
+    fn empty_lanes(blocks: u64, lanes: u64) -> Vec<Lane> {
+        (0..lanes)
+            .map(|lane| {
+                let (first, len) = lane_span(blocks, lanes, lane);
+                Lane::new(first, len)
+            })
+            .collect()
+    }
+
+    pub fn lanes(&self) -> u64 {
+        self.lanes
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -258,8 +352,11 @@ impl Journal {
     /// Empties the journal under a new epoch. Only when nothing is being appended and every
     /// logged update is durable in place (the caller holds the gate exclusively and flushed).
     pub async fn reset(&self, device: &DeviceRef, epoch: u64) -> Result<()> {
-        let _writer = self.writer.lock().await;
-        let block = encode_super(self.uuid, self.member, epoch);
+        let mut writers = Vec::with_capacity(self.writers.len());
+        for writer in &self.writers {
+            writers.push(writer.lock().await);
+        }
+        let block = encode_super(self.uuid, self.member, epoch, self.lanes);
         device
             .write(self.base, Bytes::from(block), WriteFlags { fua: true })
             .await?;
@@ -267,19 +364,18 @@ impl Journal {
         // Appenders hold the array's gate, which a reset holds exclusively: records can only
         // still be queued when their appender was cancelled (its update never reached the
         // members) or a journal write failed. None of them was acknowledged; drop them.
-        if !state.pending.is_empty() {
+        let abandoned: usize = state.lanes.iter().map(|l| l.pending.len()).sum();
+        if abandoned > 0 {
             tracing::debug!(
                 member = self.member,
-                records = state.pending.len(),
+                records = abandoned,
                 "raid5: journal reset drops abandoned records"
             );
         }
         *state = State {
             epoch,
-            next_block: 1,
             next_seq: 0,
-            durable: 0,
-            pending: Vec::new(),
+            lanes: Self::empty_lanes(self.blocks, self.lanes),
             failed: None,
         };
         Ok(())
@@ -287,6 +383,18 @@ impl Journal {
 
     pub fn epoch(&self) -> u64 {
         self.lock().epoch
+    }
+
+    /// The lane for a record of `blocks`: an idle one if any (its write starts at once),
+    /// else one with records already queued (they go out together), else the one with the
+    /// shortest queue; only lanes with room. None when no lane has room.
+    fn choose_lane(lanes: &[Lane], blocks: u64) -> Option<usize> {
+        let fits = || lanes.iter().enumerate().filter(|(_, l)| l.room(blocks));
+        fits()
+            .find(|(_, l)| !l.writing && l.pending.is_empty())
+            .or_else(|| fits().find(|(_, l)| !l.pending.is_empty()))
+            .or_else(|| fits().min_by_key(|(_, l)| l.pending.len()))
+            .map(|(i, _)| i)
     }
 
     /// Logs `record` and returns once it is durable. With `epoch`, only if the journal is
@@ -298,7 +406,7 @@ impl Journal {
         record: &Record,
         epoch: Option<u64>,
     ) -> Result<Appended> {
-        let seq = {
+        let (lane, seq, index) = {
             let mut state = self.lock();
             if let Some(reason) = &state.failed {
                 return Err(journal_error(self.member, reason));
@@ -307,33 +415,43 @@ impl Journal {
                 return Ok(Appended::Stale);
             }
             let blocks = record.blocks();
-            if state.next_block + blocks > self.blocks {
+            let Some(lane) = Self::choose_lane(&state.lanes, blocks) else {
                 return Ok(Appended::Full);
-            }
+            };
             let seq = state.next_seq;
-            let bytes = record.encode(state.epoch, seq);
-            let block = state.next_block;
-            state.pending.push((seq, block, bytes));
             state.next_seq += 1;
-            state.next_block += blocks;
-            seq
+            let epoch = state.epoch;
+            let l = &mut state.lanes[lane];
+            let index = l.next_index;
+            let bytes = record.encode(epoch, seq, lane as u8, index);
+            l.pending.push((index, l.next_block, bytes));
+            l.next_index += 1;
+            l.next_block += blocks;
+            (lane, seq, index)
         };
         loop {
             {
                 let state = self.lock();
-                if state.durable > seq {
+                if state.lanes[lane].durable > index {
                     return Ok(Appended::Durable(seq));
                 }
                 if let Some(reason) = &state.failed {
                     return Err(journal_error(self.member, reason));
                 }
             }
-            let _writer = self.writer.lock().await;
-            let batch = std::mem::take(&mut self.lock().pending);
+            let _writer = self.writers[lane].lock().await;
+            let batch = {
+                let mut state = self.lock();
+                let l = &mut state.lanes[lane];
+                l.writing = true;
+                std::mem::take(&mut l.pending)
+            };
             let Some(&(_, first, _)) = batch.first() else {
+                let mut state = self.lock();
+                state.lanes[lane].writing = false;
                 // Not queued, not durable, not failed: a reset dropped it (it cannot happen
                 // to an appender holding the gate; refuse rather than spin).
-                if self.lock().durable <= seq {
+                if state.lanes[lane].durable <= index && state.failed.is_none() {
                     return Err(journal_error(
                         self.member,
                         "record dropped by a journal reset",
@@ -344,13 +462,15 @@ impl Journal {
             let last = batch.last().expect("non-empty").0;
             let bytes: Vec<u8> = batch.into_iter().flat_map(|(_, _, b)| b).collect();
             let offset = self.base + first * JBLOCK;
-            match device
+            let written = device
                 .write(offset, Bytes::from(bytes), WriteFlags { fua: true })
-                .await
-            {
-                Ok(()) => self.lock().durable = last + 1,
+                .await;
+            let mut state = self.lock();
+            state.lanes[lane].writing = false;
+            match written {
+                Ok(()) => state.lanes[lane].durable = last + 1,
                 Err(error) => {
-                    self.lock().failed = Some(error.to_string());
+                    state.failed = Some(error.to_string());
                     return Err(error);
                 }
             }
@@ -381,9 +501,9 @@ mod tests {
         let intent = Record::Intent { stripe: 9 };
         let done = Record::Done { seqs: vec![1, 5] };
         let uuid = [4u8; 16];
-        let mut region = encode_super(uuid, 2, 77);
+        let mut region = encode_super(uuid, 2, 77, 1);
         for (seq, record) in [&update, &intent, &done].into_iter().enumerate() {
-            region.extend(record.encode(77, seq as u64));
+            region.extend(record.encode(77, seq as u64, 0, seq as u32));
         }
         region.extend(vec![0u8; 8192]);
         let scanned = scan(&region, uuid, 2);
@@ -396,5 +516,66 @@ mod tests {
         // A torn payload ends the log there.
         region[2 * JBLOCK as usize + 10] ^= 1;
         assert!(scan(&region, uuid, 2).is_empty());
+    }
+
+    /// Lanes are read independently and merged by seq: a torn tail in one lane ends only
+    /// that lane, and a record found in the wrong lane or at the wrong index is refused.
+    #[test]
+    fn lanes_merge_by_seq_and_tear_independently() {
+        let uuid = [6u8; 16];
+        let blocks = 1 + 2 * 8;
+        let mut region = vec![0u8; (blocks * JBLOCK) as usize];
+        region[..JBLOCK as usize].copy_from_slice(&encode_super(uuid, 0, 5, 2));
+        let place = |region: &mut Vec<u8>, block: u64, bytes: Vec<u8>| {
+            let at = (block * JBLOCK) as usize;
+            region[at..at + bytes.len()].copy_from_slice(&bytes);
+        };
+        let (lane0, _) = lane_span(blocks, 2, 0);
+        let (lane1, _) = lane_span(blocks, 2, 1);
+        // Lane 0 holds seqs 0 and 3, lane 1 holds 1, 2 and 4.
+        place(
+            &mut region,
+            lane0,
+            Record::Intent { stripe: 10 }.encode(5, 0, 0, 0),
+        );
+        place(
+            &mut region,
+            lane0 + 1,
+            Record::Intent { stripe: 13 }.encode(5, 3, 0, 1),
+        );
+        place(
+            &mut region,
+            lane1,
+            Record::Intent { stripe: 11 }.encode(5, 1, 1, 0),
+        );
+        place(
+            &mut region,
+            lane1 + 1,
+            Record::Intent { stripe: 12 }.encode(5, 2, 1, 1),
+        );
+        place(
+            &mut region,
+            lane1 + 2,
+            Record::Intent { stripe: 14 }.encode(5, 4, 1, 2),
+        );
+        let seqs: Vec<u64> = scan(&region, uuid, 0).iter().map(|r| r.0).collect();
+        assert_eq!(seqs, vec![0, 1, 2, 3, 4]);
+        // Lane 0's second record torn: lane 1 still reads whole.
+        region[((lane0 + 1) * JBLOCK) as usize + 100] ^= 1;
+        let seqs: Vec<u64> = scan(&region, uuid, 0).iter().map(|r| r.0).collect();
+        assert_eq!(seqs, vec![0, 1, 2, 4]);
+        // A record encoded for lane 1 but found in lane 0 is not taken.
+        place(
+            &mut region,
+            lane0 + 1,
+            Record::Intent { stripe: 13 }.encode(5, 3, 1, 1),
+        );
+        assert_eq!(scan(&region, uuid, 0).len(), 4);
+        // Lane counts a journal cannot have are refused.
+        assert!(decode_super(&encode_super(uuid, 0, 5, 0)).is_none());
+        assert!(decode_super(&encode_super(uuid, 0, 5, MAX_LANES + 1)).is_none());
+        assert_eq!(lanes_for(1 + 4 * 33, 33), 2);
+        assert_eq!(lanes_for(9, 33), 1);
+        assert_eq!(lanes_for(1 << 20, 33), MAX_LANES);
     }
 }

@@ -291,7 +291,10 @@ fn build(
         .unwrap_or(512)
         .max(512);
     let journals = (0..record.members)
-        .map(|m| Journal::new(m, META_BYTES, record.journal_bytes, record.uuid))
+        .map(|m| {
+            let max_record = record.members as u64 * record.chunk_bytes + JBLOCK;
+            Journal::new(m, META_BYTES, record.journal_bytes, max_record, record.uuid)
+        })
         .collect();
     Ok(Array {
         epoch_base: store.next_txn() << 20,
