@@ -27,6 +27,7 @@ fn settings(chunk: u64, journal: u64) -> Settings {
     Settings {
         chunk: Some(chunk),
         journal: Some(journal),
+        journal_device: None,
         unsafe_skip_journal: false,
     }
 }
@@ -247,6 +248,7 @@ struct Counting {
     data_writes: AtomicU64,
     journal_writes: AtomicU64,
     other: AtomicU64,
+    fail_writes: std::sync::atomic::AtomicBool,
 }
 
 impl Counting {
@@ -258,6 +260,7 @@ impl Counting {
             data_writes: AtomicU64::new(0),
             journal_writes: AtomicU64::new(0),
             other: AtomicU64::new(0),
+            fail_writes: Default::default(),
         })
     }
 
@@ -298,6 +301,12 @@ impl BlockDevice for Counting {
             &self.other
         };
         counter.fetch_add(1, Ordering::SeqCst);
+        if self.fail_writes.load(Ordering::SeqCst) {
+            return Err(strata_core::BlockError::io(
+                "planted write failure",
+                std::io::Error::from_raw_os_error(5),
+            ));
+        }
         // A real device completes later: let other requests run meanwhile.
         tokio::task::yield_now().await;
         self.inner.write(offset, data, flags).await
@@ -377,6 +386,197 @@ async fn member_io_per_write_is_counted() {
         journal_writes < 32,
         "{journal_writes} journal writes for 32 updates"
     );
+}
+
+fn with_journal_device(chunk: u64, journal: u64, index: usize) -> Settings {
+    Settings {
+        journal_device: Some(index),
+        ..settings(chunk, journal)
+    }
+}
+
+/// Journals on a journal device: a small write costs exactly its 4 member I/Os (2 reads, 2
+/// writes) and a full stripe its 4 writes; every journal record goes to the journal device.
+#[tokio::test]
+async fn journal_device_takes_the_journal_writes() {
+    let chunk = 64 << 10;
+    let journal = 4 << 20;
+    let stripes = 160;
+    let data_start = (META_BYTES + journal).div_ceil(chunk) * chunk;
+    let size = member_size(chunk, journal, stripes);
+    let counting: Vec<Arc<Counting>> = (0..4).map(|_| Counting::new(size, data_start)).collect();
+    let journal_device = Counting::new(4096 + 4 * journal, 0);
+    let mut devices: Vec<Option<DeviceRef>> = counting
+        .iter()
+        .map(|c| Some(c.clone() as DeviceRef))
+        .collect();
+    devices.push(Some(journal_device.clone() as DeviceRef));
+    let settings = with_journal_device(chunk, journal, 4);
+    let raid = Raid5::open(
+        "r5".into(),
+        devices.clone(),
+        settings.clone(),
+        TokioRuntime::current(),
+    )
+    .await
+    .unwrap();
+    totals(&counting);
+    journal_device.take();
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let mut written = Vec::new();
+    for i in 0..50u8 {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        let offset = state % (raid.geometry().size / 4096) * 4096;
+        raid.write(offset, Bytes::from(vec![i; 4096]), WriteFlags::default())
+            .await
+            .unwrap();
+        written.push((offset, i));
+        assert_eq!(totals(&counting), [2, 2, 0, 0], "4 KiB write at {offset}");
+        assert_eq!(
+            journal_device.take(),
+            [0, 1, 0, 0],
+            "journal record at {offset}"
+        );
+    }
+    let stripe = 3 * chunk;
+    raid.write(
+        7 * stripe,
+        Bytes::from(vec![9u8; stripe as usize]),
+        WriteFlags::default(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(totals(&counting), [0, 4, 0, 0]);
+    assert_eq!(journal_device.take(), [0, 1, 0, 0]);
+    raid.flush().await.unwrap();
+    drop(raid);
+    // Reopened from its members and journal device, the array reads back what was written.
+    let raid = Raid5::open("r5".into(), devices, settings, TokioRuntime::current())
+        .await
+        .unwrap();
+    let mut expected = std::collections::HashMap::new();
+    for (offset, value) in written {
+        expected.insert(offset, value);
+    }
+    for (offset, value) in expected {
+        let bytes = raid.read(offset, 4096).await.unwrap();
+        if offset / stripe != 7 {
+            assert!(bytes.iter().all(|&b| b == value), "at {offset}");
+        }
+    }
+    let bytes = raid.read(7 * stripe, stripe as usize).await.unwrap();
+    assert!(bytes.iter().all(|&b| b == 9));
+}
+
+/// The journal device is checked at every open: missing, another array's, blank, not
+/// configured, or configured for an array created without one: each refused with its reason.
+#[tokio::test]
+async fn journal_device_is_checked_at_open() {
+    let size = member_size(CHUNK, JOURNAL, STRIPES);
+    let jd_size = 4096 + 3 * JOURNAL;
+    let array = |n: usize| -> Vec<Option<DeviceRef>> {
+        (0..n)
+            .map(|_| Some(Arc::new(MemoryDevice::new(size)) as DeviceRef))
+            .collect()
+    };
+    let jd = || Some(Arc::new(MemoryDevice::new(jd_size)) as DeviceRef);
+    let open_jd = |devices: Vec<Option<DeviceRef>>| async move {
+        let last = devices.len() - 1;
+        Raid5::open(
+            "r5".into(),
+            devices,
+            with_journal_device(CHUNK, JOURNAL, last),
+            TokioRuntime::current(),
+        )
+        .await
+    };
+    let refused = |result: Result<Raid5>, what: &str| {
+        let error = result.err().expect("refused").to_string();
+        assert!(error.contains(what), "{error}");
+    };
+    // Too small a journal device is refused at creation.
+    let mut small = array(3);
+    small.push(Some(
+        Arc::new(MemoryDevice::new(jd_size - 4096)) as DeviceRef
+    ));
+    refused(open_jd(small).await, "the journal device has");
+    // Create A (with a journal device) and B (with its own).
+    let mut a = array(3);
+    a.push(jd());
+    drop(open_jd(a.clone()).await.unwrap());
+    let mut b = array(3);
+    b.push(jd());
+    drop(open_jd(b.clone()).await.unwrap());
+    // A's members with B's journal device, a blank one, or none at all.
+    let mut mixed = a[..3].to_vec();
+    mixed.push(b[3].clone());
+    refused(open_jd(mixed).await, "belongs to another array");
+    let mut blank = a[..3].to_vec();
+    blank.push(jd());
+    refused(open_jd(blank).await, "holds no raid5 journal header");
+    let mut missing = a[..3].to_vec();
+    missing.push(None);
+    refused(open_jd(missing).await, "the journal device is missing");
+    refused(
+        open(&a[..3], CHUNK, JOURNAL).await,
+        "created with a journal device",
+    );
+    // An array created without one cannot be given one.
+    let c = array(3);
+    drop(open(&c, CHUNK, JOURNAL).await.unwrap());
+    let mut added = c.clone();
+    added.push(jd());
+    refused(open_jd(added).await, "cannot be added later");
+    // A still opens with its own.
+    open_jd(a).await.unwrap();
+}
+
+/// When the journal device fails, writes are refused (no update may start without its write
+/// hole closed) while reads go on, no member is blamed, and the array says read-only.
+#[tokio::test]
+async fn failed_journal_device_refuses_writes_and_keeps_reads() {
+    let size = member_size(CHUNK, JOURNAL, STRIPES);
+    let mut devices: Vec<Option<DeviceRef>> = (0..3)
+        .map(|_| Some(Arc::new(MemoryDevice::new(size)) as DeviceRef))
+        .collect();
+    let journal_device = Counting::new(4096 + 3 * JOURNAL, 0);
+    devices.push(Some(journal_device.clone() as DeviceRef));
+    let raid = Raid5::open(
+        "r5".into(),
+        devices,
+        with_journal_device(CHUNK, JOURNAL, 3),
+        TokioRuntime::current(),
+    )
+    .await
+    .unwrap();
+    raid.write(0, Bytes::from(vec![4u8; 8192]), WriteFlags::default())
+        .await
+        .unwrap();
+    journal_device.fail_writes.store(true, Ordering::SeqCst);
+    let error = raid
+        .write(4096, Bytes::from(vec![5u8; 4096]), WriteFlags::default())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("journal device failed"), "{error}");
+    let again = raid
+        .write(
+            3 * CHUNK * 2,
+            Bytes::from(vec![6u8; 512]),
+            WriteFlags::default(),
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(again.contains("writes are refused"), "{again}");
+    assert!(raid.read(0, 8192).await.unwrap().iter().all(|&b| b == 4));
+    assert!(raid
+        .member_states()
+        .iter()
+        .all(|s| *s == strata_layers::raid5::MemberState::Active));
+    assert_eq!(raid.health(), strata_core::Health::ReadOnly);
 }
 
 async fn rebuild_progress(raid: &Raid5) -> Option<(u64, u64)> {

@@ -80,6 +80,7 @@ fn full_stripe_writes_scale_over_bandwidth_limited_members() {
         let settings = Settings {
             chunk: Some(CHUNK),
             journal: None,
+            journal_device: None,
             unsafe_skip_journal: false,
         };
         let raid = Raid5::open("r5".into(), children, settings, TokioRuntime::current())

@@ -31,10 +31,16 @@ fn disk_bytes() -> u64 {
     (META_BYTES + JOURNAL).div_ceil(CHUNK) * CHUNK + STRIPES * CHUNK
 }
 
-fn settings(skip_journal: bool) -> Settings {
+/// Bytes of a journal device for `members` journals (its header block plus the journals).
+fn journal_device_bytes(members: usize) -> u64 {
+    4096 + members as u64 * JOURNAL
+}
+
+fn settings(skip_journal: bool, journal_device: Option<usize>) -> Settings {
     Settings {
         chunk: Some(CHUNK),
         journal: Some(JOURNAL),
+        journal_device,
         unsafe_skip_journal: skip_journal,
     }
 }
@@ -43,14 +49,40 @@ async fn open(children: Vec<Option<DeviceRef>>, skip_journal: bool) -> strata_co
     Raid5::open(
         "r5".into(),
         children,
-        settings(skip_journal),
+        settings(skip_journal, None),
+        TokioRuntime::current(),
+    )
+    .await
+}
+
+/// Opens with the last child as the journal device.
+async fn open_with_journal_device(children: Vec<Option<DeviceRef>>) -> strata_core::Result<Raid5> {
+    let last = children.len() - 1;
+    Raid5::open(
+        "r5".into(),
+        children,
+        settings(false, Some(last)),
         TokioRuntime::current(),
     )
     .await
 }
 
 fn flat(members: usize, concurrency: usize, name: &'static str, iterations: u64) {
-    let mut config = ScenarioConfig::new(vec![sector_disk(disk_bytes()); members]);
+    flat_with(members, false, concurrency, name, iterations)
+}
+
+fn flat_with(
+    members: usize,
+    journal_device: bool,
+    concurrency: usize,
+    name: &'static str,
+    iterations: u64,
+) {
+    let mut disks = vec![sector_disk(disk_bytes()); members];
+    if journal_device {
+        disks.push(sector_disk(journal_device_bytes(members)));
+    }
+    let mut config = ScenarioConfig::new(disks);
     config.max_write = 3 * CHUNK as usize * (members - 1);
     config.concurrency = concurrency;
     CrashRun {
@@ -62,11 +94,16 @@ fn flat(members: usize, concurrency: usize, name: &'static str, iterations: u64)
         flat_device_scenario(seed, &config, |group, images| {
             let disks = open_disks(group, &config.disks, images);
             async move {
-                let children = disks
+                let children: Vec<Option<DeviceRef>> = disks
                     .into_iter()
                     .map(|d| Some(Arc::new(d) as DeviceRef))
                     .collect();
-                Ok(Arc::new(open(children, false).await?) as DeviceRef)
+                let raid = if journal_device {
+                    open_with_journal_device(children).await?
+                } else {
+                    open(children, false).await?
+                };
+                Ok(Arc::new(raid) as DeviceRef)
             }
         })
     });
@@ -82,20 +119,49 @@ fn flat_scenario_four_members_concurrent() {
     flat(4, 4, "raid5 flat, 4 members, concurrent", 150);
 }
 
+#[test]
+fn flat_scenario_journal_device() {
+    flat_with(3, true, 1, "raid5 flat, 3 members + journal device", 100);
+    flat_with(
+        4,
+        true,
+        4,
+        "raid5 flat, 4 members + journal device, concurrent",
+        100,
+    );
+}
+
 /// One seed of the write-hole scenario. Ok(()) when every sector is legal.
 async fn write_hole_seed(seed: u64, skip_journal: bool) -> Result<CrashStats, String> {
+    write_hole_seed_with(seed, skip_journal, false).await
+}
+
+/// With `journal_device`, the last disk holds the journals and is never the one removed.
+async fn write_hole_seed_with(
+    seed: u64,
+    skip_journal: bool,
+    journal_device: bool,
+) -> Result<CrashStats, String> {
     let mut rng = CrashRng::seed_from_u64(seed);
     let members = rng.random_range(3..=4usize);
-    let geometries = vec![sector_disk(disk_bytes()); members];
+    let mut geometries = vec![sector_disk(disk_bytes()); members];
+    if journal_device {
+        geometries.push(sector_disk(journal_device_bytes(members)));
+    }
+    let reopen = |children: Vec<Option<DeviceRef>>| async move {
+        if journal_device {
+            open_with_journal_device(children).await
+        } else {
+            open(children, skip_journal).await
+        }
+    };
     let group = CrashGroup::new();
     let disks = open_disks(&group, &geometries, None);
     let children = disks
         .into_iter()
         .map(|d| Some(Arc::new(d) as DeviceRef))
         .collect();
-    let raid = open(children, skip_journal)
-        .await
-        .map_err(|e| format!("create: {e}"))?;
+    let raid = reopen(children).await.map_err(|e| format!("create: {e}"))?;
     let size = raid.geometry().size;
     let stripe = CHUNK * (members as u64 - 1);
     let mut model = DeviceModel::new(size);
@@ -158,7 +224,7 @@ async fn write_hole_seed(seed: u64, skip_journal: bool) -> Result<CrashStats, St
             log.join("\n  ")
         )
     };
-    let raid = open(children, skip_journal)
+    let raid = reopen(children)
         .await
         .map_err(|e| fail(format!("reopen: {e}")))?;
     let lost = raid.lost_ranges();
@@ -189,6 +255,16 @@ fn write_hole() {
         default_iterations: 300,
     }
     .run_async(|seed| write_hole_seed(seed, false));
+}
+
+#[test]
+fn write_hole_journal_device() {
+    CrashRun {
+        name: "raid5 write hole, journals on a journal device: crash, then lose a member",
+        replay: "cargo test -p strata-layers --test raid5_crash -- write_hole_journal_device",
+        default_iterations: 300,
+    }
+    .run_async(|seed| write_hole_seed_with(seed, false, true));
 }
 
 #[test]

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use futures_util::future::join_all;
-use strata_core::{Activity, BlockError, Result, Runtime, WriteFlags};
+use strata_core::{Activity, BlockError, DeviceRef, Result, Runtime, WriteFlags};
 use strata_meta::{MetaStore, ObjectId, TxnClass};
 
 use super::journal::{Appended, Journal, Record, MAX_DONE};
@@ -51,6 +51,10 @@ pub struct Array {
     /// The record as last made durable (shape, states, rebuild checkpoint).
     pub record: Mutex<ArrayRecord>,
     pub journals: Vec<Journal>,
+    /// The device holding every member's journal, if the array was created with one.
+    pub journal_device: Option<DeviceRef>,
+    /// Why the journal device stopped working; writes are refused from then on.
+    pub journal_failed: Mutex<Option<String>>,
     pub locks: Vec<tokio::sync::Mutex<()>>,
     pub gate: tokio::sync::RwLock<()>,
     pub fail_lock: tokio::sync::Mutex<()>,
@@ -107,6 +111,46 @@ impl Array {
             return Err(array_failed(&self.name));
         }
         Ok(())
+    }
+
+    /// Writes need a live array and a working journal: without the journal no update may
+    /// start, since nothing would close its write hole.
+    pub fn check_writable(&self) -> Result<()> {
+        self.check_alive()?;
+        if let Some(reason) = self.journal_failed.lock().unwrap().as_ref() {
+            return Err(self.journal_device_error(reason));
+        }
+        Ok(())
+    }
+
+    fn journal_device_error(&self, reason: &str) -> BlockError {
+        Array::io_error(format!(
+            "raid5 {}: the journal device failed ({reason}); writes are refused, reads still \
+             work",
+            self.name
+        ))
+    }
+
+    /// Where member `member`'s journal is written: the journal device, or the member.
+    pub fn journal_target(&self, member: usize) -> Option<DeviceRef> {
+        match &self.journal_device {
+            Some(device) => Some(device.clone()),
+            None => self.members.device(member),
+        }
+    }
+
+    /// A journal write for `member` failed. On a member, the member is failing: returns the
+    /// fault for the caller to fail it. On the journal device, the array stops taking writes
+    /// (as md does when its journal device fails): returns the error.
+    pub fn journal_write_failed(&self, member: usize) -> std::result::Result<Fault, BlockError> {
+        if self.journal_device.is_none() {
+            return Ok(Fault { member });
+        }
+        let reason = "a journal write failed".to_string();
+        tracing::error!(array = %self.name, member, "raid5: journal device write failed; refusing writes");
+        let error = self.journal_device_error(&reason);
+        self.journal_failed.lock().unwrap().get_or_insert(reason);
+        Err(error)
     }
 
     /// Marks `member` failed and makes that durable before returning, so that no degraded
@@ -190,10 +234,13 @@ impl Array {
         self.flush_all().await?;
         let epoch = self.epoch_base + self.resets.fetch_add(1, Ordering::Relaxed) + 1;
         let snapshot = self.members.snapshot();
+        // On a journal device every journal is reset, a failed member's too: it is readable
+        // there, and recovery reads it.
+        let on_device = self.journal_device.is_some();
         let resets = (0..snapshot.len())
-            .filter(|&m| snapshot[m].state != MemberState::Failed)
+            .filter(|&m| on_device || snapshot[m].state != MemberState::Failed)
             .map(|m| async move {
-                let device = self.members.device(m).ok_or(Fault { member: m })?;
+                let device = self.journal_target(m).ok_or(Fault { member: m })?;
                 self.journals[m]
                     .reset(&device, epoch)
                     .await
@@ -201,7 +248,8 @@ impl Array {
             });
         for result in join_all(resets).await {
             if let Err(Fault { member }) = result {
-                self.fail_member(member).await?;
+                let fault = self.journal_write_failed(member)?;
+                self.fail_member(fault.member).await?;
             }
         }
         *self.full.lock().unwrap() = FullWrites::default();
@@ -224,7 +272,7 @@ impl Array {
         // Appends hold the gate shared, so that a reset never runs under them.
         let gate = self.gate.read().await;
         for ((member, epoch), seqs) in by_member {
-            let Some(device) = self.members.device(member) else {
+            let Some(device) = self.journal_target(member) else {
                 continue;
             };
             for part in seqs.chunks(MAX_DONE) {
@@ -240,7 +288,10 @@ impl Array {
                         return self.reset_journals().await;
                     }
                     Ok(_) => {}
-                    Err(_) => self.fail_member(member).await?,
+                    Err(_) => {
+                        let fault = self.journal_write_failed(member)?;
+                        self.fail_member(fault.member).await?
+                    }
                 }
             }
         }

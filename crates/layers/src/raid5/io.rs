@@ -112,7 +112,7 @@ impl Array {
         };
         let mut intent = None;
         if let Some(record) = record.filter(|_| !self.skip_journal) {
-            let Some(device) = self.members.device(parity) else {
+            let Some(device) = self.journal_target(parity) else {
                 return Ok(Step::Failed(parity));
             };
             let epoch = self.journals[parity].epoch();
@@ -127,7 +127,7 @@ impl Array {
                         .insert(stripe, (parity, epoch, seq));
                 }
                 Ok(_) => {}
-                Err(_) => return Ok(Step::Failed(parity)),
+                Err(_) => return Ok(Step::Failed(self.journal_write_failed(parity)?.member)),
             }
         }
         let in_place = writes.into_iter().map(|(m, start, bytes)| {
@@ -171,7 +171,7 @@ impl Array {
                 .push((stripe, parity, epoch, seq));
             return Ok(Step::Done);
         }
-        let Some(device) = self.members.device(parity) else {
+        let Some(device) = self.journal_target(parity) else {
             return Ok(Step::Done);
         };
         let done = Record::Done { seqs: vec![seq] };
@@ -182,7 +182,10 @@ impl Array {
             Ok(Appended::Full) => Ok(Step::DoneReset),
             Ok(_) => Ok(Step::Done),
             Err(_) => {
-                self.fail_member(parity).await?;
+                // The write itself is durable in place; only its Done record is missing, so
+                // recovery would resync the stripe (or call its chunk lost), never misread.
+                let fault = self.journal_write_failed(parity)?;
+                self.fail_member(fault.member).await?;
                 Ok(Step::Done)
             }
         }

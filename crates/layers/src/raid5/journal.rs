@@ -37,6 +37,7 @@ use strata_core::{BlockError, DeviceRef, Result, WriteFlags};
 pub const JBLOCK: u64 = 4096;
 const RECORD_MAGIC: u32 = 0x5335_4a52; // "S5JR"
 const SUPER_MAGIC: u32 = 0x5335_4a53; // "S5JS"
+const DEVICE_MAGIC: u32 = 0x5335_4a44; // "S5JD"
 /// Version 2: lanes (version 1 had a single log).
 pub const JOURNAL_VERSION: u32 = 2;
 /// At most this many lanes per journal; fewer when the journal is small (each lane must hold
@@ -208,6 +209,47 @@ pub fn decode_super(block: &[u8]) -> Option<([u8; 16], usize, u64, u64)> {
     }
     let uuid = copy[16..32].try_into().unwrap();
     Some((uuid, u32_at(&copy, 32) as usize, u64_at(&copy, 8), lanes))
+}
+
+/// Where member `member`'s journal starts on a journal device: after the device's header
+/// block, one region of `journal_bytes` per member.
+pub fn device_journal_base(member: usize, journal_bytes: u64) -> u64 {
+    JBLOCK + member as u64 * journal_bytes
+}
+
+/// Bytes a journal device needs for `members` journals of `journal_bytes`.
+pub fn device_bytes(members: usize, journal_bytes: u64) -> u64 {
+    device_journal_base(members, journal_bytes)
+}
+
+/// Block 0 of a journal device: the array it belongs to and the shape of its regions, so a
+/// device from another array (or none at all) is refused at open instead of read as empty
+/// journals.
+pub fn encode_device_header(uuid: [u8; 16], members: usize, journal_bytes: u64) -> Vec<u8> {
+    let mut out = vec![0u8; JBLOCK as usize];
+    out[0..4].copy_from_slice(&DEVICE_MAGIC.to_le_bytes());
+    out[8..24].copy_from_slice(&uuid);
+    out[24..28].copy_from_slice(&(members as u32).to_le_bytes());
+    out[28..32].copy_from_slice(&JOURNAL_VERSION.to_le_bytes());
+    out[32..40].copy_from_slice(&journal_bytes.to_le_bytes());
+    let crc = crc32c::crc32c(&out);
+    out[4..8].copy_from_slice(&crc.to_le_bytes());
+    out
+}
+
+/// (uuid, members, journal_bytes) of a valid journal device header.
+pub fn decode_device_header(block: &[u8]) -> Option<([u8; 16], usize, u64)> {
+    if block.len() < JBLOCK as usize || u32_at(block, 0) != DEVICE_MAGIC {
+        return None;
+    }
+    let mut copy = block[..JBLOCK as usize].to_vec();
+    let crc = u32_at(&copy, 4);
+    copy[4..8].fill(0);
+    if crc32c::crc32c(&copy) != crc || u32_at(&copy, 28) != JOURNAL_VERSION {
+        return None;
+    }
+    let uuid = copy[8..24].try_into().unwrap();
+    Some((uuid, u32_at(&copy, 24) as usize, u64_at(&copy, 32)))
 }
 
 /// Lanes for a journal of `blocks` blocks whose largest record takes `max_record` blocks:
@@ -577,5 +619,16 @@ mod tests {
         assert_eq!(lanes_for(1 + 4 * 33, 33), 2);
         assert_eq!(lanes_for(9, 33), 1);
         assert_eq!(lanes_for(1 << 20, 33), MAX_LANES);
+    }
+
+    #[test]
+    fn device_header_round_trips_and_refuses_damage() {
+        let header = encode_device_header([3u8; 16], 4, 1 << 20);
+        assert_eq!(decode_device_header(&header), Some(([3u8; 16], 4, 1 << 20)));
+        let mut torn = header.clone();
+        torn[30] ^= 1;
+        assert_eq!(decode_device_header(&torn), None);
+        assert_eq!(decode_device_header(&vec![0u8; 4096]), None);
+        assert_eq!(device_journal_base(2, 1 << 20), 4096 + (2 << 20));
     }
 }

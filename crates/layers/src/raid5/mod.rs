@@ -11,6 +11,12 @@
 //! journal = "4MiB"     # stripe journal per member; fixed at creation
 //! ```
 //!
+//! With `journal-device = "nv0"` naming the last child (fixed at creation), every member's
+//! journal lives on that device instead (a small fast disk, as md's `--write-journal`): a
+//! small write then costs its 4 member I/Os and nothing more on the members, and journal
+//! writes no longer queue behind member data. The array will not start without it; if it
+//! fails, writes are refused (EIO) and reads go on.
+//!
 //! One member may be missing at assembly: the array runs degraded. The on-disk layout, the
 //! journal protocol and what each write costs are in `docs/layers/raid5.md`.
 //!
@@ -50,16 +56,40 @@ pub static KIND: LayerKind = LayerKind {
     kind: "raid5",
     about: "distributed parity over ≥ 3 members (left-asymmetric), journaled, degraded, rebuild",
     children: ChildCount::AtLeast(3),
-    options: &["chunk", "journal"],
+    options: &["chunk", "journal", "journal-device"],
     tolerates_missing: |_| 1,
     build: |args| Box::pin(async move { build(args).await.map(|r| Arc::new(r) as DeviceRef) }),
 };
 
 async fn build(args: LayerArgs) -> Result<Raid5> {
     args.options.check_known(KIND.options)?;
+    let journal_device = match args.options.text("journal-device")? {
+        Some(child) => Some(
+            args.child_names
+                .iter()
+                .position(|name| *name == child)
+                .ok_or_else(|| {
+                    BlockError::InvalidArgument(format!(
+                        "raid5 {}: journal-device = \"{child}\" is not one of its children ({})",
+                        args.name,
+                        args.child_names.join(", ")
+                    ))
+                })?,
+        ),
+        None => None,
+    };
+    // Last, so that a member's place among the children is its index in the array (the
+    // admin verbs name members by that place).
+    if journal_device.is_some_and(|j| j + 1 != args.child_names.len()) {
+        return Err(BlockError::InvalidArgument(format!(
+            "raid5 {}: the journal device must be the last of the children",
+            args.name
+        )));
+    }
     let settings = Settings {
         chunk: args.options.size("chunk")?,
         journal: args.options.size("journal")?,
+        journal_device,
         unsafe_skip_journal: false,
     };
     Raid5::open(args.name, args.children, settings, args.runtime).await
@@ -128,6 +158,7 @@ impl Raid5 {
 
     pub fn health(&self) -> Health {
         match self.array.members.unhealthy() {
+            _ if self.array.journal_failed.lock().unwrap().is_some() => Health::ReadOnly,
             0 => Health::Ok,
             1 => Health::Degraded,
             _ => Health::Failed,
@@ -172,13 +203,28 @@ impl Raid5 {
             }
             node.children.push(child);
         }
+        if let Some(device) = &a.journal_device {
+            let failed = a.journal_failed.lock().unwrap().clone();
+            node.detail.push((
+                "journal device".into(),
+                failed.map_or("ok".into(), |reason| format!("failed: {reason}")),
+            ));
+            let mut child = match device.control(Control::Describe).await {
+                Ok(ControlReply::Describe(status)) => status,
+                _ => NodeStatus::new("journal device", "unknown", device.geometry().size),
+            };
+            if a.journal_failed.lock().unwrap().is_some() {
+                child.health = Health::Failed;
+            }
+            node.children.push(child);
+        }
         node.activity = a.activity.lock().unwrap().clone();
         Ok(node)
     }
 
     async fn write_range(&self, offset: u64, data: Bytes, fua: bool) -> Result<()> {
         let a = &self.array;
-        a.check_alive()?;
+        a.check_writable()?;
         let pieces = a.layout.split(offset, data.len() as u64);
         // join_all, not try_join_all: a failed stripe must not cancel its siblings halfway
         // through their updates (the journal would then hold records nobody waits for).

@@ -13,11 +13,14 @@ use std::collections::BTreeMap;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
+use bytes::Bytes;
 use strata_core::{BlockError, DeviceRef, Result, Runtime, WriteFlags};
 use strata_meta::{FormatOptions, MetaStore, Recovered, StoreOptions, TxnClass};
 
 use super::array::{Array, FullWrites, STRIPE_LOCKS};
-use super::journal::{Journal, JBLOCK};
+use super::journal::{
+    decode_device_header, device_bytes, device_journal_base, encode_device_header, Journal, JBLOCK,
+};
 use super::layout::Layout;
 use super::members::{Member, MemberState, Members, MirrorDevice, META_BYTES};
 use super::record::{ArrayRecord, BLOB, LOST};
@@ -33,6 +36,10 @@ pub struct Settings {
     pub chunk: Option<u64>,
     /// Journal bytes per member; fixed at creation.
     pub journal: Option<u64>,
+    /// Which of the children is the journal device (fixed at creation), if any: every
+    /// member's journal then lives there instead of on the member, so journal writes stop
+    /// costing member I/O and stop queueing behind member data (md's `--write-journal`).
+    pub journal_device: Option<usize>,
     /// Test-only: run without the stripe journal (plants the write hole).
     pub unsafe_skip_journal: bool,
 }
@@ -53,10 +60,26 @@ fn member(state: MemberState) -> Member {
 /// Opens the array on `children`, creating it when no member holds one.
 pub async fn assemble(
     name: String,
-    children: Vec<Option<DeviceRef>>,
+    mut children: Vec<Option<DeviceRef>>,
     settings: Settings,
     runtime: Arc<dyn Runtime>,
 ) -> Result<Arc<Array>> {
+    let journal_device = match settings.journal_device {
+        Some(index) if index < children.len() => Some(children.remove(index).ok_or_else(|| {
+            invalid(
+                &name,
+                "the journal device is missing; without it the array cannot know which \
+                 stripes a crash left half-written, so it is not started",
+            )
+        })?),
+        Some(index) => {
+            return Err(invalid(
+                &name,
+                format!("no child {index} for the journal device"),
+            ))
+        }
+        None => None,
+    };
     if children.len() < 3 {
         return Err(invalid(&name, "needs at least 3 members"));
     }
@@ -70,7 +93,7 @@ pub async fn assemble(
         }
     }
     if copies.is_empty() {
-        return create(name, children, settings, runtime).await;
+        return create(name, children, journal_device, settings, runtime).await;
     }
     let best = copies
         .iter()
@@ -82,6 +105,7 @@ pub async fn assemble(
     let record =
         ArrayRecord::decode(blob.ok_or_else(|| invalid(&name, "metadata has no raid5 record"))?)?;
     check_shape(&name, &record, children.len(), &settings)?;
+    check_journal_device(&name, &record, uuid, journal_device.as_ref()).await?;
     let mut states: Vec<Member> = record.states.iter().map(|&(s, _)| member(s)).collect();
     for (index, state) in states.iter_mut().enumerate() {
         if state.state == MemberState::Rebuilding {
@@ -113,7 +137,15 @@ pub async fn assemble(
     let members = Members::new(children, states);
     let (store, _) =
         MetaStore::open(MirrorDevice::new(members.clone()), 0, store_options(&name)).await?;
-    let array = Arc::new(build(name, members, store, record, settings, runtime)?);
+    let array = Arc::new(build(
+        name,
+        members,
+        journal_device,
+        store,
+        record,
+        settings,
+        runtime,
+    )?);
     let _gate = array.gate.write().await;
     let replayed = array.replay().await?;
     tracing::info!(array = %array.name, updates = replayed.updates, resynced = replayed.resynced, lost = replayed.lost, "raid5: journals replayed");
@@ -162,6 +194,48 @@ fn check_shape(
     Ok(())
 }
 
+/// The configuration and the array agree on the journal device, and the device configured
+/// is this array's (its header names the array's uuid and shape).
+async fn check_journal_device(
+    name: &str,
+    record: &ArrayRecord,
+    uuid: [u8; 16],
+    device: Option<&DeviceRef>,
+) -> Result<()> {
+    let device = match (record.journal_device, device) {
+        (false, None) => return Ok(()),
+        (false, Some(_)) => {
+            return Err(invalid(
+                name,
+                "the array was created without a journal device; one cannot be added later",
+            ))
+        }
+        (true, None) => {
+            return Err(invalid(
+                name,
+                "the array was created with a journal device; the configuration names none",
+            ))
+        }
+        (true, Some(device)) => device,
+    };
+    let header = device.read(0, JBLOCK as usize).await?;
+    match decode_device_header(&header) {
+        Some((found, members, bytes))
+            if found == uuid && members == record.members && bytes == record.journal_bytes =>
+        {
+            Ok(())
+        }
+        Some(_) => Err(invalid(
+            name,
+            "the journal device belongs to another array (or another shape of this one)",
+        )),
+        None => Err(invalid(
+            name,
+            "the journal device holds no raid5 journal header: not this array's journal device",
+        )),
+    }
+}
+
 fn store_options(name: &str) -> StoreOptions {
     StoreOptions::new(&format!("{name} metadata"))
 }
@@ -169,6 +243,7 @@ fn store_options(name: &str) -> StoreOptions {
 async fn create(
     name: String,
     children: Vec<Option<DeviceRef>>,
+    journal_device: Option<DeviceRef>,
     settings: Settings,
     runtime: Arc<dyn Runtime>,
 ) -> Result<Arc<Array>> {
@@ -194,6 +269,21 @@ async fn create(
         return Err(invalid(&name, format!(
             "journal = {journal}: must be a multiple of 4 KiB and at least {least} bytes for {n} members of {chunk}-byte chunks"
         )));
+    }
+    if let Some(device) = &journal_device {
+        let needed = device_bytes(n, journal);
+        let size = device.geometry().size;
+        if size < needed {
+            return Err(invalid(
+                &name,
+                format!(
+                "the journal device has {size} bytes; {n} journals of {journal} bytes need {needed}"
+            ),
+            ));
+        }
+        if device.geometry().min_io > 4096 {
+            return Err(invalid(&name, "the journal device must accept 4 KiB I/O"));
+        }
     }
     if let Some(d) = devices.iter().find(|d| d.geometry().min_io > 4096) {
         return Err(invalid(
@@ -239,7 +329,16 @@ async fn create(
         stripes,
         uuid: store.uuid(),
         states: vec![(MemberState::Active, 0); n],
+        journal_device: journal_device.is_some(),
     };
+    if let Some(device) = &journal_device {
+        // Before the record that names it is committed: an array whose record says it has a
+        // journal device always finds its header there.
+        let header = encode_device_header(record.uuid, n, journal);
+        device
+            .write(0, Bytes::from(header), WriteFlags { fua: true })
+            .await?;
+    }
     store.transact(TxnClass::Normal, |_, txn| {
         let blob = txn.create_blob(BLOB);
         txn.put_blob(blob, record.encode());
@@ -247,7 +346,15 @@ async fn create(
         Ok(())
     })?;
     store.commit().await?;
-    let array = Arc::new(build(name, members, store, record, settings, runtime)?);
+    let array = Arc::new(build(
+        name,
+        members,
+        journal_device,
+        store,
+        record,
+        settings,
+        runtime,
+    )?);
     array.reset_journals().await?;
     array.persist().await?;
     Ok(array)
@@ -256,6 +363,7 @@ async fn create(
 fn build(
     name: String,
     members: Arc<Members>,
+    journal_device: Option<DeviceRef>,
     store: Arc<MetaStore>,
     record: ArrayRecord,
     settings: Settings,
@@ -293,7 +401,11 @@ fn build(
     let journals = (0..record.members)
         .map(|m| {
             let max_record = record.members as u64 * record.chunk_bytes + JBLOCK;
-            Journal::new(m, META_BYTES, record.journal_bytes, max_record, record.uuid)
+            let base = match journal_device {
+                Some(_) => device_journal_base(m, record.journal_bytes),
+                None => META_BYTES,
+            };
+            Journal::new(m, base, record.journal_bytes, max_record, record.uuid)
         })
         .collect();
     Ok(Array {
@@ -308,6 +420,8 @@ fn build(
         lost_id,
         record: Mutex::new(record),
         journals,
+        journal_device,
+        journal_failed: Mutex::new(None),
         locks: (0..STRIPE_LOCKS)
             .map(|_| tokio::sync::Mutex::new(()))
             .collect(),

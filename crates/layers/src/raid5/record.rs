@@ -1,15 +1,17 @@
 //! The array's record in its metadata store: shape (fixed at creation) and member states.
 //!
-//! Blob `raid5`, little-endian: `version u32 (=1), members u32, chunk u64, journal_bytes u64,
+//! Blob `raid5`, little-endian: `version u32 (=2), members u32, chunk u64, journal_bytes u64,
 //! data_start u64, stripes u64, uuid [16]`, then per member `state u8 (0 active, 1 failed,
-//! 2 rebuilding), rebuild_checkpoint u64`. Table `lost` (4-byte records): stripe → member + 1
+//! 2 rebuilding), rebuild_checkpoint u64`, then (version 2) `journal_device u8` (1: the
+//! journals live on a separate journal device). Version 1 records read as version 2 without a
+//! journal device. Table `lost` (4-byte records): stripe → member + 1
 //! of a chunk whose content could not be recovered (reads of it fail until rewritten whole).
 
 use strata_core::{BlockError, Result};
 
 use super::members::{Member, MemberState};
 
-pub const RECORD_VERSION: u32 = 1;
+pub const RECORD_VERSION: u32 = 2;
 pub const BLOB: &str = "raid5";
 pub const LOST: &str = "lost";
 
@@ -23,6 +25,8 @@ pub struct ArrayRecord {
     pub uuid: [u8; 16],
     /// (state, durable rebuild checkpoint) per member.
     pub states: Vec<(MemberState, u64)>,
+    /// The journals live on a journal device, not on the members.
+    pub journal_device: bool,
 }
 
 impl ArrayRecord {
@@ -44,6 +48,7 @@ impl ArrayRecord {
             out.push(state.code());
             out.extend(cursor.to_le_bytes());
         }
+        out.push(u8::from(self.journal_device));
         out
     }
 
@@ -55,7 +60,7 @@ impl ArrayRecord {
         };
         let head = bytes.get(0..8).ok_or_else(|| bad("truncated"))?;
         let version = u32::from_le_bytes(head[0..4].try_into().unwrap());
-        if version != RECORD_VERSION {
+        if version != RECORD_VERSION && version != 1 {
             return Err(bad(&format!(
                 "version {version}, this build reads {RECORD_VERSION}"
             )));
@@ -69,7 +74,17 @@ impl ArrayRecord {
             let state = MemberState::from_code(code).ok_or_else(|| bad("member state"))?;
             states.push((state, u64_at(at + 1)?));
         }
+        let journal_device = match version {
+            1 => false,
+            _ => match bytes.get(56 + 9 * members) {
+                Some(0) => false,
+                Some(1) => true,
+                Some(_) => return Err(bad("journal device flag")),
+                None => return Err(bad("truncated")),
+            },
+        };
         Ok(ArrayRecord {
+            journal_device,
             members,
             chunk_bytes: u64_at(8)?,
             journal_bytes: u64_at(16)?,
@@ -116,15 +131,25 @@ mod tests {
                 (MemberState::Rebuilding, 42),
                 (MemberState::Failed, 0),
             ],
+            journal_device: true,
         };
         let bytes = record.encode();
         assert_eq!(ArrayRecord::decode(&bytes).unwrap(), record);
         let mut other = bytes.clone();
-        other[0] = 2;
+        other[0] = 3;
         assert!(ArrayRecord::decode(&other)
             .unwrap_err()
             .to_string()
-            .contains("version 2"));
+            .contains("version 3"));
         assert!(ArrayRecord::decode(&bytes[..60]).is_err());
+        // A version 1 record (no flag) reads as having no journal device.
+        let mut v1 = bytes[..bytes.len() - 1].to_vec();
+        v1[0] = 1;
+        let old = ArrayRecord::decode(&v1).unwrap();
+        assert!(!old.journal_device);
+        assert_eq!(old.states, record.states);
+        let mut bad_flag = bytes.clone();
+        *bad_flag.last_mut().unwrap() = 7;
+        assert!(ArrayRecord::decode(&bad_flag).is_err());
     }
 }

@@ -18,7 +18,7 @@ use strata_core::Result;
 use strata_meta::TxnClass;
 
 use super::array::{Array, Fault};
-use super::journal::{scan, Record};
+use super::journal::{device_journal_base, scan, Record};
 use super::members::{MemberState, META_BYTES};
 use super::plan::xor_into;
 
@@ -39,14 +39,21 @@ impl Array {
         let bytes = self.record.lock().unwrap().journal_bytes;
         let snapshot = self.members.snapshot();
         for (member, state) in snapshot.iter().enumerate() {
-            if state.state == MemberState::Failed {
-                continue;
-            }
-            let region = match self.m_read(member, META_BYTES, bytes).await {
-                Ok(region) => region,
-                Err(Fault { member }) => {
-                    self.members.mark_failed(member);
+            let region = if let Some(device) = &self.journal_device {
+                // Every journal is on the journal device, a failed member's too (its records
+                // still say which data chunks of its stripes were being rewritten).
+                let base = device_journal_base(member, bytes);
+                device.read(base, bytes as usize).await?.to_vec()
+            } else {
+                if state.state == MemberState::Failed {
                     continue;
+                }
+                match self.m_read(member, META_BYTES, bytes).await {
+                    Ok(region) => region,
+                    Err(Fault { member }) => {
+                        self.members.mark_failed(member);
+                        continue;
+                    }
                 }
             };
             for (seq, record) in scan(&region, uuid, member) {
