@@ -533,6 +533,47 @@ async fn journal_device_is_checked_at_open() {
     open_jd(a).await.unwrap();
 }
 
+/// A failed member's journal stays on the journal device, but its records are older than
+/// the unjournaled (data-only) writes its stripes took since: reopening must not replay them.
+#[tokio::test]
+async fn failed_members_journal_is_not_replayed_over_later_writes() {
+    let size = member_size(CHUNK, JOURNAL, STRIPES);
+    let mut devices: Vec<Option<DeviceRef>> = (0..3)
+        .map(|_| Some(Arc::new(MemoryDevice::new(size)) as DeviceRef))
+        .collect();
+    devices.push(Some(
+        Arc::new(MemoryDevice::new(4096 + 3 * JOURNAL)) as DeviceRef
+    ));
+    let settings = with_journal_device(CHUNK, JOURNAL, 3);
+    let raid = Raid5::open(
+        "r5".into(),
+        devices.clone(),
+        settings.clone(),
+        TokioRuntime::current(),
+    )
+    .await
+    .unwrap();
+    let parity = raid.layout().parity_member(0);
+    // A journaled small write to stripe 0, then its parity member fails, then a data-only
+    // write to the same place.
+    raid.write(0, Bytes::from(vec![1u8; 512]), WriteFlags::default())
+        .await
+        .unwrap();
+    raid.flush().await.unwrap();
+    raid.control(Control::FailMember { index: parity })
+        .await
+        .unwrap();
+    raid.write(0, Bytes::from(vec![2u8; 512]), WriteFlags::default())
+        .await
+        .unwrap();
+    raid.flush().await.unwrap();
+    drop(raid);
+    let raid = Raid5::open("r5".into(), devices, settings, TokioRuntime::current())
+        .await
+        .unwrap();
+    assert!(raid.read(0, 512).await.unwrap().iter().all(|&b| b == 2));
+}
+
 /// When the journal device fails, writes are refused (no update may start without its write
 /// hole closed) while reads go on, no member is blamed, and the array says read-only.
 #[tokio::test]

@@ -39,15 +39,17 @@ impl Array {
         let bytes = self.record.lock().unwrap().journal_bytes;
         let snapshot = self.members.snapshot();
         for (member, state) in snapshot.iter().enumerate() {
+            // A failed member's journal is skipped even when the journal device still holds
+            // it: its stripes' parity is gone, so nothing in it is needed, and writes to those
+            // stripes since the failure went unjournaled (data only), which replaying its
+            // older records would undo.
+            if state.state == MemberState::Failed {
+                continue;
+            }
             let region = if let Some(device) = &self.journal_device {
-                // Every journal is on the journal device, a failed member's too (its records
-                // still say which data chunks of its stripes were being rewritten).
                 let base = device_journal_base(member, bytes);
                 device.read(base, bytes as usize).await?.to_vec()
             } else {
-                if state.state == MemberState::Failed {
-                    continue;
-                }
                 match self.m_read(member, META_BYTES, bytes).await {
                     Ok(region) => region,
                     Err(Fault { member }) => {
