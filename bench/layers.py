@@ -12,6 +12,11 @@ members limited the same way. Rows:
 - 4 KiB random writes to `raid5`: member I/Os per client write, counted from the members'
   own counters in `strata status --json` (target <= 4).
 
+Each raid5 row runs twice: `raid5` keeps its stripe journals on its members (the default),
+`raid5+jd` keeps them on a journal device (`journal-device`, a file limited to
+BENCH_JOURNAL_BW, default 4x a member: a small flash device next to disks). Journal-device
+I/Os are counted apart from member I/Os.
+
 Run: bench/layers.sh (BENCH_SECONDS per job, default 10; BENCH_ROUNDS rounds, default 3,
 median reported).
 """
@@ -32,20 +37,27 @@ STRATA = Path(os.environ.get("STRATA_BIN", ROOT / "target/release/strata"))
 SECONDS = int(os.environ.get("BENCH_SECONDS", "10"))
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
 MEMBER_BW = os.environ.get("BENCH_MEMBER_BW", "100MiB")
+JOURNAL_BW = os.environ.get("BENCH_JOURNAL_BW", "400MiB")
+DIRECT = os.environ.get("BENCH_DIRECT", "1") == "1"
 CHUNK = 64 * 1024
 
 
 def config(base: Path) -> str:
     lines = ['listen = ["unix:nbd.sock"]', 'admin = "admin.sock"']
-    disks = ["one"] + [f"s{i}" for i in range(3)] + [f"r{i}" for i in range(4)]
+    disks = ["one"] + [f"s{i}" for i in range(3)] + [f"r{i}" for i in range(4)] + [f"q{i}" for i in range(4)]
     for d in disks:
-        lines += ["[[disk]]", f'name = "{d}"', f'path = "{d}.img"', 'size = "2GiB"']
+        lines += ["[[disk]]", f'name = "{d}"', f'path = "{d}.img"', 'size = "2GiB"', f"direct = {str(DIRECT).lower()}"]
         lines += ["[[layer]]", f'name = "lim-{d}"', 'kind = "delay"', f'children = ["{d}"]', f'bandwidth = "{MEMBER_BW}"']
+    lines += ["[[disk]]", 'name = "qj"', f'path = "{os.environ.get("BENCH_JOURNAL_PATH", "qj.img")}"', 'size = "64MiB"', f"direct = {str(DIRECT).lower()}"]
+    lines += ["[[layer]]", 'name = "lim-qj"', 'kind = "delay"', 'children = ["qj"]', f'bandwidth = "{JOURNAL_BW}"']
     lines += ["[[layer]]", 'name = "stripe"', 'kind = "stripe"', 'children = ["lim-s0", "lim-s1", "lim-s2"]',
               f'chunk = "{CHUNK}"']
     lines += ["[[layer]]", 'name = "raid5"', 'kind = "raid5"',
               'children = ["lim-r0", "lim-r1", "lim-r2", "lim-r3"]', f'chunk = "{CHUNK}"']
-    for name, device in [("one", "lim-one"), ("stripe", "stripe"), ("raid5", "raid5")]:
+    lines += ["[[layer]]", 'name = "raid5j"', 'kind = "raid5"',
+              'children = ["lim-q0", "lim-q1", "lim-q2", "lim-q3", "lim-qj"]', f'chunk = "{CHUNK}"',
+              'journal-device = "lim-qj"']
+    for name, device in [("one", "lim-one"), ("stripe", "stripe"), ("raid5", "raid5"), ("raid5j", "raid5j")]:
         lines += ["[[export]]", f'name = "{name}"', f'device = "{device}"']
     return "\n".join(lines) + "\n"
 
@@ -70,18 +82,27 @@ def status(data: Path) -> dict:
     return json.loads(out)
 
 
-def member_ios(data: Path) -> int:
-    """Reads + writes done by the raid5's member files (journal and metadata included)."""
+def file_ios(data: Path, device: str) -> dict[str, int]:
+    """Reads + writes done by each file under `device`, by file name (journal and metadata
+    included)."""
     def walk(node):
         yield node
         for child in node.get("children", []):
             yield from walk(child)
-    raid = next(d for d in status(data)["devices"] if d["name"] == "raid5")
-    total = 0
-    for node in walk(raid):
+    top = next(d for d in status(data)["devices"] if d["name"] == device)
+    out = {}
+    for node in walk(top):
         if node["kind"] == "file" and node.get("stats"):
-            total += sum(node["stats"].get(op, {}).get("ops", 0) for op in ("read", "write"))
-    return total
+            name = Path(node["name"]).stem
+            out[name] = sum(node["stats"].get(op, {}).get("ops", 0) for op in ("read", "write"))
+    return out
+
+
+def member_ios(data: Path, device: str) -> tuple[int, int]:
+    """(member I/Os, journal-device I/Os) so far of a raid5."""
+    ios = file_ios(data, device)
+    journal = sum(v for k, v in ios.items() if k == "qj")
+    return sum(ios.values()) - journal, journal
 
 
 def main() -> int:
@@ -104,7 +125,7 @@ def main() -> int:
         # converts it, and a FUA write to the same file (raid5's journal) then waits for the
         # filesystem journal to commit those conversions. That cost belongs to the emulation,
         # not to the layers (round 1 measured 0.9x of round 3 without this).
-        for export, size in (("one", "1536M"), ("stripe", "256M"), ("raid5", "1536M")):
+        for export, size in (("one", "1536M"), ("stripe", "256M"), ("raid5", "1536M"), ("raid5j", "1536M")):
             subprocess.run(["fio", "--name=fill", "--ioengine=nbd", f"--uri=nbd+unix:///{export}?socket={sock}",
                             "--rw=write", "--bs=1M", "--iodepth=8", f"--size={size}"], capture_output=True, check=True)
         for round_ in range(ROUNDS):
@@ -112,13 +133,16 @@ def main() -> int:
             add("read one", fio(sock, "one", "read", 1 << 20, 8, SECONDS, "256M")["mib_s"])
             add("read stripe", fio(sock, "stripe", "read", 1 << 20, 8, SECONDS, "256M")["mib_s"])
             add("write one", fio(sock, "one", "write", 3 * CHUNK, 8, SECONDS)["mib_s"])
-            add("write raid5", fio(sock, "raid5", "write", 3 * CHUNK, 8, SECONDS)["mib_s"])
-            before = member_ios(work)
-            # No ramp: the member counters see every write, so fio must count every write.
-            small = fio(sock, "raid5", "randwrite", 4096, 8, max(3, SECONDS // 2), ramp=False)
-            add("member ios per 4k write", (member_ios(work) - before) / max(1, small["ios"]))
-            add("raid5 4k randwrite iops", small["iops"])
-        print(json.dumps(rows), file=sys.stderr)
+            for export in ("raid5", "raid5j"):
+                add(f"write {export}", fio(sock, export, "write", 3 * CHUNK, 8, SECONDS)["mib_s"])
+                before = member_ios(work, export)
+                # No ramp: the member counters see every write, so fio must count every write.
+                small = fio(sock, export, "randwrite", 4096, 8, max(3, SECONDS // 2), ramp=False)
+                after = member_ios(work, export)
+                writes = max(1, small["ios"])
+                add(f"member ios per 4k write {export}", (after[0] - before[0]) / writes)
+                add(f"journal ios per 4k write {export}", (after[1] - before[1]) / writes)
+                add(f"{export} 4k randwrite iops", small["iops"])
         med = {k: statistics.median(v) for k, v in rows.items()}
         print(f"\nMembers: file disks each limited by `delay` to {MEMBER_BW}/s; chunk 64 KiB; "
               f"{ROUNDS} rounds x {SECONDS} s, medians.\n")
@@ -126,10 +150,16 @@ def main() -> int:
         print("|---|---:|---:|---:|---|")
         print(f"| 1 MiB sequential read, QD8: stripe over 3 | {med['read one']:.0f} MiB/s | "
               f"{med['read stripe']:.0f} MiB/s | **{med['read stripe'] / med['read one']:.2f}x** | >= 2.7x |")
-        print(f"| 192 KiB full-stripe write, QD8: raid5 over 4 | {med['write one']:.0f} MiB/s | "
-              f"{med['write raid5']:.0f} MiB/s | **{med['write raid5'] / med['write one']:.2f}x** | >= 2.7x |")
-        print(f"| 4 KiB random write, QD8: raid5 member I/Os per write | | "
-              f"{med['raid5 4k randwrite iops']:.0f} IOPS | **{med['member ios per 4k write']:.2f}** | <= 4 |")
+        for export, label in (("raid5", "raid5 over 4"), ("raid5j", "raid5 over 4 + journal device")):
+            print(f"| 192 KiB full-stripe write, QD8: {label} | {med['write one']:.0f} MiB/s | "
+                  f"{med['write ' + export]:.0f} MiB/s | **{med['write ' + export] / med['write one']:.2f}x** "
+                  f"| >= 2.7x |")
+        for export, label in (("raid5", "raid5 over 4"), ("raid5j", "raid5 over 4 + journal device")):
+            journal = med[f"journal ios per 4k write {export}"]
+            extra = f" (+ {journal:.2f} on the journal device)" if export == "raid5j" else ""
+            print(f"| 4 KiB random write, QD8: {label}, member I/Os per write | | "
+                  f"{med[export + ' 4k randwrite iops']:.0f} IOPS | **{med['member ios per 4k write ' + export]:.2f}**"
+                  f"{extra} | <= 4 |")
         return 0
     finally:
         server.terminate()
