@@ -251,3 +251,43 @@ def test_a_disk_holding_data_is_never_labelled_over(workdir):
     proc = strata("serve", "--config", data_dir / "strata.toml", check=False, timeout=30)
     assert proc.returncode != 0 and "refusing to overwrite" in proc.stderr, proc.stderr
     assert (data_dir / "d0.img").read_bytes()[:8] == b"precious"
+
+
+def test_raid5_with_a_journal_device_survives_a_kill_and_assembles_only_with_it(server_factory, workdir):
+    spec = ServerSpec(disks=[Disk(f"d{i}", 64 * MiB) for i in range(3)] + [Disk("j", 16 * MiB)],
+                      layers=[Layer(name="r5", kind="raid5", children=["d0", "d1", "d2", "j"],
+                                    options={"chunk": "64KiB", "journal": "1MiB", "journal-device": "j"})],
+                      exports=[Export("vol", "r5")])
+    srv = server_factory(spec)
+    node = layer_node(srv, "r5")
+    assert dict(node["detail"])["journal device"] == "ok", node
+    assert len(node["children"]) == 4, node  # three members and the journal device
+    data = pattern_bytes(41, 8 * MiB)
+    small = [(20 * MiB + i * 12288 + 512, pattern_bytes(100 + i, 4096)) for i in range(64)]
+    with nbd_handle(srv) as h:
+        put(h, data, 3 * MiB)
+        for offset, piece in small:  # read-modify-write updates, journaled on the device
+            h.pwrite(piece, offset)
+        h.flush()
+    srv.crash()
+    srv.start()
+    with nbd_handle(srv) as h:
+        assert get(h, len(data), 3 * MiB) == data
+        for offset, piece in small:
+            assert h.pread(len(piece), offset) == piece, offset
+    srv.stop()
+    members = [srv.disk_file(f"d{i}") for i in range(3)]
+    proc, _ = assemble(srv, workdir, members, "without-journal")
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode != 0 and "journal device is missing" in err, err
+    proc, data_dir = assemble(srv, workdir, members + [srv.disk_file("j")], "with-journal")
+    try:
+        wait_ready(proc)
+        import nbd
+        h = nbd.NBD()
+        h.connect_uri(f"nbd+unix:///vol?socket={data_dir}/nbd.sock")
+        assert get(h, len(data), 3 * MiB) == data
+        h.shutdown()
+    finally:
+        proc.terminate()
+        assert proc.wait(30) == 0
