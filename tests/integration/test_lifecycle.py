@@ -309,8 +309,8 @@ def _port_free(port):
 
 @requires_strata()
 def test_default_mode_without_config(workdir):
-    """`strata serve --data-dir DIR` with no config: 16 GiB sparse disk0.img
-    exported as `default` on DIR/nbd.sock and 127.0.0.1:10809.  Runs in a
+    """`strata serve --data-dir DIR` with no config: a 16 GiB thin volume in a thin pool on
+    the sparse disk0.img, exported as `default` on DIR/nbd.sock and 127.0.0.1:10809.  Runs in a
     private network namespace when possible so the fixed port cannot clash."""
     dd = workdir / "sd"
     own_netns = os.geteuid() == 0 and all(shutil.which(t) for t in ["unshare", "nsenter", "ip"])
@@ -330,7 +330,9 @@ def test_default_mode_without_config(workdir):
         h = nbd.NBD()
         h.connect_uri(f"nbd+unix:///?socket={dd / 'nbd.sock'}")
         assert h.get_size() == 16 * GiB
-        h.pwrite(b"hello", 16 * GiB - 5)
+        # The thin volume advertises 512-byte blocks: write the last one.
+        last = b"hello".ljust(512, b"\0")
+        h.pwrite(last, 16 * GiB - 512)
         h.flush()
         close_handle(h)
         tcp = ["nbdinfo", "--json", "nbd://127.0.0.1:10809/default"]
@@ -340,11 +342,14 @@ def test_default_mode_without_config(workdir):
         assert info["exports"][0]["export-size"] == 16 * GiB
         h = nbd.NBD()
         h.connect_uri(f"nbd+unix:///default?socket={dd / 'nbd.sock'}")
-        assert h.pread(5, 16 * GiB - 5) == b"hello"
+        assert h.pread(512, 16 * GiB - 512) == last
         close_handle(h)
         r = run([STRATA_BIN, "status", "--data-dir", dd, "--json"])
         st = json.loads(r.stdout)
         assert [e["name"] for e in st["exports"]] == ["default"]
         assert st["exports"][0]["size"] == 16 * GiB
+        pool = next(d for d in st["devices"] if d["kind"] == "thin-pool")
+        # One write at the end of the volume maps exactly one extent.
+        assert dict(pool["detail"])["extents allocated"].split()[0] == "1", pool
     finally:
         assert terminate(p) == 0

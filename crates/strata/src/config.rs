@@ -17,15 +17,24 @@ pub const EMBEDDED_DEFAULT: &str = r#"# Strata configuration, written on first s
 listen = ["unix:nbd.sock", "tcp:127.0.0.1:10809"]
 admin = "admin.sock"
 
+# One sparse file as the disk.
 [[disk]]
 name = "disk0"
 path = "disks/disk0.img"
 size = "16GiB"
 
+# A thin pool on it: space is allocated on first write (512 KiB extents) and given back on
+# discard, so the file grows only with what the volumes hold.
+[[layer]]
+name = "pool"
+kind = "thin-pool"
+children = ["disk0"]
+volumes = [{ name = "default", size = "16GiB" }]
+
 [[export]]
 name = "default"
-device = "disk0"
-description = "Strata default volume"
+device = "pool/default"
+description = "Strata default volume (thin)"
 "#;
 
 #[derive(Clone, Debug, Deserialize)]
@@ -314,6 +323,9 @@ mod tests {
     fn embedded_default_is_valid() {
         let loaded = load_str(EMBEDDED_DEFAULT).unwrap();
         assert_eq!(loaded.config.disks.len(), 1);
+        assert_eq!(loaded.layers[0].kind, "thin-pool");
+        assert_eq!(loaded.layers[0].volumes[0].name, "default");
+        assert_eq!(loaded.layers[0].volumes[0].size, 16 << 30);
         assert_eq!(loaded.config.disks[0].size, Some(ByteSize(16 << 30)));
         assert_eq!(loaded.listen.len(), 2);
         assert_eq!(loaded.data_dir, PathBuf::from("/base"));
