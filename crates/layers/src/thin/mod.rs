@@ -5,13 +5,16 @@
 //! - `records`: the pool's objects in the metadata store and their invariants.
 //! - `pool`: format/open, volumes, space, flush.
 //! - `volume`: the block device a volume is.
+//! - `lifecycle`: volumes resized and deleted at run time.
 
 mod alloc;
+mod lifecycle;
 mod map;
 mod pool;
 mod records;
 mod volume;
 
+pub use lifecycle::VolumeUsage;
 pub use map::GRANULE;
 pub use pool::{map_id, PoolOptions, PoolRuntime, ThinPool};
 pub use records::check_state;

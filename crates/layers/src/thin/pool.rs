@@ -81,7 +81,7 @@ pub struct ThinPool {
     /// Volumes by name, with their map's object id. Handles are made on demand so that the
     /// pool does not own its volumes (they own it).
     volumes: Mutex<BTreeMap<String, (VolumeRecord, ObjectId)>>,
-    locks: Vec<tokio::sync::RwLock<()>>,
+    pub(super) locks: Vec<tokio::sync::RwLock<()>>,
 }
 
 impl ThinPool {
@@ -251,7 +251,9 @@ impl ThinPool {
         Ok(volume)
     }
 
-    fn volumes_lock(&self) -> MutexGuard<'_, BTreeMap<String, (VolumeRecord, ObjectId)>> {
+    pub(super) fn volumes_lock(
+        &self,
+    ) -> MutexGuard<'_, BTreeMap<String, (VolumeRecord, ObjectId)>> {
         self.volumes
             .lock()
             .unwrap_or_else(|poison| poison.into_inner())

@@ -49,7 +49,8 @@ impl ThinVolume {
     }
 
     fn phys_of(&self, state: &State, extent: u64) -> Option<u64> {
-        let value = state.table(self.map).expect("volume map").get_u32(extent);
+        // A deleted volume has no map: a handle kept past the delete reads holes.
+        let value = state.table(self.map)?.get_u32(extent);
         (value as u64).checked_sub(1)
     }
 
@@ -94,6 +95,7 @@ impl ThinVolume {
         let lock = self.pool.lock(self.record.id, piece.extent);
         {
             let _shared = lock.read().await;
+            self.pool.check_live(&self.record, &piece)?;
             if let Some(located) = self.locate(&piece) {
                 if located.runs.iter().all(|(_, live)| *live) {
                     let offset = self.pool.extent_offset(located.phys) + piece.within;
@@ -108,6 +110,7 @@ impl ThinVolume {
             }
         }
         let _exclusive = lock.write().await;
+        self.pool.check_live(&self.record, &piece)?;
         let (phys, fresh, runs) = match self.locate(&piece) {
             Some(located) => (located.phys, false, located.runs),
             None => {
@@ -261,7 +264,8 @@ impl BlockDevice for ThinVolume {
     fn geometry(&self) -> Geometry {
         let child = self.pool.child.geometry();
         Geometry {
-            size: self.record.size,
+            // Live: a resize or delete through the pool shows in handles already open.
+            size: self.pool.live_size(&self.record),
             min_io: child.min_io.max(512),
             logical_block: 512,
             physical_block: 4096,
