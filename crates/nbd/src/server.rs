@@ -1,16 +1,17 @@
 //! Listeners, connections and orderly shutdown.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, UnixListener};
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::{watch, Notify, Semaphore};
 use tracing::{debug, info, warn};
 
-use crate::export::Exports;
+use crate::export::{Export, Exports};
 use crate::handshake::{negotiate, HandshakeError};
 use crate::transmission::{serve, SessionEnd};
 use crate::Limits;
@@ -43,6 +44,16 @@ pub struct Server {
     shutdown: watch::Sender<bool>,
     connection_slots: Arc<Semaphore>,
     connections_total: AtomicU64,
+    /// Sessions past their handshake, by connection id: the export each one opened and the
+    /// switch that ends it. Lets an export be taken away from the clients using it.
+    sessions: Mutex<HashMap<u64, SessionEntry>>,
+    /// Woken whenever a session ends.
+    session_ended: Notify,
+}
+
+struct SessionEntry {
+    export: Arc<Export>,
+    stop: watch::Sender<bool>,
 }
 
 impl Server {
@@ -54,7 +65,43 @@ impl Server {
             limits,
             shutdown,
             connections_total: AtomicU64::new(0),
+            sessions: Mutex::new(HashMap::new()),
+            session_ended: Notify::new(),
         })
+    }
+
+    fn sessions(&self) -> MutexGuard<'_, HashMap<u64, SessionEntry>> {
+        self.sessions.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Clients in session on `export` (this very export, not a later one of the same name).
+    pub fn clients_of(&self, export: &Arc<Export>) -> usize {
+        self.sessions()
+            .values()
+            .filter(|s| Arc::ptr_eq(&s.export, export))
+            .count()
+    }
+
+    /// Ends every session on `export` as a shutdown does: it stops reading requests, answers
+    /// those it accepted, then closes the connection. Waits up to `timeout` for them to end;
+    /// returns how many sessions are still open (0 when all ended).
+    pub async fn disconnect(&self, export: &Arc<Export>, timeout: Duration) -> usize {
+        for session in self.sessions().values() {
+            if Arc::ptr_eq(&session.export, export) {
+                session.stop.send_replace(true);
+            }
+        }
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let ended = self.session_ended.notified();
+            let open = self.clients_of(export);
+            if open == 0 {
+                return 0;
+            }
+            if tokio::time::timeout_at(deadline, ended).await.is_err() {
+                return self.clients_of(export);
+            }
+        }
     }
 
     pub fn exports(&self) -> &Arc<Exports> {
@@ -151,16 +198,35 @@ impl Server {
         };
         let export = negotiated.export.name.clone();
         info!(id, %peer, %export, structured = negotiated.structured_replies, "client connected");
-        match serve(reader, writer, negotiated, self.limits, shutdown).await {
+        let stop = self.register(id, negotiated.export.clone());
+        let end = serve(reader, writer, negotiated, self.limits, stop).await;
+        self.sessions().remove(&id);
+        self.session_ended.notify_waiters();
+        match end {
             SessionEnd::ClientDone => info!(id, %export, "client disconnected"),
-            SessionEnd::Shutdown => info!(id, %export, "session closed for shutdown"),
+            SessionEnd::Shutdown => {
+                info!(id, %export, "session closed (server shutdown or export removed)")
+            }
             SessionEnd::Dropped(why) => warn!(id, %peer, %export, "dropped client: {why}"),
         }
     }
 
+    /// Records a session and returns its stop switch, already on if the server is shutting
+    /// down (checked under the same lock `shutdown` takes, so no session misses it).
+    fn register(&self, id: u64, export: Arc<Export>) -> watch::Receiver<bool> {
+        let mut sessions = self.sessions();
+        let (stop, receiver) = watch::channel(*self.shutdown.borrow());
+        sessions.insert(id, SessionEntry { export, stop });
+        receiver
+    }
+
     /// Stops accepting clients and requests; sessions answer what they already accepted.
     pub fn shutdown(&self) {
+        let sessions = self.sessions();
         self.shutdown.send_replace(true);
+        for session in sessions.values() {
+            session.stop.send_replace(true);
+        }
     }
 
     /// Waits until every connection has ended, or `timeout` passes. Returns whether all ended.

@@ -378,3 +378,51 @@ async fn a_client_that_stops_reading_stops_being_read() {
         answered += 1;
     }
 }
+
+#[tokio::test]
+async fn disconnecting_an_export_answers_in_flight_requests_then_closes() {
+    let gate = Arc::new(Gate {
+        inner: MemoryDevice::new(SIZE),
+        open: Default::default(),
+    });
+    let exports = exports_with(gate.clone(), false);
+    let export = exports.lookup("vol").unwrap();
+    let server = Server::new(exports.clone(), Limits::default());
+    let (mut client, server_end) = tokio::io::duplex(1 << 20);
+    tokio::spawn(server.clone().serve_stream(server_end, "test".into()));
+    handshake(&mut client, false).await;
+    assert_eq!(server.clients_of(&export), 1);
+    // Another export of the same name (a volume deleted and made again) is not this one.
+    exports.insert(Export {
+        name: "vol".into(),
+        description: "a newer volume".into(),
+        device: Arc::new(MemoryDevice::new(SIZE)),
+        read_only: false,
+    });
+    assert_eq!(server.clients_of(&exports.lookup("vol").unwrap()), 0);
+
+    request(&mut client, CMD_READ, 7, 0, 512).await; // held at the gate
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let disconnecting = {
+        let server = server.clone();
+        let export = export.clone();
+        tokio::spawn(async move { server.disconnect(&export, Duration::from_secs(5)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert!(
+        !disconnecting.is_finished(),
+        "waits for the request in flight"
+    );
+    gate.open.notify_one();
+    assert_eq!(simple_reply(&mut client).await, (0, 7));
+    let mut data = [0u8; 512];
+    client.read_exact(&mut data).await.unwrap();
+    assert_eq!(disconnecting.await.unwrap(), 0, "every session ended");
+    assert_eq!(server.clients_of(&export), 0);
+    let mut rest = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), client.read_to_end(&mut rest))
+        .await
+        .expect("the server closes the connection")
+        .unwrap();
+    assert!(rest.is_empty(), "the connection was closed");
+}

@@ -57,6 +57,8 @@ pub enum AdminRequest {
     Status,
     Metrics,
     Change(Change),
+    /// `strata volume …`: thin volumes created, listed, resized, deleted.
+    Volume(crate::volume_cmd::VolumeRequest),
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -124,6 +126,12 @@ async fn answer(stream: tokio::net::UnixStream, state: &AdminState) -> anyhow::R
             Ok(summary) => serde_json::to_string(&serde_json::json!({ "done": summary }))?,
             Err(e) => serde_json::to_string(&serde_json::json!({ "error": format!("{e:#}") }))?,
         },
+        Ok(AdminRequest::Volume(request)) => {
+            match crate::volume_cmd::answer(state, request).await {
+                Ok(reply) => serde_json::to_string(&reply)?,
+                Err(e) => serde_json::to_string(&serde_json::json!({ "error": format!("{e:#}") }))?,
+            }
+        }
         Err(e) => serde_json::to_string(&serde_json::json!({ "error": e.to_string() }))?,
     };
     writer.write_all(reply.as_bytes()).await?;
@@ -134,7 +142,17 @@ async fn answer(stream: tokio::net::UnixStream, state: &AdminState) -> anyhow::R
 
 pub async fn status(state: &AdminState) -> Status {
     let mut devices = Vec::new();
-    // Show each tree once, from its root: a node inside a layer appears under it.
+    // Show each tree once, from its root: a node inside a layer appears under it, and every
+    // volume of a pool (the config's and those made at run time) under its pool.
+    let pool_volumes: Vec<String> = state
+        .nodes()
+        .iter()
+        .filter_map(|node| match &node.kind {
+            crate::build::NodeKind::Pool(pool) => Some((node.name.clone(), pool.volume_names())),
+            crate::build::NodeKind::Device(_) => None,
+        })
+        .flat_map(|(pool, volumes)| volumes.into_iter().map(move |v| format!("{pool}/{v}")))
+        .collect();
     let inner: std::collections::HashSet<String> = {
         let reconfig = state.reconfig.lock().await;
         reconfig
@@ -148,6 +166,7 @@ pub async fn status(state: &AdminState) -> Status {
                     .map(move |v| format!("{}/{}", l.name, v.name));
                 l.children.iter().cloned().chain(volumes)
             })
+            .chain(pool_volumes)
             .collect()
     };
     for node in state.nodes().iter().filter(|n| !inner.contains(&n.name)) {
@@ -213,7 +232,10 @@ pub fn request(socket: &Path, request: &AdminRequest) -> anyhow::Result<serde_js
     let value: serde_json::Value =
         serde_json::from_str(&reply).context("the server sent a reply that is not JSON")?;
     if let Some(error) = value.get("error") {
-        anyhow::bail!("the server refused the request: {error}");
+        let reason = error
+            .as_str()
+            .map_or_else(|| error.to_string(), str::to_string);
+        anyhow::bail!("the server refused the request: {reason}");
     }
     Ok(value)
 }

@@ -141,6 +141,7 @@ pub async fn build(
             read_only: export.read_only,
         });
     }
+    crate::volume_cmd::export_unlisted_volumes(&stack, loaded);
     Ok(stack)
 }
 

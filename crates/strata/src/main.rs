@@ -12,6 +12,7 @@ mod reconfig;
 mod serve;
 mod size;
 mod status;
+mod volume_cmd;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -115,6 +116,11 @@ enum Command {
     Metrics {
         #[command(flatten)]
         target: AdminTarget,
+    },
+    /// Create, list, resize and delete thin volumes while serving.
+    Volume {
+        #[command(subcommand)]
+        command: volume_cmd::VolumeCommand,
     },
 }
 
@@ -239,6 +245,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let size = size::ByteSize::parse(&size).map_err(anyhow::Error::msg)?.0;
             change(&target, Change::Grow { layer, size })
         }
+        Command::Volume { command } => volume_cmd::run(command),
         Command::Metrics { target } => {
             let reply = admin::request(&target.socket(), &AdminRequest::Metrics)?;
             print!("{}", reply["metrics"].as_str().unwrap_or_default());

@@ -155,7 +155,7 @@ impl Reconfig {
             .context("this server has no config file to record changes in")
     }
 
-    fn reload(&self, text: &str) -> anyhow::Result<Loaded> {
+    pub(crate) fn reload(&self, text: &str) -> anyhow::Result<Loaded> {
         let source = self.source()?;
         let mut loaded = config::load(
             text,
@@ -341,7 +341,7 @@ impl Reconfig {
     }
 
     /// Writes the config file (atomically) and relabels the hierarchy's disks.
-    async fn record(
+    pub(crate) async fn record(
         &mut self,
         text: &str,
         loaded: Loaded,
