@@ -8,8 +8,9 @@ use strata_backend::{FileDevice, FileOptions};
 use strata_core::{
     BlockDevice, Control, ControlReply, DeviceRef, Metered, MetricsRegistry, NodeStatus, Runtime,
 };
+use strata_layers::delay::parse_duration;
 use strata_layers::registry::{self, LayerArgs, Options};
-use strata_layers::thin::{PoolOptions, PoolRuntime, ThinPool};
+use strata_layers::thin::{LowWater, MapCommit, PoolOptions, PoolRuntime, ThinPool, WhenFull};
 use strata_nbd::{Export, Exports};
 
 use crate::config::Loaded;
@@ -236,6 +237,22 @@ async fn build_thin_pool(
     let mut settings = PoolRuntime::new(runtime.clone());
     if let Some(ms) = opts.u64("commit-interval-ms").map_err(invalid)? {
         settings.commit_interval = Some(Duration::from_millis(ms.max(1)));
+    }
+    let field =
+        |key: &str, problem: String| anyhow::anyhow!("thin pool {name}: field `{key}`: {problem}");
+    if let Some(mode) = opts.text("map-commit").map_err(invalid)? {
+        settings.map_commit = MapCommit::parse(&mode).map_err(|e| field("map-commit", e))?;
+    }
+    let full_wait = opts
+        .text("full-wait")
+        .map_err(invalid)?
+        .map(|text| parse_duration(&text).map_err(|e| field("full-wait", e)))
+        .transpose()?;
+    let when_full = opts.text("when-full").map_err(invalid)?;
+    settings.when_full = WhenFull::parse(when_full.as_deref(), full_wait)
+        .map_err(|e| anyhow::anyhow!("thin pool {name}: {e}"))?;
+    if let Some(mark) = opts.text("low-water").map_err(invalid)? {
+        settings.low_water = LowWater::parse(&mark).map_err(|e| field("low-water", e))?;
     }
     let pool = ThinPool::open_or_format(&name, child, &options, settings)
         .await

@@ -13,8 +13,16 @@ use strata_core::ByteSize;
 use strata_layers::registry::{self, ChildCount, OptionValue};
 
 /// Options of a `thin-pool` layer (built apart from the registry: it defines volumes).
-pub const THIN_POOL_OPTIONS: &[&str] =
-    &["extent", "metadata-size", "start-mid", "commit-interval-ms"];
+pub const THIN_POOL_OPTIONS: &[&str] = &[
+    "extent",
+    "metadata-size",
+    "start-mid",
+    "commit-interval-ms",
+    "map-commit",
+    "when-full",
+    "full-wait",
+    "low-water",
+];
 
 #[derive(Debug, Clone)]
 pub struct VolumeConfig {

@@ -2,7 +2,8 @@
 //!
 //! The metadata service counts its own work (commits, checkpoints, low-space events); this
 //! collector turns those counters and the pools' space figures into metric families labelled
-//! by pool, so that an alert can fire on `strata_meta_low_space == 1` before a pool fills.
+//! by pool (and volume, for a volume's share), so that an alert can fire on
+//! `strata_thin_low_space == 1` or `strata_meta_low_space == 1` before a pool fills.
 
 use std::sync::Arc;
 
@@ -10,7 +11,7 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
-use strata_layers::thin::ThinPool;
+use strata_layers::thin::{PoolSpace, ThinPool, VolumeSpace};
 
 pub struct PoolCollector {
     pools: Vec<Arc<ThinPool>>,
@@ -31,8 +32,9 @@ impl PoolCollector {
     }
 }
 
-/// One metric family: name, help, type, and a value per pool.
-type Family = (&'static str, &'static str, Kind, Vec<(String, f64)>);
+/// One metric family: name, help, type, and a value per series (its labels).
+type Family = (&'static str, &'static str, Kind, Vec<(Labels, f64)>);
+type Labels = Vec<(&'static str, String)>;
 
 enum Kind {
     Gauge,
@@ -44,15 +46,15 @@ fn family(
     name: &str,
     help: &str,
     kind: Kind,
-    values: &[(String, f64)],
+    values: &[(Labels, f64)],
 ) -> Result<(), std::fmt::Error> {
     let metric_type = match kind {
         Kind::Gauge => ConstGauge::new(0.0f64).metric_type(),
         Kind::Counter => ConstCounter::new(0.0f64).metric_type(),
     };
     let mut metric = encoder.encode_descriptor(name, help, None, metric_type)?;
-    for (pool, value) in values {
-        let labels = [("pool", pool.as_str())];
+    for (labels, value) in values {
+        let labels: Vec<(&str, &str)> = labels.iter().map(|(k, v)| (*k, v.as_str())).collect();
         let series = metric.encode_family(&labels)?;
         match kind {
             Kind::Gauge => ConstGauge::new(*value).encode(series)?,
@@ -64,16 +66,39 @@ fn family(
 
 impl Collector for PoolCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let per_pool = |f: &dyn Fn(&ThinPool) -> f64| -> Vec<(String, f64)> {
+        // Counted once per scrape: the per-volume figures walk every map.
+        let spaces: Vec<(String, PoolSpace)> = self
+            .pools
+            .iter()
+            .map(|p| (p.name().to_string(), p.space()))
+            .collect();
+        let per_pool = |f: &dyn Fn(&ThinPool) -> f64| -> Vec<(Labels, f64)> {
             self.pools
                 .iter()
-                .map(|p| (p.name().to_string(), f(p)))
+                .map(|p| (vec![("pool", p.name().to_string())], f(p)))
+                .collect()
+        };
+        let per_pool_space = |f: &dyn Fn(&PoolSpace) -> u64| -> Vec<(Labels, f64)> {
+            spaces
+                .iter()
+                .map(|(pool, space)| (vec![("pool", pool.clone())], f(space) as f64))
+                .collect()
+        };
+        let per_volume = |f: &dyn Fn(&VolumeSpace) -> u64| -> Vec<(Labels, f64)> {
+            spaces
+                .iter()
+                .flat_map(|(pool, space)| {
+                    space.volumes.iter().map(move |volume| {
+                        let labels = vec![("pool", pool.clone()), ("volume", volume.name.clone())];
+                        (labels, f(volume) as f64)
+                    })
+                })
                 .collect()
         };
         let space = |p: &ThinPool| p.store().space();
         let counters = |p: &ThinPool| p.store().counters().snapshot();
         use Kind::{Counter, Gauge};
-        let families: [Family; 10] = [
+        let families: [Family; 22] = [
             (
                 "strata_meta_used_bytes",
                 "Metadata checkpoint space in use",
@@ -126,13 +151,85 @@ impl Collector for PoolCollector {
                 "strata_thin_extents_allocated",
                 "Extents mapped by the pool's volumes",
                 Gauge,
-                per_pool(&|p| p.allocated_extents() as f64),
+                per_pool_space(&|s| s.extents_allocated),
             ),
             (
                 "strata_thin_extents",
                 "Extents in the pool",
                 Gauge,
-                per_pool(&|p| p.extents() as f64),
+                per_pool_space(&|s| s.extents),
+            ),
+            (
+                "strata_thin_granules_live",
+                "4 KiB granules holding data (the rest of the allocated extents reads as zeros)",
+                Gauge,
+                per_pool_space(&|s| s.granules_live),
+            ),
+            (
+                "strata_thin_extents_partly_dead",
+                "Allocated extents with some granules not live (never written, discarded or zeroed)",
+                Gauge,
+                per_pool_space(&|s| s.extents_partly_dead),
+            ),
+            (
+                "strata_thin_low_space",
+                "1 while the allocated data extents are at or above the pool's low-water mark",
+                Gauge,
+                per_pool_space(&|s| s.low_space as u64),
+            ),
+            (
+                "strata_thin_low_space_events",
+                "Times the allocated data extents crossed the low-water mark upwards",
+                Counter,
+                per_pool_space(&|s| s.low_space_events),
+            ),
+            (
+                "strata_thin_extents_freed",
+                "Extents returned to the pool by discard or zeroing",
+                Counter,
+                per_pool_space(&|s| s.extents_freed),
+            ),
+            (
+                "strata_thin_extents_freed_by_granules",
+                "Extents freed whose last discard did not cover them whole: whole-extent liveness alone would still hold them",
+                Counter,
+                per_pool_space(&|s| s.extents_freed_by_granules),
+            ),
+            (
+                "strata_thin_no_space_errors",
+                "Allocating writes refused with ENOSPC",
+                Counter,
+                per_pool_space(&|s| s.no_space_errors),
+            ),
+            (
+                "strata_thin_writes_waiting",
+                "Allocating writes waiting for space (when-full = wait)",
+                Gauge,
+                per_pool_space(&|s| s.writes_waiting),
+            ),
+            (
+                "strata_thin_low_water_extents",
+                "Allocated extents at which the pool reports low space",
+                Gauge,
+                per_pool_space(&|s| s.low_water_extents),
+            ),
+            (
+                "strata_thin_volume_extents_allocated",
+                "Extents a volume maps",
+                Gauge,
+                per_volume(&|v| v.extents_allocated),
+            ),
+            (
+                "strata_thin_volume_granules_live",
+                "4 KiB granules holding a volume's data",
+                Gauge,
+                per_volume(&|v| v.granules_live),
+            ),
+            (
+                "strata_thin_volume_extents_partly_dead",
+                "A volume's extents with some granules not live",
+                Gauge,
+                per_volume(&|v| v.extents_partly_dead),
             ),
         ];
         for (name, help, kind, values) in families {

@@ -60,6 +60,9 @@ fn render_node(out: &mut String, node: &Value, depth: usize) {
         ByteSize(node["size"].as_u64().unwrap_or(0)),
         node["health"].as_str().unwrap_or("?")
     );
+    if let Some(warning) = low_space_warning(node) {
+        let _ = writeln!(out, "{indent}  {warning}");
+    }
     if let Some(activity) = node["activity"].as_object() {
         let done = activity["done_bytes"].as_u64().unwrap_or(0);
         let total = activity["total_bytes"].as_u64().unwrap_or(0);
@@ -101,5 +104,51 @@ fn render_node(out: &mut String, node: &Value, depth: usize) {
     }
     for child in node["children"].as_array().into_iter().flatten() {
         render_node(out, child, depth + 1);
+    }
+}
+
+/// A thin pool at or above its low-water mark gets a line of its own, not just a detail.
+fn low_space_warning(node: &Value) -> Option<String> {
+    let detail = |key: &str| {
+        node["detail"]
+            .as_array()?
+            .iter()
+            .find(|pair| pair[0].as_str() == Some(key))
+            .and_then(|pair| pair[1].as_str())
+    };
+    if node["kind"].as_str() != Some("thin-pool") || detail("low space") != Some("true") {
+        return None;
+    }
+    Some(format!(
+        "LOW SPACE: {} of the data extents allocated (low water {})",
+        detail("data used").unwrap_or("?"),
+        detail("low water").unwrap_or("?")
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_thin_pool_low_on_space_gets_a_warning_line() {
+        let node = |low: &str| {
+            serde_json::json!({
+                "name": "pool", "kind": "thin-pool", "size": 1, "health": "degraded",
+                "detail": [["data used", "87.5 %"], ["low water", "80 % (7 extents)"], ["low space", low]],
+                "children": []
+            })
+        };
+        let mut out = String::new();
+        render_node(&mut out, &node("true"), 1);
+        assert!(
+            out.contains(
+                "LOW SPACE: 87.5 % of the data extents allocated (low water 80 % (7 extents))"
+            ),
+            "{out}"
+        );
+        let mut out = String::new();
+        render_node(&mut out, &node("false"), 1);
+        assert!(!out.contains("LOW SPACE"), "{out}");
     }
 }

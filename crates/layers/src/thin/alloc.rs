@@ -69,6 +69,11 @@ impl Allocator {
         self.quarantine.insert(extent, durable_after);
     }
 
+    /// Drops the quarantine of an extent whose free did not happen after all.
+    pub fn unquarantine(&mut self, extent: u64) {
+        self.quarantine.remove(&extent);
+    }
+
     /// Extents waiting for a commit before they can be reused.
     pub fn quarantined(&self) -> usize {
         self.quarantine.len()

@@ -19,9 +19,11 @@ use strata_meta::{FormatOptions, MetaStore, ObjectId, Recovered, StoreOptions, T
 
 use super::alloc::Allocator;
 use super::map::GRANULE;
+use super::policy::{LowWater, MapCommit, WhenFull};
 use super::records::{
     self, decode_volumes, encode_volumes, map_name, PoolIds, PoolRecord, VolumeRecord,
 };
+use super::space::{PoolSpace, SpaceWatch, VolumeSpace};
 use super::volume::ThinVolume;
 
 /// How a pool is created.
@@ -53,6 +55,12 @@ pub struct PoolRuntime {
     /// How often metadata is committed without a FLUSH from a client (None: only on FLUSH,
     /// FUA and when space must be released; tests drive commits themselves).
     pub commit_interval: Option<Duration>,
+    /// When a new mapping is committed (see [`MapCommit`]).
+    pub map_commit: MapCommit,
+    /// What an allocating write does when no extent is free.
+    pub when_full: WhenFull,
+    /// Share of the data extents allocated above which the pool reports low space.
+    pub low_water: LowWater,
     /// Test-only: plant the ordering bug (see `StoreOptions::unsafe_skip_data_barrier`).
     #[doc(hidden)]
     pub unsafe_skip_data_barrier: bool,
@@ -63,6 +71,9 @@ impl PoolRuntime {
         PoolRuntime {
             runtime,
             commit_interval: Some(Duration::from_secs(1)),
+            map_commit: MapCommit::default(),
+            when_full: WhenFull::default(),
+            low_water: LowWater::default(),
             unsafe_skip_data_barrier: false,
         }
     }
@@ -71,6 +82,10 @@ impl PoolRuntime {
 /// Lock stripes guarding (volume, virtual extent) pairs; see `volume` for who takes which.
 const LOCK_STRIPES: usize = 1024;
 
+/// How often a write waiting for space looks again without being told: frees that do not
+/// signal (any path added later) are still noticed.
+const FULL_POLL: Duration = Duration::from_millis(200);
+
 pub struct ThinPool {
     pub(crate) name: String,
     pub(crate) child: DeviceRef,
@@ -78,6 +93,10 @@ pub struct ThinPool {
     pub(crate) ids: PoolIds,
     pub(crate) record: PoolRecord,
     allocator: Mutex<Allocator>,
+    pub(crate) runtime: Arc<dyn Runtime>,
+    pub(crate) map_commit: MapCommit,
+    when_full: WhenFull,
+    pub(crate) space_watch: SpaceWatch,
     /// Volumes by name, with their map's object id. Handles are made on demand so that the
     /// pool does not own its volumes (they own it).
     volumes: Mutex<BTreeMap<String, (VolumeRecord, ObjectId)>>,
@@ -227,6 +246,10 @@ impl ThinPool {
             ids,
             record,
             allocator: Mutex::new(Allocator::new(record.extents, head.min(record.extents))),
+            runtime: settings.runtime.clone(),
+            map_commit: settings.map_commit,
+            when_full: settings.when_full,
+            space_watch: SpaceWatch::new(settings.low_water),
             volumes: Mutex::new(BTreeMap::new()),
             locks: (0..LOCK_STRIPES)
                 .map(|_| tokio::sync::RwLock::new(()))
@@ -235,6 +258,7 @@ impl ThinPool {
         for volume in volume_records {
             pool.attach(volume)?;
         }
+        pool.watch_low_water();
         Ok(pool)
     }
 
@@ -350,24 +374,70 @@ impl ThinPool {
         phys * (self.record.extent_size / GRANULE)
     }
 
-    /// Reserves a free extent for a first write, committing once to release quarantined
-    /// extents if nothing else is free.
+    /// Reserves a free extent for a first write. When none is free, `when-full` decides:
+    /// fail at once, or wait for a free (signalled by discard and zeroing, and polled, so
+    /// any free is seen) up to the bound. Callers hold no lock stripe while this waits, or a
+    /// discard or delete that would free space could not get in.
     pub(crate) async fn reserve_extent(&self) -> Result<u64> {
+        let deadline = match self.when_full {
+            WhenFull::Fail => None,
+            WhenFull::Wait(bound) => Some(self.runtime.now() + bound),
+        };
+        let mut waiting = None;
+        loop {
+            // Registered before looking, so a free between the look and the wait is not lost.
+            let freed = self.space_watch.freed.notified();
+            let mut freed = std::pin::pin!(freed);
+            freed.as_mut().enable();
+            if let Some(extent) = self.try_reserve_extent().await? {
+                self.space_watch.allocated();
+                return Ok(extent);
+            }
+            let now = self.runtime.now();
+            let Some(deadline) = deadline.filter(|deadline| now < *deadline) else {
+                if self.space_watch.refused() {
+                    tracing::warn!(pool = %self.name, policy = %self.when_full.describe(), "thin pool is out of data space; allocating writes fail with ENOSPC");
+                }
+                return Err(BlockError::NoSpace);
+            };
+            if waiting.is_none() {
+                tracing::info!(pool = %self.name, "thin pool is full; an allocating write waits for space");
+                waiting = Some(self.space_watch.waiting());
+            }
+            let nap = self.runtime.sleep((deadline - now).min(FULL_POLL));
+            futures_util::future::select(freed, nap).await;
+        }
+    }
+
+    /// A free extent, reserved, if there is one; commits once to release quarantined extents
+    /// if nothing else is free.
+    async fn try_reserve_extent(&self) -> Result<Option<u64>> {
         for attempt in 0..2 {
             let durable = self.store.durable_txn();
             let picked = self.store.read(|state| {
                 let allocated = state.bitmap(self.ids.allocated).expect("pool bitmap");
                 self.allocator().allocate(allocated, durable)
             });
-            if let Some(extent) = picked {
-                return Ok(extent);
+            if picked.is_some() {
+                return Ok(picked);
             }
             if attempt == 0 && self.allocator().quarantined() > 0 {
                 self.store.commit().await?;
             }
         }
-        tracing::warn!(pool = %self.name, "thin pool is out of data space");
-        Err(BlockError::NoSpace)
+        Ok(None)
+    }
+
+    /// Gives back an extent reserved for a write that did not need it after all.
+    pub(crate) fn release_reservation(&self, extent: u64) {
+        self.allocator().settle(extent);
+        self.space_watch.freed.notify_waiters();
+    }
+
+    /// Judges the low-water mark against the extents allocated now (logs a crossing).
+    pub(crate) fn watch_low_water(&self) -> bool {
+        self.space_watch
+            .observe(&self.name, self.record.extents, || self.allocated_extents())
     }
 
     /// Makes every acknowledged write of every volume durable.
@@ -389,10 +459,71 @@ impl ThinPool {
         })
     }
 
+    /// One volume's extents, live granules and partly dead extents. Reads the map a chunk
+    /// at a time, so counting a large pool never holds writers up for long.
+    fn volume_space(&self, name: &str, map: ObjectId) -> VolumeSpace {
+        const CHUNK: usize = 4096;
+        let per_extent = self.record.granules_per_extent();
+        let mut space = VolumeSpace {
+            name: name.to_string(),
+            ..VolumeSpace::default()
+        };
+        let mut from = 0;
+        loop {
+            let last = self.store.read(|state| {
+                // A volume deleted meanwhile has no map: it holds nothing.
+                let table = state.table(map)?;
+                let live = state.bitmap(self.ids.live).expect("pool live bitmap");
+                let mut last = None;
+                for (index, value) in table.iter_from(from).take(CHUNK) {
+                    let phys = u32::from_le_bytes(value.try_into().expect("4-byte map")) as u64;
+                    let granules = live.count_range(self.first_granule(phys - 1), per_extent);
+                    space.extents_allocated += 1;
+                    space.granules_live += granules;
+                    space.extents_partly_dead += (granules < per_extent) as u64;
+                    last = Some(index);
+                }
+                last
+            });
+            match last {
+                Some(index) => from = index + 1,
+                None => return space,
+            }
+        }
+    }
+
+    /// The pool's space: what is allocated and live, per pool and per volume, the low-water
+    /// state (judged afresh) and the space events since the pool was opened.
+    pub fn space(&self) -> PoolSpace {
+        let volumes: Vec<(VolumeRecord, ObjectId)> =
+            self.volumes_lock().values().cloned().collect();
+        let volumes: Vec<VolumeSpace> = volumes
+            .iter()
+            .map(|(record, map)| self.volume_space(&record.name, *map))
+            .collect();
+        let (extents_allocated, granules_live) = self.store.read(|state| {
+            let count = |id| state.bitmap(id).map_or(0, |b| b.count_ones());
+            (count(self.ids.allocated), count(self.ids.live))
+        });
+        let mut space = PoolSpace {
+            extents: self.record.extents,
+            extent_size: self.record.extent_size,
+            extents_allocated,
+            granules_live,
+            extents_partly_dead: volumes.iter().map(|v| v.extents_partly_dead).sum(),
+            low_space: self.watch_low_water(),
+            volumes,
+            ..PoolSpace::default()
+        };
+        self.space_watch.fill(&mut space);
+        space
+    }
+
     pub(crate) fn volume_status(&self, record: &VolumeRecord, map: ObjectId) -> NodeStatus {
-        let mapped = self
-            .store
-            .read(|state| state.table(map).map_or(0, |t| t.len()));
+        self.volume_node(record, &self.volume_space(&record.name, map))
+    }
+
+    fn volume_node(&self, record: &VolumeRecord, space: &VolumeSpace) -> NodeStatus {
         NodeStatus {
             name: record.name.clone(),
             kind: "thin".into(),
@@ -400,10 +531,19 @@ impl ThinPool {
             health: Health::Ok,
             detail: vec![
                 ("pool".into(), self.name.clone()),
-                ("extents mapped".into(), mapped.to_string()),
+                ("extents mapped".into(), space.extents_allocated.to_string()),
                 (
                     "bytes mapped".into(),
-                    (mapped * self.record.extent_size).to_string(),
+                    (space.extents_allocated * self.record.extent_size).to_string(),
+                ),
+                ("granules live".into(), space.granules_live.to_string()),
+                (
+                    "bytes live".into(),
+                    (space.granules_live * GRANULE).to_string(),
+                ),
+                (
+                    "extents partly dead".into(),
+                    space.extents_partly_dead.to_string(),
                 ),
             ],
             stats: None,
@@ -413,24 +553,31 @@ impl ThinPool {
     }
 
     pub async fn describe(&self) -> Result<NodeStatus> {
-        let space = self.store.space();
-        let allocated = self.allocated_extents();
+        let meta = self.store.space();
+        let space = self.space();
         let ControlReply::Describe(child) = self.child.control(Control::Describe).await? else {
             return Err(BlockError::Unsupported("describe"));
         };
-        let health = if space.failed.is_some() {
+        let health = if meta.failed.is_some() {
             Health::Failed
-        } else if space.low_space || allocated == self.record.extents {
+        } else if meta.low_space || space.low_space {
             Health::Degraded
         } else {
             Health::Ok
         };
         let mut children = vec![child];
-        let volumes: Vec<(VolumeRecord, ObjectId)> =
-            self.volumes_lock().values().cloned().collect();
-        for (record, map) in volumes {
-            children.push(self.volume_status(&record, map));
+        let volumes: Vec<VolumeRecord> = self
+            .volumes_lock()
+            .values()
+            .map(|(record, _)| record.clone())
+            .collect();
+        for record in volumes {
+            if let Some(counts) = space.volumes.iter().find(|v| v.name == record.name) {
+                children.push(self.volume_node(&record, counts));
+            }
         }
+        let percent = |n: u64, of: u64| format!("{:.1} %", n as f64 * 100.0 / of.max(1) as f64);
+        let count = |key: &str, n: u64| (key.to_string(), n.to_string());
         Ok(NodeStatus {
             name: self.name.clone(),
             kind: "thin-pool".into(),
@@ -440,13 +587,42 @@ impl ThinPool {
                 ("extent size".into(), self.record.extent_size.to_string()),
                 (
                     "extents allocated".into(),
-                    format!("{allocated} of {}", self.record.extents),
+                    format!("{} of {}", space.extents_allocated, space.extents),
                 ),
                 (
-                    "metadata used".into(),
-                    format!("{} of {} bytes", space.used_bytes, space.capacity_bytes),
+                    "data used".into(),
+                    percent(space.extents_allocated, space.extents),
                 ),
-                ("metadata low".into(), space.low_space.to_string()),
+                (
+                    "low water".into(),
+                    format!(
+                        "{} % ({} extents)",
+                        self.space_watch.low_water().percent(),
+                        space.low_water_extents
+                    ),
+                ),
+                ("low space".into(), space.low_space.to_string()),
+                count("low space events", space.low_space_events),
+                count("granules live", space.granules_live),
+                (
+                    "bytes live".into(),
+                    (space.granules_live * GRANULE).to_string(),
+                ),
+                count("extents partly dead", space.extents_partly_dead),
+                count("extents freed", space.extents_freed),
+                count(
+                    "extents freed by granule liveness",
+                    space.extents_freed_by_granules,
+                ),
+                ("map commit".into(), self.map_commit.name().to_string()),
+                ("when full".into(), self.when_full.describe()),
+                count("writes waiting for space", space.writes_waiting),
+                count("allocations refused", space.no_space_errors),
+                (
+                    "metadata used".into(),
+                    format!("{} of {} bytes", meta.used_bytes, meta.capacity_bytes),
+                ),
+                ("metadata low".into(), meta.low_space.to_string()),
                 (
                     "allocation head".into(),
                     self.allocator().head().to_string(),

@@ -16,6 +16,7 @@ use strata_core::{
 use strata_meta::{ObjectId, State, TxnClass};
 
 use super::map::{pieces, runs, Piece, GRANULE};
+use super::policy::MapCommit;
 use super::pool::ThinPool;
 use super::records::VolumeRecord;
 
@@ -109,20 +110,41 @@ impl ThinVolume {
                 }
             }
         }
-        let _exclusive = lock.write().await;
-        self.pool.check_live(&self.record, &piece)?;
-        let (phys, fresh, runs) = match self.locate(&piece) {
-            Some(located) => (located.phys, false, located.runs),
-            None => {
-                let phys = self.pool.reserve_extent().await?;
-                (phys, true, vec![(piece.granules(), false)])
+        // An extent is reserved with the stripe released: reserving may wait for space
+        // (`when-full = "wait"`), and the discard or delete that frees it needs the stripes.
+        let mut reserved = None;
+        loop {
+            let exclusive = lock.write().await;
+            if let Err(error) = self.pool.check_live(&self.record, &piece) {
+                if let Some(phys) = reserved {
+                    self.pool.release_reservation(phys);
+                }
+                return Err(error);
             }
-        };
-        let result = self.fill_and_publish(piece, data, phys, fresh, &runs).await;
-        if fresh {
-            self.pool.allocator().settle(phys);
+            let (phys, fresh, runs) = match (self.locate(&piece), reserved) {
+                (Some(located), spare) => {
+                    // Another write mapped the extent while this one waited for space.
+                    if let Some(phys) = spare {
+                        self.pool.release_reservation(phys);
+                    }
+                    (located.phys, false, located.runs)
+                }
+                (None, Some(phys)) => (phys, true, vec![(piece.granules(), false)]),
+                (None, None) => {
+                    drop(exclusive);
+                    reserved = Some(self.pool.reserve_extent().await?);
+                    continue;
+                }
+            };
+            let result = self.fill_and_publish(piece, data, phys, fresh, &runs).await;
+            if fresh {
+                self.pool.allocator().settle(phys);
+                if result.is_ok() {
+                    self.pool.watch_low_water();
+                }
+            }
+            return result.map(|()| true);
         }
-        result.map(|()| true)
     }
 
     /// Writes `data` into the extent, padding dead partial granules with zeros so that a
@@ -196,7 +218,8 @@ impl ThinVolume {
         let phys = located.phys;
         let first = self.pool.first_granule(phys);
         let per_extent = self.pool.record.extent_size / GRANULE;
-        let freed = self.pool.store.transact(TxnClass::Reclaim, |state, txn| {
+        let mut guarded = false;
+        let result = self.pool.store.transact(TxnClass::Reclaim, |state, txn| {
             let live = state.bitmap(ids.live).expect("pool live bitmap");
             let left = live.count_range(first, per_extent)
                 - live.count_range(first + whole.start, whole.end - whole.start);
@@ -204,6 +227,10 @@ impl ThinVolume {
                 txn.set_bits(ids.live, first, per_extent, false);
                 txn.set_u32(self.map, piece.extent, 0);
                 txn.set_bits(ids.allocated, phys, 1, false);
+                // Quarantined before the store's lock is released: an allocation in between
+                // would otherwise see the extent free before the free is durable.
+                self.pool.allocator().quarantine(phys, u64::MAX);
+                guarded = true;
             } else {
                 txn.set_bits(
                     ids.live,
@@ -213,10 +240,25 @@ impl ThinVolume {
                 );
             }
             Ok(left == 0)
-        })?;
+        });
+        let freed = match result {
+            Ok(freed) => freed,
+            Err(error) => {
+                // Nothing was freed: the extent is still mapped, drop the guard.
+                if guarded {
+                    self.pool.allocator().unquarantine(phys);
+                }
+                return Err(error);
+            }
+        };
         if freed {
             let durable_after = self.pool.store.next_txn();
             self.pool.allocator().quarantine(phys, durable_after);
+            // A tracker without per-granule liveness frees an extent only when one discard
+            // covers it whole.
+            let partial = whole != (0..per_extent);
+            self.pool.space_watch.extent_freed(partial);
+            self.pool.watch_low_water();
         }
         Ok(())
     }
@@ -306,8 +348,9 @@ impl BlockDevice for ThinVolume {
             let slice = data.slice(piece.done as usize..(piece.done + piece.len) as usize);
             published |= self.write_piece(piece, slice, flags.fua).await?;
         }
-        if flags.fua && published {
-            // The data went down without FUA; a commit flushes it and then the mapping.
+        // The data went down without FUA; a commit flushes it and then the mapping. In
+        // extent mode every write that published a mapping or liveness change does this.
+        if published && (flags.fua || self.pool.map_commit == MapCommit::Extent) {
             self.pool.store.commit().await?;
         }
         Ok(())
