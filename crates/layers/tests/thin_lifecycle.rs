@@ -498,3 +498,145 @@ async fn a_power_cut_during_a_shrink_or_delete_leaves_the_volume_before_or_after
         );
     }
 }
+
+/// One step of the randomized run; positions and sizes are fractions, scaled to the volume's
+/// size at the time.
+#[derive(Clone, Debug)]
+enum Step {
+    Write {
+        volume: usize,
+        at: f64,
+        sectors: u64,
+        fill: u8,
+    },
+    Zero {
+        volume: usize,
+        at: f64,
+        sectors: u64,
+    },
+    Resize {
+        volume: usize,
+        sectors: u64,
+    },
+    Recreate {
+        volume: usize,
+        sectors: u64,
+    },
+    Reopen,
+}
+
+fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+    use proptest::prelude::*;
+    // Up to 2 MiB per volume, two volumes, 4 MiB of pool: never full, so every write lands.
+    let sectors = 1u64..4096;
+    prop_oneof![
+        5 => (0usize..2, 0.0..1.0f64, 1u64..300, any::<u8>())
+            .prop_map(|(volume, at, sectors, fill)| Step::Write { volume, at, sectors, fill: fill | 1 }),
+        2 => (0usize..2, 0.0..1.0f64, 1u64..300)
+            .prop_map(|(volume, at, sectors)| Step::Zero { volume, at, sectors }),
+        3 => (0usize..2, sectors.clone()).prop_map(|(volume, sectors)| Step::Resize { volume, sectors }),
+        1 => (0usize..2, sectors).prop_map(|(volume, sectors)| Step::Recreate { volume, sectors }),
+        1 => Just(Step::Reopen),
+    ]
+}
+
+/// A request inside a volume of `size` bytes: 512-aligned, at least one sector.
+fn place(size: u64, at: f64, sectors: u64) -> (u64, u64) {
+    let offset = ((size as f64 * at) as u64 / 512 * 512).min(size - 512);
+    (offset, (sectors * 512).min(size - offset))
+}
+
+fn run_steps(steps: Vec<Step>) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let child: DeviceRef = Arc::new(MemoryDevice::new((1 << 20) + 64 * EXTENT));
+        let options = PoolOptions {
+            extent_size: EXTENT,
+            metadata_size: Some(1 << 20),
+            start_mid: false,
+        };
+        let mut pool = ThinPool::format("pool", child.clone(), &options, settings())
+            .await
+            .unwrap();
+        let names = ["a", "b"];
+        let mut model = Model::default();
+        for name in names {
+            pool.create_volume(name, 256 * KIB).await.unwrap();
+            model
+                .volumes
+                .insert(name.into(), vec![0; 256 * KIB as usize]);
+        }
+        for step in steps {
+            match step {
+                Step::Write {
+                    volume,
+                    at,
+                    sectors,
+                    fill,
+                } => {
+                    let name = names[volume];
+                    let size = model.volumes[name].len() as u64;
+                    let (offset, len) = place(size, at, sectors);
+                    write(&pool, &mut model, name, offset, vec![fill; len as usize]).await;
+                }
+                Step::Zero {
+                    volume,
+                    at,
+                    sectors,
+                } => {
+                    let name = names[volume];
+                    let size = model.volumes[name].len() as u64;
+                    let (offset, len) = place(size, at, sectors);
+                    let flags = strata_core::ZeroFlags {
+                        may_trim: true,
+                        fast: false,
+                        fua: false,
+                    };
+                    pool.volume(name)
+                        .unwrap()
+                        .write_zeroes(offset, len, flags)
+                        .await
+                        .unwrap();
+                    model.write(name, offset, &vec![0; len as usize]);
+                }
+                Step::Resize { volume, sectors } => {
+                    pool.resize_volume(names[volume], sectors * 512)
+                        .await
+                        .unwrap();
+                    model.resize(names[volume], sectors * 512);
+                }
+                Step::Recreate { volume, sectors } => {
+                    pool.delete_volume(names[volume]).await.unwrap();
+                    pool.create_volume(names[volume], sectors * 512)
+                        .await
+                        .unwrap();
+                    model
+                        .volumes
+                        .insert(names[volume].into(), vec![0; (sectors * 512) as usize]);
+                }
+                Step::Reopen => {
+                    pool.flush().await.unwrap();
+                    pool = reopen(&child, pool).await;
+                }
+            }
+            model.verify(&pool).await;
+            let problems = pool.store().read(check_state);
+            assert!(problems.is_empty(), "{problems:?}");
+            let mapped: u64 = pool.volume_usage().iter().map(|u| u.mapped_extents).sum();
+            assert_eq!(mapped, pool.allocated_extents());
+        }
+    });
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 64, ..Default::default() })]
+    #[test]
+    fn resizes_and_deletes_mixed_with_io_match_the_model(
+        steps in proptest::collection::vec(step(), 1..40)
+    ) {
+        run_steps(steps);
+    }
+}
