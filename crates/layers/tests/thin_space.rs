@@ -357,3 +357,61 @@ async fn extent_mode_commits_a_new_mapping_before_the_write_completes() {
         );
     }
 }
+
+/// Discard and delete run as `Reclaim` transactions, which may use the metadata reserve: with
+/// the metadata region full to its ordinary limit they still work, while a write that needs a
+/// new mapping is refused with ENOSPC and changes nothing.
+#[tokio::test]
+async fn discard_and_delete_work_when_the_metadata_is_full() {
+    let p = pool_with(|_| {}).await;
+    p.a.write(0, fill(1, 2 * EXTENT), WriteFlags::default())
+        .await
+        .unwrap();
+    p.b.write(0, fill(2, EXTENT), WriteFlags::default())
+        .await
+        .unwrap();
+    // A volume with nothing mapped: its first write needs a new map page.
+    let c = p.pool.create_volume("c", VOLUME).await.unwrap();
+    // Fill the metadata with ballast up to the ordinary limit.
+    let store = p.pool.store().clone();
+    let ballast = store
+        .transact(strata_meta::TxnClass::Normal, |_, txn| {
+            Ok(txn.create_blob("ballast"))
+        })
+        .unwrap();
+    let mut size = 0usize;
+    for step in [64 << 10, 4 << 10, 512, 64, 8, 1] {
+        while store
+            .transact(strata_meta::TxnClass::Normal, |_, txn| {
+                txn.put_blob(ballast, vec![0xee; size + step]);
+                Ok(())
+            })
+            .is_ok()
+        {
+            size += step;
+        }
+    }
+    assert!(size > 0);
+    let error = c
+        .write(0, fill(3, 4096), WriteFlags::default())
+        .await
+        .unwrap_err();
+    assert!(matches!(error, BlockError::NoSpace), "{error:?}");
+    assert_eq!(
+        p.pool.allocated_extents(),
+        3,
+        "the refused write mapped nothing"
+    );
+    assert!(c.read(0, 4096).await.unwrap().iter().all(|&b| b == 0));
+    // A partial discard (liveness only), a whole one (a free), then a delete.
+    p.a.discard(4096, 8192).await.unwrap();
+    p.a.discard(EXTENT, EXTENT).await.unwrap();
+    assert_eq!(p.pool.allocated_extents(), 2);
+    p.pool.delete_volume("b").await.unwrap();
+    assert_eq!(p.pool.allocated_extents(), 1);
+    p.a.flush().await.unwrap();
+    let got = p.a.read(0, EXTENT as usize).await.unwrap();
+    assert_eq!(&got[..4096], &fill(1, 4096)[..]);
+    assert!(got[4096..12288].iter().all(|&b| b == 0));
+    assert_eq!(&got[12288..], &fill(1, EXTENT)[12288..]);
+}
