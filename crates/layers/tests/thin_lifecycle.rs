@@ -640,3 +640,131 @@ proptest::proptest! {
         run_steps(steps);
     }
 }
+
+/// A memory disk whose flushes can be held, to look at the pool while a commit is in flight.
+struct HeldFlush {
+    inner: MemoryDevice,
+    hold: std::sync::atomic::AtomicBool,
+    waiting: tokio::sync::Notify,
+    release: tokio::sync::Notify,
+}
+
+#[strata_core::async_trait]
+impl BlockDevice for HeldFlush {
+    fn geometry(&self) -> strata_core::Geometry {
+        self.inner.geometry()
+    }
+    fn capabilities(&self) -> strata_core::Capabilities {
+        self.inner.capabilities()
+    }
+    async fn read(&self, offset: u64, len: usize) -> strata_core::Result<bytes::BytesMut> {
+        self.inner.read(offset, len).await
+    }
+    async fn write(&self, offset: u64, data: Bytes, flags: WriteFlags) -> strata_core::Result<()> {
+        self.inner.write(offset, data, flags).await
+    }
+    async fn flush(&self) -> strata_core::Result<()> {
+        if self.hold.load(std::sync::atomic::Ordering::SeqCst) {
+            self.waiting.notify_one();
+            self.release.notified().await;
+        }
+        self.inner.flush().await
+    }
+    async fn discard(&self, offset: u64, len: u64) -> strata_core::Result<()> {
+        self.inner.discard(offset, len).await
+    }
+    async fn write_zeroes(
+        &self,
+        offset: u64,
+        len: u64,
+        flags: strata_core::ZeroFlags,
+    ) -> strata_core::Result<()> {
+        self.inner.write_zeroes(offset, len, flags).await
+    }
+    async fn block_status(
+        &self,
+        offset: u64,
+        len: u64,
+    ) -> strata_core::Result<Vec<strata_core::Extent>> {
+        self.inner.block_status(offset, len).await
+    }
+    async fn control(
+        &self,
+        request: strata_core::Control,
+    ) -> strata_core::Result<strata_core::ControlReply> {
+        self.inner.control(request).await
+    }
+}
+
+/// The extents a delete frees wait for its commit: a write that needs one while the commit
+/// is in flight waits for it instead of taking an extent whose free a crash could undo.
+#[tokio::test]
+async fn extents_freed_by_a_delete_are_not_reused_before_its_commit() {
+    let disk = Arc::new(HeldFlush {
+        inner: MemoryDevice::new((1 << 20) + EXTENTS * EXTENT),
+        hold: Default::default(),
+        waiting: Default::default(),
+        release: Default::default(),
+    });
+    let child: DeviceRef = disk.clone();
+    let options = PoolOptions {
+        extent_size: EXTENT,
+        metadata_size: Some(1 << 20),
+        start_mid: false,
+    };
+    let pool = ThinPool::format("pool", child, &options, settings())
+        .await
+        .unwrap();
+    pool.create_volume("a", 8 * EXTENT).await.unwrap();
+    pool.create_volume("b", EXTENTS * EXTENT).await.unwrap();
+    let (a, b) = (pool.volume("a").unwrap(), pool.volume("b").unwrap());
+    a.write(
+        0,
+        Bytes::from(vec![0xaa; 8 * EXTENT as usize]),
+        WriteFlags::default(),
+    )
+    .await
+    .unwrap();
+    b.write(
+        0,
+        Bytes::from(vec![0xbb; 8 * EXTENT as usize]),
+        WriteFlags::default(),
+    )
+    .await
+    .unwrap();
+    pool.flush().await.unwrap();
+    assert_eq!(pool.allocated_extents(), EXTENTS, "the pool is full");
+
+    disk.hold.store(true, std::sync::atomic::Ordering::SeqCst);
+    let deleting = {
+        let pool = pool.clone();
+        tokio::spawn(async move { pool.delete_volume("a").await })
+    };
+    disk.waiting.notified().await; // the delete's commit is flushing
+    assert_eq!(pool.allocated_extents(), EXTENTS - 8, "freed in memory");
+    let writing = {
+        let b = b.clone();
+        tokio::spawn(async move {
+            b.write(
+                8 * EXTENT,
+                Bytes::from(vec![0xcc; 4096]),
+                WriteFlags::default(),
+            )
+            .await
+        })
+    };
+    for _ in 0..50 {
+        tokio::task::yield_now().await;
+    }
+    assert!(
+        !writing.is_finished(),
+        "a write took a freed extent before the free was durable"
+    );
+    disk.hold.store(false, std::sync::atomic::Ordering::SeqCst);
+    disk.release.notify_waiters();
+    deleting.await.unwrap().unwrap();
+    writing.await.unwrap().unwrap();
+    assert_eq!(pool.allocated_extents(), EXTENTS - 7);
+    let got = b.read(8 * EXTENT, EXTENT as usize).await.unwrap();
+    assert!(got[..4096].iter().all(|&x| x == 0xcc) && got[4096..].iter().all(|&x| x == 0));
+}

@@ -36,7 +36,7 @@ impl ThinPool {
     /// grow shows zeros there, never the old bytes.
     pub async fn resize_volume(self: &Arc<Self>, name: &str, new_size: u64) -> Result<()> {
         check_size(new_size)?;
-        let _quiet = self.quiesce().await;
+        let quiet = self.quiesce().await;
         let (record, map) = self.volume_entry(name)?;
         if new_size == record.size {
             return Ok(());
@@ -68,6 +68,8 @@ impl ThinPool {
         if let Some((stored, _)) = self.volumes_lock().get_mut(name) {
             stored.size = new_size;
         }
+        // I/O may go on during the commit: the map and the size are consistent already.
+        drop(quiet);
         self.store.commit().await?;
         tracing::info!(
             pool = %self.name,
@@ -81,7 +83,7 @@ impl ThinPool {
 
     /// Deletes a volume: frees all its extents and removes its record and its map.
     pub async fn delete_volume(self: &Arc<Self>, name: &str) -> Result<()> {
-        let _quiet = self.quiesce().await;
+        let quiet = self.quiesce().await;
         let (record, map) = self.volume_entry(name)?;
         let ids = self.ids;
         let id = record.id;
@@ -98,6 +100,7 @@ impl ThinPool {
             Ok(freed.len())
         })?;
         self.volumes_lock().remove(name);
+        drop(quiet);
         self.store.commit().await?;
         tracing::info!(pool = %self.name, volume = name, extents_freed = freed, "thin volume deleted");
         Ok(())
