@@ -227,8 +227,11 @@ pub async fn answer(
         VolumeRequest::Delete { volume, force } => delete(state, &volume, force).await,
     };
     match &result {
-        Ok(reply) if reply.get("done").is_some() => tracing::info!("{}", reply["done"]),
-        Ok(_) => {}
+        Ok(reply) => {
+            if let Some(summary) = reply["done"].as_str() {
+                tracing::info!("{summary}");
+            }
+        }
         Err(e) => tracing::warn!("volume request refused: {e:#}"),
     }
     result
