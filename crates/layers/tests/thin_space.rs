@@ -415,3 +415,76 @@ async fn discard_and_delete_work_when_the_metadata_is_full() {
     assert!(got[4096..12288].iter().all(|&b| b == 0));
     assert_eq!(&got[12288..], &fill(1, EXTENT)[12288..]);
 }
+
+/// Virtual Allocation's storage expansion: when the pool's device grows (a concat given a
+/// member), a full pool takes the new extents in at its next allocation, durably: a reopen
+/// over the grown device finds them, and the data written into them.
+#[tokio::test]
+async fn a_full_pool_grows_with_its_device() {
+    use strata_backend::MemoryDevice;
+    use strata_core::{Control, Member};
+    use strata_layers::concat::Concat;
+
+    let first = Arc::new(MemoryDevice::new(META + 4 * EXTENT));
+    let second = Arc::new(MemoryDevice::new(4 * EXTENT));
+    let member = |name: &str, device: &Arc<MemoryDevice>| Member {
+        name: name.to_string(),
+        device: device.clone(),
+    };
+    let concat = Arc::new(Concat::new("c".into(), vec![member("m0", &first)]).unwrap());
+    let mut settings = PoolRuntime::new(TokioRuntime::current());
+    settings.commit_interval = None;
+    let options = PoolOptions {
+        extent_size: EXTENT,
+        metadata_size: Some(META),
+        start_mid: false,
+    };
+    let pool = ThinPool::format("pool", concat.clone(), &options, settings.clone())
+        .await
+        .unwrap();
+    let volume = pool.create_volume("v", VOLUME).await.unwrap();
+    for i in 0..4 {
+        volume
+            .write(i * EXTENT, fill(i as u8, EXTENT), WriteFlags::default())
+            .await
+            .unwrap();
+    }
+    let error = volume
+        .write(4 * EXTENT, fill(4, EXTENT), WriteFlags::default())
+        .await
+        .unwrap_err();
+    assert!(matches!(error, BlockError::NoSpace), "{error:?}");
+    assert!(pool.space().low_space);
+    concat
+        .control(Control::AddMember(member("m1", &second)))
+        .await
+        .unwrap();
+    for i in 4..8 {
+        volume
+            .write(i * EXTENT, fill(i as u8, EXTENT), WriteFlags::default())
+            .await
+            .unwrap();
+    }
+    assert_eq!(pool.extents(), 8);
+    assert_eq!(pool.allocated_extents(), 8);
+    volume.flush().await.unwrap();
+    drop((volume, pool));
+    let grown = Arc::new(
+        Concat::new(
+            "c".into(),
+            vec![member("m0", &first), member("m1", &second)],
+        )
+        .unwrap(),
+    );
+    let (pool, _) = ThinPool::open("pool", grown, settings).await.unwrap();
+    assert_eq!(pool.extents(), 8, "the grown extent count is recorded");
+    assert!(pool
+        .store()
+        .read(strata_layers::thin::check_state)
+        .is_empty());
+    let volume = pool.volume("v").unwrap();
+    for i in 0..8 {
+        let got = volume.read(i * EXTENT, EXTENT as usize).await.unwrap();
+        assert!(got == fill(i as u8, EXTENT)[..], "extent {i}");
+    }
+}

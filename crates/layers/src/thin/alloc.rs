@@ -69,6 +69,13 @@ impl Allocator {
         self.quarantine.insert(extent, durable_after);
     }
 
+    /// The pool grew to `extents`; the head stays where it is, so the new extents come after
+    /// the ones it has not reached yet.
+    pub fn grow(&mut self, extents: u64) {
+        assert!(extents >= self.extents);
+        self.extents = extents;
+    }
+
     /// Drops the quarantine of an extent whose free did not happen after all.
     pub fn unquarantine(&mut self, extent: u64) {
         self.quarantine.remove(&extent);

@@ -9,6 +9,7 @@
 //! reads another volume's bytes, before or after a crash.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -91,7 +92,12 @@ pub struct ThinPool {
     pub(crate) child: DeviceRef,
     pub(crate) store: Arc<MetaStore>,
     pub(crate) ids: PoolIds,
+    /// The pool's shape as formatted; `extents` there is the count at open.
     pub(crate) record: PoolRecord,
+    /// Data extents now: grows when the child does (see [`ThinPool::grow`]).
+    extents: AtomicU64,
+    /// One growth at a time.
+    growing: tokio::sync::Mutex<()>,
     allocator: Mutex<Allocator>,
     pub(crate) runtime: Arc<dyn Runtime>,
     pub(crate) map_commit: MapCommit,
@@ -192,6 +198,8 @@ impl ThinPool {
             Some(last.map_or(0, |l| l + 1))
         });
         let pool = Self::assemble(name, child, store, head.unwrap_or(0), settings)?;
+        // The child may have grown while the pool was closed.
+        pool.grow().await?;
         Ok((pool, recovered))
     }
 
@@ -245,6 +253,8 @@ impl ThinPool {
             store,
             ids,
             record,
+            extents: AtomicU64::new(record.extents),
+            growing: tokio::sync::Mutex::new(()),
             allocator: Mutex::new(Allocator::new(record.extents, head.min(record.extents))),
             runtime: settings.runtime.clone(),
             map_commit: settings.map_commit,
@@ -298,7 +308,46 @@ impl ThinPool {
     }
 
     pub fn extents(&self) -> u64 {
-        self.record.extents
+        self.extents.load(Ordering::Acquire)
+    }
+
+    /// Takes in the extents the child gained since the pool was made or last grown (a
+    /// concat given a member, a slice grown online): Virtual Allocation's storage expansion.
+    /// The larger extent count is durable before any new extent is handed out, so no
+    /// mapping past the recorded end ever reaches the disk. Checked at open, when an
+    /// allocation finds nothing free and when the pool is described. Returns the extents
+    /// added. The metadata region keeps its size: a pool grown far past the default sizing
+    /// (about 860 bytes per extent) may run low on metadata first (`metadata low`).
+    pub async fn grow(&self) -> Result<u64> {
+        let fits = |pool: &ThinPool| {
+            let size = pool.child.geometry().size;
+            // A map entry holds physical extent + 1 in a u32.
+            (size.saturating_sub(pool.record.data_start) / pool.record.extent_size)
+                .min(u32::MAX as u64 - 1)
+        };
+        if fits(self) <= self.extents() {
+            return Ok(0);
+        }
+        let _one = self.growing.lock().await;
+        let (before, after) = (self.extents(), fits(self));
+        if after <= before {
+            return Ok(0);
+        }
+        let ids = self.ids;
+        self.store.transact(TxnClass::Normal, |state, txn| {
+            let mut record = PoolRecord::decode(state.blob(ids.pool).unwrap_or(&[]))
+                .map_err(BlockError::InvalidArgument)?;
+            record.extents = after;
+            txn.put_blob(ids.pool, record.encode());
+            Ok(())
+        })?;
+        self.store.commit().await?;
+        self.allocator().grow(after);
+        self.extents.store(after, Ordering::Release);
+        tracing::info!(pool = %self.name, from = before, to = after, "thin pool grew with its device");
+        self.watch_low_water();
+        self.space_watch.freed.notify_waiters();
+        Ok(after - before)
     }
 
     pub fn store(&self) -> &Arc<MetaStore> {
@@ -365,7 +414,7 @@ impl ThinPool {
 
     /// Byte offset of a physical extent on the child.
     pub(crate) fn extent_offset(&self, phys: u64) -> u64 {
-        debug_assert!(phys < self.record.extents);
+        debug_assert!(phys < self.extents());
         self.record.data_start + phys * self.record.extent_size
     }
 
@@ -423,6 +472,8 @@ impl ThinPool {
             }
             if attempt == 0 && self.allocator().quarantined() > 0 {
                 self.store.commit().await?;
+            } else if attempt == 0 && self.grow().await? > 0 {
+                continue;
             }
         }
         Ok(None)
@@ -437,7 +488,7 @@ impl ThinPool {
     /// Judges the low-water mark against the extents allocated now (logs a crossing).
     pub(crate) fn watch_low_water(&self) -> bool {
         self.space_watch
-            .observe(&self.name, self.record.extents, || self.allocated_extents())
+            .observe(&self.name, self.extents(), || self.allocated_extents())
     }
 
     /// Makes every acknowledged write of every volume durable.
@@ -506,7 +557,7 @@ impl ThinPool {
             (count(self.ids.allocated), count(self.ids.live))
         });
         let mut space = PoolSpace {
-            extents: self.record.extents,
+            extents: self.extents(),
             extent_size: self.record.extent_size,
             extents_allocated,
             granules_live,
@@ -553,6 +604,10 @@ impl ThinPool {
     }
 
     pub async fn describe(&self) -> Result<NodeStatus> {
+        if let Err(error) = self.grow().await {
+            // Status still answers; the next allocation tries again.
+            tracing::warn!(pool = %self.name, %error, "thin pool could not take in its grown device");
+        }
         let meta = self.store.space();
         let space = self.space();
         let ControlReply::Describe(child) = self.child.control(Control::Describe).await? else {
@@ -581,7 +636,7 @@ impl ThinPool {
         Ok(NodeStatus {
             name: self.name.clone(),
             kind: "thin-pool".into(),
-            size: self.record.extents * self.record.extent_size,
+            size: self.extents() * self.record.extent_size,
             health,
             detail: vec![
                 ("extent size".into(), self.record.extent_size.to_string()),
