@@ -15,7 +15,7 @@ import urllib.request
 import nbd
 import pytest
 
-from harness import MiB, Disk, Export, Layer, ServerSpec, Volume, nbd_handle, pattern_bytes, requires_strata, run
+from harness import MiB, STRATA_BIN, Disk, Export, Layer, ServerSpec, Volume, nbd_handle, pattern_bytes, requires_strata, run
 
 pytestmark = requires_strata()
 
@@ -212,3 +212,44 @@ def test_wait_policy_holds_a_write_until_a_trim_and_fails_after_the_bound(server
         a.pwrite(b"\x03" * 4096, 0)
         assert time.monotonic() - started < 1.0
         assert detail(pool_node(srv))["writes waiting for space"] == "0"
+
+
+def test_full_pool_grows_when_its_concat_gets_a_member(server_factory, workdir):
+    """Virtual Allocation's storage expansion: `strata add-member` grows the concat under a
+    full pool, the pool takes the new extents in, refused writes go through, and the grown
+    pool comes back after a restart with every byte."""
+    spec = ServerSpec(
+        disks=[Disk("d0", 3 * MiB)],
+        layers=[
+            Layer(name="c", kind="concat", children=["d0"]),
+            Layer(extent=EXTENT, children=["c"], volumes=[Volume("a", VOLUME), Volume("b", VOLUME)]),
+        ],
+        exports=[Export("a", "pool/a"), Export("b", "pool/b")],
+        metrics=True,
+    )
+    srv = server_factory(spec)
+    extents = pool_extents(srv)
+    with nbd_handle(srv, export="a") as a, nbd_handle(srv, export="b") as b:
+        filler = Filler(a, b)
+        fill_until_enospc(filler, srv, extents)
+    run([STRATA_BIN, "add-member", "--data-dir", srv.data_dir, "c", workdir / "d1.img"])
+    srv.keep_config = True
+    with nbd_handle(srv, export="a") as a, nbd_handle(srv, export="b") as b:
+        filler.handles = {"a": a, "b": b}
+        grown = 0
+        while True:
+            try:
+                filler.write_next()
+            except nbd.Error as e:
+                assert e.errno == "ENOSPC"
+                break
+            grown += 1
+        assert grown >= 32, f"only {grown} more extents after adding a 3 MiB disk"
+        d = detail(pool_node(srv))
+        assert d["extents allocated"] == f"{extents + grown} of {extents + grown}"
+        filler.verify()
+    srv.restart()
+    assert detail(pool_node(srv))["extents allocated"] == f"{extents + grown} of {extents + grown}"
+    with nbd_handle(srv, export="a") as a, nbd_handle(srv, export="b") as b:
+        filler.handles = {"a": a, "b": b}
+        filler.verify()
