@@ -2,6 +2,8 @@
 //!
 //! Objects (names are fixed; version 1):
 //! - `pool` (blob): format version, extent size, data start, extent count, next volume id.
+//!   The extent count only grows, when the pool's device does (`ThinPool::grow`); it is
+//!   committed before any extent past the old count is mapped.
 //! - `volumes` (blob): every volume's id, size and name.
 //! - `allocated` (bitmap): one bit per physical extent, set while a volume maps it.
 //! - `live` (bitmap): one bit per 4 KiB granule of every physical extent, set while the
