@@ -129,7 +129,7 @@ impl ThinPool {
 
     /// Bytes of data space (all extents, mapped or not).
     pub fn data_bytes(&self) -> u64 {
-        self.record.extents * self.record.extent_size
+        self.extents() * self.record.extent_size
     }
 
     /// The current size of the volume a handle was opened on; 0 once it is deleted (even if
