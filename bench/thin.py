@@ -74,8 +74,8 @@ def config() -> str:
 def drop_cache(work: Path) -> None:
     """Writes back and drops the page cache of every disk file and image, so that each job
     starts from the same state. Measured: after a 1 MiB sequential fill, 4 KiB random writes
-    into the filled file ran at 30k IOPS through either server, and at 130k after dropping
-    its cache (the fill leaves large folios that each small write dirties whole)."""
+    to the raw disk export ran at ~30k IOPS, and at ~130k once its cache was dropped (cause
+    not pinned down; see docs/thin-experiments.md)."""
     os.sync()
     for path in list(work.glob("*.img")) + list(work.glob("*.qcow2")):
         fd = os.open(path, os.O_RDONLY)
