@@ -494,3 +494,35 @@ def assert_alive_and_working(srv: Server, offset: int = 200 * MiB, length: int =
         h.flush()
         assert h.pread(len(data), offset) == data
     assert srv.alive(), "server died"
+
+
+@contextlib.contextmanager
+def block_device(srv: "Server", workdir: Path, tag: str, export: str | None = None):
+    """An export (the server's default one unless named) as a block device: nbdfuse exposes
+    it as a file, a loop device over it. `tag` names the fuse folder and its log."""
+    fusedir = workdir / f"fuse-{tag}"
+    fusedir.mkdir()
+    log_path = workdir / f"nbdfuse-{tag}.log"
+    log = open(log_path, "wb")
+    fuse = subprocess.Popen(["nbdfuse", str(fusedir), srv.uri(export)], stdout=log, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL)
+    loop = None
+    try:
+        dev = fusedir / "nbd"
+        deadline = time.monotonic() + 20
+        while not dev.exists():
+            assert fuse.poll() is None, log_path.read_text()
+            assert time.monotonic() < deadline, "nbdfuse did not expose the export"
+            time.sleep(0.05)
+        loop = run(["losetup", "-f", "--show", dev]).stdout.strip()
+        yield loop
+    finally:
+        if loop:
+            subprocess.run(["losetup", "-d", loop], check=False)
+        subprocess.run(["fusermount3", "-u", str(fusedir)], check=False)
+        try:
+            fuse.wait(20)
+        except subprocess.TimeoutExpired:
+            fuse.kill()
+            fuse.wait()
+        log.close()

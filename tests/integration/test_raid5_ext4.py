@@ -13,41 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from harness import MiB, STRATA_BIN, Disk, Export, Layer, ServerSpec, run
+from harness import MiB, STRATA_BIN, Disk, Export, Layer, ServerSpec, block_device, run
 from test_ext4 import _can_do_block_devices, make_tree, tree_digests
 from test_hierarchy import layer_node, strata, wait_idle
 
 pytestmark = pytest.mark.skipif(_can_do_block_devices() is not None, reason=str(_can_do_block_devices()))
-
-
-@contextlib.contextmanager
-def block_device(srv, workdir: Path, tag: str):
-    """The export as a block device: nbdfuse exposes it as a file, a loop device over it."""
-    fusedir = workdir / f"fuse-{tag}"
-    fusedir.mkdir()
-    log = open(workdir / f"nbdfuse-{tag}.log", "wb")
-    fuse = subprocess.Popen(["nbdfuse", str(fusedir), srv.uri()], stdout=log, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL)
-    loop = None
-    try:
-        dev = fusedir / "nbd"
-        deadline = time.monotonic() + 20
-        while not dev.exists():
-            assert fuse.poll() is None, (workdir / f"nbdfuse-{tag}.log").read_text()
-            assert time.monotonic() < deadline, "nbdfuse did not expose the export"
-            time.sleep(0.05)
-        loop = run(["losetup", "-f", "--show", dev]).stdout.strip()
-        yield loop
-    finally:
-        if loop:
-            subprocess.run(["losetup", "-d", loop], check=False)
-        subprocess.run(["fusermount3", "-u", str(fusedir)], check=False)
-        try:
-            fuse.wait(20)
-        except subprocess.TimeoutExpired:
-            fuse.kill()
-            fuse.wait()
-        log.close()
 
 
 @contextlib.contextmanager

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import MiB, GiB, Disk, Export, Layer, ServerSpec, Volume, run
+from harness import MiB, GiB, Disk, Export, Layer, ServerSpec, Volume, block_device, run
 from test_ext4 import _can_do_block_devices, make_tree, tree_digests
 
 pytestmark = pytest.mark.skipif(_can_do_block_devices() is not None, reason=str(_can_do_block_devices()))
@@ -65,37 +65,6 @@ def fs_used_blocks(mnt: Path) -> int:
     st = os.statvfs(mnt)
     assert st.f_frsize == 4096
     return st.f_blocks - st.f_bfree
-
-
-@contextlib.contextmanager
-def block_device(srv, workdir: Path, export: str):
-    """The export as a block device: nbdfuse exposes it as a file, a loop device over it."""
-    fusedir = workdir / f"fuse-{export}"
-    fusedir.mkdir()
-    log_path = workdir / f"nbdfuse-{export}.log"
-    log = open(log_path, "wb")
-    fuse = subprocess.Popen(["nbdfuse", str(fusedir), srv.uri(export)], stdout=log, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL)
-    loop = None
-    try:
-        dev = fusedir / "nbd"
-        deadline = time.monotonic() + 20
-        while not dev.exists():
-            assert fuse.poll() is None, log_path.read_text()
-            assert time.monotonic() < deadline, "nbdfuse did not expose the export"
-            time.sleep(0.05)
-        loop = run(["losetup", "-f", "--show", dev]).stdout.strip()
-        yield loop
-    finally:
-        if loop:
-            subprocess.run(["losetup", "-d", loop], check=False)
-        subprocess.run(["fusermount3", "-u", str(fusedir)], check=False)
-        try:
-            fuse.wait(20)
-        except subprocess.TimeoutExpired:
-            fuse.kill()
-            fuse.wait()
-        log.close()
 
 
 @contextlib.contextmanager
@@ -147,7 +116,7 @@ def test_table_iv_big_file_deleted_and_trimmed_returns_its_extents(server_factor
                   f"volume)")
     table.add("1. initial", 0, allocated(srv))
     assert allocated(srv) == 0
-    with block_device(srv, workdir, "vol") as loop:
+    with block_device(srv, workdir, "vol", export="vol") as loop:
         run(MKFS + [loop], timeout=300)
         settle(loop)
         # Mounted without `discard`: a delete sends nothing down; fstrim is the reclaim step,
@@ -214,7 +183,7 @@ def test_table_v_small_file_churn_keeps_allocated_extents_bounded(server_factory
     serial = [0]
     trimmed_counts: list[int] = []
     untrimmed_counts: list[int] = []
-    with block_device(srv, workdir, "vol") as loop:
+    with block_device(srv, workdir, "vol", export="vol") as loop:
         run(MKFS + [loop], timeout=300)
         with mounted(loop, workdir / "mnt") as mnt:
             settle(loop)
@@ -273,7 +242,7 @@ def test_two_ext4_filesystems_on_one_overcommitted_pool(server_factory, workdir)
         sources[name] = tree_digests(src)
     assert sources["a"] != sources["b"]
     with contextlib.ExitStack() as stack:
-        loops = {name: stack.enter_context(block_device(srv, workdir, name)) for name in ("a", "b")}
+        loops = {name: stack.enter_context(block_device(srv, workdir, name, export=name)) for name in ("a", "b")}
         for loop in loops.values():
             run(MKFS + [loop], timeout=300)
         mounts = {name: stack.enter_context(mounted(loop, workdir / f"mnt-{name}")) for name, loop in loops.items()}
