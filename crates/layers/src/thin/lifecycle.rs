@@ -68,6 +68,7 @@ impl ThinPool {
         if let Some((stored, _)) = self.volumes_lock().get_mut(name) {
             stored.size = new_size;
         }
+        self.set_live_size(id, new_size);
         // I/O may go on during the commit: the map and the size are consistent already.
         drop(quiet);
         self.store.commit().await?;
@@ -100,6 +101,7 @@ impl ThinPool {
             Ok(freed.len())
         })?;
         self.volumes_lock().remove(name);
+        self.set_live_size(id, 0);
         drop(quiet);
         self.store.commit().await?;
         tracing::info!(pool = %self.name, volume = name, extents_freed = freed, "thin volume deleted");
@@ -134,18 +136,10 @@ impl ThinPool {
 
     /// The current size of the volume a handle was opened on; 0 once it is deleted (even if
     /// another volume took its name since).
-    pub(crate) fn live_size(&self, record: &VolumeRecord) -> u64 {
-        self.volumes_lock()
-            .get(&record.name)
-            .filter(|(current, _)| current.id == record.id)
-            .map_or(0, |(current, _)| current.size)
-    }
-
     /// Refuses a write piece that no longer lies inside its volume. Called under the piece's
     /// lock stripe, which a resize or delete holds while it changes the volume.
-    pub(crate) fn check_live(&self, record: &VolumeRecord, piece: &Piece) -> Result<()> {
+    pub(crate) fn check_live(&self, size: u64, piece: &Piece) -> Result<()> {
         let offset = piece.extent * self.record.extent_size + piece.within;
-        let size = self.live_size(record);
         if offset + piece.len > size {
             return Err(BlockError::OutOfRange {
                 offset,

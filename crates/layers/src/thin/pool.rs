@@ -106,6 +106,10 @@ pub struct ThinPool {
     /// Volumes by name, with their map's object id. Handles are made on demand so that the
     /// pool does not own its volumes (they own it).
     volumes: Mutex<BTreeMap<String, (VolumeRecord, ObjectId)>>,
+    /// Each volume's current size by volume id, shared with its handles so that the write
+    /// path reads it without the `volumes` lock; 0 once deleted (ids are never reused, and
+    /// a deleted volume's cell, 16 bytes, stays).
+    sizes: Mutex<BTreeMap<u32, Arc<AtomicU64>>>,
     pub(super) locks: Vec<tokio::sync::RwLock<()>>,
 }
 
@@ -261,6 +265,7 @@ impl ThinPool {
             when_full: settings.when_full,
             space_watch: SpaceWatch::new(settings.low_water),
             volumes: Mutex::new(BTreeMap::new()),
+            sizes: Mutex::new(BTreeMap::new()),
             locks: (0..LOCK_STRIPES)
                 .map(|_| tokio::sync::RwLock::new(()))
                 .collect(),
@@ -279,10 +284,35 @@ impl ThinPool {
             .ok_or_else(|| {
                 BlockError::InvalidArgument(format!("volume {} has no map", record.name))
             })?;
+        self.sizes_lock()
+            .insert(record.id, Arc::new(AtomicU64::new(record.size)));
         let volume = Arc::new(ThinVolume::new(self.clone(), record.clone(), map));
         self.volumes_lock()
             .insert(record.name.clone(), (record, map));
         Ok(volume)
+    }
+
+    /// The size cell of a volume, shared by all its handles. A volume unknown here was
+    /// deleted (cells are made when a volume is attached and never dropped, so a handle
+    /// made from a record read just before a delete still sees 0).
+    pub(super) fn size_cell(&self, record: &VolumeRecord) -> Arc<AtomicU64> {
+        self.sizes_lock()
+            .get(&record.id)
+            .cloned()
+            .unwrap_or_else(|| Arc::new(AtomicU64::new(0)))
+    }
+
+    /// Sets a volume's size as its handles see it (0: deleted).
+    pub(super) fn set_live_size(&self, id: u32, size: u64) {
+        if let Some(cell) = self.sizes_lock().get(&id) {
+            cell.store(size, Ordering::Release);
+        }
+    }
+
+    fn sizes_lock(&self) -> MutexGuard<'_, BTreeMap<u32, Arc<AtomicU64>>> {
+        self.sizes
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
     }
 
     pub(super) fn volumes_lock(

@@ -6,6 +6,7 @@
 //! holds it across its data I/O and its transaction. So a read never sees a mapping whose
 //! data is still being written, and an extent is never freed under an in-flight write.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
@@ -24,6 +25,8 @@ pub struct ThinVolume {
     pool: Arc<ThinPool>,
     record: VolumeRecord,
     map: ObjectId,
+    /// The volume's size now (a resize or delete through the pool updates it; 0: deleted).
+    size: Arc<AtomicU64>,
 }
 
 /// Where a virtual extent lives and which of the granules a piece touches are live.
@@ -34,11 +37,21 @@ struct Located {
 
 impl ThinVolume {
     pub(crate) fn new(pool: Arc<ThinPool>, record: VolumeRecord, map: ObjectId) -> Self {
-        ThinVolume { pool, record, map }
+        let size = pool.size_cell(&record);
+        ThinVolume {
+            pool,
+            record,
+            map,
+            size,
+        }
     }
 
     pub fn name(&self) -> &str {
         &self.record.name
+    }
+
+    fn live_size(&self) -> u64 {
+        self.size.load(Ordering::Acquire)
     }
 
     pub fn pool(&self) -> &Arc<ThinPool> {
@@ -96,7 +109,7 @@ impl ThinVolume {
         let lock = self.pool.lock(self.record.id, piece.extent);
         {
             let _shared = lock.read().await;
-            self.pool.check_live(&self.record, &piece)?;
+            self.pool.check_live(self.live_size(), &piece)?;
             if let Some(located) = self.locate(&piece) {
                 if located.runs.iter().all(|(_, live)| *live) {
                     let offset = self.pool.extent_offset(located.phys) + piece.within;
@@ -115,7 +128,7 @@ impl ThinVolume {
         let mut reserved = None;
         loop {
             let exclusive = lock.write().await;
-            if let Err(error) = self.pool.check_live(&self.record, &piece) {
+            if let Err(error) = self.pool.check_live(self.live_size(), &piece) {
                 if let Some(phys) = reserved {
                     self.pool.release_reservation(phys);
                 }
@@ -307,7 +320,7 @@ impl BlockDevice for ThinVolume {
         let child = self.pool.child.geometry();
         Geometry {
             // Live: a resize or delete through the pool shows in handles already open.
-            size: self.pool.live_size(&self.record),
+            size: self.live_size(),
             min_io: child.min_io.max(512),
             logical_block: 512,
             physical_block: 4096,
