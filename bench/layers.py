@@ -48,7 +48,7 @@ def config(base: Path) -> str:
     for d in disks:
         lines += ["[[disk]]", f'name = "{d}"', f'path = "{d}.img"', 'size = "2GiB"', f"direct = {str(DIRECT).lower()}"]
         lines += ["[[layer]]", f'name = "lim-{d}"', 'kind = "delay"', f'children = ["{d}"]', f'bandwidth = "{MEMBER_BW}"']
-    lines += ["[[disk]]", 'name = "qj"', f'path = "{os.environ.get("BENCH_JOURNAL_PATH", "qj.img")}"', 'size = "64MiB"', f"direct = {str(DIRECT).lower()}"]
+    lines += ["[[disk]]", 'name = "qj"', 'path = "qj.img"', 'size = "64MiB"', f"direct = {str(DIRECT).lower()}"]
     lines += ["[[layer]]", 'name = "lim-qj"', 'kind = "delay"', 'children = ["qj"]', f'bandwidth = "{JOURNAL_BW}"']
     lines += ["[[layer]]", 'name = "stripe"', 'kind = "stripe"', 'children = ["lim-s0", "lim-s1", "lim-s2"]',
               f'chunk = "{CHUNK}"']

@@ -234,8 +234,9 @@ impl Array {
         self.flush_all().await?;
         let epoch = self.epoch_base + self.resets.fetch_add(1, Ordering::Relaxed) + 1;
         let snapshot = self.members.snapshot();
-        // On a journal device every journal is reset, a failed member's too: it is readable
-        // there, and recovery reads it.
+        // On a journal device every journal is reset, a failed member's too: the device is
+        // there to write to, and an emptied journal cannot be mistaken for a live one later
+        // (recovery skips failed members' journals in any case).
         let on_device = self.journal_device.is_some();
         let resets = (0..snapshot.len())
             .filter(|&m| on_device || snapshot[m].state != MemberState::Failed)

@@ -158,7 +158,7 @@ impl Raid5 {
 
     pub fn health(&self) -> Health {
         match self.array.members.unhealthy() {
-            _ if self.array.journal_failed.lock().unwrap().is_some() => Health::ReadOnly,
+            0 | 1 if self.array.journal_failed.lock().unwrap().is_some() => Health::ReadOnly,
             0 => Health::Ok,
             1 => Health::Degraded,
             _ => Health::Failed,
