@@ -1,0 +1,5 @@
+//! Strata's deterministic simulator: Strata's own layer code runs in virtual time over modelled
+//! disks, flash and network links, from a seed, so that the papers' tables can be reproduced
+//! and policies compared on identical input. See `docs/simulator.md`.
+
+pub mod model;
