@@ -85,3 +85,29 @@ pub trait Workload: Send {
     /// The next I/O, or `None` when the workload is over.
     fn next_io(&mut self) -> Option<Io>;
 }
+
+/// What the driver records of one completed top-level I/O; the input of every result
+/// (latency statistics, throughput, plots).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct IoRecord {
+    pub op: Op,
+    pub offset: u64,
+    pub len: u64,
+    /// When the I/O arrived (open loop) or was issued (closed loop).
+    pub issued: Nanos,
+    pub completed: Nanos,
+    /// Whether the stack returned an error.
+    pub failed: bool,
+}
+
+/// One sample of a simulated device's state, taken by the driver at a fixed virtual-time
+/// interval: the input of utilization and queue-depth plots.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct DeviceSample {
+    pub at: Nanos,
+    pub device: String,
+    /// Requests outstanding at the device at `at`.
+    pub queue_depth: usize,
+    /// Busy fraction over the interval that ends at `at`, 0.0..=1.0.
+    pub utilization: f64,
+}
