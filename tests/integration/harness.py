@@ -219,6 +219,8 @@ class Server:
                     lines.append(f"{key} = {'true' if val else 'false'}")
                 elif isinstance(val, (int, float)):
                     lines.append(f"{key} = {val}")
+                elif isinstance(val, list):
+                    lines.append(f"{key} = [{', '.join(toml_str(str(v)) for v in val)}]")
                 else:
                     lines.append(f"{key} = {toml_str(str(val))}")
             if layer.volumes:

@@ -22,6 +22,7 @@ pub const THIN_POOL_OPTIONS: &[&str] = &[
     "when-full",
     "full-wait",
     "low-water",
+    "grow-from",
 ];
 
 #[derive(Debug, Clone)]
@@ -38,6 +39,9 @@ pub struct LayerConfig {
     pub children: Vec<String>,
     /// thin-pool only: volumes created at start when missing.
     pub volumes: Vec<VolumeConfig>,
+    /// thin-pool only: spare disks (paths as written) appended to the pool's concat child,
+    /// first to last, when allocation crosses the low-water mark.
+    pub grow_from: Vec<String>,
     /// Everything else, for the kind to interpret.
     pub options: BTreeMap<String, OptionValue>,
     /// Where the table is in the file, for error locations.
@@ -124,6 +128,7 @@ pub fn parse_layer(text: &str, table: &toml::Spanned<toml::Table>) -> Result<Lay
         kind,
         children,
         volumes: Vec::new(),
+        grow_from: Vec::new(),
         options: BTreeMap::new(),
         span: span.clone(),
     };
@@ -132,6 +137,9 @@ pub fn parse_layer(text: &str, table: &toml::Spanned<toml::Table>) -> Result<Lay
             "name" | "kind" | "children" => {}
             "volumes" => {
                 layer.volumes = parse_volumes(value).map_err(|m| located(at("volumes"), m))?
+            }
+            "grow-from" => {
+                layer.grow_from = parse_paths(value).map_err(|m| located(at("grow-from"), m))?
             }
             _ => {
                 let value = option_value(value).ok_or_else(|| {
@@ -145,6 +153,22 @@ pub fn parse_layer(text: &str, table: &toml::Spanned<toml::Table>) -> Result<Lay
         }
     }
     Ok(layer)
+}
+
+fn parse_paths(value: &toml::Value) -> Result<Vec<String>, String> {
+    let shape = "field `grow-from`: must be a list of spare disk paths like [\"spare1.img\"]";
+    let paths = value
+        .as_array()
+        .ok_or(shape)?
+        .iter()
+        .map(|item| item.as_str().filter(|s| !s.is_empty()).map(str::to_string))
+        .collect::<Option<Vec<_>>>()
+        .ok_or(shape)?;
+    let unique: HashSet<&String> = paths.iter().collect();
+    if unique.len() != paths.len() {
+        return Err("field `grow-from`: a spare is listed twice".into());
+    }
+    Ok(paths)
 }
 
 fn parse_volumes(value: &toml::Value) -> Result<Vec<VolumeConfig>, String> {
@@ -216,6 +240,20 @@ pub fn validate(
         .filter(|l| l.kind == "thin-pool")
         .map(|l| l.name.as_str())
         .collect();
+    for pool in layers.iter().filter(|l| !l.grow_from.is_empty()) {
+        let child = &pool.children[0];
+        if !layers
+            .iter()
+            .any(|l| &l.name == child && l.kind == "concat")
+        {
+            return Err(located(
+                key_offset(text, &pool.span, "grow-from"),
+                format!(
+                    "field `grow-from`: the pool grows by appending spares to its child, which must be a concat layer ({child:?} is not)"
+                ),
+            ));
+        }
+    }
     let mut parent: HashMap<&str, &str> = HashMap::new();
     for layer in layers {
         let at = key_offset(text, &layer.span, "children");
@@ -278,6 +316,12 @@ fn check_kind(text: &str, layer: &LayerConfig) -> Result<(), Located> {
         })?;
         (kind.children, kind.options)
     };
+    if !layer.grow_from.is_empty() && layer.kind != "thin-pool" {
+        return Err(located(
+            key_offset(text, &layer.span, "grow-from"),
+            format!("field `grow-from`: a {} has no such option", layer.kind),
+        ));
+    }
     if !children.allows(layer.children.len()) {
         let at = key_offset(text, &layer.span, "children");
         return Err(located(

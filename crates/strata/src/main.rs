@@ -11,6 +11,7 @@ mod pool_metrics;
 mod reconfig;
 mod serve;
 mod size;
+mod spares;
 mod status;
 mod volume_cmd;
 

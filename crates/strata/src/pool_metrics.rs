@@ -98,7 +98,7 @@ impl Collector for PoolCollector {
         let space = |p: &ThinPool| p.store().space();
         let counters = |p: &ThinPool| p.store().counters().snapshot();
         use Kind::{Counter, Gauge};
-        let families: [Family; 22] = [
+        let families: [Family; 23] = [
             (
                 "strata_meta_used_bytes",
                 "Metadata checkpoint space in use",
@@ -206,6 +206,12 @@ impl Collector for PoolCollector {
                 "Allocating writes waiting for space (when-full = wait)",
                 Gauge,
                 per_pool_space(&|s| s.writes_waiting),
+            ),
+            (
+                "strata_thin_spares",
+                "Spare devices left to grow the pool with (grow-from)",
+                Gauge,
+                per_pool_space(&|s| s.spares_left),
             ),
             (
                 "strata_thin_low_water_extents",

@@ -46,6 +46,9 @@ pub enum Change {
     FailMember { layer: String, member: String },
     /// Grow `layer` (a slice) to `size` bytes.
     Grow { layer: String, size: u64 },
+    /// Append the thin pool's first `grow-from` spare to its concat child (the pool then
+    /// takes in the new extents: Virtual Allocation's storage expansion).
+    GrowPool { pool: String },
 }
 
 /// What reconfiguration needs from the server, behind one lock.
@@ -138,6 +141,27 @@ fn remove_disk(doc: &mut DocumentMut, name: &str) {
     if let Some(disks) = doc.get_mut("disk").and_then(Item::as_array_of_tables_mut) {
         disks.retain(|t| t.get("name").and_then(|n| n.as_str()) != Some(name));
     }
+}
+
+/// A spare's size: it exists before it is needed (a disk set aside), unlike the new disk of
+/// a replace, which is created.
+fn spare_size(path: &Path) -> anyhow::Result<u64> {
+    let meta = std::fs::metadata(path)
+        .with_context(|| format!("spare {} is not there", path.display()))?;
+    let size = if meta.file_type().is_file() {
+        meta.len()
+    } else {
+        use std::io::Seek;
+        let mut device =
+            std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+        device
+            .seek(std::io::SeekFrom::End(0))
+            .with_context(|| format!("sizing {}", path.display()))?
+    };
+    if size <= hierarchy::LABEL_BYTES {
+        bail!("spare {} is too small ({size} bytes)", path.display());
+    }
+    Ok(size)
 }
 
 fn children_array(table: &mut Table) -> anyhow::Result<&mut Array> {
@@ -249,6 +273,34 @@ impl Reconfig {
                 add_disk(&mut doc, &name, path, size);
                 (layer.clone(), doc, Some((name, path.clone(), size, None)))
             }
+            Change::GrowPool { pool } => {
+                let index = layer_index(&self.loaded, pool)?;
+                let layer = &self.loaded.layers[index];
+                let spare = layer.grow_from.first().with_context(|| {
+                    format!("thin pool {pool} has no spare left in `grow-from`")
+                })?;
+                let concat = layer.children[0].clone();
+                let path = self.loaded.resolve(Path::new(spare));
+                let size = spare_size(&path)?;
+                let name = new_disk_name(&self.loaded, &path, None)?;
+                let mut doc = edit_config(&text, &concat, |t| {
+                    children_array(t)?.push(name.as_str());
+                    Ok(())
+                })?;
+                doc = edit_config(&doc.to_string(), pool, |t| {
+                    let spares = t
+                        .get_mut("grow-from")
+                        .and_then(Item::as_array_mut)
+                        .context("the pool's `grow-from` is not an array")?;
+                    spares.remove(0);
+                    spares.fmt();
+                    Ok(())
+                })?;
+                // Recorded as written in `grow-from` (relative to the data folder, like every
+                // disk path); opened resolved.
+                add_disk(&mut doc, &name, Path::new(spare), size);
+                (concat, doc, Some((name, path, size, None)))
+            }
             Change::FailMember { layer, .. } => (layer.clone(), text.parse()?, None),
             Change::Grow { layer, size } => {
                 let doc = edit_config(&text, layer, |t| {
@@ -281,7 +333,10 @@ impl Reconfig {
                     },
                 }
             }
-            (Change::AddMember { .. }, Some((name, path, size, None))) => {
+            (
+                Change::AddMember { .. } | Change::GrowPool { .. },
+                Some((name, path, size, None)),
+            ) => {
                 let (disk, device) = self.labelled(name, path, *size).await?;
                 nodes.push(Node {
                     name: name.clone(),

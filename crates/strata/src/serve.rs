@@ -147,6 +147,9 @@ pub async fn serve(loaded: Loaded) -> anyhow::Result<()> {
         registry,
     });
     tokio::spawn(admin::run(admin_listener, state.clone()));
+    if loaded.layers.iter().any(|l| !l.grow_from.is_empty()) {
+        tokio::spawn(crate::spares::grow_pools(state.clone()));
+    }
     if let Some(addr) = &metrics_addr {
         let listener = TcpListener::bind(addr)
             .await

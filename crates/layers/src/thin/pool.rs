@@ -111,6 +111,8 @@ pub struct ThinPool {
     /// a deleted volume's cell, 16 bytes, stays).
     sizes: Mutex<BTreeMap<u32, Arc<AtomicU64>>>,
     pub(super) locks: Vec<tokio::sync::RwLock<()>>,
+    /// Spare devices the server holds to grow this pool with (`grow-from`); reported only.
+    spares_left: AtomicU64,
 }
 
 impl ThinPool {
@@ -269,6 +271,7 @@ impl ThinPool {
             locks: (0..LOCK_STRIPES)
                 .map(|_| tokio::sync::RwLock::new(()))
                 .collect(),
+            spares_left: AtomicU64::new(0),
         });
         for volume in volume_records {
             pool.attach(volume)?;
@@ -378,6 +381,12 @@ impl ThinPool {
         self.watch_low_water();
         self.space_watch.freed.notify_waiters();
         Ok(after - before)
+    }
+
+    /// Records how many spare devices are set aside to grow this pool (the server appends
+    /// them to the pool's device; the pool only reports the count).
+    pub fn set_spares_left(&self, spares: u64) {
+        self.spares_left.store(spares, Ordering::Release);
     }
 
     pub fn store(&self) -> &Arc<MetaStore> {
@@ -593,6 +602,7 @@ impl ThinPool {
             granules_live,
             extents_partly_dead: volumes.iter().map(|v| v.extents_partly_dead).sum(),
             low_space: self.watch_low_water(),
+            spares_left: self.spares_left.load(Ordering::Acquire),
             volumes,
             ..PoolSpace::default()
         };
@@ -688,6 +698,7 @@ impl ThinPool {
                 ),
                 ("low space".into(), space.low_space.to_string()),
                 count("low space events", space.low_space_events),
+                count("spares for growth", space.spares_left),
                 count("granules live", space.granules_live),
                 (
                     "bytes live".into(),

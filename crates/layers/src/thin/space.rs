@@ -47,6 +47,8 @@ pub struct PoolSpace {
     pub no_space_errors: u64,
     /// Allocating writes waiting for space right now (`when-full = "wait"`).
     pub writes_waiting: u64,
+    /// Spare devices left to grow the pool with when it crosses its low-water mark.
+    pub spares_left: u64,
     pub volumes: Vec<VolumeSpace>,
 }
 
