@@ -23,8 +23,8 @@ use std::task::{Context, Poll, Waker};
 
 use bytes::{Bytes, BytesMut};
 use strata_core::{
-    async_trait, BlockDevice, BlockError, Capabilities, Control, ControlReply, Extent,
-    ExtentState, Geometry, NodeStatus, Result, WriteFlags, ZeroFlags,
+    async_trait, BlockDevice, BlockError, Capabilities, Control, ControlReply, Extent, ExtentState,
+    Geometry, NodeStatus, Result, WriteFlags, ZeroFlags,
 };
 
 use crate::executor::{EventSource, SimRuntime, Simulation};

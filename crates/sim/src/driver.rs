@@ -245,7 +245,10 @@ pub fn pattern(seed: u64, offset: u64, len: usize) -> Bytes {
 }
 
 fn fill_pattern(seed: u64, offset: u64, len: usize, out: &mut Vec<u8>) {
-    assert!(offset % 8 == 0 && len % 8 == 0, "pattern is made of 8-byte words");
+    assert!(
+        offset.is_multiple_of(8) && len.is_multiple_of(8),
+        "pattern is made of 8-byte words"
+    );
     let first_word = offset / 8;
     for word in first_word..first_word + len as u64 / 8 {
         out.extend_from_slice(&splitmix64(seed ^ word.wrapping_mul(0x9e37_79b9)).to_le_bytes());
@@ -257,7 +260,12 @@ pub fn sectors_match(seed: u64, offset: u64, data: &[u8]) -> bool {
     let mut expected = Vec::with_capacity(SECTOR as usize);
     data.chunks(SECTOR as usize).enumerate().all(|(i, sector)| {
         expected.clear();
-        fill_pattern(seed, offset + i as u64 * SECTOR, sector.len(), &mut expected);
+        fill_pattern(
+            seed,
+            offset + i as u64 * SECTOR,
+            sector.len(),
+            &mut expected,
+        );
         sector == expected.as_slice() || sector.iter().all(|&b| b == 0)
     })
 }
