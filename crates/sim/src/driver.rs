@@ -244,14 +244,15 @@ pub fn pattern(seed: u64, offset: u64, len: usize) -> Bytes {
     Bytes::from(bytes)
 }
 
+/// Appends the pattern's bytes `[offset, offset + len)`, at any alignment (a misaligned I/O
+/// must fail in the stack, not in the driver).
 fn fill_pattern(seed: u64, offset: u64, len: usize, out: &mut Vec<u8>) {
-    assert!(
-        offset.is_multiple_of(8) && len.is_multiple_of(8),
-        "pattern is made of 8-byte words"
-    );
-    let first_word = offset / 8;
-    for word in first_word..first_word + len as u64 / 8 {
-        out.extend_from_slice(&splitmix64(seed ^ word.wrapping_mul(0x9e37_79b9)).to_le_bytes());
+    let end = offset + len as u64;
+    for word in offset / 8..end.div_ceil(8) {
+        let bytes = splitmix64(seed ^ word.wrapping_mul(0x9e37_79b9)).to_le_bytes();
+        let from = offset.saturating_sub(word * 8) as usize;
+        let to = (end - word * 8).min(8) as usize;
+        out.extend_from_slice(&bytes[from..to]);
     }
 }
 
@@ -326,5 +327,7 @@ mod tests {
         mixed[2000] ^= 1;
         assert!(!sectors_match(5, 0, &mixed));
         assert!(!sectors_match(5, 512, &whole[..512]));
+        assert_eq!(&pattern(5, 13, 100)[..], &whole[13..113]);
+        assert_eq!(&pattern(5, 4090, 3)[..], &whole[4090..4093]);
     }
 }

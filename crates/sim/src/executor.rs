@@ -199,7 +199,18 @@ impl Shared {
     /// when nothing at all is pending.
     fn advance_world(&self) -> bool {
         let sources: Vec<Arc<dyn EventSource>> = self.sources.lock().unwrap().clone();
-        let next_timer = self.timers.lock().unwrap().heap.peek().map(|t| t.at);
+        let next_timer = {
+            let mut timers = self.timers.lock().unwrap();
+            // A dropped `Sleep` leaves its entry behind; time must not jump to it.
+            while timers
+                .heap
+                .peek()
+                .is_some_and(|t| t.slot.waker.lock().unwrap().is_none())
+            {
+                timers.heap.pop();
+            }
+            timers.heap.peek().map(|t| t.at)
+        };
         let next_source = sources.iter().filter_map(|s| s.next_event()).min();
         let next = match (next_timer, next_source) {
             (None, None) => return false,
@@ -482,8 +493,8 @@ impl Future for Sleep {
 }
 
 impl Drop for Sleep {
-    /// A cancelled sleep stays in the heap until its time (removing it would cost a search)
-    /// but wakes nobody.
+    /// A cancelled sleep stays in the heap (removing it would cost a search) until it reaches
+    /// the top, where the executor discards it without moving time.
     fn drop(&mut self) {
         if let Some(slot) = &self.slot {
             slot.waker.lock().unwrap().take();
@@ -533,6 +544,30 @@ mod tests {
         };
         assert_eq!(run(7), run(7));
         assert_ne!(run(7), run(8));
+    }
+
+    #[test]
+    fn time_does_not_jump_to_a_cancelled_sleep() {
+        let sim = Simulation::new(2);
+        let runtime = sim.handle();
+        sim.block_on(async {
+            let long = Box::pin(runtime.sleep_until(1_000));
+            let short = Box::pin(runtime.sleep_until(10));
+            match futures_util::future::select(long, short).await {
+                futures_util::future::Either::Right(_) => {}
+                futures_util::future::Either::Left(_) => panic!("the long sleep won"),
+            }
+        });
+        assert_eq!(sim.now(), 10);
+        sim.block_on(runtime.sleep_until(2_000));
+        assert_eq!(sim.now(), 2_000);
+        let woken = sim.block_on(async {
+            let cancelled = Box::pin(runtime.sleep_until(3_000));
+            drop(cancelled);
+            runtime.sleep_until(5_000).await;
+            runtime.now_nanos()
+        });
+        assert_eq!(woken, 5_000);
     }
 
     #[test]
