@@ -15,7 +15,7 @@
 //! [`DataMode::TimingOnly`] nothing is stored (reads return zeros), so trace replays over
 //! hundreds of GB allocate nothing in proportion to the address space.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -27,7 +27,7 @@ use strata_core::{
     Geometry, NodeStatus, Result, WriteFlags, ZeroFlags,
 };
 
-use crate::executor::{EventSource, SimRuntime, Simulation};
+use crate::executor::{EventSource, IdMap, SimRuntime, Simulation};
 use crate::model::{Completion, DeviceModel, Nanos, Op, Request};
 
 pub const SECTOR: u64 = 512;
@@ -79,7 +79,7 @@ struct Waiter {
 struct DeviceState {
     model: Box<dyn DeviceModel>,
     next_id: u64,
-    waiting: HashMap<u64, Waiter>,
+    waiting: IdMap<Waiter>,
     /// Writes submitted and not yet completed, for flushes to wait on.
     open_writes: BTreeSet<u64>,
     flush_waiters: Vec<Waker>,
@@ -195,7 +195,7 @@ impl SimDisk {
             state: Mutex::new(DeviceState {
                 model,
                 next_id: 0,
-                waiting: HashMap::new(),
+                waiting: IdMap::default(),
                 open_writes: BTreeSet::new(),
                 flush_waiters: Vec::new(),
                 stats: DiskStats::default(),

@@ -21,7 +21,7 @@ use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::future::Future;
 use std::pin::{pin, Pin};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
@@ -124,7 +124,7 @@ impl Wake for TaskWaker {
     fn wake_by_ref(self: &Arc<Self>) {
         if !self.queued.swap(true, Ordering::AcqRel) {
             if let Some(shared) = self.shared.upgrade() {
-                shared.ready.lock().unwrap().push_back(self.id);
+                lock(&shared.ready).push_back(self.id);
             }
         }
     }
@@ -135,14 +135,22 @@ struct Timers {
     next_seq: u64,
 }
 
+/// The event sources, with scratch space reused at every time step.
+#[derive(Default)]
+struct World {
+    sources: Vec<Arc<dyn EventSource>>,
+    next_events: Vec<Option<Nanos>>,
+    wakers: Vec<Waker>,
+}
+
 struct Shared {
     config: SimConfig,
     now: AtomicU64,
     ready: Mutex<VecDeque<u64>>,
-    tasks: Mutex<HashMap<u64, Task>>,
+    tasks: Mutex<IdMap<Task>>,
     next_task: AtomicU64,
     timers: Mutex<Timers>,
-    sources: Mutex<Vec<Arc<dyn EventSource>>>,
+    world: Mutex<World>,
     tie_rng: Mutex<ChaCha8Rng>,
     running: AtomicBool,
 }
@@ -155,18 +163,18 @@ impl Shared {
             queued: AtomicBool::new(true),
             shared: Arc::downgrade(self),
         });
-        self.tasks.lock().unwrap().insert(
+        lock(&self.tasks).insert(
             id,
             Task {
                 future: Some(future),
                 waker,
             },
         );
-        self.ready.lock().unwrap().push_back(id);
+        lock(&self.ready).push_back(id);
     }
 
     fn add_timer(&self, at: Nanos, slot: Arc<TimerSlot>) {
-        let mut timers = self.timers.lock().unwrap();
+        let mut timers = lock(&self.timers);
         let seq = timers.next_seq;
         timers.next_seq += 1;
         timers.heap.push(TimerEntry { at, seq, slot });
@@ -174,7 +182,7 @@ impl Shared {
 
     fn poll_task(&self, id: u64) {
         let taken = {
-            let mut tasks = self.tasks.lock().unwrap();
+            let mut tasks = lock(&self.tasks);
             tasks
                 .get_mut(&id)
                 .and_then(|task| Some((task.future.take()?, task.waker.clone())))
@@ -187,7 +195,7 @@ impl Shared {
         let std_waker = Waker::from(waker);
         let mut cx = Context::from_waker(&std_waker);
         let finished = future.as_mut().poll(&mut cx).is_ready();
-        let mut tasks = self.tasks.lock().unwrap();
+        let mut tasks = lock(&self.tasks);
         if finished {
             tasks.remove(&id);
         } else if let Some(task) = tasks.get_mut(&id) {
@@ -198,24 +206,34 @@ impl Shared {
     /// Jumps to the earliest pending event and wakes everything due then. Returns `false`
     /// when nothing at all is pending.
     fn advance_world(&self) -> bool {
-        let sources: Vec<Arc<dyn EventSource>> = self.sources.lock().unwrap().clone();
+        let mut world = lock(&self.world);
+        let World {
+            sources,
+            next_events,
+            wakers,
+        } = &mut *world;
         let next_timer = {
-            let mut timers = self.timers.lock().unwrap();
+            let mut timers = lock(&self.timers);
             // A dropped `Sleep` leaves its entry behind; time must not jump to it.
             while timers
                 .heap
                 .peek()
-                .is_some_and(|t| t.slot.waker.lock().unwrap().is_none())
+                .is_some_and(|t| lock(&t.slot.waker).is_none())
             {
                 timers.heap.pop();
             }
             timers.heap.peek().map(|t| t.at)
         };
-        let next_source = sources.iter().filter_map(|s| s.next_event()).min();
-        let next = match (next_timer, next_source) {
-            (None, None) => return false,
-            (Some(a), Some(b)) => a.min(b),
-            (Some(a), None) | (None, Some(a)) => a,
+        next_events.clear();
+        next_events.extend(sources.iter().map(|s| s.next_event()));
+        let Some(next) = next_events
+            .iter()
+            .copied()
+            .chain([next_timer])
+            .flatten()
+            .min()
+        else {
+            return false;
         };
         let now = self.now.load(Ordering::Relaxed);
         assert!(
@@ -230,27 +248,30 @@ impl Shared {
         }
         self.now.store(next, Ordering::Relaxed);
 
-        let mut wakers = Vec::new();
         {
-            let mut timers = self.timers.lock().unwrap();
+            let mut timers = lock(&self.timers);
             while timers.heap.peek().is_some_and(|t| t.at <= next) {
                 let entry = timers.heap.pop().expect("peeked");
                 entry.slot.fired.store(true, Ordering::Release);
-                let waker = entry.slot.waker.lock().unwrap().take();
+                let waker = lock(&entry.slot.waker).take();
                 wakers.extend(waker);
             }
         }
-        for source in &sources {
-            if source.next_event().is_some_and(|t| t <= next) {
-                source.advance(next, &mut wakers);
+        for (source, at) in sources.iter().zip(next_events.iter()) {
+            if at.is_some_and(|t| t <= next) {
+                source.advance(next, wakers);
             }
         }
         if self.config.shuffle_ties && wakers.len() > 1 {
-            wakers.shuffle(&mut *self.tie_rng.lock().unwrap());
+            wakers.shuffle(&mut *lock(&self.tie_rng));
         }
-        for waker in wakers {
+        // Woken outside the world lock: a waker may run arbitrary code (a combinator's).
+        let mut due = std::mem::take(wakers);
+        drop(world);
+        for waker in due.drain(..) {
             waker.wake();
         }
+        lock(&self.world).wakers = due;
         true
     }
 }
@@ -273,13 +294,13 @@ impl Simulation {
                 config,
                 now: AtomicU64::new(0),
                 ready: Mutex::new(VecDeque::new()),
-                tasks: Mutex::new(HashMap::new()),
+                tasks: Mutex::new(IdMap::default()),
                 next_task: AtomicU64::new(MAIN + 1),
                 timers: Mutex::new(Timers {
                     heap: BinaryHeap::new(),
                     next_seq: 0,
                 }),
-                sources: Mutex::new(Vec::new()),
+                world: Mutex::new(World::default()),
                 tie_rng: Mutex::new(tie_rng),
                 running: AtomicBool::new(false),
             }),
@@ -315,7 +336,7 @@ impl Simulation {
 
     /// Adds an event source; the executor consults it whenever nothing is runnable.
     pub fn register(&self, source: Arc<dyn EventSource>) {
-        self.shared.sources.lock().unwrap().push(source);
+        lock(&self.shared.world).sources.push(source);
     }
 
     pub fn spawn(&self, future: impl Future<Output = ()> + Send + 'static) {
@@ -341,11 +362,11 @@ impl Simulation {
             queued: AtomicBool::new(true),
             shared: Arc::downgrade(shared),
         });
-        shared.ready.lock().unwrap().push_back(MAIN);
+        lock(&shared.ready).push_back(MAIN);
         let main_waker = Waker::from(main.clone());
         let mut cx = Context::from_waker(&main_waker);
         loop {
-            let next = shared.ready.lock().unwrap().pop_front();
+            let next = lock(&shared.ready).pop_front();
             match next {
                 Some(MAIN) => {
                     main.queued.store(false, Ordering::Release);
@@ -356,7 +377,7 @@ impl Simulation {
                 Some(id) => shared.poll_task(id),
                 None => {
                     if !shared.advance_world() {
-                        let parked = shared.tasks.lock().unwrap().len();
+                        let parked = lock(&shared.tasks).len();
                         panic!(
                             "simulation deadlock at virtual time {} ns: the future given to \
                              block_on is pending, no task is runnable, no timer is set and no \
@@ -374,9 +395,9 @@ impl Drop for Simulation {
     /// Tasks hold runtime handles that point back at the simulation; dropping them (outside
     /// the locks, as their destructors may touch the simulation) breaks the cycle.
     fn drop(&mut self) {
-        let tasks = std::mem::take(&mut *self.shared.tasks.lock().unwrap());
-        let sources = std::mem::take(&mut *self.shared.sources.lock().unwrap());
-        let timers = std::mem::take(&mut self.shared.timers.lock().unwrap().heap);
+        let tasks = std::mem::take(&mut *lock(&self.shared.tasks));
+        let sources = std::mem::take(&mut lock(&self.shared.world).sources);
+        let timers = std::mem::take(&mut lock(&self.shared.timers).heap);
         drop((tasks, sources, timers));
     }
 }
@@ -387,6 +408,39 @@ impl Drop for ResetOnDrop<'_> {
     fn drop(&mut self) {
         self.0.store(false, Ordering::Release);
     }
+}
+
+/// Hashes the sequential ids of tasks and requests with one multiplication (Fibonacci
+/// hashing): SipHash was a visible share of a simulated request's cost, and these keys
+/// come from a counter, not from an adversary.
+#[derive(Default)]
+pub(crate) struct IdHasher(u64);
+
+impl std::hash::Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(byte)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+
+    fn write_u64(&mut self, id: u64) {
+        self.0 = id.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+/// A map keyed by sequential ids.
+pub(crate) type IdMap<V> = HashMap<u64, V, std::hash::BuildHasherDefault<IdHasher>>;
+
+/// Locks, ignoring poison: the simulation is single-threaded, so a panic that poisoned a
+/// lock has already ended the run, and the cleanup after it must not panic again.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Mixes a component name into the seed (FNV-1a, then SplitMix64), stable across releases.
@@ -476,7 +530,7 @@ impl Future for Sleep {
         match &self.slot {
             Some(slot) if slot.fired.load(Ordering::Acquire) => Poll::Ready(()),
             Some(slot) => {
-                *slot.waker.lock().unwrap() = Some(cx.waker().clone());
+                *lock(&slot.waker) = Some(cx.waker().clone());
                 Poll::Pending
             }
             None => {
@@ -497,7 +551,7 @@ impl Drop for Sleep {
     /// the top, where the executor discards it without moving time.
     fn drop(&mut self) {
         if let Some(slot) = &self.slot {
-            slot.waker.lock().unwrap().take();
+            lock(&slot.waker).take();
         }
     }
 }
@@ -518,11 +572,11 @@ mod tests {
             let runtime = sim.handle();
             sim.spawn(async move {
                 runtime.sleep_until(10).await;
-                order.lock().unwrap().push(i);
+                lock(&order).push(i);
             });
         }
         sim.block_on(sim.handle().sleep_until(20));
-        assert_eq!(*order.lock().unwrap(), vec![0, 1, 2, 3, 4]);
+        assert_eq!(*lock(&order), vec![0, 1, 2, 3, 4]);
     }
 
     #[test]
@@ -535,11 +589,11 @@ mod tests {
                 let runtime = sim.handle();
                 sim.spawn(async move {
                     runtime.sleep_until(10).await;
-                    order.lock().unwrap().push(i);
+                    lock(&order).push(i);
                 });
             }
             sim.block_on(sim.handle().sleep_until(20));
-            let order = order.lock().unwrap().clone();
+            let order = lock(&order).clone();
             order
         };
         assert_eq!(run(7), run(7));
