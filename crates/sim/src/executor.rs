@@ -625,6 +625,18 @@ mod tests {
     }
 
     #[test]
+    fn runtime_sleep_has_nanosecond_resolution() {
+        let sim = Simulation::new(3);
+        let runtime = sim.runtime();
+        let elapsed = sim.block_on(async move {
+            let before = runtime.now();
+            runtime.sleep(Duration::from_nanos(100_001)).await;
+            runtime.now() - before
+        });
+        assert_eq!(elapsed, Duration::from_nanos(100_001));
+    }
+
+    #[test]
     fn spawn_blocking_runs_inline_and_run_blocking_returns() {
         let sim = Simulation::new(0);
         let runtime = sim.runtime();
