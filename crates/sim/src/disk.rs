@@ -1,0 +1,443 @@
+//! `SimDisk`: a [`BlockDevice`] whose timing comes from a [`DeviceModel`] and whose data
+//! lives in memory, so that real layers can be stacked on simulated disks.
+//!
+//! Every read, write and write_zeroes is submitted to the model at the current virtual time
+//! and completes when the model says. Data moves at completion: a write's bytes land, and a
+//! read's bytes are copied, when the model finishes the request, as on a drive (a read
+//! racing a write may see either version; the block contract allows both).
+//!
+//! Flush: the modelled drives have no volatile cache (a completed write is on the medium),
+//! so a flush costs no device time; it completes once every write submitted before it has
+//! completed. FUA is therefore native and free. Discard drops the stored pages at once and
+//! costs nothing (it only changes what reads return, which the contract leaves open).
+//!
+//! Data is kept sparsely in 4 KiB pages; bytes never written read as zeros. With
+//! [`DataMode::TimingOnly`] nothing is stored (reads return zeros), so trace replays over
+//! hundreds of GB allocate nothing in proportion to the address space.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
+
+use bytes::{Bytes, BytesMut};
+use strata_core::{
+    async_trait, BlockDevice, BlockError, Capabilities, Control, ControlReply, Extent, ExtentState,
+    Geometry, NodeStatus, Result, WriteFlags, ZeroFlags,
+};
+
+use crate::executor::{EventSource, IdMap, SimRuntime, Simulation};
+use crate::model::{Completion, DeviceModel, Nanos, Op, Request};
+
+pub const SECTOR: u64 = 512;
+const PAGE: u64 = 4096;
+/// Largest request the disk accepts in one call (a layer splits bigger ones).
+const MAX_IO: u32 = 32 << 20;
+
+/// Whether a [`SimDisk`] keeps the bytes written to it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DataMode {
+    /// Sparse in-memory pages: reads return what was written.
+    Stored,
+    /// Timing only: writes are dropped and reads return zeros.
+    TimingOnly,
+}
+
+/// What a disk has been asked to do so far.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct DiskStats {
+    pub reads: u64,
+    pub writes: u64,
+    pub flushes: u64,
+    pub read_bytes: u64,
+    pub written_bytes: u64,
+    /// Time during which the model was serving at least one request.
+    pub busy_time: Nanos,
+}
+
+impl DiskStats {
+    /// What happened between `earlier` and `self`.
+    pub fn since(&self, earlier: &DiskStats) -> DiskStats {
+        DiskStats {
+            reads: self.reads - earlier.reads,
+            writes: self.writes - earlier.writes,
+            flushes: self.flushes - earlier.flushes,
+            read_bytes: self.read_bytes - earlier.read_bytes,
+            written_bytes: self.written_bytes - earlier.written_bytes,
+            busy_time: self.busy_time - earlier.busy_time,
+        }
+    }
+}
+
+struct Waiter {
+    done: bool,
+    waker: Option<Waker>,
+}
+
+/// The part of a disk the executor drives: the model and who waits for what.
+struct DeviceState {
+    model: Box<dyn DeviceModel>,
+    next_id: u64,
+    waiting: IdMap<Waiter>,
+    /// Writes submitted and not yet completed, for flushes to wait on.
+    open_writes: BTreeSet<u64>,
+    flush_waiters: Vec<Waker>,
+    stats: DiskStats,
+    completed: Vec<Completion>,
+}
+
+struct Device {
+    state: Mutex<DeviceState>,
+}
+
+impl EventSource for Device {
+    fn next_event(&self) -> Option<Nanos> {
+        self.state.lock().unwrap().model.next_completion()
+    }
+
+    fn advance(&self, now: Nanos, wake: &mut Vec<Waker>) {
+        let mut guard = self.state.lock().unwrap();
+        let state = &mut *guard;
+        let mut completed = std::mem::take(&mut state.completed);
+        state.model.advance(now, &mut completed);
+        let mut wrote = false;
+        for completion in completed.drain(..) {
+            wrote |= state.open_writes.remove(&completion.id);
+            if let Some(waiter) = state.waiting.get_mut(&completion.id) {
+                waiter.done = true;
+                wake.extend(waiter.waker.take());
+            }
+        }
+        if wrote {
+            wake.append(&mut state.flush_waiters);
+        }
+        state.completed = completed;
+    }
+}
+
+/// Completes when the model reports request `id` done.
+struct Completed {
+    device: Arc<Device>,
+    id: u64,
+}
+
+impl Future for Completed {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let mut state = self.device.state.lock().unwrap();
+        let waiter = state
+            .waiting
+            .get_mut(&self.id)
+            .expect("a request is waited for until it completes");
+        if waiter.done {
+            state.waiting.remove(&self.id);
+            Poll::Ready(())
+        } else {
+            waiter.waker = Some(cx.waker().clone());
+            Poll::Pending
+        }
+    }
+}
+
+impl Drop for Completed {
+    /// A cancelled caller stops waiting; the model still serves the request.
+    fn drop(&mut self) {
+        if let Ok(mut state) = self.device.state.lock() {
+            state.waiting.remove(&self.id);
+        }
+    }
+}
+
+/// Completes when no write submitted before `upto` is still open.
+struct WritesDrained {
+    device: Arc<Device>,
+    upto: u64,
+}
+
+impl Future for WritesDrained {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let mut state = self.device.state.lock().unwrap();
+        if state.open_writes.first().is_none_or(|&id| id >= self.upto) {
+            Poll::Ready(())
+        } else {
+            state.flush_waiters.push(cx.waker().clone());
+            Poll::Pending
+        }
+    }
+}
+
+/// A simulated disk; see the module documentation.
+pub struct SimDisk {
+    name: String,
+    model_name: String,
+    geometry: Geometry,
+    device: Arc<Device>,
+    clock: SimRuntime,
+    pages: Option<Mutex<BTreeMap<u64, Box<[u8]>>>>,
+}
+
+impl SimDisk {
+    /// A disk named `name` over `model`, registered with `sim` so that its completions
+    /// advance virtual time. Its size is the model's capacity rounded down to 512 bytes.
+    pub fn new(
+        sim: &Simulation,
+        name: impl Into<String>,
+        model: Box<dyn DeviceModel>,
+        mode: DataMode,
+    ) -> Arc<SimDisk> {
+        let size = model.capacity() / SECTOR * SECTOR;
+        let model_name = model.name().to_string();
+        let device = Arc::new(Device {
+            state: Mutex::new(DeviceState {
+                model,
+                next_id: 0,
+                waiting: IdMap::default(),
+                open_writes: BTreeSet::new(),
+                flush_waiters: Vec::new(),
+                stats: DiskStats::default(),
+                completed: Vec::new(),
+            }),
+        });
+        sim.register(device.clone());
+        Arc::new(SimDisk {
+            name: name.into(),
+            model_name,
+            geometry: Geometry {
+                size,
+                min_io: SECTOR as u32,
+                logical_block: SECTOR as u32,
+                physical_block: PAGE as u32,
+                preferred_io: PAGE as u32,
+                max_io: MAX_IO,
+            },
+            device,
+            clock: sim.handle(),
+            pages: (mode == DataMode::Stored).then(|| Mutex::new(BTreeMap::new())),
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn model_name(&self) -> &str {
+        &self.model_name
+    }
+
+    pub fn stats(&self) -> DiskStats {
+        let state = self.device.state.lock().unwrap();
+        DiskStats {
+            busy_time: state.model.busy_time(),
+            ..state.stats.clone()
+        }
+    }
+
+    /// Requests accepted by the model and not yet completed.
+    pub fn outstanding(&self) -> usize {
+        self.device.state.lock().unwrap().model.outstanding()
+    }
+
+    /// Number of 4 KiB pages holding data (0 in timing-only mode).
+    pub fn stored_pages(&self) -> usize {
+        self.pages
+            .as_ref()
+            .map_or(0, |pages| pages.lock().unwrap().len())
+    }
+
+    /// Submits one request to the model now and waits for it to complete.
+    async fn serve(&self, op: Op, offset: u64, len: u64) {
+        if len == 0 {
+            return;
+        }
+        let now = self.clock.now_nanos();
+        let id = {
+            let mut state = self.device.state.lock().unwrap();
+            let id = state.next_id;
+            state.next_id += 1;
+            state.model.submit(
+                now,
+                Request {
+                    id,
+                    op,
+                    offset,
+                    len,
+                },
+            );
+            state.waiting.insert(
+                id,
+                Waiter {
+                    done: false,
+                    waker: None,
+                },
+            );
+            match op {
+                Op::Read => {
+                    state.stats.reads += 1;
+                    state.stats.read_bytes += len;
+                }
+                Op::Write => {
+                    state.open_writes.insert(id);
+                    state.stats.writes += 1;
+                    state.stats.written_bytes += len;
+                }
+            }
+            id
+        };
+        Completed {
+            device: self.device.clone(),
+            id,
+        }
+        .await;
+    }
+
+    fn copy_out(&self, offset: u64, out: &mut [u8]) {
+        let Some(pages) = &self.pages else { return };
+        let pages = pages.lock().unwrap();
+        let end = offset + out.len() as u64;
+        for (&index, page) in pages.range(offset / PAGE..end.div_ceil(PAGE)) {
+            let (from, to) = overlap(index, offset, end);
+            let page_start = index * PAGE;
+            out[(from - offset) as usize..(to - offset) as usize]
+                .copy_from_slice(&page[(from - page_start) as usize..(to - page_start) as usize]);
+        }
+    }
+
+    /// Stores `data` at `offset`; `None` stores zeros. Pages that become all zeros are
+    /// dropped so that zeroing gives memory back.
+    fn copy_in(&self, offset: u64, len: u64, data: Option<&[u8]>) {
+        let Some(pages) = &self.pages else { return };
+        let mut pages = pages.lock().unwrap();
+        let end = offset + len;
+        for index in offset / PAGE..end.div_ceil(PAGE) {
+            let (from, to) = overlap(index, offset, end);
+            let page_start = index * PAGE;
+            let source = data.map(|d| &d[(from - offset) as usize..(to - offset) as usize]);
+            let range = (from - page_start) as usize..(to - page_start) as usize;
+            match (source, pages.get_mut(&index)) {
+                (None, None) => {}
+                (None, Some(page)) => {
+                    page[range].fill(0);
+                    if page.iter().all(|&b| b == 0) {
+                        pages.remove(&index);
+                    }
+                }
+                (Some(bytes), Some(page)) => page[range].copy_from_slice(bytes),
+                (Some(bytes), None) => {
+                    if bytes.iter().any(|&b| b != 0) {
+                        let mut page = vec![0u8; PAGE as usize].into_boxed_slice();
+                        page[range].copy_from_slice(bytes);
+                        pages.insert(index, page);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The part of page `index` inside `[offset, end)`, in device bytes.
+fn overlap(index: u64, offset: u64, end: u64) -> (u64, u64) {
+    let page_start = index * PAGE;
+    (offset.max(page_start), end.min(page_start + PAGE))
+}
+
+#[async_trait]
+impl BlockDevice for SimDisk {
+    fn geometry(&self) -> Geometry {
+        self.geometry
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            read_only: false,
+            flush: true,
+            fua: true,
+            discard: true,
+            write_zeroes: true,
+            fast_zero: false,
+            block_status: false,
+            consistent_across_openers: true,
+            rotational: false,
+        }
+    }
+
+    async fn read(&self, offset: u64, len: usize) -> Result<BytesMut> {
+        self.geometry.check_range(offset, len as u64)?;
+        self.serve(Op::Read, offset, len as u64).await;
+        let mut buffer = BytesMut::zeroed(len);
+        self.copy_out(offset, &mut buffer);
+        Ok(buffer)
+    }
+
+    async fn write(&self, offset: u64, data: Bytes, _flags: WriteFlags) -> Result<()> {
+        self.geometry.check_range(offset, data.len() as u64)?;
+        self.serve(Op::Write, offset, data.len() as u64).await;
+        self.copy_in(offset, data.len() as u64, Some(&data));
+        Ok(())
+    }
+
+    async fn flush(&self) -> Result<()> {
+        let upto = {
+            let mut state = self.device.state.lock().unwrap();
+            state.stats.flushes += 1;
+            state.next_id
+        };
+        WritesDrained {
+            device: self.device.clone(),
+            upto,
+        }
+        .await;
+        Ok(())
+    }
+
+    async fn discard(&self, offset: u64, len: u64) -> Result<()> {
+        self.geometry.check_range(offset, len)?;
+        self.copy_in(offset, len, None);
+        Ok(())
+    }
+
+    async fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> {
+        self.geometry.check_range(offset, len)?;
+        if flags.fast {
+            return Err(BlockError::Unsupported("fast zeroing on a simulated disk"));
+        }
+        // Written as zeros on the medium (WRITE SAME), in pieces the disk accepts.
+        let mut at = offset;
+        while at < offset + len {
+            let piece = (offset + len - at).min(u64::from(MAX_IO));
+            self.serve(Op::Write, at, piece).await;
+            self.copy_in(at, piece, None);
+            at += piece;
+        }
+        Ok(())
+    }
+
+    async fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
+        self.geometry.check_range(offset, len)?;
+        Ok(vec![Extent {
+            offset,
+            len,
+            state: ExtentState::Data,
+        }])
+    }
+
+    async fn control(&self, request: Control) -> Result<ControlReply> {
+        match request {
+            Control::Describe => {
+                let stats = self.stats();
+                let mut status = NodeStatus::new(&self.name, "sim-disk", self.geometry.size);
+                status.detail = vec![
+                    ("model".into(), self.model_name.clone()),
+                    ("reads".into(), stats.reads.to_string()),
+                    ("writes".into(), stats.writes.to_string()),
+                    ("busy-ns".into(), stats.busy_time.to_string()),
+                ];
+                Ok(ControlReply::Describe(status))
+            }
+            _ => Err(BlockError::Unsupported("control on a simulated disk")),
+        }
+    }
+}
