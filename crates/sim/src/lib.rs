@@ -6,3 +6,4 @@ pub mod model;
 pub mod disk;
 pub mod driver;
 pub mod executor;
+pub mod stack;
