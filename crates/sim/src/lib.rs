@@ -3,3 +3,6 @@
 //! and policies compared on identical input. See `docs/simulator.md`.
 
 pub mod model;
+pub mod birthday;
+pub mod hdd;
+pub mod validate;
