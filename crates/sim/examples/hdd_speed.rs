@@ -5,7 +5,7 @@
 //!
 //! `cargo run --release -p strata-sim --example hdd_speed [requests] [outstanding]`
 //! `cargo run --release -p strata-sim --example hdd_speed validate` prints the validation
-//! table instead.
+//! table instead, and `survey` the strand costs behind docs/simulator_hdd.md.
 
 use std::time::Instant;
 
@@ -69,6 +69,12 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.first().map(String::as_str) == Some("validate") {
         print!("{}", validate::format_table(&validate::validate_disk()));
+        return;
+    }
+    if args.first().map(String::as_str) == Some("survey") {
+        for (label, op) in validate::strand_survey(&presets::cheetah_15k5()) {
+            println!("{label:<40} {op:.3} OP/request");
+        }
         return;
     }
     let requests = args

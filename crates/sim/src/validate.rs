@@ -278,6 +278,36 @@ fn birthday_rows(rows: &mut Vec<ValidationRow>, params: &HddParams) {
     ));
 }
 
+/// Per-request cost in OP of strands the paper plots without quoting numbers (Figure 1's
+/// other points, track-approximate spans, writes), for the docs: (label, OP per request).
+pub fn strand_survey(params: &HddParams) -> Vec<(String, f64)> {
+    let op = mean_random_service(params, RANDOM_IOS, 1);
+    let mut out = Vec::new();
+    for (label, span) in [
+        ("track-approximate (span 1024)", 1024),
+        ("proximal (span 100k)", 100_000),
+        ("band (span 624k)", 624_000),
+    ] {
+        for requests in [1, 2, 4, 8] {
+            let spec = StrandSpec {
+                requests,
+                placement: Placement::Random { span },
+                queue_depth: requests,
+            };
+            let time = mean_strand_time(params, spec, STRAND_TRIALS, 2);
+            out.push((
+                format!("{label}, D={requests}"),
+                time / requests as f64 / op,
+            ));
+        }
+    }
+    for queue_depth in [1, 2, 4, 8] {
+        let time = mean_strand_time(params, proximal(queue_depth), STRAND_TRIALS, 2);
+        out.push((format!("proximal D=8, QD={queue_depth}"), time / 8.0 / op));
+    }
+    out
+}
+
 /// Every check of the disk model against the papers, one row each.
 pub fn validate_disk() -> Vec<ValidationRow> {
     let mut rows = Vec::new();

@@ -309,3 +309,54 @@ fn every_validation_row_is_within_five_percent_of_the_paper() {
     let json = serde_json::to_string(&rows).unwrap();
     assert!(json.contains("\"within_tolerance\":true"));
 }
+
+/// Issues `count` sequential 4 KiB requests from LBN 0, `depth` at a time, and returns the
+/// time the last one completes.
+fn sequential(params: HddParams, op: Op, count: u64, depth: u64) -> Nanos {
+    let mut drive = Hdd::new(params);
+    let mut done = Vec::new();
+    let (mut next, mut now) = (0u64, 0);
+    while next < depth.min(count) {
+        drive.submit(0, Request { id: next, op, offset: next * IO, len: IO });
+        next += 1;
+    }
+    while let Some(at) = drive.next_completion() {
+        let before = done.len();
+        drive.advance(at, &mut done);
+        now = at;
+        for _ in before..done.len() {
+            if next < count {
+                drive.submit(at, Request { id: next, op, offset: next * IO, len: IO });
+                next += 1;
+            }
+        }
+    }
+    assert_eq!(done.len() as u64, count);
+    now
+}
+
+#[test]
+fn sequential_reads_stream_from_read_ahead_and_queued_writes_stream() {
+    let params = presets::cheetah_15k5();
+    let revolution = Hdd::new(params.clone()).revolution();
+    // 2 MiB = 4096 sectors = 3.4 outer tracks of 1200: about 3.4 revolutions of media time
+    // plus skews and the first positioning.
+    let media = 4096 * revolution / 1200;
+    // One at a time, each cached read still pays the command overhead.
+    let bound = media.max(512 * params.command_overhead);
+    let read_qd1 = sequential(params.clone(), Op::Read, 512, 1);
+    assert!(read_qd1 < bound + 2 * revolution, "read QD1 {read_qd1} vs {bound}");
+    let read_qd4 = sequential(params.clone(), Op::Read, 512, 4);
+    assert!(read_qd4 < media + 2 * revolution, "read QD4 {read_qd4} vs media {media}");
+    // Without read-ahead each 4 KiB read arrives after its sector has passed.
+    let mut no_read_ahead = params.clone();
+    no_read_ahead.read_ahead_bytes = 0;
+    let slow = sequential(no_read_ahead, Op::Read, 512, 1);
+    assert!(slow > 400 * revolution, "{slow}");
+    // Writes have no cache: one at a time they miss a revolution each, but queued at the
+    // drive their processing overlaps and they stream too.
+    let write_qd1 = sequential(params.clone(), Op::Write, 512, 1);
+    assert!(write_qd1 > 400 * revolution);
+    let write_qd4 = sequential(params, Op::Write, 512, 4);
+    assert!(write_qd4 < media + 2 * revolution, "write QD4 {write_qd4} vs media {media}");
+}

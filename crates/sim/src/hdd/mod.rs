@@ -46,6 +46,10 @@ pub struct HddParams {
     pub write_settle: Nanos,
     /// Command processing before each command's mechanical work.
     pub command_overhead: Nanos,
+    /// After a read the drive goes on reading the following sectors into its buffer, up to
+    /// this many bytes, until another command moves the heads; a read that starts where the
+    /// last one ended is served from that stream. 0 turns read-ahead off.
+    pub read_ahead_bytes: u64,
     /// Commands the drive accepts at once (in service included).
     pub queue_depth: usize,
     pub scheduler: Scheduler,
@@ -59,6 +63,8 @@ struct Job {
     /// When the command entered the drive's queue; `None` while it waits in the host queue.
     at_drive_since: Option<Nanos>,
     write: bool,
+    first_lbn: u64,
+    sectors: u64,
     cylinder: u32,
     head: u32,
     /// When, within a revolution, the first sector's start passes under the head.
@@ -66,6 +72,15 @@ struct Job {
     transfer: Nanos,
     end_cylinder: u32,
     end_head: u32,
+}
+
+/// The read-ahead stream left by the last read: sector `next_lbn` comes under the head at
+/// `from`, and the sectors after it follow at media speed. While the drive is idle it keeps
+/// streaming; the buffer limit only bounds how far ahead a request may start.
+#[derive(Clone, Copy, Debug)]
+struct ReadAhead {
+    next_lbn: u64,
+    from: Nanos,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -85,6 +100,7 @@ pub struct Hdd {
     phase: Nanos,
     cylinder: u32,
     head: u32,
+    read_ahead: Option<ReadAhead>,
     in_service: Option<InService>,
     /// Commands at the drive, waiting, in arrival order.
     queued: Vec<Job>,
@@ -102,7 +118,8 @@ impl Hdd {
     pub fn new(params: HddParams) -> Self {
         assert!(params.rpm > 0 && params.sector_bytes > 0 && params.queue_depth > 0);
         let revolution = 60_000_000_000 / Nanos::from(params.rpm);
-        let switch = params.seek.settle.max(params.head_switch);
+        // Skew covers a write's switch too, so sequential writes stream as reads do.
+        let switch = params.seek.settle.max(params.head_switch) + params.write_settle;
         let geometry = Geometry::new(
             &params.zones,
             params.surfaces,
@@ -119,6 +136,7 @@ impl Hdd {
             phase: 0,
             cylinder: 0,
             head: 0,
+            read_ahead: None,
             in_service: None,
             queued: Vec::new(),
             host_queue: VecDeque::new(),
@@ -199,6 +217,8 @@ impl Hdd {
             arrival: self.next_arrival,
             at_drive_since: None,
             write: request.op == Op::Write,
+            first_lbn: first,
+            sectors: count,
             cylinder: start.cylinder,
             head: start.head,
             start_angle: self.sectors_time(u64::from(start.slot), spt),
@@ -213,6 +233,9 @@ impl Hdd {
     /// has had its processing done in the background (tagged queueing overlaps it with the
     /// other command's mechanics); one that arrives to start at once pays it.
     fn positioning(&self, job: &Job, now: Nanos) -> Nanos {
+        if self.streams(job).is_some() {
+            return 0;
+        }
         let distance = job.cylinder.abs_diff(self.cylinder);
         let mut movement = self.seek.time(distance);
         let switched = job.head != self.head;
@@ -222,14 +245,32 @@ impl Hdd {
         if job.write && (distance > 0 || switched) {
             movement += self.params.write_settle;
         }
-        let overhead = match job.at_drive_since {
-            Some(since) if since < now => 0,
-            _ => self.params.command_overhead,
-        };
-        let ready = now + overhead + movement;
+        let ready = now + self.overhead(job, now) + movement;
         let angle = (ready + self.phase) % self.revolution;
         let wait = (job.start_angle + self.revolution - angle) % self.revolution;
         ready + wait - now
+    }
+
+    fn overhead(&self, job: &Job, now: Nanos) -> Nanos {
+        match job.at_drive_since {
+            Some(since) if since < now => 0,
+            _ => self.params.command_overhead,
+        }
+    }
+
+    /// The read-ahead stream `job` continues, if it is a read starting where the stream is.
+    fn streams(&self, job: &Job) -> Option<ReadAhead> {
+        let stream = self.read_ahead?;
+        let fits = job.sectors * u64::from(self.params.sector_bytes) <= self.params.read_ahead_bytes;
+        (!job.write && fits && job.first_lbn == stream.next_lbn).then_some(stream)
+    }
+
+    /// When `job`, started at `now`, completes.
+    fn completion_time(&self, job: &Job, now: Nanos) -> Nanos {
+        match self.streams(job) {
+            Some(stream) => (now + self.overhead(job, now)).max(stream.from + job.transfer),
+            None => now + self.positioning(job, now) + job.transfer,
+        }
     }
 
     fn start_next(&mut self, now: Nanos) {
@@ -241,7 +282,7 @@ impl Hdd {
             self.positioning(job, now)
         });
         let job = self.queued.remove(index);
-        let done_at = now + self.positioning(&job, now) + job.transfer;
+        let done_at = self.completion_time(&job, now);
         self.in_service = Some(InService {
             job,
             start: now,
@@ -278,9 +319,24 @@ impl Hdd {
             self.busy_done += service.done_at - service.start;
             self.cylinder = service.job.end_cylinder;
             self.head = service.job.end_head;
+            self.read_ahead = self.stream_after(&service);
             self.refill(service.done_at);
             self.start_next(service.done_at);
         }
+    }
+
+    /// Where the read-ahead stream stands after `service`: a read leaves (or extends) one, a
+    /// write ends it.
+    fn stream_after(&self, service: &InService) -> Option<ReadAhead> {
+        let job = &service.job;
+        if job.write || self.params.read_ahead_bytes == 0 {
+            return None;
+        }
+        let from = match self.streams(job) {
+            Some(stream) => stream.from + job.transfer,
+            None => service.done_at,
+        };
+        Some(ReadAhead { next_lbn: job.first_lbn + job.sectors, from })
     }
 
     /// A choice made at `now` is reopened when another command arrives at `now`: put the

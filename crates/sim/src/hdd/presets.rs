@@ -16,6 +16,10 @@ const ZONES: u32 = 16;
 /// (§2.7), and DiskSim's extracted Cheetah 15K.5 spec uses a maximum queue length of 8.
 const QUEUE_DEPTH: usize = 8;
 
+/// Read-ahead per stream: an assumption (the manuals give the buffer size, 8-32 MB, not the
+/// segment size); 512 KiB is the paper's enterprise allocation-range size.
+const READ_AHEAD_BYTES: u64 = 512 * 1024;
+
 /// Seagate Cheetah 15K.5, 300 GB (ST3300655), the drive of Proximal I/O §2.
 /// Paper: 15,000 RPM, 8 surfaces, 1,200 sectors per track, C = 65, average seek 3.6 ms,
 /// track switch 0.4-0.8 ms.
@@ -41,6 +45,7 @@ pub fn cheetah_15k5() -> HddParams {
         head_switch: 620 * MICROS,
         write_settle: 200 * MICROS,
         command_overhead: 100 * MICROS,
+        read_ahead_bytes: READ_AHEAD_BYTES,
         queue_depth: QUEUE_DEPTH,
         scheduler: Scheduler::Sptf,
     }
@@ -69,6 +74,7 @@ pub fn wd_re3_1tb() -> HddParams {
         head_switch: 600 * MICROS,
         write_settle: 200 * MICROS,
         command_overhead: 100 * MICROS,
+        read_ahead_bytes: READ_AHEAD_BYTES,
         queue_depth: QUEUE_DEPTH,
         scheduler: Scheduler::Sptf,
     }
@@ -97,6 +103,7 @@ pub fn fc_10k_146g() -> HddParams {
         head_switch: 500 * MICROS,
         write_settle: 300 * MICROS,
         command_overhead: 100 * MICROS,
+        read_ahead_bytes: READ_AHEAD_BYTES,
         queue_depth: QUEUE_DEPTH,
         scheduler: Scheduler::Sptf,
     }
