@@ -109,7 +109,7 @@ pub fn mean_random_service(params: &HddParams, ios: usize, seed: u64) -> f64 {
 }
 
 fn random_strand(drive: &Hdd, rng: &mut ChaCha8Rng, requests: usize, span: u64) -> Vec<u64> {
-    let sectors = drive.geometry().total_sectors();
+    let sectors = drive.params().capacity_sectors;
     let io_sectors = IO_BYTES / u64::from(drive.params().sector_bytes);
     let start = rng.random_range(0..sectors - span);
     let mut lbns: Vec<u64> = (0..requests)
@@ -128,7 +128,7 @@ fn semi_sequential_strand(drive: &Hdd, rng: &mut ChaCha8Rng, requests: usize) ->
     // Queued behind the previous request, a command's processing is already done.
     let switch = params.seek.settle.max(params.head_switch);
     'retry: loop {
-        let mut lbn = rng.random_range(0..geometry.total_sectors() - 64 * 2048);
+        let mut lbn = rng.random_range(0..params.capacity_sectors - 64 * 2048);
         let mut lbns = vec![lbn];
         let first = geometry.locate(lbn);
         let spt = u64::from(first.sectors_per_track);

@@ -164,7 +164,7 @@ fn run_batches(
 ) -> (Vec<Completion>, Nanos) {
     let mut drive = Hdd::with_seed(params, seed);
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let sectors = drive.geometry().total_sectors();
+    let sectors = drive.params().capacity_sectors;
     let mut all = Vec::new();
     let (mut now, mut id) = (0, 0);
     for _ in 0..batches {
@@ -317,7 +317,15 @@ fn sequential(params: HddParams, op: Op, count: u64, depth: u64) -> Nanos {
     let mut done = Vec::new();
     let (mut next, mut now) = (0u64, 0);
     while next < depth.min(count) {
-        drive.submit(0, Request { id: next, op, offset: next * IO, len: IO });
+        drive.submit(
+            0,
+            Request {
+                id: next,
+                op,
+                offset: next * IO,
+                len: IO,
+            },
+        );
         next += 1;
     }
     while let Some(at) = drive.next_completion() {
@@ -326,7 +334,15 @@ fn sequential(params: HddParams, op: Op, count: u64, depth: u64) -> Nanos {
         now = at;
         for _ in before..done.len() {
             if next < count {
-                drive.submit(at, Request { id: next, op, offset: next * IO, len: IO });
+                drive.submit(
+                    at,
+                    Request {
+                        id: next,
+                        op,
+                        offset: next * IO,
+                        len: IO,
+                    },
+                );
                 next += 1;
             }
         }
@@ -345,9 +361,15 @@ fn sequential_reads_stream_from_read_ahead_and_queued_writes_stream() {
     // One at a time, each cached read still pays the command overhead.
     let bound = media.max(512 * params.command_overhead);
     let read_qd1 = sequential(params.clone(), Op::Read, 512, 1);
-    assert!(read_qd1 < bound + 2 * revolution, "read QD1 {read_qd1} vs {bound}");
+    assert!(
+        read_qd1 < bound + 2 * revolution,
+        "read QD1 {read_qd1} vs {bound}"
+    );
     let read_qd4 = sequential(params.clone(), Op::Read, 512, 4);
-    assert!(read_qd4 < media + 2 * revolution, "read QD4 {read_qd4} vs media {media}");
+    assert!(
+        read_qd4 < media + 2 * revolution,
+        "read QD4 {read_qd4} vs media {media}"
+    );
     // Without read-ahead each 4 KiB read arrives after its sector has passed.
     let mut no_read_ahead = params.clone();
     no_read_ahead.read_ahead_bytes = 0;
@@ -358,5 +380,46 @@ fn sequential_reads_stream_from_read_ahead_and_queued_writes_stream() {
     let write_qd1 = sequential(params.clone(), Op::Write, 512, 1);
     assert!(write_qd1 > 400 * revolution);
     let write_qd4 = sequential(params, Op::Write, 512, 4);
-    assert!(write_qd4 < media + 2 * revolution, "write QD4 {write_qd4} vs media {media}");
+    assert!(
+        write_qd4 < media + 2 * revolution,
+        "write QD4 {write_qd4} vs media {media}"
+    );
+}
+
+#[test]
+fn capacity_is_the_datasheet_lba_count() {
+    let mut drive = Hdd::new(presets::cheetah_15k5());
+    assert_eq!(drive.capacity(), 300_000_000_000);
+    assert_eq!(
+        Hdd::new(presets::wd_re3_1tb()).capacity(),
+        1_953_525_168 * 512
+    );
+    let last = drive.capacity() - IO;
+    drive.submit(
+        0,
+        Request {
+            id: 0,
+            op: Op::Write,
+            offset: last,
+            len: IO,
+        },
+    );
+    assert!(drive.next_completion().is_some());
+    assert_eq!(drive.outstanding(), 1);
+}
+
+#[test]
+#[should_panic(expected = "past the end")]
+fn a_request_past_the_end_is_a_caller_bug() {
+    let mut drive = Hdd::new(presets::cheetah_15k5());
+    let end = drive.capacity();
+    drive.submit(
+        0,
+        Request {
+            id: 0,
+            op: Op::Read,
+            offset: end,
+            len: IO,
+        },
+    );
 }

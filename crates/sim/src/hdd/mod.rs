@@ -35,6 +35,9 @@ pub struct HddParams {
     pub rpm: u32,
     pub sector_bytes: u32,
     pub surfaces: u32,
+    /// Addressable sectors (the datasheet's LBA count); the zones may hold a few more,
+    /// which stay unused as spares do.
+    pub capacity_sectors: u64,
     /// Outermost zone first.
     pub zones: Vec<Zone>,
     /// C: cylinders per serpentine band.
@@ -126,6 +129,11 @@ impl Hdd {
             params.band_cylinders,
             switch as f64 / revolution as f64,
         );
+        assert!(
+            geometry.total_sectors() >= params.capacity_sectors,
+            "{}: zones hold fewer sectors than the capacity",
+            params.name
+        );
         let seek = fit_seek(&params.seek, &geometry);
         Self {
             name: params.name.clone(),
@@ -194,7 +202,7 @@ impl Hdd {
         let count = (request.offset + request.len.max(1)).div_ceil(sector) - first;
         let end = first + count - 1;
         assert!(
-            end < self.geometry.total_sectors(),
+            end < self.params.capacity_sectors,
             "request past the end of {}",
             self.name
         );
@@ -261,7 +269,8 @@ impl Hdd {
     /// The read-ahead stream `job` continues, if it is a read starting where the stream is.
     fn streams(&self, job: &Job) -> Option<ReadAhead> {
         let stream = self.read_ahead?;
-        let fits = job.sectors * u64::from(self.params.sector_bytes) <= self.params.read_ahead_bytes;
+        let fits =
+            job.sectors * u64::from(self.params.sector_bytes) <= self.params.read_ahead_bytes;
         (!job.write && fits && job.first_lbn == stream.next_lbn).then_some(stream)
     }
 
@@ -336,7 +345,10 @@ impl Hdd {
             Some(stream) => stream.from + job.transfer,
             None => service.done_at,
         };
-        Some(ReadAhead { next_lbn: job.first_lbn + job.sectors, from })
+        Some(ReadAhead {
+            next_lbn: job.first_lbn + job.sectors,
+            from,
+        })
     }
 
     /// A choice made at `now` is reopened when another command arrives at `now`: put the
@@ -380,7 +392,7 @@ impl DeviceModel for Hdd {
     }
 
     fn capacity(&self) -> u64 {
-        self.geometry.total_sectors() * u64::from(self.params.sector_bytes)
+        self.params.capacity_sectors * u64::from(self.params.sector_bytes)
     }
 
     fn submit(&mut self, now: Nanos, request: Request) {

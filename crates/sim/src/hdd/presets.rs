@@ -30,6 +30,7 @@ pub fn cheetah_15k5() -> HddParams {
         rpm: 15_000,
         sector_bytes: SECTOR_BYTES,
         surfaces,
+        capacity_sectors: 585_937_500,
         // Outer tracks hold the paper's 1,200 sectors; the inner/outer ratio follows the
         // manual's sustained transfer range (73-125 MB/s).
         zones: linear_zones(1200, 700, ZONES, surfaces, 585_937_500),
@@ -60,6 +61,7 @@ pub fn wd_re3_1tb() -> HddParams {
         rpm: 7_200,
         sector_bytes: SECTOR_BYTES,
         surfaces,
+        capacity_sectors: 1_953_525_168,
         zones: linear_zones(1_840, 1_000, ZONES, surfaces, 1_953_525_168),
         // Assumption: the paper measured C only on the Cheetah; the same band is used.
         band_cylinders: 65,
@@ -90,6 +92,7 @@ pub fn fc_10k_146g() -> HddParams {
         rpm: 10_000,
         sector_bytes: SECTOR_BYTES,
         surfaces,
+        capacity_sectors: 286_749_488,
         zones: linear_zones(1_000, 560, ZONES, surfaces, 286_749_488),
         band_cylinders: 65,
         seek: SeekParams {
