@@ -423,3 +423,44 @@ fn a_request_past_the_end_is_a_caller_bug() {
         },
     );
 }
+
+#[test]
+fn raising_the_queue_depth_lets_waiting_commands_reach_the_drive() {
+    let mut params = presets::cheetah_15k5();
+    params.queue_depth = 1;
+    let mut drive = Hdd::new(params);
+    for id in 0..6u64 {
+        // Descending within a band, so FIFO order is visibly not SPTF order.
+        let lbn = 600_000 - id * 100_000;
+        drive.submit(
+            0,
+            Request {
+                id,
+                op: Op::Read,
+                offset: lbn * 512,
+                len: IO,
+            },
+        );
+    }
+    drive.set_queue_depth(8);
+    drive.submit(
+        0,
+        Request {
+            id: 6,
+            op: Op::Read,
+            offset: 0,
+            len: IO,
+        },
+    );
+    let mut done = Vec::new();
+    while let Some(at) = drive.next_completion() {
+        drive.advance(at, &mut done);
+    }
+    let order: Vec<u64> = done.iter().map(|c| c.id).collect();
+    assert_eq!(order.len(), 7);
+    // The choice made at t = 0 at depth 1 (command 0) is reopened over all seven.
+    assert_ne!(
+        order[0], 0,
+        "SPTF chose among the whole queue at once: {order:?}"
+    );
+}

@@ -12,6 +12,11 @@
 //! wait in arrival order in a host-side queue, as they would in the OS block layer.
 //! Service starts eagerly, but a choice made at instant `t` is revisited when more commands
 //! arrive at the same `t`: a strand submitted "at once" is scheduled as a whole.
+//!
+//! The command overhead is paid only by a command that starts as soon as it reaches the
+//! drive; one that waited at the drive was processed while another was being served. A
+//! read that continues the previous read is served from the read-ahead stream.
+//! docs/simulator_hdd.md explains each choice and its calibration.
 
 pub mod geometry;
 pub mod presets;
@@ -185,7 +190,8 @@ impl Hdd {
         self.params.scheduler = scheduler;
     }
 
-    /// Changes how many commands the drive holds; takes effect as commands complete.
+    /// Changes how many commands the drive holds; takes effect at the next submission or
+    /// completion.
     pub fn set_queue_depth(&mut self, depth: usize) {
         assert!(depth > 0);
         self.params.queue_depth = depth;
@@ -398,15 +404,11 @@ impl DeviceModel for Hdd {
     fn submit(&mut self, now: Nanos, request: Request) {
         self.catch_up(now);
         let job = self.decode(&request);
-        let at_drive = self.queued.len() + usize::from(self.in_service.is_some());
-        if at_drive < self.params.queue_depth && self.host_queue.is_empty() {
+        self.host_queue.push_back(job);
+        let queued_before = self.queued.len();
+        self.refill(now);
+        if self.queued.len() > queued_before {
             self.reopen_choice_at(now);
-            self.queued.push(Job {
-                at_drive_since: Some(now),
-                ..job
-            });
-        } else {
-            self.host_queue.push_back(job);
         }
         if self.in_service.is_none() {
             self.start_next(now);
