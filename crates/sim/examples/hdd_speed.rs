@@ -3,7 +3,7 @@
 //! A closed loop keeps `outstanding` random 4 KiB reads at a Cheetah 15K.5 preset (drive
 //! queue depth 8, SPTF, and FIFO for comparison); each completion issues the next request.
 //!
-//! `cargo run --release -p strata-sim --example hdd_speed [requests] [outstanding]`
+//! `cargo run --release -p strata-sim --example hdd_speed [requests] [outstanding] [drive depth]`
 //! `cargo run --release -p strata-sim --example hdd_speed validate` prints the validation
 //! table instead, and `survey` the strand costs behind docs/simulator_hdd.md.
 
@@ -23,9 +23,10 @@ struct Outcome {
     requests: u64,
 }
 
-fn run(scheduler: Scheduler, requests: u64, outstanding: u64) -> Outcome {
+fn run(scheduler: Scheduler, requests: u64, outstanding: u64, drive_depth: usize) -> Outcome {
     let mut params = presets::cheetah_15k5();
     params.scheduler = scheduler;
+    params.queue_depth = drive_depth;
     let mut drive = Hdd::with_seed(params, 7);
     let mut rng = ChaCha8Rng::seed_from_u64(7);
     let blocks = drive.capacity() / IO_BYTES;
@@ -82,10 +83,12 @@ fn main() {
         .and_then(|a| a.parse().ok())
         .unwrap_or(5_000_000);
     let outstanding = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(8);
+    let drive_depth = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(8);
     for scheduler in [Scheduler::Sptf, Scheduler::Fifo] {
-        let o = run(scheduler, requests, outstanding);
+        let o = run(scheduler, requests, outstanding, drive_depth);
         println!(
-            "{scheduler:?}: {} requests, {outstanding} outstanding: {:.0} requests/s wall, \
+            "{scheduler:?}: {} requests, {outstanding} outstanding, drive depth {drive_depth}: \
+             {:.0} requests/s wall, \
              {:.1} s simulated ({:.0} IOPS simulated) in {:.2} s wall",
             o.requests,
             o.requests as f64 / o.wall_seconds,

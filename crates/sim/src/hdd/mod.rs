@@ -10,7 +10,7 @@
 //!
 //! The drive holds at most `queue_depth` commands (the one in service included); the rest
 //! wait in arrival order in a host-side queue, as they would in the OS block layer.
-//! Service starts eagerly, but a choice made at instant `t` is revisited when more commands
+//! Service starts eagerly, but a choice made at instant `t` is contested by commands that
 //! arrive at the same `t`: a strand submitted "at once" is scheduled as a whole.
 //!
 //! The command overhead is paid only by a command that starts as soon as it reaches the
@@ -95,6 +95,8 @@ struct ReadAhead {
 struct InService {
     job: Job,
     start: Nanos,
+    /// The positioning time SPTF chose it for.
+    positioning: Nanos,
     done_at: Nanos,
 }
 
@@ -297,11 +299,15 @@ impl Hdd {
             self.positioning(job, now)
         });
         let job = self.queued.remove(index);
-        let done_at = self.completion_time(&job, now);
+        self.serve(job, now);
+    }
+
+    fn serve(&mut self, job: Job, now: Nanos) {
         self.in_service = Some(InService {
             job,
             start: now,
-            done_at,
+            positioning: self.positioning(&job, now),
+            done_at: self.completion_time(&job, now),
         });
     }
 
@@ -357,17 +363,31 @@ impl Hdd {
         })
     }
 
-    /// A choice made at `now` is reopened when another command arrives at `now`: put the
-    /// chosen command back among the queued ones, in its arrival place.
-    fn reopen_choice_at(&mut self, now: Nanos) {
-        if let Some(service) = self.in_service {
-            if service.start == now && self.params.scheduler == Scheduler::Sptf {
-                self.in_service = None;
-                let place = self
-                    .queued
-                    .partition_point(|j| j.arrival < service.job.arrival);
-                self.queued.insert(place, service.job);
+    /// SPTF's choice at `now` covers every command present at `now`. The last `newcomers`
+    /// queued commands reached the drive at `now`; one replaces the command in service if it
+    /// started at `now` and the newcomer is strictly cheaper. Ties keep the earlier arrival,
+    /// as `queue::pick` does, so the outcome equals picking again over all of them.
+    fn contest_choice_at(&mut self, now: Nanos, newcomers: usize) {
+        let Some(service) = self.in_service else {
+            return;
+        };
+        if service.start != now || self.params.scheduler != Scheduler::Sptf {
+            return;
+        }
+        let mut best = (service.positioning, None);
+        for index in self.queued.len() - newcomers..self.queued.len() {
+            let cost = self.positioning(&self.queued[index], now);
+            if cost < best.0 {
+                best = (cost, Some(index));
             }
+        }
+        if let Some(index) = best.1 {
+            let job = self.queued.remove(index);
+            let place = self
+                .queued
+                .partition_point(|j| j.arrival < service.job.arrival);
+            self.queued.insert(place, service.job);
+            self.serve(job, now);
         }
     }
 }
@@ -407,9 +427,7 @@ impl DeviceModel for Hdd {
         self.host_queue.push_back(job);
         let queued_before = self.queued.len();
         self.refill(now);
-        if self.queued.len() > queued_before {
-            self.reopen_choice_at(now);
-        }
+        self.contest_choice_at(now, self.queued.len() - queued_before);
         if self.in_service.is_none() {
             self.start_next(now);
         }
