@@ -2,8 +2,11 @@
 //! disks, flash and network links, from a seed, so that the papers' tables can be reproduced
 //! and policies compared on identical input. See `docs/simulator.md`.
 
-pub mod model;
+pub mod birthday;
 pub mod disk;
 pub mod driver;
 pub mod executor;
+pub mod hdd;
+pub mod model;
 pub mod stack;
+pub mod validate;

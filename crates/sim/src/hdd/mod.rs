@@ -1,0 +1,461 @@
+//! A mechanical disk drive: zoned serpentine geometry, a three-part seek curve, a platter
+//! whose angle is a function of virtual time, and an on-drive command queue (FIFO or SPTF).
+//!
+//! One command is in service at a time. Its service time is
+//! `overhead + move + rotational wait + transfer`, where `move` is the seek (or a head
+//! switch, or nothing on the same track) plus write settle for a write that moved, and the
+//! rotational wait runs from the moment the head is ready until the target sector's start
+//! passes under it. Missing a sector by a hair costs a whole revolution: that is the
+//! mechanism behind Proximal I/O's strands and its birthday model (Appendix A).
+//!
+//! The drive holds at most `queue_depth` commands (the one in service included); the rest
+//! wait in arrival order in a host-side queue, as they would in the OS block layer.
+//! Service starts eagerly, but a choice made at instant `t` is contested by commands that
+//! arrive at the same `t`: a strand submitted "at once" is scheduled as a whole.
+//!
+//! The command overhead is paid only by a command that starts as soon as it reaches the
+//! drive; one that waited at the drive was processed while another was being served. A
+//! read that continues the previous read is served from the read-ahead stream.
+//! docs/simulator_hdd.md explains each choice and its calibration.
+
+pub mod geometry;
+pub mod presets;
+pub mod queue;
+pub mod seek;
+
+use std::collections::VecDeque;
+
+use rand::{RngExt, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::model::{Completion, DeviceModel, Nanos, Op, Request};
+pub use geometry::{Geometry, Location, Zone};
+pub use queue::Scheduler;
+pub use seek::{SeekCurve, SeekParams};
+
+/// Everything that defines a drive. Presets live in [`presets`].
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct HddParams {
+    pub name: String,
+    pub rpm: u32,
+    pub sector_bytes: u32,
+    pub surfaces: u32,
+    /// Addressable sectors (the datasheet's LBA count); the zones may hold a few more,
+    /// which stay unused as spares do.
+    pub capacity_sectors: u64,
+    /// Outermost zone first.
+    pub zones: Vec<Zone>,
+    /// C: cylinders per serpentine band.
+    pub band_cylinders: u32,
+    pub seek: SeekParams,
+    /// Switching heads on the same cylinder.
+    pub head_switch: Nanos,
+    /// Extra settle before writing after any head movement.
+    pub write_settle: Nanos,
+    /// Command processing before each command's mechanical work.
+    pub command_overhead: Nanos,
+    /// After a read the drive goes on reading the following sectors into its buffer, up to
+    /// this many bytes, until another command moves the heads; a read that starts where the
+    /// last one ended is served from that stream. 0 turns read-ahead off.
+    pub read_ahead_bytes: u64,
+    /// Commands the drive accepts at once (in service included).
+    pub queue_depth: usize,
+    pub scheduler: Scheduler,
+}
+
+/// A command decoded once at submission, so scheduling only does arithmetic.
+#[derive(Clone, Copy, Debug)]
+struct Job {
+    id: u64,
+    arrival: u64,
+    /// When the command entered the drive's queue; `None` while it waits in the host queue.
+    at_drive_since: Option<Nanos>,
+    write: bool,
+    first_lbn: u64,
+    sectors: u64,
+    cylinder: u32,
+    head: u32,
+    /// When, within a revolution, the first sector's start passes under the head.
+    start_angle: Nanos,
+    transfer: Nanos,
+    end_cylinder: u32,
+    end_head: u32,
+}
+
+/// The read-ahead stream left by the last read: sector `next_lbn` comes under the head at
+/// `from`, and the sectors after it follow at media speed. While the drive is idle it keeps
+/// streaming; the buffer limit only bounds how far ahead a request may start.
+#[derive(Clone, Copy, Debug)]
+struct ReadAhead {
+    next_lbn: u64,
+    from: Nanos,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct InService {
+    job: Job,
+    start: Nanos,
+    /// The positioning time SPTF chose it for.
+    positioning: Nanos,
+    done_at: Nanos,
+}
+
+pub struct Hdd {
+    name: String,
+    params: HddParams,
+    geometry: Geometry,
+    seek: SeekCurve,
+    revolution: Nanos,
+    /// Platter angle at time 0, as a time offset into a revolution.
+    phase: Nanos,
+    cylinder: u32,
+    head: u32,
+    read_ahead: Option<ReadAhead>,
+    in_service: Option<InService>,
+    /// Commands at the drive, waiting, in arrival order.
+    queued: Vec<Job>,
+    /// Commands beyond the queue depth, in arrival order.
+    host_queue: VecDeque<Job>,
+    /// Completions reached while catching up in `submit`, not yet reported.
+    finished: VecDeque<Completion>,
+    next_arrival: u64,
+    busy_done: Nanos,
+    clock: Nanos,
+}
+
+impl Hdd {
+    /// A drive with the platter at angle 0 and the heads on cylinder 0.
+    pub fn new(params: HddParams) -> Self {
+        assert!(params.rpm > 0 && params.sector_bytes > 0 && params.queue_depth > 0);
+        let revolution = 60_000_000_000 / Nanos::from(params.rpm);
+        // Skew covers a write's switch too, so sequential writes stream as reads do.
+        let switch = params.seek.settle.max(params.head_switch) + params.write_settle;
+        let geometry = Geometry::new(
+            &params.zones,
+            params.surfaces,
+            params.band_cylinders,
+            switch as f64 / revolution as f64,
+        );
+        assert!(
+            geometry.total_sectors() >= params.capacity_sectors,
+            "{}: zones hold fewer sectors than the capacity",
+            params.name
+        );
+        let seek = fit_seek(&params.seek, &geometry);
+        Self {
+            name: params.name.clone(),
+            params,
+            geometry,
+            seek,
+            revolution,
+            phase: 0,
+            cylinder: 0,
+            head: 0,
+            read_ahead: None,
+            in_service: None,
+            queued: Vec::new(),
+            host_queue: VecDeque::new(),
+            finished: VecDeque::new(),
+            next_arrival: 0,
+            busy_done: 0,
+            clock: 0,
+        }
+    }
+
+    /// A drive whose initial platter angle and arm position come from `seed`.
+    pub fn with_seed(params: HddParams, seed: u64) -> Self {
+        let mut drive = Self::new(params);
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        drive.phase = rng.random_range(0..drive.revolution);
+        drive.cylinder = rng.random_range(0..drive.geometry.cylinders());
+        drive
+    }
+
+    pub fn params(&self) -> &HddParams {
+        &self.params
+    }
+
+    pub fn geometry(&self) -> &Geometry {
+        &self.geometry
+    }
+
+    pub fn seek_curve(&self) -> &SeekCurve {
+        &self.seek
+    }
+
+    pub fn revolution(&self) -> Nanos {
+        self.revolution
+    }
+
+    /// Changes the queue policy; takes effect at the next scheduling decision.
+    pub fn set_scheduler(&mut self, scheduler: Scheduler) {
+        self.params.scheduler = scheduler;
+    }
+
+    /// Changes how many commands the drive holds; takes effect at the next submission or
+    /// completion.
+    pub fn set_queue_depth(&mut self, depth: usize) {
+        assert!(depth > 0);
+        self.params.queue_depth = depth;
+    }
+
+    /// Time for `sectors` to pass under the head on a track of `sectors_per_track`.
+    fn sectors_time(&self, sectors: u64, sectors_per_track: u32) -> Nanos {
+        sectors * self.revolution / u64::from(sectors_per_track)
+    }
+
+    fn decode(&mut self, request: &Request) -> Job {
+        let sector = u64::from(self.params.sector_bytes);
+        let first = request.offset / sector;
+        let count = (request.offset + request.len.max(1)).div_ceil(sector) - first;
+        let end = first + count - 1;
+        assert!(
+            end < self.params.capacity_sectors,
+            "request past the end of {}",
+            self.name
+        );
+        let start = self.geometry.locate(first);
+        let spt = start.sectors_per_track;
+        // Crossing to the next track costs the skew: the next track's first sector is
+        // placed exactly one track switch later.
+        let crossings = (u64::from(start.sector) + count - 1) / u64::from(spt);
+        let skew = u64::from(self.geometry.skew_sectors(first));
+        let transfer = self.sectors_time(count + crossings * skew, spt);
+        let (end_cylinder, end_head) = if crossings == 0 {
+            (start.cylinder, start.head)
+        } else {
+            let last = self.geometry.locate(end);
+            (last.cylinder, last.head)
+        };
+        self.next_arrival += 1;
+        Job {
+            id: request.id,
+            arrival: self.next_arrival,
+            at_drive_since: None,
+            write: request.op == Op::Write,
+            first_lbn: first,
+            sectors: count,
+            cylinder: start.cylinder,
+            head: start.head,
+            start_angle: self.sectors_time(u64::from(start.slot), spt),
+            transfer,
+            end_cylinder,
+            end_head,
+        }
+    }
+
+    /// Overhead, head movement and rotational wait for `job` if started at `now` from the
+    /// current head position. A command that waited at the drive while another was served
+    /// has had its processing done in the background (tagged queueing overlaps it with the
+    /// other command's mechanics); one that arrives to start at once pays it.
+    fn positioning(&self, job: &Job, now: Nanos) -> Nanos {
+        if self.streams(job).is_some() {
+            return 0;
+        }
+        let distance = job.cylinder.abs_diff(self.cylinder);
+        let mut movement = self.seek.time(distance);
+        let switched = job.head != self.head;
+        if switched {
+            movement = movement.max(self.params.head_switch);
+        }
+        if job.write && (distance > 0 || switched) {
+            movement += self.params.write_settle;
+        }
+        let ready = now + self.overhead(job, now) + movement;
+        let angle = (ready + self.phase) % self.revolution;
+        let wait = (job.start_angle + self.revolution - angle) % self.revolution;
+        ready + wait - now
+    }
+
+    fn overhead(&self, job: &Job, now: Nanos) -> Nanos {
+        match job.at_drive_since {
+            Some(since) if since < now => 0,
+            _ => self.params.command_overhead,
+        }
+    }
+
+    /// The read-ahead stream `job` continues, if it is a read starting where the stream is.
+    fn streams(&self, job: &Job) -> Option<ReadAhead> {
+        let stream = self.read_ahead?;
+        let fits =
+            job.sectors * u64::from(self.params.sector_bytes) <= self.params.read_ahead_bytes;
+        (!job.write && fits && job.first_lbn == stream.next_lbn).then_some(stream)
+    }
+
+    /// When `job`, started at `now`, completes.
+    fn completion_time(&self, job: &Job, now: Nanos) -> Nanos {
+        match self.streams(job) {
+            Some(stream) => (now + self.overhead(job, now)).max(stream.from + job.transfer),
+            None => now + self.positioning(job, now) + job.transfer,
+        }
+    }
+
+    fn start_next(&mut self, now: Nanos) {
+        debug_assert!(self.in_service.is_none());
+        if self.queued.is_empty() {
+            return;
+        }
+        let index = queue::pick(self.params.scheduler, &self.queued, |job| {
+            self.positioning(job, now)
+        });
+        let job = self.queued.remove(index);
+        self.serve(job, now);
+    }
+
+    fn serve(&mut self, job: Job, now: Nanos) {
+        self.in_service = Some(InService {
+            job,
+            start: now,
+            positioning: self.positioning(&job, now),
+            done_at: self.completion_time(&job, now),
+        });
+    }
+
+    fn refill(&mut self, now: Nanos) {
+        let busy = usize::from(self.in_service.is_some());
+        while self.queued.len() + busy < self.params.queue_depth {
+            match self.host_queue.pop_front() {
+                Some(job) => self.queued.push(Job {
+                    at_drive_since: Some(now),
+                    ..job
+                }),
+                None => break,
+            }
+        }
+    }
+
+    /// Completes everything due at or before `now`, starting each next command on time.
+    fn catch_up(&mut self, now: Nanos) {
+        debug_assert!(now >= self.clock, "time went backwards");
+        self.clock = now;
+        while let Some(service) = self.in_service {
+            if service.done_at > now {
+                break;
+            }
+            self.in_service = None;
+            self.finished.push_back(Completion {
+                id: service.job.id,
+                at: service.done_at,
+            });
+            self.busy_done += service.done_at - service.start;
+            self.cylinder = service.job.end_cylinder;
+            self.head = service.job.end_head;
+            self.read_ahead = self.stream_after(&service);
+            self.refill(service.done_at);
+            self.start_next(service.done_at);
+        }
+    }
+
+    /// Where the read-ahead stream stands after `service`: a read leaves (or extends) one, a
+    /// write ends it.
+    fn stream_after(&self, service: &InService) -> Option<ReadAhead> {
+        let job = &service.job;
+        if job.write || self.params.read_ahead_bytes == 0 {
+            return None;
+        }
+        let from = match self.streams(job) {
+            Some(stream) => stream.from + job.transfer,
+            None => service.done_at,
+        };
+        Some(ReadAhead {
+            next_lbn: job.first_lbn + job.sectors,
+            from,
+        })
+    }
+
+    /// SPTF's choice at `now` covers every command present at `now`. The last `newcomers`
+    /// queued commands reached the drive at `now`; one replaces the command in service if it
+    /// started at `now` and the newcomer is strictly cheaper. Ties keep the earlier arrival,
+    /// as `queue::pick` does, so the outcome equals picking again over all of them.
+    fn contest_choice_at(&mut self, now: Nanos, newcomers: usize) {
+        let Some(service) = self.in_service else {
+            return;
+        };
+        if service.start != now || self.params.scheduler != Scheduler::Sptf {
+            return;
+        }
+        let mut best = (service.positioning, None);
+        for index in self.queued.len() - newcomers..self.queued.len() {
+            let cost = self.positioning(&self.queued[index], now);
+            if cost < best.0 {
+                best = (cost, Some(index));
+            }
+        }
+        if let Some(index) = best.1 {
+            let job = self.queued.remove(index);
+            let place = self
+                .queued
+                .partition_point(|j| j.arrival < service.job.arrival);
+            self.queued.insert(place, service.job);
+            self.serve(job, now);
+        }
+    }
+}
+
+/// Fits the seek curve to the drive's average seek over random LBN pairs: 256 LBN quantiles
+/// give the cylinder distribution (outer zones hold more LBNs), and all their pairs give the
+/// distances.
+fn fit_seek(params: &SeekParams, geometry: &Geometry) -> SeekCurve {
+    const QUANTILES: u64 = 256;
+    let total = geometry.total_sectors();
+    let cylinders: Vec<u32> = (0..QUANTILES)
+        .map(|i| {
+            geometry
+                .locate((2 * i + 1) * total / (2 * QUANTILES))
+                .cylinder
+        })
+        .collect();
+    let mut distances = Vec::with_capacity(cylinders.len() * cylinders.len());
+    for &a in &cylinders {
+        distances.extend(cylinders.iter().map(|&b| a.abs_diff(b)));
+    }
+    SeekCurve::fit(params, geometry.cylinders() - 1, &distances)
+}
+
+impl DeviceModel for Hdd {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn capacity(&self) -> u64 {
+        self.params.capacity_sectors * u64::from(self.params.sector_bytes)
+    }
+
+    fn submit(&mut self, now: Nanos, request: Request) {
+        self.catch_up(now);
+        let job = self.decode(&request);
+        self.host_queue.push_back(job);
+        let queued_before = self.queued.len();
+        self.refill(now);
+        self.contest_choice_at(now, self.queued.len() - queued_before);
+        if self.in_service.is_none() {
+            self.start_next(now);
+        }
+    }
+
+    fn next_completion(&self) -> Option<Nanos> {
+        match self.finished.front() {
+            Some(done) => Some(done.at),
+            None => self.in_service.map(|s| s.done_at),
+        }
+    }
+
+    fn advance(&mut self, now: Nanos, done: &mut Vec<Completion>) {
+        self.catch_up(now);
+        done.extend(self.finished.drain(..));
+    }
+
+    fn outstanding(&self) -> usize {
+        self.finished.len()
+            + usize::from(self.in_service.is_some())
+            + self.queued.len()
+            + self.host_queue.len()
+    }
+
+    fn busy_time(&self) -> Nanos {
+        let current = self.in_service.map_or(0, |s| {
+            self.clock.saturating_sub(s.start).min(s.done_at - s.start)
+        });
+        self.busy_done + current
+    }
+}
