@@ -3,3 +3,7 @@
 //! and policies compared on identical input. See `docs/simulator.md`.
 
 pub mod model;
+pub mod net;
+pub mod results;
+pub mod ssd;
+pub mod workload;
