@@ -20,11 +20,19 @@ use crate::model::{Completion, DeviceModel, Nanos, Op, Request, MILLIS, SECONDS}
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(tag = "dist", rename_all = "snake_case", deny_unknown_fields)]
 pub enum DelayDist {
-    Constant { mean_ns: Nanos },
+    Constant {
+        mean_ns: Nanos,
+    },
     /// Symmetric jitter, as netem's `distribution normal`.
-    Normal { mean_ns: Nanos, std_dev_ns: Nanos },
+    Normal {
+        mean_ns: Nanos,
+        std_dev_ns: Nanos,
+    },
     /// Right-skewed, never negative; parameterised by its own mean and standard deviation.
-    LogNormal { mean_ns: Nanos, std_dev_ns: Nanos },
+    LogNormal {
+        mean_ns: Nanos,
+        std_dev_ns: Nanos,
+    },
 }
 
 impl DelayDist {
@@ -39,12 +47,16 @@ impl DelayDist {
     pub fn sample(&self, rng: &mut ChaCha8Rng) -> Nanos {
         let drawn = match *self {
             DelayDist::Constant { mean_ns } => return mean_ns,
-            DelayDist::Normal { mean_ns, std_dev_ns } => {
-                Normal::new(mean_ns as f64, std_dev_ns as f64)
-                    .expect("a finite, non-negative deviation")
-                    .sample(rng)
-            }
-            DelayDist::LogNormal { mean_ns, std_dev_ns } => {
+            DelayDist::Normal {
+                mean_ns,
+                std_dev_ns,
+            } => Normal::new(mean_ns as f64, std_dev_ns as f64)
+                .expect("a finite, non-negative deviation")
+                .sample(rng),
+            DelayDist::LogNormal {
+                mean_ns,
+                std_dev_ns,
+            } => {
                 assert!(mean_ns > 0, "a log-normal delay needs a positive mean");
                 LogNormal::from_mean_cv(mean_ns as f64, std_dev_ns as f64 / mean_ns as f64)
                     .expect("a positive mean and finite deviation")
@@ -93,9 +105,24 @@ pub struct RttRow {
 
 /// Kang & Reddy, user-centric migration, Table 1 (digest §1.3).
 pub const MIGRATION_TABLE1: [RttRow; 3] = [
-    RttRow { avg_ms: 9.0, min_ms: 4.3, max_ms: 18.5, mdev_ms: 2.3 },
-    RttRow { avg_ms: 17.0, min_ms: 12.4, max_ms: 24.3, mdev_ms: 2.2 },
-    RttRow { avg_ms: 25.0, min_ms: 20.5, max_ms: 32.2, mdev_ms: 2.2 },
+    RttRow {
+        avg_ms: 9.0,
+        min_ms: 4.3,
+        max_ms: 18.5,
+        mdev_ms: 2.3,
+    },
+    RttRow {
+        avg_ms: 17.0,
+        min_ms: 12.4,
+        max_ms: 24.3,
+        mdev_ms: 2.2,
+    },
+    RttRow {
+        avg_ms: 25.0,
+        min_ms: 20.5,
+        max_ms: 32.2,
+        mdev_ms: 2.2,
+    },
 ];
 
 /// The paper's 100 Mb/s LAN.
@@ -115,7 +142,10 @@ impl LinkParams {
         let std_dev_ns = (row.mdev_ms * MILLIS as f64 / std::f64::consts::SQRT_2).round() as Nanos;
         Self {
             name: format!("rtt-{}ms", row.avg_ms),
-            delay: DelayDist::Normal { mean_ns, std_dev_ns },
+            delay: DelayDist::Normal {
+                mean_ns,
+                std_dev_ns,
+            },
             bytes_per_s: Some(FAST_ETHERNET_BYTES_PER_S),
             duplex: Duplex::Full,
             header_bytes: ISCSI_HEADER_BYTES,
@@ -151,7 +181,11 @@ pub struct Link {
 
 impl Link {
     pub fn new(params: LinkParams, seed: u64) -> Self {
-        Self { params, rng: ChaCha8Rng::seed_from_u64(seed), wire_free_at: [0, 0] }
+        Self {
+            params,
+            rng: ChaCha8Rng::seed_from_u64(seed),
+            wire_free_at: [0, 0],
+        }
     }
 
     pub fn params(&self) -> &LinkParams {
@@ -166,7 +200,10 @@ impl Link {
             _ => 0,
         };
         let start = now.max(self.wire_free_at[wire]);
-        let sent = start + self.params.serialization_ns(payload + self.params.header_bytes);
+        let sent = start
+            + self
+                .params
+                .serialization_ns(payload + self.params.header_bytes);
         self.wire_free_at[wire] = sent;
         let arrival = sent + self.params.delay.sample(&mut self.rng);
         debug_assert!(arrival >= now);
@@ -256,10 +293,15 @@ impl Remote {
         self.device.advance(at, &mut done);
         for completion in done.drain(..) {
             let request = self.requests[&completion.id];
-            let payload = if request.op == Op::Read { request.len } else { 0 };
+            let payload = if request.op == Op::Read {
+                request.len
+            } else {
+                0
+            };
             let back_at = self.link.send(completion.at, Direction::ToHost, payload);
             let sequence = self.next_sequence();
-            self.replying.push(Reverse((back_at, sequence, completion.id)));
+            self.replying
+                .push(Reverse((back_at, sequence, completion.id)));
         }
         self.device_done = done;
     }
@@ -276,10 +318,18 @@ impl DeviceModel for Remote {
 
     fn submit(&mut self, now: Nanos, request: Request) {
         assert!(now >= self.now, "time went backwards: {now} < {}", self.now);
-        assert!(!self.requests.contains_key(&request.id), "request id {} reused", request.id);
+        assert!(
+            !self.requests.contains_key(&request.id),
+            "request id {} reused",
+            request.id
+        );
         self.run_until(now);
         self.now = now;
-        let payload = if request.op == Op::Write { request.len } else { 0 };
+        let payload = if request.op == Op::Write {
+            request.len
+        } else {
+            0
+        };
         let at = self.link.send(now, Direction::ToDevice, payload);
         let sequence = self.next_sequence();
         self.arriving.push(Reverse((at, sequence, request.id)));
@@ -304,7 +354,9 @@ impl DeviceModel for Remote {
                 break;
             }
             self.replying.pop();
-            self.requests.remove(&id).expect("a reply for a known request");
+            self.requests
+                .remove(&id)
+                .expect("a reply for a known request");
             done.push(Completion { id, at });
         }
     }
@@ -325,7 +377,13 @@ mod tests {
     #[test]
     fn table1_presets_split_the_round_trip_over_two_directions() {
         let link = LinkParams::migration_rtt_ms(9).expect("a Table 1 row");
-        assert_eq!(link.delay, DelayDist::Normal { mean_ns: 4_500_000, std_dev_ns: 1_626_346 });
+        assert_eq!(
+            link.delay,
+            DelayDist::Normal {
+                mean_ns: 4_500_000,
+                std_dev_ns: 1_626_346
+            }
+        );
         assert!(LinkParams::migration_rtt_ms(17).is_some());
         assert!(LinkParams::migration_rtt_ms(25).is_some());
         assert!(LinkParams::migration_rtt_ms(10).is_none());
@@ -349,12 +407,19 @@ mod tests {
         };
         let mut link = Link::new(params, 1);
         assert_eq!(link.send(0, Direction::ToDevice, 500), 1_500);
-        assert_eq!(link.send(0, Direction::ToHost, 500), 2_000, "half duplex shares the wire");
+        assert_eq!(
+            link.send(0, Direction::ToHost, 500),
+            2_000,
+            "half duplex shares the wire"
+        );
     }
 
     #[test]
     fn negative_draws_clip_to_zero() {
-        let dist = DelayDist::Normal { mean_ns: 10, std_dev_ns: 1_000_000 };
+        let dist = DelayDist::Normal {
+            mean_ns: 10,
+            std_dev_ns: 1_000_000,
+        };
         let mut rng = ChaCha8Rng::seed_from_u64(3);
         let zeros = (0..1000).filter(|_| dist.sample(&mut rng) == 0).count();
         assert!((400..600).contains(&zeros), "about half clip: {zeros}");

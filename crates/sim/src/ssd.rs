@@ -59,8 +59,14 @@ impl SsdParams {
             // IDEMA capacity for 160 GB: 312,581,808 sectors of 512 B.
             capacity_bytes: 312_581_808 * 512,
             channels: 10,
-            read: FlashTiming { latency_ns: 65 * MICROS, channel_bytes_per_s: 25_000_000 },
-            write: FlashTiming { latency_ns: 85 * MICROS, channel_bytes_per_s: 10_000_000 },
+            read: FlashTiming {
+                latency_ns: 65 * MICROS,
+                channel_bytes_per_s: 25_000_000,
+            },
+            write: FlashTiming {
+                latency_ns: 85 * MICROS,
+                channel_bytes_per_s: 10_000_000,
+            },
             stripe_bytes: Some(4096),
         }
     }
@@ -70,7 +76,10 @@ impl SsdParams {
     /// regardless of size and direction, 8 channels, effectively unbounded bandwidth, so disk
     /// time dominates as in the paper.
     pub fn proximal_staging(capacity_bytes: u64) -> Self {
-        let timing = FlashTiming { latency_ns: 100 * MICROS, channel_bytes_per_s: u64::MAX };
+        let timing = FlashTiming {
+            latency_ns: 100 * MICROS,
+            channel_bytes_per_s: u64::MAX,
+        };
         Self {
             name: "proximal-staging-flash".to_owned(),
             capacity_bytes,
@@ -115,7 +124,10 @@ pub struct Ssd {
 impl Ssd {
     pub fn new(params: SsdParams) -> Self {
         assert!(params.channels > 0, "an SSD needs at least one channel");
-        assert!(params.stripe_bytes != Some(0), "a stripe of 0 bytes cuts nothing");
+        assert!(
+            params.stripe_bytes != Some(0),
+            "a stripe of 0 bytes cuts nothing"
+        );
         Self {
             channel_free_at: vec![0; params.channels],
             params,
@@ -184,7 +196,8 @@ impl DeviceModel for Ssd {
             let (_, end) = self.place_part(now, service);
             completes_at = completes_at.max(end);
         }
-        self.pending.push(Reverse((completes_at, self.sequence, request.id)));
+        self.pending
+            .push(Reverse((completes_at, self.sequence, request.id)));
         self.sequence += 1;
     }
 
@@ -222,12 +235,20 @@ mod tests {
     use crate::model::MILLIS;
 
     fn read(id: u64, len: u64) -> Request {
-        Request { id, op: Op::Read, offset: 0, len }
+        Request {
+            id,
+            op: Op::Read,
+            offset: 0,
+            len,
+        }
     }
 
     #[test]
     fn service_is_latency_plus_transfer() {
-        let timing = FlashTiming { latency_ns: 65 * MICROS, channel_bytes_per_s: 25_000_000 };
+        let timing = FlashTiming {
+            latency_ns: 65 * MICROS,
+            channel_bytes_per_s: 25_000_000,
+        };
         // 4096 B at 25 MB/s = 163,840 ns.
         assert_eq!(timing.service_ns(4096), 65_000 + 163_840);
         assert_eq!(timing.service_ns(0), 65_000);

@@ -1,7 +1,9 @@
 //! The SSD, the network link and the remote brick, driven through the `DeviceModel` contract.
 
 use strata_sim::model::{Completion, DeviceModel, Nanos, Op, Request, MICROS, MILLIS};
-use strata_sim::net::{DelayDist, Duplex, Link, LinkParams, Remote, ISCSI_HEADER_BYTES, MIGRATION_TABLE1};
+use strata_sim::net::{
+    DelayDist, Duplex, Link, LinkParams, Remote, ISCSI_HEADER_BYTES, MIGRATION_TABLE1,
+};
 use strata_sim::ssd::{FlashTiming, Ssd, SsdParams};
 
 /// Submits each request at its time and advances to every reported event, as a driver
@@ -26,7 +28,12 @@ fn drive(model: &mut dyn DeviceModel, mut submits: Vec<(Nanos, Request)>) -> Vec
 }
 
 fn request(id: u64, op: Op, len: u64) -> Request {
-    Request { id, op, offset: id * len, len }
+    Request {
+        id,
+        op,
+        offset: id * len,
+        len,
+    }
 }
 
 fn four_channel_ssd() -> SsdParams {
@@ -34,8 +41,14 @@ fn four_channel_ssd() -> SsdParams {
         name: "test-ssd".into(),
         capacity_bytes: 1 << 30,
         channels: 4,
-        read: FlashTiming { latency_ns: 50 * MICROS, channel_bytes_per_s: 100_000_000 },
-        write: FlashTiming { latency_ns: 200 * MICROS, channel_bytes_per_s: 50_000_000 },
+        read: FlashTiming {
+            latency_ns: 50 * MICROS,
+            channel_bytes_per_s: 100_000_000,
+        },
+        write: FlashTiming {
+            latency_ns: 200 * MICROS,
+            channel_bytes_per_s: 50_000_000,
+        },
         stripe_bytes: None,
     }
 }
@@ -48,24 +61,57 @@ fn ssd_serves_n_requests_on_n_channels_together_and_queues_the_next() {
     let submits = (0..5).map(|id| (0, request(id, Op::Read, 4096))).collect();
     let done = drive(&mut ssd, submits);
     let times: Vec<(u64, Nanos)> = done.iter().map(|c| (c.id, c.at)).collect();
-    assert_eq!(times, vec![(0, service), (1, service), (2, service), (3, service), (4, 2 * service)]);
-    assert_eq!(ssd.busy_time(), 2 * service, "busy while any channel serves");
+    assert_eq!(
+        times,
+        vec![
+            (0, service),
+            (1, service),
+            (2, service),
+            (3, service),
+            (4, 2 * service)
+        ]
+    );
+    assert_eq!(
+        ssd.busy_time(),
+        2 * service,
+        "busy while any channel serves"
+    );
 }
 
 #[test]
 fn ssd_writes_use_write_timing_and_fifo_order() {
-    let mut ssd = Ssd::new(SsdParams { channels: 1, ..four_channel_ssd() });
+    let mut ssd = Ssd::new(SsdParams {
+        channels: 1,
+        ..four_channel_ssd()
+    });
     // 8192 B at 50 MB/s = 163.84 µs, plus 200 µs; a read behind it waits in FIFO order.
     let write = 200 * MICROS + 163_840;
     let read = 50 * MICROS + 40_960;
-    let done = drive(&mut ssd, vec![(0, request(0, Op::Write, 8192)), (10, request(1, Op::Read, 4096))]);
-    assert_eq!(done, vec![Completion { id: 0, at: write }, Completion { id: 1, at: write + read }]);
+    let done = drive(
+        &mut ssd,
+        vec![
+            (0, request(0, Op::Write, 8192)),
+            (10, request(1, Op::Read, 4096)),
+        ],
+    );
+    assert_eq!(
+        done,
+        vec![
+            Completion { id: 0, at: write },
+            Completion {
+                id: 1,
+                at: write + read
+            }
+        ]
+    );
 }
 
 /// Round trip = two independent one-way delays.
 fn round_trips(params: LinkParams, seed: u64, count: usize) -> Vec<f64> {
     let mut link = Link::new(params, seed);
-    (0..count).map(|_| (link.sample_delay() + link.sample_delay()) as f64).collect()
+    (0..count)
+        .map(|_| (link.sample_delay() + link.sample_delay()) as f64)
+        .collect()
 }
 
 fn mean_and_std_dev(values: &[f64]) -> (f64, f64) {
@@ -80,15 +126,26 @@ fn table1_links_reproduce_mean_and_deviation_of_the_round_trip() {
         let params = LinkParams::migration_rtt_ms(row.avg_ms as u32).unwrap();
         let (mean, std_dev) = mean_and_std_dev(&round_trips(params, 11, 50_000));
         let (mean_ms, std_dev_ms) = (mean / MILLIS as f64, std_dev / MILLIS as f64);
-        assert!((mean_ms / row.avg_ms - 1.0).abs() < 0.01, "RTT {}: mean {mean_ms}", row.avg_ms);
-        assert!((std_dev_ms / row.mdev_ms - 1.0).abs() < 0.05, "RTT {}: deviation {std_dev_ms}", row.avg_ms);
+        assert!(
+            (mean_ms / row.avg_ms - 1.0).abs() < 0.01,
+            "RTT {}: mean {mean_ms}",
+            row.avg_ms
+        );
+        assert!(
+            (std_dev_ms / row.mdev_ms - 1.0).abs() < 0.05,
+            "RTT {}: deviation {std_dev_ms}",
+            row.avg_ms
+        );
     }
 }
 
 #[test]
 fn lognormal_delay_keeps_its_mean_and_deviation() {
     let params = LinkParams {
-        delay: DelayDist::LogNormal { mean_ns: 4_500_000, std_dev_ns: 1_600_000 },
+        delay: DelayDist::LogNormal {
+            mean_ns: 4_500_000,
+            std_dev_ns: 1_600_000,
+        },
         ..LinkParams::migration_rtt_ms(9).unwrap()
     };
     let mut link = Link::new(params, 5);
@@ -115,17 +172,39 @@ fn remote_brick_adds_two_one_way_delays_and_the_payload_on_the_right_side() {
     let ser = |bytes: u64| params.serialization_ns(bytes);
     let service = 50 * MICROS + 40_960;
     let write_service = 200 * MICROS + 81_920;
-    let mut remote = Remote::new(Link::new(params.clone(), 1), Box::new(Ssd::new(four_channel_ssd())));
+    let mut remote = Remote::new(
+        Link::new(params.clone(), 1),
+        Box::new(Ssd::new(four_channel_ssd())),
+    );
     let read = drive(&mut remote, vec![(0, request(0, Op::Read, 4096))]);
     // Command out (header only), device, data back (header + 4 KiB).
     let expected_read = 4 * MILLIS + ser(48) + service + ser(48 + 4096) + 4 * MILLIS;
-    assert_eq!(read, vec![Completion { id: 0, at: expected_read }]);
+    assert_eq!(
+        read,
+        vec![Completion {
+            id: 0,
+            at: expected_read
+        }]
+    );
 
-    let mut remote = Remote::new(Link::new(params.clone(), 1), Box::new(Ssd::new(four_channel_ssd())));
+    let mut remote = Remote::new(
+        Link::new(params.clone(), 1),
+        Box::new(Ssd::new(four_channel_ssd())),
+    );
     let write = drive(&mut remote, vec![(0, request(1, Op::Write, 4096))]);
     let expected_write = 4 * MILLIS + ser(48 + 4096) + write_service + ser(48) + 4 * MILLIS;
-    assert_eq!(write, vec![Completion { id: 1, at: expected_write }]);
-    assert_eq!(remote.busy_time(), write_service, "the brick is busy only while its device is");
+    assert_eq!(
+        write,
+        vec![Completion {
+            id: 1,
+            at: expected_write
+        }]
+    );
+    assert_eq!(
+        remote.busy_time(),
+        write_service,
+        "the brick is busy only while its device is"
+    );
     assert_eq!(remote.name(), "test-ssd@fixed");
 }
 
@@ -134,7 +213,9 @@ fn remote_brick_serializes_payloads_on_the_wire() {
     let params = constant_link(MILLIS);
     let per_message = params.serialization_ns(48 + 65_536);
     let mut remote = Remote::new(Link::new(params, 1), Box::new(Ssd::new(four_channel_ssd())));
-    let writes = (0..3).map(|id| (0, request(id, Op::Write, 65_536))).collect();
+    let writes = (0..3)
+        .map(|id| (0, request(id, Op::Write, 65_536)))
+        .collect();
     let done = drive(&mut remote, writes);
     // The three writes leave the wire one after another, so reach the device one message apart.
     let gaps: Vec<Nanos> = done.windows(2).map(|w| w[1].at - w[0].at).collect();
@@ -146,7 +227,9 @@ fn jittered_remote_brick_is_deterministic_per_seed() {
     let run = |seed| {
         let link = Link::new(LinkParams::migration_rtt_ms(17).unwrap(), seed);
         let mut remote = Remote::new(link, Box::new(Ssd::new(SsdParams::intel_x25m_160gb())));
-        let submits = (0..200).map(|id| (id * 100 * MICROS, request(id, Op::Read, 8192))).collect();
+        let submits = (0..200)
+            .map(|id| (id * 100 * MICROS, request(id, Op::Read, 8192)))
+            .collect();
         drive(&mut remote, submits)
     };
     let first = run(1);
@@ -155,6 +238,13 @@ fn jittered_remote_brick_is_deterministic_per_seed() {
     assert_ne!(first, run(2));
     let mut ids: Vec<u64> = first.iter().map(|c| c.id).collect();
     ids.sort_unstable();
-    assert_eq!(ids, (0..200).collect::<Vec<_>>(), "every request completes once");
-    assert!(first.windows(2).all(|w| w[0].at <= w[1].at), "completions in time order");
+    assert_eq!(
+        ids,
+        (0..200).collect::<Vec<_>>(),
+        "every request completes once"
+    );
+    assert!(
+        first.windows(2).all(|w| w[0].at <= w[1].at),
+        "completions in time order"
+    );
 }

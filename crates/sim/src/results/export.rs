@@ -145,5 +145,8 @@ pub fn summary_from_json(text: &str) -> Result<RunSummary, ExportError> {
 }
 
 pub fn write_text(path: &Path, text: &str) -> Result<(), ExportError> {
-    std::fs::write(path, text).map_err(|source| ExportError::Io { path: path.display().to_string(), source })
+    std::fs::write(path, text).map_err(|source| ExportError::Io {
+        path: path.display().to_string(),
+        source,
+    })
 }

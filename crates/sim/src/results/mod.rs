@@ -11,7 +11,9 @@ pub use export::{
     summary_from_json, summary_latencies_from_csv, summary_to_csv, time_points_to_csv, to_json,
     write_text, ExportError, SummaryRow,
 };
-pub use plot::{latency_cdf_svg, latency_over_time_svg, queue_depth_svg, utilization_svg, PlotError};
+pub use plot::{
+    latency_cdf_svg, latency_over_time_svg, queue_depth_svg, utilization_svg, PlotError,
+};
 pub use stats::{
     latency_cdf, latency_ns, latency_over_time, percentile, summarize, summarize_latencies,
     throughput, CdfPoint, LatencySummary, RunSummary, Scope, ScopedLatency, Throughput, TimePoint,

@@ -40,7 +40,10 @@ fn span(values: impl Iterator<Item = f64>, floor: f64) -> Range<f64> {
 
 /// Draws line series on linear axes from 0; `y_max` fixes the y range (e.g. 1.0 for a CDF).
 fn line_chart(axes: &Axes, series: &[Series], y_max: Option<f64>) -> Result<String, PlotError> {
-    let fail = |e: &dyn std::fmt::Display| PlotError { what: "chart", message: e.to_string() };
+    let fail = |e: &dyn std::fmt::Display| PlotError {
+        what: "chart",
+        message: e.to_string(),
+    };
     let mut svg = String::new();
     {
         let root = SVGBackend::with_string(&mut svg, SIZE).into_drawing_area();
@@ -67,10 +70,15 @@ fn line_chart(axes: &Axes, series: &[Series], y_max: Option<f64>) -> Result<Stri
         for (index, line) in series.iter().enumerate() {
             let color = Palette99::pick(index).to_rgba();
             chart
-                .draw_series(LineSeries::new(line.points.iter().copied(), color.stroke_width(2)))
+                .draw_series(LineSeries::new(
+                    line.points.iter().copied(),
+                    color.stroke_width(2),
+                ))
                 .map_err(|e| fail(&e))?
                 .label(line.name.as_str())
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+                });
         }
         if series.len() > 1 {
             chart
@@ -91,10 +99,17 @@ pub fn latency_cdf_svg(title: &str, curves: &[(&str, &[CdfPoint])]) -> Result<St
         .iter()
         .map(|(name, points)| Series {
             name: (*name).to_owned(),
-            points: points.iter().map(|p| (p.latency_ns as f64 / MILLIS as f64, p.fraction)).collect(),
+            points: points
+                .iter()
+                .map(|p| (p.latency_ns as f64 / MILLIS as f64, p.fraction))
+                .collect(),
         })
         .collect();
-    let axes = Axes { title, x_label: "latency (ms)", y_label: "fraction of requests" };
+    let axes = Axes {
+        title,
+        x_label: "latency (ms)",
+        y_label: "fraction of requests",
+    };
     line_chart(&axes, &series, Some(1.0))
 }
 
@@ -104,10 +119,19 @@ pub fn latency_over_time_svg(title: &str, points: &[TimePoint]) -> Result<String
         name: "mean latency".to_owned(),
         points: points
             .iter()
-            .map(|p| (p.at_ns as f64 / SECONDS as f64, p.mean_latency_ns / MILLIS as f64))
+            .map(|p| {
+                (
+                    p.at_ns as f64 / SECONDS as f64,
+                    p.mean_latency_ns / MILLIS as f64,
+                )
+            })
             .collect(),
     };
-    let axes = Axes { title, x_label: "time (s)", y_label: "mean latency (ms)" };
+    let axes = Axes {
+        title,
+        x_label: "time (s)",
+        y_label: "mean latency (ms)",
+    };
     line_chart(&axes, &[series], None)
 }
 
@@ -120,17 +144,31 @@ fn per_device(samples: &[DeviceSample], value: impl Fn(&DeviceSample) -> f64) ->
             .or_default()
             .push((sample.at as f64 / SECONDS as f64, value(sample)));
     }
-    devices.into_iter().map(|(name, points)| Series { name: name.to_owned(), points }).collect()
+    devices
+        .into_iter()
+        .map(|(name, points)| Series {
+            name: name.to_owned(),
+            points,
+        })
+        .collect()
 }
 
 pub fn utilization_svg(title: &str, samples: &[DeviceSample]) -> Result<String, PlotError> {
     let series = per_device(samples, |s| s.utilization);
-    let axes = Axes { title, x_label: "time (s)", y_label: "utilization" };
+    let axes = Axes {
+        title,
+        x_label: "time (s)",
+        y_label: "utilization",
+    };
     line_chart(&axes, &series, Some(1.0))
 }
 
 pub fn queue_depth_svg(title: &str, samples: &[DeviceSample]) -> Result<String, PlotError> {
     let series = per_device(samples, |s| s.queue_depth as f64);
-    let axes = Axes { title, x_label: "time (s)", y_label: "requests outstanding" };
+    let axes = Axes {
+        title,
+        x_label: "time (s)",
+        y_label: "requests outstanding",
+    };
     line_chart(&axes, &series, None)
 }

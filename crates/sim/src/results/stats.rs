@@ -80,7 +80,10 @@ pub fn latency_ns(record: &IoRecord) -> Nanos {
 /// The value at nearest rank `ceil(percent/100 · n)` of an ascending, non-empty slice.
 pub fn percentile(sorted: &[Nanos], percent: f64) -> Nanos {
     assert!(!sorted.is_empty(), "a percentile of nothing");
-    assert!((0.0..=100.0).contains(&percent), "percentile {percent} out of range");
+    assert!(
+        (0.0..=100.0).contains(&percent),
+        "percentile {percent} out of range"
+    );
     // 99.9 has no exact binary form: 99.9 % of 1000 computes as 999.0000000000001, whose
     // ceiling would skip a rank. A relative nudge far below one rank removes that error.
     let exact = percent / 100.0 * sorted.len() as f64;
@@ -97,7 +100,11 @@ pub fn summarize_latencies(latencies: &[Nanos]) -> Option<LatencySummary> {
     sorted.sort_unstable();
     let count = sorted.len() as f64;
     let mean = sorted.iter().map(|&l| l as f64).sum::<f64>() / count;
-    let variance = sorted.iter().map(|&l| (l as f64 - mean).powi(2)).sum::<f64>() / count;
+    let variance = sorted
+        .iter()
+        .map(|&l| (l as f64 - mean).powi(2))
+        .sum::<f64>()
+        / count;
     Some(LatencySummary {
         count: sorted.len() as u64,
         mean_ns: mean,
@@ -113,7 +120,9 @@ pub fn summarize_latencies(latencies: &[Nanos]) -> Option<LatencySummary> {
 }
 
 fn succeeded(records: &[IoRecord], op: Option<Op>) -> impl Iterator<Item = &IoRecord> {
-    records.iter().filter(move |r| !r.failed && op.is_none_or(|op| r.op == op))
+    records
+        .iter()
+        .filter(move |r| !r.failed && op.is_none_or(|op| r.op == op))
 }
 
 pub fn throughput(records: &[IoRecord]) -> Throughput {
@@ -134,7 +143,11 @@ pub fn throughput(records: &[IoRecord]) -> Throughput {
 }
 
 pub fn summarize(records: &[IoRecord]) -> RunSummary {
-    let scopes = [(Scope::All, None), (Scope::Read, Some(Op::Read)), (Scope::Write, Some(Op::Write))];
+    let scopes = [
+        (Scope::All, None),
+        (Scope::Read, Some(Op::Read)),
+        (Scope::Write, Some(Op::Write)),
+    ];
     let latency = scopes
         .into_iter()
         .filter_map(|(scope, op)| {
@@ -160,7 +173,10 @@ pub fn latency_cdf(records: &[IoRecord], op: Option<Op>, max_points: usize) -> V
     (1..=points)
         .map(|k| {
             let rank = (k * n).div_ceil(points);
-            CdfPoint { latency_ns: sorted[rank - 1], fraction: rank as f64 / n as f64 }
+            CdfPoint {
+                latency_ns: sorted[rank - 1],
+                fraction: rank as f64 / n as f64,
+            }
         })
         .collect()
 }
@@ -171,7 +187,9 @@ pub fn latency_over_time(records: &[IoRecord], bucket_ns: Nanos) -> Vec<TimePoin
     assert!(bucket_ns > 0, "buckets need a width");
     let mut buckets: BTreeMap<u64, (u64, f64, Nanos)> = BTreeMap::new();
     for record in succeeded(records, None) {
-        let entry = buckets.entry(record.completed / bucket_ns).or_insert((0, 0.0, 0));
+        let entry = buckets
+            .entry(record.completed / bucket_ns)
+            .or_insert((0, 0.0, 0));
         let latency = latency_ns(record);
         entry.0 += 1;
         entry.1 += latency as f64;
@@ -196,8 +214,19 @@ mod tests {
     fn nearest_rank_percentiles() {
         let data: Vec<Nanos> = (1..=1000).collect();
         let summary = summarize_latencies(&data).unwrap();
-        assert_eq!((summary.min_ns, summary.p50_ns, summary.p90_ns), (1, 500, 900));
-        assert_eq!((summary.p95_ns, summary.p99_ns, summary.p999_ns, summary.max_ns), (950, 990, 999, 1000));
+        assert_eq!(
+            (summary.min_ns, summary.p50_ns, summary.p90_ns),
+            (1, 500, 900)
+        );
+        assert_eq!(
+            (
+                summary.p95_ns,
+                summary.p99_ns,
+                summary.p999_ns,
+                summary.max_ns
+            ),
+            (950, 990, 999, 1000)
+        );
         assert_eq!(summary.mean_ns, 500.5);
         assert!(summarize_latencies(&[]).is_none());
     }
@@ -205,7 +234,14 @@ mod tests {
     #[test]
     fn cdf_ends_at_the_maximum() {
         let records: Vec<IoRecord> = (1..=10)
-            .map(|l| IoRecord { op: Op::Read, offset: 0, len: 512, issued: 0, completed: l, failed: false })
+            .map(|l| IoRecord {
+                op: Op::Read,
+                offset: 0,
+                len: 512,
+                issued: 0,
+                completed: l,
+                failed: false,
+            })
             .collect();
         let cdf = latency_cdf(&records, None, 4);
         let ranks: Vec<(Nanos, f64)> = cdf.iter().map(|p| (p.latency_ns, p.fraction)).collect();

@@ -17,7 +17,9 @@ fn scope_name(scope: Scope) -> &'static str {
 }
 
 pub fn format_summary_table(summary: &RunSummary) -> String {
-    let header = ["op", "count", "mean", "stddev", "min", "p50", "p90", "p95", "p99", "p99.9", "max"];
+    let header = [
+        "op", "count", "mean", "stddev", "min", "p50", "p90", "p95", "p99", "p99.9", "max",
+    ];
     let mut rows: Vec<Vec<String>> = vec![header.iter().map(|h| h.to_string()).collect()];
     for scoped in &summary.latency {
         let s = &scoped.summary;
@@ -35,15 +37,22 @@ pub fn format_summary_table(summary: &RunSummary) -> String {
             ms(s.max_ns),
         ]);
     }
-    let widths: Vec<usize> =
-        (0..header.len()).map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0)).collect();
+    let widths: Vec<usize> = (0..header.len())
+        .map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0))
+        .collect();
     let mut out = String::from("latency (ms)\n");
     for row in &rows {
         let cells: Vec<String> = row
             .iter()
             .zip(&widths)
             .enumerate()
-            .map(|(c, (cell, &w))| if c == 0 { format!("{cell:<w$}") } else { format!("{cell:>w$}") })
+            .map(|(c, (cell, &w))| {
+                if c == 0 {
+                    format!("{cell:<w$}")
+                } else {
+                    format!("{cell:>w$}")
+                }
+            })
             .collect();
         out.push_str(cells.join("  ").trim_end());
         out.push('\n');

@@ -58,29 +58,50 @@ impl Pattern {
     /// with theta 0.9, scattered over the volume.
     pub fn tpcc_like() -> Self {
         Self {
-            address: AddressDist::Zipf { theta: 0.9, scatter: true },
-            sizes: vec![WeightedSize { bytes: 8192, weight: 1 }],
+            address: AddressDist::Zipf {
+                theta: 0.9,
+                scatter: true,
+            },
+            sizes: vec![WeightedSize {
+                bytes: 8192,
+                weight: 1,
+            }],
             read_share: 2.0 / 3.0,
             align: 8192,
         }
     }
 
     pub fn validate(&self, volume_size: u64) -> Result<(), String> {
-        if self.align == 0 || self.align % SECTOR_BYTES != 0 {
-            return Err(format!("align {} is not a positive multiple of 512", self.align));
+        if self.align == 0 || !self.align.is_multiple_of(SECTOR_BYTES) {
+            return Err(format!(
+                "align {} is not a positive multiple of 512",
+                self.align
+            ));
         }
         if !(0.0..=1.0).contains(&self.read_share) {
-            return Err(format!("read share {} is not within 0..=1", self.read_share));
+            return Err(format!(
+                "read share {} is not within 0..=1",
+                self.read_share
+            ));
         }
         if self.sizes.iter().all(|s| s.weight == 0) {
             return Err("the size mix needs at least one size with a positive weight".into());
         }
-        if let Some(bad) = self.sizes.iter().find(|s| s.bytes == 0 || s.bytes % SECTOR_BYTES != 0) {
-            return Err(format!("size {} is not a positive multiple of 512", bad.bytes));
+        if let Some(bad) = self
+            .sizes
+            .iter()
+            .find(|s| s.bytes == 0 || !s.bytes.is_multiple_of(SECTOR_BYTES))
+        {
+            return Err(format!(
+                "size {} is not a positive multiple of 512",
+                bad.bytes
+            ));
         }
         let largest = self.sizes.iter().map(|s| s.bytes).max().unwrap_or(0);
         if volume_size < self.align || volume_size < largest {
-            return Err(format!("volume of {volume_size} bytes is smaller than a request"));
+            return Err(format!(
+                "volume of {volume_size} bytes is smaller than a request"
+            ));
         }
         if let AddressDist::Zipf { theta, .. } = self.address {
             if !(theta.is_finite() && theta >= 0.0) {
@@ -131,13 +152,26 @@ impl Sampler {
     }
 
     fn next(&mut self) -> (Op, u64, u64) {
-        let op = if self.rng.random_bool(self.pattern.read_share) { Op::Read } else { Op::Write };
+        let op = if self.rng.random_bool(self.pattern.read_share) {
+            Op::Read
+        } else {
+            Op::Write
+        };
         let len = self.size();
         let offset = match self.pattern.address {
             AddressDist::Uniform => self.rng.random_range(0..self.blocks) * self.pattern.align,
             AddressDist::Zipf { scatter, .. } => {
-                let rank = self.zipf.as_ref().expect("zipf set up").sample(&mut self.rng) as u64 - 1;
-                let block = if scatter { scatter_rank(rank, self.blocks, self.scatter_step) } else { rank };
+                let rank = self
+                    .zipf
+                    .as_ref()
+                    .expect("zipf set up")
+                    .sample(&mut self.rng) as u64
+                    - 1;
+                let block = if scatter {
+                    scatter_rank(rank, self.blocks, self.scatter_step)
+                } else {
+                    rank
+                };
                 block * self.pattern.align
             }
             AddressDist::Sequential { .. } => {
@@ -198,14 +232,21 @@ pub struct ClosedLoop {
 
 impl ClosedLoop {
     pub fn new(pattern: Pattern, volume_size: u64, seed: u64) -> Result<Self, String> {
-        Ok(Self { sampler: Sampler::new(pattern, volume_size, seed)? })
+        Ok(Self {
+            sampler: Sampler::new(pattern, volume_size, seed)?,
+        })
     }
 }
 
 impl Workload for ClosedLoop {
     fn next_io(&mut self) -> Option<Io> {
         let (op, offset, len) = self.sampler.next();
-        Some(Io { arrival: None, op, offset, len })
+        Some(Io {
+            arrival: None,
+            op,
+            offset,
+            len,
+        })
     }
 }
 
@@ -218,12 +259,21 @@ pub struct Poisson {
 }
 
 impl Poisson {
-    pub fn new(pattern: Pattern, rate_iops: f64, volume_size: u64, seed: u64) -> Result<Self, String> {
+    pub fn new(
+        pattern: Pattern,
+        rate_iops: f64,
+        volume_size: u64,
+        seed: u64,
+    ) -> Result<Self, String> {
         if !(rate_iops.is_finite() && rate_iops > 0.0) {
             return Err(format!("rate {rate_iops} IOPS must be a positive number"));
         }
         let sampler = Sampler::new(pattern, volume_size, seed)?;
-        Ok(Self { sampler, mean_gap_ns: SECONDS as f64 / rate_iops, clock_ns: 0.0 })
+        Ok(Self {
+            sampler,
+            mean_gap_ns: SECONDS as f64 / rate_iops,
+            clock_ns: 0.0,
+        })
     }
 }
 
@@ -233,7 +283,12 @@ impl Workload for Poisson {
         let uniform: f64 = 1.0 - self.sampler.rng.random::<f64>();
         self.clock_ns += -uniform.ln() * self.mean_gap_ns;
         let (op, offset, len) = self.sampler.next();
-        Some(Io { arrival: Some(self.clock_ns.round() as Nanos), op, offset, len })
+        Some(Io {
+            arrival: Some(self.clock_ns.round() as Nanos),
+            op,
+            offset,
+            len,
+        })
     }
 }
 
@@ -248,7 +303,13 @@ pub struct Limited<W> {
 
 impl<W: Workload> Limited<W> {
     pub fn new(inner: W, max_ios: Option<u64>, until: Option<Nanos>) -> Self {
-        Self { inner, max_ios, until, issued: 0, ended: false }
+        Self {
+            inner,
+            max_ios,
+            until,
+            issued: 0,
+            ended: false,
+        }
     }
 }
 
@@ -286,12 +347,23 @@ mod tests {
     fn size_mix_follows_weights() {
         let pattern = Pattern {
             address: AddressDist::Uniform,
-            sizes: vec![WeightedSize { bytes: 4096, weight: 3 }, WeightedSize { bytes: 65536, weight: 1 }],
+            sizes: vec![
+                WeightedSize {
+                    bytes: 4096,
+                    weight: 3,
+                },
+                WeightedSize {
+                    bytes: 65536,
+                    weight: 1,
+                },
+            ],
             read_share: 1.0,
             align: 4096,
         };
         let mut gen = ClosedLoop::new(pattern, 1 << 30, 7).unwrap();
-        let small = (0..40_000).filter(|_| gen.next_io().unwrap().len == 4096).count();
+        let small = (0..40_000)
+            .filter(|_| gen.next_io().unwrap().len == 4096)
+            .count();
         assert!((29_400..30_600).contains(&small), "3/4 of 40,000: {small}");
     }
 
@@ -299,7 +371,10 @@ mod tests {
     fn sequential_wraps_at_the_end() {
         let pattern = Pattern {
             address: AddressDist::Sequential { start: 8192 },
-            sizes: vec![WeightedSize { bytes: 4096, weight: 1 }],
+            sizes: vec![WeightedSize {
+                bytes: 4096,
+                weight: 1,
+            }],
             read_share: 0.0,
             align: 4096,
         };
@@ -312,11 +387,24 @@ mod tests {
     fn limits_stop_by_count_and_time() {
         let pattern = Pattern::tpcc_like();
         let closed = ClosedLoop::new(pattern.clone(), 1 << 30, 1).unwrap();
-        assert_eq!(std::iter::from_fn({ let mut w = Limited::new(closed, Some(5), None); move || w.next_io() }).count(), 5);
+        assert_eq!(
+            std::iter::from_fn({
+                let mut w = Limited::new(closed, Some(5), None);
+                move || w.next_io()
+            })
+            .count(),
+            5
+        );
         let open = Poisson::new(pattern, 1000.0, 1 << 30, 1).unwrap();
         let mut limited = Limited::new(open, None, Some(SECONDS));
-        let arrivals: Vec<Nanos> = std::iter::from_fn(|| limited.next_io()).map(|io| io.arrival.unwrap()).collect();
+        let arrivals: Vec<Nanos> = std::iter::from_fn(|| limited.next_io())
+            .map(|io| io.arrival.unwrap())
+            .collect();
         assert!(arrivals.iter().all(|&at| at <= SECONDS));
-        assert!((900..1100).contains(&arrivals.len()), "about 1000 in 1 s: {}", arrivals.len());
+        assert!(
+            (900..1100).contains(&arrivals.len()),
+            "about 1000 in 1 s: {}",
+            arrivals.len()
+        );
     }
 }

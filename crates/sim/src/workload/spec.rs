@@ -78,7 +78,10 @@ pub enum WorkloadSpec {
 }
 
 fn default_sizes() -> Vec<WeightedSize> {
-    vec![WeightedSize { bytes: 4096, weight: 1 }]
+    vec![WeightedSize {
+        bytes: 4096,
+        weight: 1,
+    }]
 }
 
 fn default_align() -> u64 {
@@ -110,35 +113,94 @@ impl WorkloadSpec {
     /// The workload over a volume of `volume_size` bytes; generators draw from `seed`.
     pub fn build(&self, volume_size: u64, seed: u64) -> Result<Box<dyn Workload>, String> {
         let closed = |address, read_share, sizes: &Vec<WeightedSize>, align, count| {
-            let pattern = Pattern { address, sizes: sizes.clone(), read_share, align };
+            let pattern = Pattern {
+                address,
+                sizes: sizes.clone(),
+                read_share,
+                align,
+            };
             let generator = ClosedLoop::new(pattern, volume_size, seed)?;
             Ok(Box::new(Limited::new(generator, count, None)) as Box<dyn Workload>)
         };
         match self {
-            WorkloadSpec::Uniform { read_share, sizes, align, count } => {
-                closed(AddressDist::Uniform, *read_share, sizes, *align, *count)
-            }
-            WorkloadSpec::Zipf { theta, scatter, read_share, sizes, align, count } => {
-                let address = AddressDist::Zipf { theta: *theta, scatter: *scatter };
+            WorkloadSpec::Uniform {
+                read_share,
+                sizes,
+                align,
+                count,
+            } => closed(AddressDist::Uniform, *read_share, sizes, *align, *count),
+            WorkloadSpec::Zipf {
+                theta,
+                scatter,
+                read_share,
+                sizes,
+                align,
+                count,
+            } => {
+                let address = AddressDist::Zipf {
+                    theta: *theta,
+                    scatter: *scatter,
+                };
                 closed(address, *read_share, sizes, *align, *count)
             }
-            WorkloadSpec::Sequential { start, read_share, sizes, count } => {
-                closed(AddressDist::Sequential { start: *start }, *read_share, sizes, 512, *count)
-            }
+            WorkloadSpec::Sequential {
+                start,
+                read_share,
+                sizes,
+                count,
+            } => closed(
+                AddressDist::Sequential { start: *start },
+                *read_share,
+                sizes,
+                512,
+                *count,
+            ),
             WorkloadSpec::Tpcc { count } => {
                 let generator = ClosedLoop::new(Pattern::tpcc_like(), volume_size, seed)?;
                 Ok(Box::new(Limited::new(generator, *count, None)))
             }
-            WorkloadSpec::Poisson { rate_iops, address, read_share, sizes, align, count, duration_s } => {
-                let pattern = Pattern { address: *address, sizes: sizes.clone(), read_share: *read_share, align: *align };
+            WorkloadSpec::Poisson {
+                rate_iops,
+                address,
+                read_share,
+                sizes,
+                align,
+                count,
+                duration_s,
+            } => {
+                let pattern = Pattern {
+                    address: *address,
+                    sizes: sizes.clone(),
+                    read_share: *read_share,
+                    align: *align,
+                };
                 let generator = Poisson::new(pattern, *rate_iops, volume_size, seed)?;
-                Ok(Box::new(Limited::new(generator, *count, duration_ns(*duration_s)?)))
+                Ok(Box::new(Limited::new(
+                    generator,
+                    *count,
+                    duration_ns(*duration_s)?,
+                )))
             }
-            WorkloadSpec::Trace { path, format, speedup, device, count, duration_s } => {
+            WorkloadSpec::Trace {
+                path,
+                format,
+                speedup,
+                device,
+                count,
+                duration_s,
+            } => {
                 let records = read_trace(path, *format).map_err(|e| error_chain(&e))?;
-                let options = ReplayOptions { volume_size, speedup: *speedup, device: *device };
+                let options = ReplayOptions {
+                    volume_size,
+                    speedup: *speedup,
+                    device: *device,
+                };
                 let replay = TraceWorkload::new(records, options)?;
-                Ok(Box::new(Limited::new(replay, *count, duration_ns(*duration_s)?)))
+                Ok(Box::new(Limited::new(
+                    replay,
+                    *count,
+                    duration_ns(*duration_s)?,
+                )))
             }
         }
     }

@@ -43,9 +43,17 @@ pub enum TraceError {
         source: std::io::Error,
     },
     #[error("line {line}: expected {expected} fields, found {found}")]
-    FieldCount { line: usize, expected: &'static str, found: usize },
+    FieldCount {
+        line: usize,
+        expected: &'static str,
+        found: usize,
+    },
     #[error("line {line}: field {field}: {problem}")]
-    Field { line: usize, field: &'static str, problem: String },
+    Field {
+        line: usize,
+        field: &'static str,
+        problem: String,
+    },
 }
 
 impl TraceError {
@@ -60,7 +68,10 @@ impl TraceError {
 
 /// Reads a whole trace file.
 pub fn read_trace(path: &Path, format: TraceFormat) -> Result<Vec<TraceRecord>, TraceError> {
-    let io_error = |source| TraceError::Io { path: path.display().to_string(), source };
+    let io_error = |source| TraceError::Io {
+        path: path.display().to_string(),
+        source,
+    };
     let file = std::fs::File::open(path).map_err(io_error)?;
     parse_trace(std::io::BufReader::new(file), format).map_err(|error| match error {
         TraceError::Io { source, .. } => io_error(source),
@@ -68,10 +79,16 @@ pub fn read_trace(path: &Path, format: TraceFormat) -> Result<Vec<TraceRecord>, 
     })
 }
 
-pub fn parse_trace(reader: impl BufRead, format: TraceFormat) -> Result<Vec<TraceRecord>, TraceError> {
+pub fn parse_trace(
+    reader: impl BufRead,
+    format: TraceFormat,
+) -> Result<Vec<TraceRecord>, TraceError> {
     let mut records = Vec::new();
     for (index, line) in reader.lines().enumerate() {
-        let line = line.map_err(|source| TraceError::Io { path: String::new(), source })?;
+        let line = line.map_err(|source| TraceError::Io {
+            path: String::new(),
+            source,
+        })?;
         let text = line.trim();
         if text.is_empty() || text.starts_with('#') {
             continue;
@@ -90,12 +107,22 @@ pub fn parse_trace(reader: impl BufRead, format: TraceFormat) -> Result<Vec<Trac
 fn parse_mqsim_line(line: usize, text: &str) -> Result<TraceRecord, TraceError> {
     let fields: Vec<&str> = text.split_whitespace().collect();
     if fields.len() != 5 {
-        return Err(TraceError::FieldCount { line, expected: "5", found: fields.len() });
+        return Err(TraceError::FieldCount {
+            line,
+            expected: "5",
+            found: fields.len(),
+        });
     }
     let op = match uint(line, "type", fields[4])? {
         0 => Op::Write,
         1 => Op::Read,
-        other => return Err(problem(line, "type", format!("{other} is neither 0 (write) nor 1 (read)"))),
+        other => {
+            return Err(problem(
+                line,
+                "type",
+                format!("{other} is neither 0 (write) nor 1 (read)"),
+            ))
+        }
     };
     Ok(TraceRecord {
         timestamp_ns: uint(line, "arrival_time_ns", fields[0])?,
@@ -109,13 +136,23 @@ fn parse_mqsim_line(line: usize, text: &str) -> Result<TraceRecord, TraceError> 
 fn parse_msr_line(line: usize, text: &str) -> Result<TraceRecord, TraceError> {
     let fields: Vec<&str> = text.split(',').map(str::trim).collect();
     if fields.len() != 7 {
-        return Err(TraceError::FieldCount { line, expected: "7", found: fields.len() });
+        return Err(TraceError::FieldCount {
+            line,
+            expected: "7",
+            found: fields.len(),
+        });
     }
     let filetime = uint(line, "Timestamp", fields[0])?;
     let op = match fields[3].to_ascii_lowercase().as_str() {
         "read" => Op::Read,
         "write" => Op::Write,
-        _ => return Err(problem(line, "Type", format!("`{}` is neither Read nor Write", fields[3]))),
+        _ => {
+            return Err(problem(
+                line,
+                "Type",
+                format!("`{}` is neither Read nor Write", fields[3]),
+            ))
+        }
     };
     uint(line, "ResponseTime", fields[6])?;
     Ok(TraceRecord {
@@ -132,18 +169,36 @@ fn parse_msr_line(line: usize, text: &str) -> Result<TraceRecord, TraceError> {
 fn parse_spc_line(line: usize, text: &str) -> Result<TraceRecord, TraceError> {
     let fields: Vec<&str> = text.split(',').map(str::trim).collect();
     if fields.len() < 5 {
-        return Err(TraceError::FieldCount { line, expected: "at least 5", found: fields.len() });
+        return Err(TraceError::FieldCount {
+            line,
+            expected: "at least 5",
+            found: fields.len(),
+        });
     }
     let op = match fields[3] {
         "r" | "R" => Op::Read,
         "w" | "W" => Op::Write,
-        other => return Err(problem(line, "Opcode", format!("`{other}` is neither r nor w"))),
+        other => {
+            return Err(problem(
+                line,
+                "Opcode",
+                format!("`{other}` is neither r nor w"),
+            ))
+        }
     };
-    let seconds: f64 = fields[4]
-        .parse()
-        .map_err(|_| problem(line, "Timestamp", format!("`{}` is not a number", fields[4])))?;
+    let seconds: f64 = fields[4].parse().map_err(|_| {
+        problem(
+            line,
+            "Timestamp",
+            format!("`{}` is not a number", fields[4]),
+        )
+    })?;
     if !seconds.is_finite() || seconds < 0.0 {
-        return Err(problem(line, "Timestamp", format!("{seconds} is not a time")));
+        return Err(problem(
+            line,
+            "Timestamp",
+            format!("{seconds} is not a time"),
+        ));
     }
     Ok(TraceRecord {
         timestamp_ns: (seconds * 1e9).round() as Nanos,
@@ -155,15 +210,21 @@ fn parse_spc_line(line: usize, text: &str) -> Result<TraceRecord, TraceError> {
 }
 
 fn problem(line: usize, field: &'static str, problem: String) -> TraceError {
-    TraceError::Field { line, field, problem }
+    TraceError::Field {
+        line,
+        field,
+        problem,
+    }
 }
 
 fn uint(line: usize, field: &'static str, text: &str) -> Result<u64, TraceError> {
-    text.parse().map_err(|_| problem(line, field, format!("`{text}` is not an unsigned integer")))
+    text.parse()
+        .map_err(|_| problem(line, field, format!("`{text}` is not an unsigned integer")))
 }
 
 fn device(line: usize, field: &'static str, text: &str) -> Result<u32, TraceError> {
-    text.parse().map_err(|_| problem(line, field, format!("`{text}` is not a device number")))
+    text.parse()
+        .map_err(|_| problem(line, field, format!("`{text}` is not a device number")))
 }
 
 fn sectors_to_bytes(line: usize, field: &'static str, sectors: u64) -> Result<u64, TraceError> {
@@ -185,7 +246,13 @@ mod tests {
         let records = parse("11413000 0 657728 16 1\n\n5 3 1 1 0\n", TraceFormat::Mqsim).unwrap();
         assert_eq!(
             records[0],
-            TraceRecord { timestamp_ns: 11_413_000, device: 0, op: Op::Read, offset: 657_728 * 512, len: 8192 }
+            TraceRecord {
+                timestamp_ns: 11_413_000,
+                device: 0,
+                op: Op::Read,
+                offset: 657_728 * 512,
+                len: 8192
+            }
         );
         assert_eq!(records[1].op, Op::Write);
         assert_eq!(records.len(), 2);
@@ -195,9 +262,15 @@ mod tests {
     fn errors_name_line_and_field() {
         let error = parse("1 0 0 8 1\n# comment\n1 0 x 8 1\n", TraceFormat::Mqsim).unwrap_err();
         assert_eq!(error.line(), Some(3));
-        assert_eq!(error.to_string(), "line 3: field start_lba: `x` is not an unsigned integer");
+        assert_eq!(
+            error.to_string(),
+            "line 3: field start_lba: `x` is not an unsigned integer"
+        );
         let error = parse("1 0 0 8 2\n", TraceFormat::Mqsim).unwrap_err();
-        assert_eq!(error.to_string(), "line 1: field type: 2 is neither 0 (write) nor 1 (read)");
+        assert_eq!(
+            error.to_string(),
+            "line 1: field type: 2 is neither 0 (write) nor 1 (read)"
+        );
         let error = parse("1 0 0 8\n", TraceFormat::Mqsim).unwrap_err();
         assert_eq!(error.to_string(), "line 1: expected 5 fields, found 4");
     }
@@ -207,12 +280,21 @@ mod tests {
         let msr = "128166372003061629,web,1,Write,7014609920,24576,41286\n";
         let record = parse(msr, TraceFormat::MsrCsv).unwrap()[0];
         assert_eq!(record.timestamp_ns, 12_816_637_200_306_162_900);
-        assert_eq!((record.device, record.op, record.offset, record.len), (1, Op::Write, 7_014_609_920, 24_576));
+        assert_eq!(
+            (record.device, record.op, record.offset, record.len),
+            (1, Op::Write, 7_014_609_920, 24_576)
+        );
         let spc = "0,20941264,8192,W,0.551706,extra\n";
         let record = parse(spc, TraceFormat::SpcCsv).unwrap()[0];
         assert_eq!(record.timestamp_ns, 551_706_000);
-        assert_eq!((record.device, record.op, record.offset, record.len), (0, Op::Write, 20_941_264 * 512, 8192));
+        assert_eq!(
+            (record.device, record.op, record.offset, record.len),
+            (0, Op::Write, 20_941_264 * 512, 8192)
+        );
         let error = parse("0,1,512,x,0.1\n", TraceFormat::SpcCsv).unwrap_err();
-        assert_eq!(error.to_string(), "line 1: field Opcode: `x` is neither r nor w");
+        assert_eq!(
+            error.to_string(),
+            "line 1: field Opcode: `x` is neither r nor w"
+        );
     }
 }
