@@ -267,7 +267,7 @@ fn terminal_table_lists_every_scope() {
 fn replay_open_loop(model: &mut dyn DeviceModel, workload: &mut dyn Workload) -> Vec<IoRecord> {
     let mut issued = Vec::new();
     let mut done = Vec::new();
-    let mut drain_until = |model: &mut dyn DeviceModel, now: Option<Nanos>, done: &mut Vec<_>| {
+    let drain_until = |model: &mut dyn DeviceModel, now: Option<Nanos>, done: &mut Vec<_>| {
         while let Some(at) = model
             .next_completion()
             .filter(|&at| now.is_none_or(|now| at <= now))
@@ -352,10 +352,7 @@ fn websearch_on_a_remote_x25m_end_to_end_is_byte_identical_per_seed() {
         })
         .sum::<f64>()
         / records.len() as f64;
-    print!(
-        "{}unqueued mean {unqueued}\n",
-        format_summary_table(&summary)
-    );
+    println!("{}unqueued mean {unqueued}", format_summary_table(&summary));
     assert!(
         all.mean_ns > unqueued * 0.99,
         "{} vs {unqueued}",
