@@ -248,3 +248,30 @@ fn jittered_remote_brick_is_deterministic_per_seed() {
         "completions in time order"
     );
 }
+
+proptest::proptest! {
+    /// One channel is a single FIFO server: each completion follows Lindley's recursion,
+    /// `done_i = max(arrival_i, done_{i-1}) + service_i`.
+    #[test]
+    fn one_channel_ssd_is_a_fifo_server(
+        requests in proptest::collection::vec((0u64..500_000, 1u64..64, proptest::bool::ANY), 1..60)
+    ) {
+        let params = SsdParams { channels: 1, ..four_channel_ssd() };
+        let mut arrival = 0;
+        let mut submits = Vec::new();
+        for (id, (gap, sectors, is_write)) in requests.into_iter().enumerate() {
+            arrival += gap;
+            let op = if is_write { Op::Write } else { Op::Read };
+            submits.push((arrival, Request { id: id as u64, op, offset: 0, len: sectors * 512 }));
+        }
+        let mut expected = Vec::new();
+        let mut previous = 0;
+        for (at, request) in &submits {
+            let timing = if request.op == Op::Read { params.read } else { params.write };
+            previous = (*at).max(previous) + timing.service_ns(request.len);
+            expected.push(Completion { id: request.id, at: previous });
+        }
+        let mut ssd = Ssd::new(params);
+        proptest::prop_assert_eq!(drive(&mut ssd, submits), expected);
+    }
+}
