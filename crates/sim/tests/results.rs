@@ -246,6 +246,22 @@ fn device_plots_have_one_line_per_device() {
             "{labels:?}"
         );
     }
+    let devices = summarize_devices(&samples);
+    let names: Vec<&str> = devices.iter().map(|d| d.device.as_str()).collect();
+    assert_eq!(names, vec!["disk0", "disk1", "disk2"]);
+    // disk0 over t = 1..=20: utilization (t % 10) / 10 averages 0.45; depth t % 8 peaks at 7.
+    assert_eq!((devices[0].samples, devices[0].max_queue_depth), (20, 7));
+    assert!((devices[0].mean_utilization - 0.45).abs() < 1e-12);
+    let expected_depth = (1..=20).map(|t| (t % 8) as f64).sum::<f64>() / 20.0;
+    assert!((devices[0].mean_queue_depth - expected_depth).abs() < 1e-12);
+    let table = format_device_table(&devices);
+    assert_eq!(table.lines().count(), 4);
+    assert!(
+        table.lines().nth(1).unwrap().starts_with("disk0     45.0"),
+        "{table}"
+    );
+    let csv = device_summaries_to_csv(&devices).unwrap();
+    assert!(csv.starts_with("device,samples,mean_utilization,mean_queue_depth,max_queue_depth\n"));
 }
 
 #[test]

@@ -5,7 +5,9 @@ use std::path::Path;
 
 use crate::model::{DeviceSample, IoRecord, Nanos};
 
-use super::stats::{CdfPoint, LatencySummary, RunSummary, Scope, ScopedLatency, TimePoint};
+use super::stats::{
+    CdfPoint, DeviceSummary, LatencySummary, RunSummary, Scope, ScopedLatency, TimePoint,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ExportError {
@@ -64,6 +66,11 @@ pub fn cdf_to_csv(points: &[CdfPoint]) -> Result<String, ExportError> {
 /// Columns: at_ns,count,mean_latency_ns,max_latency_ns.
 pub fn time_points_to_csv(points: &[TimePoint]) -> Result<String, ExportError> {
     to_csv(points)
+}
+
+/// Columns: device,samples,mean_utilization,mean_queue_depth,max_queue_depth.
+pub fn device_summaries_to_csv(devices: &[DeviceSummary]) -> Result<String, ExportError> {
+    to_csv(devices)
 }
 
 /// One flat CSV row per latency scope, with the run's throughput repeated on each row so the

@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::model::{IoRecord, Nanos, Op, SECONDS};
+use crate::model::{DeviceSample, IoRecord, Nanos, Op, SECONDS};
 
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct LatencySummary {
@@ -202,6 +202,41 @@ pub fn latency_over_time(records: &[IoRecord], bucket_ns: Nanos) -> Vec<TimePoin
             count,
             mean_latency_ns: sum / count as f64,
             max_latency_ns: max,
+        })
+        .collect()
+}
+
+/// One device over a run, from its periodic samples.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct DeviceSummary {
+    pub device: String,
+    pub samples: u64,
+    pub mean_utilization: f64,
+    pub mean_queue_depth: f64,
+    pub max_queue_depth: usize,
+}
+
+/// Per-device averages of the samples, in device-name order. Samples are taken at a fixed
+/// interval, so plain means are time averages.
+pub fn summarize_devices(samples: &[DeviceSample]) -> Vec<DeviceSummary> {
+    let mut devices: BTreeMap<&str, Vec<&DeviceSample>> = BTreeMap::new();
+    for sample in samples {
+        devices
+            .entry(sample.device.as_str())
+            .or_default()
+            .push(sample);
+    }
+    devices
+        .into_iter()
+        .map(|(device, samples)| {
+            let count = samples.len() as f64;
+            DeviceSummary {
+                device: device.to_owned(),
+                samples: samples.len() as u64,
+                mean_utilization: samples.iter().map(|s| s.utilization).sum::<f64>() / count,
+                mean_queue_depth: samples.iter().map(|s| s.queue_depth as f64).sum::<f64>() / count,
+                max_queue_depth: samples.iter().map(|s| s.queue_depth).max().unwrap_or(0),
+            }
         })
         .collect()
 }

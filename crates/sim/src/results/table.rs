@@ -2,7 +2,7 @@
 
 use crate::model::{Nanos, MILLIS};
 
-use super::stats::{RunSummary, Scope};
+use super::stats::{DeviceSummary, RunSummary, Scope};
 
 fn ms(ns: Nanos) -> String {
     format!("{:.3}", ns as f64 / MILLIS as f64)
@@ -66,5 +66,29 @@ pub fn format_summary_table(summary: &RunSummary) -> String {
         t.mib_per_s,
         summary.failed
     ));
+    out
+}
+
+/// One line per device: utilization as a percentage, queue depth mean and maximum.
+pub fn format_device_table(devices: &[DeviceSummary]) -> String {
+    let width = devices
+        .iter()
+        .map(|d| d.device.len())
+        .max()
+        .unwrap_or(0)
+        .max("device".len());
+    let mut out = format!(
+        "{:<width$}  {:>6}  {:>8}  {:>6}\n",
+        "device", "util%", "mean qd", "max qd"
+    );
+    for d in devices {
+        out.push_str(&format!(
+            "{:<width$}  {:>6.1}  {:>8.2}  {:>6}\n",
+            d.device,
+            d.mean_utilization * 100.0,
+            d.mean_queue_depth,
+            d.max_queue_depth
+        ));
+    }
     out
 }
