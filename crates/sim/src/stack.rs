@@ -59,7 +59,8 @@ impl StackSpec {
         for (i, disk) in array_of_tables(table, "disk")?.iter().enumerate() {
             let mut options = disk.clone();
             let name = take_string(&mut options, "name").map_err(|e| format!("disk {i}: {e}"))?;
-            let model = take_string(&mut options, "model").map_err(|e| format!("disk {name}: {e}"))?;
+            let model =
+                take_string(&mut options, "model").map_err(|e| format!("disk {name}: {e}"))?;
             spec.disks.push(DiskSpec {
                 name,
                 model,
@@ -218,7 +219,11 @@ impl StackSpec {
             let kind = registry::find(&layer.kind).expect("checked");
             let args = LayerArgs {
                 name: layer.name.clone(),
-                children: layer.children.iter().map(|c| built.get(c).cloned()).collect(),
+                children: layer
+                    .children
+                    .iter()
+                    .map(|c| built.get(c).cloned())
+                    .collect(),
                 child_names: layer.children.clone(),
                 options: Options::new(layer.options.clone(), base.to_path_buf()),
                 runtime: sim.runtime(),

@@ -10,6 +10,7 @@ mod metrics_http;
 mod pool_metrics;
 mod reconfig;
 mod serve;
+mod sim_cmd;
 mod size;
 mod spares;
 mod status;
@@ -122,6 +123,11 @@ enum Command {
     Volume {
         #[command(subcommand)]
         command: volume_cmd::VolumeCommand,
+    },
+    /// The deterministic simulator: Strata's layers over modelled disks, in virtual time.
+    Sim {
+        #[command(subcommand)]
+        command: sim_cmd::SimCommand,
     },
 }
 
@@ -247,6 +253,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             change(&target, Change::Grow { layer, size })
         }
         Command::Volume { command } => volume_cmd::run(command),
+        Command::Sim { command } => sim_cmd::run(command),
         Command::Metrics { target } => {
             let reply = admin::request(&target.socket(), &AdminRequest::Metrics)?;
             print!("{}", reply["metrics"].as_str().unwrap_or_default());

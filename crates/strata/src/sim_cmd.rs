@@ -1,0 +1,180 @@
+//! `strata sim …`: the deterministic simulator from the command line (see docs/simulator.md).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+use clap::Subcommand;
+use strata_sim::experiment::{self, Experiment};
+use strata_sim::validate;
+use strata_sim::workload::{TraceFormat, WorkloadSpec};
+
+#[derive(Subcommand)]
+pub enum SimCommand {
+    /// Check the disk models against the papers' figures (one row per check).
+    ValidateDisk {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run an experiment file: a stack of simulated disks and Strata layers, and a workload.
+    Run {
+        experiment: PathBuf,
+        /// Write report.json, CSVs and SVG plots here.
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Override the file's seed.
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Print the report as JSON instead of tables.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Replay a block trace, open loop by timestamp, on a stack file ([[disk]] with `model`,
+    /// [[layer]] as in the serve config).
+    Replay {
+        /// The trace.
+        #[arg(long)]
+        trace: PathBuf,
+        /// Its format: mqsim (the ASCII format of ../shared/traces), msr-csv, spc-csv.
+        #[arg(long, default_value = "mqsim")]
+        format: String,
+        /// The stack to replay on.
+        #[arg(long)]
+        stack: PathBuf,
+        /// Replay this many times faster than recorded.
+        #[arg(long, default_value_t = 1.0)]
+        speedup: f64,
+        /// Only the trace's requests for this device number.
+        #[arg(long)]
+        device: Option<u32>,
+        #[arg(long)]
+        out: Option<PathBuf>,
+        #[arg(long)]
+        seed: Option<u64>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// List the device-model presets.
+    Models,
+}
+
+pub fn run(command: SimCommand) -> anyhow::Result<()> {
+    match command {
+        SimCommand::ValidateDisk { json } => {
+            let rows = validate::validate_disk();
+            if json {
+                println!("{}", serde_json::to_string_pretty(&rows)?);
+            } else {
+                print!("{}", validate::format_table(&rows));
+            }
+            let off = rows.iter().filter(|r| !r.within_tolerance).count();
+            if off > 0 {
+                bail!("{off} of {} checks are outside the tolerance", rows.len());
+            }
+            Ok(())
+        }
+        SimCommand::Run {
+            experiment,
+            out,
+            seed,
+            json,
+        } => {
+            let mut loaded = Experiment::load(&experiment).map_err(anyhow::Error::msg)?;
+            if let Some(seed) = seed {
+                loaded.seed = seed;
+            }
+            run_and_report(&loaded, out.as_deref(), json)
+        }
+        SimCommand::Replay {
+            trace,
+            format,
+            stack,
+            speedup,
+            device,
+            out,
+            seed,
+            json,
+        } => {
+            let format = match format.as_str() {
+                "mqsim" => TraceFormat::Mqsim,
+                "msr-csv" | "msr_csv" => TraceFormat::MsrCsv,
+                "spc-csv" | "spc_csv" => TraceFormat::SpcCsv,
+                other => bail!("--format: {other:?} is not mqsim, msr-csv or spc-csv"),
+            };
+            if speedup.is_nan() || speedup <= 0.0 {
+                bail!("--speedup must be positive");
+            }
+            let text = std::fs::read_to_string(&stack)
+                .with_context(|| format!("reading {}", stack.display()))?;
+            let base = stack.parent().unwrap_or(Path::new("."));
+            // The stack file may carry run settings but no workload: the trace is it.
+            let mut table: toml::Table = text
+                .parse()
+                .with_context(|| format!("parsing {}", stack.display()))?;
+            if table.contains_key("workload") {
+                bail!(
+                    "{}: a stack file for replay has no [workload]; use `strata sim run`",
+                    stack.display()
+                );
+            }
+            table.insert(
+                "workload".into(),
+                toml::Value::try_from(WorkloadSpec::Trace {
+                    path: std::env::current_dir()?.join(&trace),
+                    format,
+                    speedup,
+                    device,
+                    count: None,
+                    duration_s: None,
+                })?,
+            );
+            if !table.contains_key("name") {
+                let name = format!(
+                    "{} on {}",
+                    trace.file_name().unwrap_or_default().to_string_lossy(),
+                    stack.file_name().unwrap_or_default().to_string_lossy()
+                );
+                table.insert("name".into(), toml::Value::String(name));
+            }
+            let mut loaded = Experiment::parse(&toml::to_string(&table)?, base)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", stack.display()))?;
+            if let Some(seed) = seed {
+                loaded.seed = seed;
+            }
+            run_and_report(&loaded, out.as_deref(), json)
+        }
+        SimCommand::Models => {
+            for name in strata_sim::models::preset_names() {
+                println!("{name}");
+            }
+            Ok(())
+        }
+    }
+}
+
+fn run_and_report(loaded: &Experiment, out: Option<&Path>, json: bool) -> anyhow::Result<()> {
+    let wall = std::time::Instant::now();
+    let (report, output) = loaded.run().map_err(anyhow::Error::msg)?;
+    let elapsed = wall.elapsed();
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", experiment::format_report(&report));
+        println!(
+            "\n{} requests simulated in {:.2} s of wall time",
+            output.records.len(),
+            elapsed.as_secs_f64()
+        );
+    }
+    if let Some(dir) = out {
+        let written =
+            experiment::write_outputs(dir, &report, &output).map_err(anyhow::Error::msg)?;
+        if !json {
+            println!("wrote {} files to {}", written.len(), dir.display());
+        }
+    }
+    if report.read_mismatches > 0 {
+        bail!("{} reads returned wrong data", report.read_mismatches);
+    }
+    Ok(())
+}
