@@ -383,6 +383,42 @@ mod tests {
     }
 
     #[test]
+    fn grow_from_needs_a_pool_on_a_concat_and_distinct_spares() {
+        let base = "listen = [\"unix:s\"]\n[[disk]]\nname = \"d0\"\npath = \"x\"\n[[layer]]\nname = \"data\"\nkind = \"concat\"\nchildren = [\"d0\"]\n";
+        let pool = |child: &str, spares: &str| {
+            format!("{base}[[layer]]\nname = \"pool\"\nkind = \"thin-pool\"\nchildren = [\"{child}\"]\ngrow-from = {spares}\nvolumes = [{{ name = \"v\", size = \"1GiB\" }}]\n[[export]]\nname = \"e\"\ndevice = \"pool/v\"\n")
+        };
+        let loaded = load_str(&pool("data", "[\"s1.img\", \"s2.img\"]")).unwrap();
+        assert_eq!(loaded.layers[1].grow_from, ["s1.img", "s2.img"]);
+        let twice = load_str(&pool("data", "[\"s1.img\", \"s1.img\"]"))
+            .err()
+            .unwrap();
+        assert!(twice.to_string().contains("listed twice"), "{twice}");
+        assert_eq!(twice.line, Some(13), "{twice}");
+        let not_list = load_str(&pool("data", "\"s1.img\"")).err().unwrap();
+        assert!(
+            not_list.to_string().contains("list of spare disk paths"),
+            "{not_list}"
+        );
+        // A pool directly on a disk cannot take a spare in.
+        let on_disk = pool("data", "[\"s1.img\"]")
+            .replace(
+                "[[layer]]\nname = \"data\"\nkind = \"concat\"\nchildren = [\"d0\"]\n",
+                "",
+            )
+            .replace("children = [\"data\"]", "children = [\"d0\"]");
+        let err = load_str(&on_disk).err().unwrap();
+        assert!(err.to_string().contains("must be a concat layer"), "{err}");
+        let on_stripe = format!("{base}[[layer]]\nname = \"s\"\nkind = \"stripe\"\nchildren = [\"data\"]\ngrow-from = [\"s1.img\"]\n[[export]]\nname = \"e\"\ndevice = \"s\"\n");
+        let err = load_str(&on_stripe).err().unwrap();
+        assert!(
+            err.to_string()
+                .contains("`grow-from`: a stripe has no such option"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn hierarchies_must_be_dags_with_one_parent_per_device() {
         let disks = "listen = [\"unix:s\"]\n[[disk]]\nname = \"d0\"\npath = \"a\"\n[[disk]]\nname = \"d1\"\npath = \"b\"\n";
         let layer = |name: &str, kind: &str, children: &str| {
