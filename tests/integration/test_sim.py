@@ -1,0 +1,166 @@
+"""`strata sim`: the deterministic simulator from the command line (docs/simulator.md).
+
+The disk models against the papers, the WebSearch trace on a simulated RAID-0 of three
+Cheetahs (outputs, determinism), replay on a stack file, a precise error for bad input, and
+the point of the simulator: one `[[layer]]` text, written once below, is served over NBD by
+`strata serve` on file disks and run by `strata sim run` on simulated Cheetahs, through the
+same layer registry and code.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from harness import MiB, REPO, STRATA_BIN, Server, ServerSpec, close_handle, pattern_bytes, requires_strata, run
+
+pytestmark = requires_strata()
+
+SIM = REPO / "sim"
+TRACE = REPO.parent / "shared" / "traces" / "websearch-spc.trace"
+WEBSEARCH_REQUESTS = 24_783
+needs_trace = pytest.mark.skipif(not TRACE.exists(), reason=f"no trace at {TRACE}")
+
+
+def sim(*args, check=True, timeout=120) -> subprocess.CompletedProcess:
+    return run([STRATA_BIN, "sim", *args], check=check, timeout=timeout, cwd=REPO)
+
+
+def test_validate_disk_every_row_within_five_percent():
+    rows = json.loads(sim("validate-disk", "--json").stdout)
+    assert len(rows) >= 5
+    for row in rows:
+        assert row["within_tolerance"], row
+        assert 0.95 <= row["ratio"] <= 1.05, row
+
+
+@needs_trace
+def test_websearch_on_raid0_writes_report_plots_and_records(tmp_path):
+    out = tmp_path / "out"
+    r = sim("run", "sim/websearch-raid0.toml", "--out", out)
+    assert "latency (ms)" in r.stdout and f"{WEBSEARCH_REQUESTS} requests simulated" in r.stdout
+    report = json.loads((out / "report.json").read_text())
+    assert report["summary"]["throughput"]["ios"] == WEBSEARCH_REQUESTS
+    assert report["summary"]["failed"] == 0
+    assert [d["name"] for d in report["disks"]] == ["d0", "d1", "d2"]
+    for name in ("latency-cdf.svg", "latency-time.svg", "utilization.svg", "queue-depth.svg"):
+        root = ET.parse(out / name).getroot()
+        assert root.tag.endswith("svg"), name
+    lines = (out / "records.csv").read_text().splitlines()
+    assert len(lines) == WEBSEARCH_REQUESTS + 1  # a header and one row per request
+
+    again = tmp_path / "again"
+    sim("run", "sim/websearch-raid0.toml", "--out", again)
+    assert (again / "report.json").read_bytes() == (out / "report.json").read_bytes()
+
+    other = tmp_path / "seed2"
+    sim("run", "sim/websearch-raid0.toml", "--out", other, "--seed", "2")
+    assert (other / "report.json").read_bytes() != (out / "report.json").read_bytes()
+    assert json.loads((other / "report.json").read_text())["seed"] == 2
+
+
+@needs_trace
+def test_replay_on_a_stack_file():
+    r = sim("replay", "--trace", TRACE, "--stack", "sim/raid0-3-cheetah.toml", "--speedup", "4", "--json")
+    report = json.loads(r.stdout)
+    assert report["summary"]["throughput"]["ios"] == WEBSEARCH_REQUESTS
+    assert report["top"] == "r0"
+    # Four times the arrival rate on the same disks: the trace takes about a quarter of the time.
+    plain = json.loads(sim("replay", "--trace", TRACE, "--stack", "sim/raid0-3-cheetah.toml", "--json").stdout)
+    assert report["simulated_ns"] < plain["simulated_ns"] / 3
+
+
+def test_a_stack_with_an_unknown_model_fails_with_its_name(tmp_path):
+    stack = tmp_path / "stack.toml"
+    stack.write_text('[[disk]]\nname = "d0"\nmodel = "quantum-fireball"\n')
+    r = sim("replay", "--trace", TRACE, "--stack", stack, check=False)
+    assert r.returncode != 0
+    assert 'disk d0: unknown model "quantum-fireball"' in r.stderr, r.stderr
+    assert "cheetah-15k5-300g" in r.stderr, r.stderr
+
+
+# ---- the same layer code under `strata serve` and in the simulator ------------------------
+
+DISKS = ["d0", "d1", "d2"]
+
+# Written once; both the serve config and the sim stack below embed this very text.
+LAYERS = {
+    "stripe": """
+[[layer]]
+name = "top"
+kind = "stripe"
+children = ["d0", "d1", "d2"]
+chunk = "64KiB"
+""",
+    "raid5": """
+[[layer]]
+name = "top"
+kind = "raid5"
+children = ["d0", "d1", "d2"]
+chunk = "64KiB"
+""",
+}
+
+
+def serve_config(layer_text: str) -> str:
+    disks = "".join(f'\n[[disk]]\nname = "{d}"\npath = "disks/{d}.img"\nsize = "64MiB"\n' for d in DISKS)
+    return (
+        'data-dir = "."\nlisten = ["unix:nbd.sock"]\nadmin = "admin.sock"\n'
+        + disks
+        + layer_text
+        + '\n[[export]]\nname = "vol"\ndevice = "top"\n'
+    )
+
+
+def sim_experiment(layer_text: str) -> str:
+    disks = "".join(f'\n[[disk]]\nname = "{d}"\nmodel = "cheetah-15k5-300g"\n' for d in DISKS)
+    return (
+        'name = "same layers as serve"\nseed = 5\nqueue-depth = 8\ndata = "stored"\n'
+        + disks
+        + layer_text
+        + '\n[workload]\nkind = "uniform"\nread_share = 0.5\ncount = 3000\n'
+        + 'sizes = [{ bytes = 4096, weight = 3 }, { bytes = 65536, weight = 1 }]\n'
+    )
+
+
+@pytest.mark.parametrize("kind", sorted(LAYERS))
+def test_the_same_layer_text_serves_nbd_and_runs_in_the_simulator(kind, workdir):
+    layer_text = LAYERS[kind]
+
+    # Under `strata serve`, on file disks, through NBD.
+    srv = Server(workdir / "serve", ServerSpec(disks=[], exports=[]))
+    srv.config_path.write_text(serve_config(layer_text))
+    srv.keep_config = True  # serve the text above, not one generated from the spec
+    srv.start()
+    try:
+        h = srv.connect(export="vol")
+        try:
+            size = h.get_size()
+            data_disks = len(DISKS) - (1 if kind == "raid5" else 0)
+            # The members' capacity less the layer's own labels and metadata.
+            assert 0.9 * data_disks * 64 * MiB < size <= data_disks * 64 * MiB
+            payload = pattern_bytes(6, 3 * 64 * 1024 + 4096)  # crosses every member
+            for offset in (0, 5 * 64 * 1024 + 512, size - len(payload)):
+                h.pwrite(payload, offset)
+                h.flush()
+                assert h.pread(len(payload), offset) == payload, f"read back at {offset}"
+        finally:
+            close_handle(h)
+    finally:
+        assert srv.stop() == 0, srv.stderr_text()
+
+    # In the simulator, on simulated Cheetah 15K.5 drives, reads verified against writes.
+    experiment = workdir / "sim.toml"
+    experiment.write_text(sim_experiment(layer_text))
+    report = json.loads(sim("run", experiment, "--json").stdout)
+    assert report["top"] == "top"
+    assert report["summary"]["throughput"]["ios"] == 3000
+    assert report["summary"]["failed"] == 0
+    assert report["read_mismatches"] == 0
+    # Every member did work: the stripe (or raid5) spread the load, as it does under serve.
+    for disk in report["disks"]:
+        assert disk["stats"]["reads"] + disk["stats"]["writes"] > 300, disk
