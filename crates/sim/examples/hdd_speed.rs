@@ -5,7 +5,7 @@
 //!
 //! `cargo run --release -p strata-sim --example hdd_speed [requests] [outstanding] [drive depth]`
 //! `cargo run --release -p strata-sim --example hdd_speed validate` prints the validation
-//! table instead, and `survey` the strand costs behind docs/simulator_hdd.md.
+//! table instead, and `survey` the strand costs behind docs/simulator.md.
 
 use std::time::Instant;
 

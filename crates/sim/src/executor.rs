@@ -145,6 +145,9 @@ struct World {
 
 struct Shared {
     config: SimConfig,
+    /// The virtual time past which the world stops (`u64::MAX`: none); starts as
+    /// `config.time_limit`, movable with [`Simulation::set_time_limit`].
+    time_limit: AtomicU64,
     now: AtomicU64,
     ready: Mutex<VecDeque<u64>>,
     tasks: Mutex<IdMap<Task>>,
@@ -203,9 +206,8 @@ impl Shared {
         }
     }
 
-    /// Jumps to the earliest pending event and wakes everything due then. Returns `false`
-    /// when nothing at all is pending.
-    fn advance_world(&self) -> bool {
+    /// Jumps to the earliest pending event and wakes everything due then.
+    fn advance_world(&self) -> Advance {
         let mut world = lock(&self.world);
         let World {
             sources,
@@ -233,18 +235,16 @@ impl Shared {
             .flatten()
             .min()
         else {
-            return false;
+            return Advance::Idle;
         };
         let now = self.now.load(Ordering::Relaxed);
         assert!(
             next >= now,
             "an event source reported an event in the past ({next} < {now} ns)"
         );
-        if let Some(limit) = self.config.time_limit {
-            assert!(
-                next <= limit,
-                "simulation passed its virtual time limit of {limit} ns (next event at {next} ns)"
-            );
+        let limit = self.time_limit.load(Ordering::Relaxed);
+        if next > limit {
+            return Advance::PastLimit { limit, next };
         }
         self.now.store(next, Ordering::Relaxed);
 
@@ -272,9 +272,47 @@ impl Shared {
             waker.wake();
         }
         lock(&self.world).wakers = due;
-        true
+        Advance::Moved
     }
 }
+
+enum Advance {
+    Moved,
+    /// Nothing is pending anywhere.
+    Idle,
+    PastLimit {
+        limit: Nanos,
+        next: Nanos,
+    },
+}
+
+/// Why [`Simulation::try_block_on`] stopped before its future completed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SimStop {
+    /// The future is pending and nothing can ever wake it.
+    Deadlock { at: Nanos, parked_tasks: usize },
+    /// The next event lies past the time limit.
+    TimeLimit { limit: Nanos, next: Nanos },
+}
+
+impl std::fmt::Display for SimStop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SimStop::Deadlock { at, parked_tasks } => write!(
+                f,
+                "simulation deadlock at virtual time {at} ns: the future given to block_on is \
+                 pending, no task is runnable, no timer is set and no device has a request \
+                 outstanding ({parked_tasks} spawned tasks parked)"
+            ),
+            SimStop::TimeLimit { limit, next } => write!(
+                f,
+                "simulation passed its virtual time limit of {limit} ns (next event at {next} ns)"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for SimStop {}
 
 /// A deterministic simulation: owns the tasks, the timers and the event sources.
 pub struct Simulation {
@@ -291,6 +329,7 @@ impl Simulation {
         let tie_rng = ChaCha8Rng::seed_from_u64(derive_seed(config.seed, "executor-ties"));
         Simulation {
             shared: Arc::new(Shared {
+                time_limit: AtomicU64::new(config.time_limit.unwrap_or(u64::MAX)),
                 config,
                 now: AtomicU64::new(0),
                 ready: Mutex::new(VecDeque::new()),
@@ -350,6 +389,13 @@ impl Simulation {
     /// On deadlock (the future is pending and nothing can ever wake it), past the time
     /// limit, when a task panics, and when called from inside a simulation task.
     pub fn block_on<F: Future>(&self, future: F) -> F::Output {
+        self.try_block_on(future)
+            .unwrap_or_else(|stop| panic!("{stop}"))
+    }
+
+    /// [`Simulation::block_on`], with a deadlock or the time limit as an error instead of a
+    /// panic (the future is dropped; the simulation stays usable).
+    pub fn try_block_on<F: Future>(&self, future: F) -> Result<F::Output, SimStop> {
         let shared = &self.shared;
         assert!(
             !shared.running.swap(true, Ordering::AcqRel),
@@ -371,23 +417,32 @@ impl Simulation {
                 Some(MAIN) => {
                     main.queued.store(false, Ordering::Release);
                     if let Poll::Ready(output) = future.as_mut().poll(&mut cx) {
-                        return output;
+                        return Ok(output);
                     }
                 }
                 Some(id) => shared.poll_task(id),
-                None => {
-                    if !shared.advance_world() {
-                        let parked = lock(&shared.tasks).len();
-                        panic!(
-                            "simulation deadlock at virtual time {} ns: the future given to \
-                             block_on is pending, no task is runnable, no timer is set and no \
-                             device has a request outstanding ({parked} spawned tasks parked)",
-                            self.now()
-                        );
+                None => match shared.advance_world() {
+                    Advance::Moved => {}
+                    Advance::Idle => {
+                        return Err(SimStop::Deadlock {
+                            at: self.now(),
+                            parked_tasks: lock(&shared.tasks).len(),
+                        })
                     }
-                }
+                    Advance::PastLimit { limit, next } => {
+                        return Err(SimStop::TimeLimit { limit, next })
+                    }
+                },
             }
         }
+    }
+
+    /// Moves the time limit (`None`: no limit), e.g. to count it from the start of a run
+    /// rather than from time 0, which assembling a stack may have moved far.
+    pub fn set_time_limit(&self, limit: Option<Nanos>) {
+        self.shared
+            .time_limit
+            .store(limit.unwrap_or(u64::MAX), Ordering::Relaxed);
     }
 }
 

@@ -215,3 +215,34 @@ children = [\"d1\", \"d2\"]
     let error = parse_error(&text);
     assert_eq!(error, "\"d1\" is the child of two layers");
 }
+
+#[test]
+fn a_run_past_its_time_limit_stops_with_an_error_counted_from_the_workload() {
+    let text = r#"
+name = "a limit the workload cannot meet"
+seed = 3
+time-limit = "100ms"
+
+[[disk]]
+name = "d0"
+model = "cheetah-15k5-300g"
+
+[[workload]]
+"#;
+    // [[workload]] is an array, not a table: a precise error, not a panic.
+    let error = parse_error(text);
+    assert!(error.contains("[workload]"), "{error}");
+    let text = text.replace(
+        "[[workload]]",
+        "[workload]\nkind = \"uniform\"\nread_share = 1.0\ncount = 1000",
+    );
+    let experiment = Experiment::parse(&text, Path::new(".")).unwrap();
+    // 1,000 random reads at ~5.6 ms each need ~5.6 s of virtual time.
+    let Err(error) = experiment.run() else {
+        panic!("the limit must stop the run");
+    };
+    assert!(
+        error.contains("virtual time limit of 100000000 ns"),
+        "{error}"
+    );
+}

@@ -83,7 +83,7 @@ pub fn run(command: SimCommand) -> anyhow::Result<()> {
             if let Some(seed) = seed {
                 loaded.seed = seed;
             }
-            run_and_report(&loaded, out.as_deref(), json)
+            run_and_report(&loaded, &experiment, out.as_deref(), json)
         }
         SimCommand::Replay {
             trace,
@@ -141,7 +141,7 @@ pub fn run(command: SimCommand) -> anyhow::Result<()> {
             if let Some(seed) = seed {
                 loaded.seed = seed;
             }
-            run_and_report(&loaded, out.as_deref(), json)
+            run_and_report(&loaded, &stack, out.as_deref(), json)
         }
         SimCommand::Models => {
             for name in strata_sim::models::preset_names() {
@@ -152,9 +152,16 @@ pub fn run(command: SimCommand) -> anyhow::Result<()> {
     }
 }
 
-fn run_and_report(loaded: &Experiment, out: Option<&Path>, json: bool) -> anyhow::Result<()> {
+fn run_and_report(
+    loaded: &Experiment,
+    file: &Path,
+    out: Option<&Path>,
+    json: bool,
+) -> anyhow::Result<()> {
     let wall = std::time::Instant::now();
-    let (report, output) = loaded.run().map_err(anyhow::Error::msg)?;
+    let (report, output) = loaded
+        .run()
+        .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
     let elapsed = wall.elapsed();
     if json {
         println!("{}", serde_json::to_string_pretty(&report)?);

@@ -16,7 +16,7 @@
 //! The command overhead is paid only by a command that starts as soon as it reaches the
 //! drive; one that waited at the drive was processed while another was being served. A
 //! read that continues the previous read is served from the read-ahead stream.
-//! docs/simulator_hdd.md explains each choice and its calibration.
+//! docs/simulator.md explains each choice and its calibration.
 
 pub mod geometry;
 pub mod presets;

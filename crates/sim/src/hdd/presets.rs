@@ -1,6 +1,6 @@
 //! The drives of the papers. Where a paper gives a figure it wins; where it is silent the
 //! value comes from the drive's product manual; where both are silent the choice is marked
-//! as an assumption. docs/simulator_hdd.md lists every value with its source.
+//! as an assumption. docs/simulator.md lists every value with its source.
 
 use super::geometry::linear_zones;
 use super::{HddParams, Scheduler, SeekParams};
