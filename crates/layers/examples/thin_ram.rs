@@ -21,7 +21,7 @@ use strata_core::{
     NodeStatus, Result, TokioRuntime, WriteFlags, ZeroFlags,
 };
 use strata_layers::thin::{PoolOptions, PoolRuntime, ThinPool};
-use strata_meta::{BITMAP_PAGE_BITS, TABLE_PAGE_ENTRIES};
+use strata_meta::{PAGE_OVERHEAD, TABLE_PAGE_ENTRIES};
 
 /// Drops writes and reads zeros.
 struct NullDevice {
@@ -140,19 +140,18 @@ fn main() {
         let elapsed = started.elapsed();
         let after = rss_bytes();
         assert_eq!(pool.allocated_extents(), extents);
-        let (table_pages, allocated_pages, live_pages) = pool.store().read(|state| {
+        let (table_pages, allocated_pages, live_pages, bitmaps) = pool.store().read(|state| {
             let ids = |name: &str| state.id(name).unwrap();
+            let allocated = state.bitmap(ids("allocated")).unwrap();
+            let live = state.bitmap(ids("live")).unwrap();
             (
                 state.table(ids("map.1")).unwrap().pages(),
-                state.bitmap(ids("allocated")).unwrap().pages(),
-                state.bitmap(ids("live")).unwrap().pages(),
+                allocated.pages(),
+                live.pages(),
+                allocated.memory_bytes() + live.memory_bytes(),
             )
         });
-        // A page's bytes, plus its box and its slot in a B-tree node (key, value, share of the
-        // node): about 48 bytes a page, as strata-meta's objects module documents.
-        const PAGE_OVERHEAD: u64 = 48;
         let table = table_pages * (TABLE_PAGE_ENTRIES * 4 + PAGE_OVERHEAD);
-        let bitmaps = (allocated_pages + live_pages) * (BITMAP_PAGE_BITS / 8 + PAGE_OVERHEAD);
         let per = |bytes: u64| bytes as f64 / extents as f64;
         println!(
             "{extents} extents of {extent_kib} KiB mapped in {:.2?} ({:.2} µs each)",

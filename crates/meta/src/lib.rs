@@ -22,7 +22,9 @@ mod store;
 pub use block::{BLOCK_SIZE, PAYLOAD_SIZE};
 pub use codec::DecodeError;
 pub use layout::{Layout, Superblock, FORMAT_VERSION, MIN_REGION_BLOCKS};
-pub use objects::{Bitmap, Table, BITMAP_PAGE_BITS, MAX_VALUE_SIZE, TABLE_PAGE_ENTRIES};
+pub use objects::{
+    Bitmap, Table, BITMAP_PAGE_BITS, MAX_VALUE_SIZE, PAGE_OVERHEAD, TABLE_PAGE_ENTRIES,
+};
 pub use recovery::{read_superblock, recover, JournalEnd, Recovered, RecoveryError};
 pub use state::{ObjectId, ObjectKind, State, MAX_BITS_PER_OP, MAX_BLOB_SIZE, MAX_NAME_LEN};
 pub use stats::{CountersSnapshot, MetaCounters, SpaceReport};

@@ -406,7 +406,7 @@ pub fn encode_checkpoint(state: &State, out: &mut Vec<u8>) {
                 out.put_u64_le(bitmap.pages());
                 for (page_no, page) in &bitmap.pages {
                     out.put_u64_le(*page_no);
-                    page.words.iter().for_each(|w| out.put_u64_le(*w));
+                    page.words().iter().for_each(|w| out.put_u64_le(*w));
                 }
             }
             Body::Blob(data) => {
