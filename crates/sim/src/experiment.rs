@@ -95,6 +95,12 @@ impl Experiment {
             .try_into()
             .map_err(|e| format!("[workload]: {e}"))?;
         workload.resolve_paths(base);
+        let stack = StackSpec::from_toml(&table)?;
+        // Models are cheap to make: check names and options now, not when the run starts.
+        for disk in &stack.disks {
+            crate::models::build(&disk.model, &disk.options, 0)
+                .map_err(|e| format!("disk {}: {e}", disk.name))?;
+        }
         Ok(Experiment {
             name: match table.get("name") {
                 Some(toml::Value::String(s)) => s.clone(),
@@ -118,7 +124,7 @@ impl Experiment {
                 Some(Some("stored")) => DataMode::Stored,
                 _ => return Err("`data` must be \"timing\" or \"stored\"".into()),
             },
-            stack: StackSpec::from_toml(&table)?,
+            stack,
             workload,
             base: base.to_path_buf(),
         })

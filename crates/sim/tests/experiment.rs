@@ -175,9 +175,8 @@ fn an_unknown_top_level_field_is_named() {
 #[test]
 fn an_unknown_model_is_named_with_the_presets() {
     let text = format!("[[disk]]\nname = \"d0\"\nmodel = \"floppy-1440k\"\n{SMALL_WORKLOAD}");
-    // The file is well formed; the model is looked up when the stack is built.
-    let experiment = Experiment::parse(&text, Path::new(".")).unwrap();
-    let error = experiment.run().err().unwrap();
+    // Checked when the file is read, before anything runs.
+    let error = parse_error(&text);
     assert!(
         error.starts_with("disk d0: unknown model \"floppy-1440k\"")
             && error.contains("cheetah-15k5-300g"),
