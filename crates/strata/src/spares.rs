@@ -34,7 +34,7 @@ pub async fn grow_pools(state: Arc<AdminState>) {
             let Some(spare) = spares.first() else {
                 continue;
             };
-            if !pool.space().low_space
+            if !pool.above_low_water()
                 || refused.contains(&(pool.name().to_string(), spare.clone()))
             {
                 continue;

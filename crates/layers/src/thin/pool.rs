@@ -524,6 +524,12 @@ impl ThinPool {
         self.space_watch.freed.notify_waiters();
     }
 
+    /// Whether allocation is above the low-water mark now (judged as allocation does; a
+    /// crossing is logged once). Cheap: two counters, no walk over the maps.
+    pub fn above_low_water(&self) -> bool {
+        self.watch_low_water()
+    }
+
     /// Judges the low-water mark against the extents allocated now (logs a crossing).
     pub(crate) fn watch_low_water(&self) -> bool {
         self.space_watch
