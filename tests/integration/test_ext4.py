@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import random
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
-from harness import MiB, Disk, Export, ServerSpec, run
+from harness import MiB, Disk, Export, ServerSpec, block_device, run
 
 
 def _can_do_block_devices() -> str | None:
@@ -68,51 +66,30 @@ def test_ext4_on_export(server_factory, workdir):
     assert sum(1 for v in want.values() if v != "dir") == 200
     assert sum(p.stat().st_size for p in src.rglob("*") if p.is_file()) > 40 * MiB
 
-    fusedir = workdir / "fuse"
     mnt = workdir / "mnt"
-    fusedir.mkdir()
     mnt.mkdir()
-    fuse_log = open(workdir / "nbdfuse.log", "wb")
-    fuse = subprocess.Popen(["nbdfuse", str(fusedir), srv.uri()], stdout=fuse_log, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL)
-    loop = None
-    mounted = False
-    try:
-        dev = fusedir / "nbd"
-        deadline = time.monotonic() + 20
-        while not dev.exists():
-            assert fuse.poll() is None, f"nbdfuse exited: {(workdir / 'nbdfuse.log').read_text()}"
-            assert time.monotonic() < deadline, "nbdfuse did not expose the export"
-            time.sleep(0.05)
-        assert dev.stat().st_size == 512 * MiB
-        loop = run(["losetup", "-f", "--show", dev]).stdout.strip()
+    with block_device(srv, workdir, "ext4") as loop:
         assert loop.startswith("/dev/loop")
-        run(["mkfs.ext4", "-q", "-F", loop], timeout=120)
-        run(["mount", "-t", "ext4", loop, mnt])
-        mounted = True
-        shutil.copytree(src, mnt / "tree")
-        run(["sync"])
-        run(["umount", mnt])
+        assert int(run(["blockdev", "--getsize64", loop]).stdout) == 512 * MiB
         mounted = False
-        run(["blockdev", "--flushbufs", loop], check=False)
-        r = run(["e2fsck", "-fn", loop], check=False, timeout=120)
-        assert r.returncode == 0, f"e2fsck found problems:\n{r.stdout}\n{r.stderr}"
-        run(["mount", "-t", "ext4", "-o", "ro", loop, mnt])
-        mounted = True
-        got = tree_digests(mnt / "tree")
-        assert got == want
-    finally:
-        if mounted:
-            subprocess.run(["umount", str(mnt)], check=False)
-        if loop:
-            subprocess.run(["losetup", "-d", loop], check=False)
-        subprocess.run(["fusermount3", "-u", str(fusedir)], check=False)
         try:
-            fuse.wait(20)
-        except subprocess.TimeoutExpired:
-            fuse.kill()
-            fuse.wait()
-        fuse_log.close()
+            run(["mkfs.ext4", "-q", "-F", loop], timeout=120)
+            run(["mount", "-t", "ext4", loop, mnt])
+            mounted = True
+            shutil.copytree(src, mnt / "tree")
+            run(["sync"])
+            run(["umount", mnt])
+            mounted = False
+            run(["blockdev", "--flushbufs", loop], check=False)
+            r = run(["e2fsck", "-fn", loop], check=False, timeout=120)
+            assert r.returncode == 0, f"e2fsck found problems:\n{r.stdout}\n{r.stderr}"
+            run(["mount", "-t", "ext4", "-o", "ro", loop, mnt])
+            mounted = True
+            got = tree_digests(mnt / "tree")
+            assert got == want
+        finally:
+            if mounted:
+                subprocess.run(["umount", str(mnt)], check=False)
     assert srv.alive()
     # the filesystem really lives in strata's backing file
     with open(srv.disk_file(), "rb") as f:
