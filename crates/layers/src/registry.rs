@@ -137,6 +137,28 @@ impl Options {
     }
 }
 
+/// What the server lets a stateful layer do at this start. Both default to the careful answer:
+/// no formatting, no start with members missing that the layer's metadata counts as in sync.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StartPolicy {
+    /// Every disk under the layer was blank and unlabelled before this start (or the
+    /// operator asked for a format): the layer may format metadata regions that are all
+    /// zeros. Damaged metadata is never formatted over, whatever this says.
+    pub may_format: bool,
+    /// The operator asked to start degraded (`strata serve --degraded`): members missing that
+    /// the metadata records as in sync may be treated as failed.
+    pub allow_degraded: bool,
+}
+
+impl StartPolicy {
+    /// A fresh stack on blank devices that may come up with members missing: what tests and
+    /// the simulator build.
+    pub const FRESH: StartPolicy = StartPolicy {
+        may_format: true,
+        allow_degraded: true,
+    };
+}
+
 /// What a layer's constructor gets.
 pub struct LayerArgs {
     pub name: String,
@@ -146,6 +168,7 @@ pub struct LayerArgs {
     pub child_names: Vec<String>,
     pub options: Options,
     pub runtime: Arc<dyn Runtime>,
+    pub start: StartPolicy,
 }
 
 impl LayerArgs {

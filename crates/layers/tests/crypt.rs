@@ -18,7 +18,7 @@ use strata_crash::{
     flat_device_scenario, open_disks, sector_disk, CrashGroup, CrashRun, ScenarioConfig,
 };
 use strata_layers::crypt::{self, Crypt};
-use strata_layers::registry::{LayerArgs, OptionValue, Options};
+use strata_layers::registry::{LayerArgs, OptionValue, Options, StartPolicy};
 
 /// IEEE 1619 vectors 10-14: Key1 ‖ Key2.
 const KEY_HEX: &str = "27182818284590452353602874713526624977572470936999595749669676273141592653589793238462643383279502884197169399375105820974944592";
@@ -228,6 +228,7 @@ async fn build(
         child_names: vec!["d0".into()],
         options: Options::new(values, dir.to_path_buf()),
         runtime: TokioRuntime::current(),
+        start: StartPolicy::FRESH,
     };
     (crypt::KIND.build)(args).await
 }

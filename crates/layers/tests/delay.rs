@@ -13,7 +13,7 @@ use futures_util::future::{join_all, try_join_all};
 use strata_backend::MemoryDevice;
 use strata_core::{BlockDevice, BoxFuture, DeviceRef, Runtime, WriteFlags, ZeroFlags};
 use strata_layers::delay::{self, Delay, DelayConfig};
-use strata_layers::registry::{LayerArgs, OptionValue, Options};
+use strata_layers::registry::{LayerArgs, OptionValue, Options, StartPolicy};
 use strata_layers::stripe::Stripe;
 use tokio::time::Instant;
 
@@ -185,6 +185,7 @@ async fn options_parse_units_and_refuse_bare_numbers() {
             child_names: vec!["d0".into()],
             options: Options::new(values, PathBuf::new()),
             runtime: paused(),
+            start: StartPolicy::FRESH,
         };
         (delay::KIND.build)(args)
     };

@@ -12,7 +12,7 @@ use strata_core::{
     ZeroFlags,
 };
 use strata_layers::fault::{self, Fault, FaultConfig};
-use strata_layers::registry::{LayerArgs, OptionValue, Options};
+use strata_layers::registry::{LayerArgs, OptionValue, Options, StartPolicy};
 use strata_layers::stripe::Stripe;
 
 fn is_eio(result: &strata_core::Result<impl std::fmt::Debug>) -> bool {
@@ -204,6 +204,7 @@ async fn options_build_the_layer_and_bad_ones_are_named() {
             child_names: vec!["d0".into()],
             options: Options::new(values, PathBuf::new()),
             runtime: TokioRuntime::current(),
+            start: StartPolicy::FRESH,
         };
         (fault::KIND.build)(args)
     };

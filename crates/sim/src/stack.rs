@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use strata_core::DeviceRef;
-use strata_layers::registry::{self, LayerArgs, OptionValue, Options};
+use strata_layers::registry::{self, LayerArgs, OptionValue, Options, StartPolicy};
 
 use crate::disk::{DataMode, SimDisk};
 use crate::executor::Simulation;
@@ -227,6 +227,7 @@ impl StackSpec {
                 child_names: layer.children.clone(),
                 options: Options::new(layer.options.clone(), base.to_path_buf()),
                 runtime: sim.runtime(),
+                start: StartPolicy::FRESH,
             };
             let device = sim
                 .block_on((kind.build)(args))

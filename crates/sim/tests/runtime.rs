@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use rand::RngExt;
 use rand_chacha::ChaCha8Rng;
 use strata_core::{BlockDevice, DeviceRef, WriteFlags};
-use strata_layers::registry::{self, LayerArgs, OptionValue, Options};
+use strata_layers::registry::{self, LayerArgs, OptionValue, Options, StartPolicy};
 use strata_sim::disk::{DataMode, SimDisk};
 use strata_sim::driver::{self, pattern, sectors_match, DriverConfig, RunOutput};
 use strata_sim::executor::{SimConfig, Simulation};
@@ -180,6 +180,7 @@ fn layer(
         child_names: children.iter().map(|d| d.name().to_string()).collect(),
         options: Options::new(values, PathBuf::new()),
         runtime: sim.runtime(),
+        start: StartPolicy::FRESH,
     };
     sim.block_on((kind.build)(args)).expect("the layer builds")
 }

@@ -9,7 +9,7 @@ use strata_core::{
     BlockDevice, Control, ControlReply, DeviceRef, Metered, MetricsRegistry, NodeStatus, Runtime,
 };
 use strata_layers::delay::parse_duration;
-use strata_layers::registry::{self, LayerArgs, Options};
+use strata_layers::registry::{self, LayerArgs, Options, StartPolicy};
 use strata_layers::thin::{LowWater, MapCommit, PoolOptions, PoolRuntime, ThinPool, WhenFull};
 use strata_nbd::{Export, Exports};
 
@@ -197,6 +197,7 @@ async fn build_layer(
         child_names: layer.children.clone(),
         options: layer_options(layer, loaded),
         runtime: runtime.clone(),
+        start: StartPolicy::FRESH,
     };
     let device = (kind.build)(args)
         .await
