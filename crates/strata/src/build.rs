@@ -255,7 +255,7 @@ async fn build_thin_pool(
     if let Some(mark) = opts.text("low-water").map_err(invalid)? {
         settings.low_water = LowWater::parse(&mark).map_err(|e| field("low-water", e))?;
     }
-    let pool = ThinPool::open_or_format(&name, child, &options, settings)
+    let pool = ThinPool::open_or_format(&name, child, &options, settings, StartPolicy::FRESH)
         .await
         .with_context(|| format!("thin pool {name}: opening on {child_name}"))?;
     for volume in &layer.volumes {

@@ -215,6 +215,7 @@ impl ThinPool {
         child: DeviceRef,
         options: &PoolOptions,
         settings: PoolRuntime,
+        _start: crate::registry::StartPolicy,
     ) -> Result<Arc<ThinPool>> {
         match strata_meta::read_superblock(child.as_ref(), 0).await {
             Ok(_) => Ok(Self::open(name, child, settings).await?.0),
