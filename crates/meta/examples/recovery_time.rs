@@ -77,7 +77,7 @@ async fn measure(entries: u64) {
     let recover_only = recovered.elapsed;
 
     // Fill the journal with small transactions (one record each, committed one by one).
-    let journal_blocks = store.layout().journal_blocks;
+    let journal_blocks = store.journal_capacity_blocks();
     let fill_started = store.counters().snapshot();
     let mut txns = 0u64;
     while store.counters().snapshot().journal_blocks + 1 < journal_blocks {

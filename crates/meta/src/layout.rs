@@ -9,6 +9,12 @@
 //! then                journal             (journal_blocks)
 //! ```
 //!
+//! From format version 2 the journal holds every batch twice: copy 1 in its first half, copy 2
+//! at the same block of its second half, so that one local media fault cannot take both and
+//! recovery can tell a commit that never completed (neither copy whole) from one that
+//! completed and was damaged later (one copy whole). Version 1 stores (one copy) still open;
+//! their first checkpoint writes a version 2 superblock.
+//!
 //! A checkpoint is written to the slot the current superblock does not name, flushed, and only
 //! then published by a superblock write to the copy that does not hold the current one. So a
 //! torn superblock write leaves the other copy, which names an intact checkpoint and a journal
@@ -19,8 +25,10 @@ use bytes::{BufMut, BytesMut};
 use crate::block::{self, BlockHeader, BlockKind, BLOCK_SIZE, PAYLOAD_SIZE};
 use crate::codec::{put_name, DecodeError, Reader};
 
-/// On-disk format version written by this code. Readers refuse any other.
-pub const FORMAT_VERSION: u32 = 1;
+/// On-disk format version written by this code: 2, twin journal copies.
+pub const FORMAT_VERSION: u32 = 2;
+/// Oldest format version this code still reads: 1, one journal copy per batch.
+pub const OLDEST_FORMAT_VERSION: u32 = 1;
 
 /// Fewest blocks a region may have: 2 superblocks, 2 × 2 checkpoint blocks, 4 journal blocks.
 pub const MIN_REGION_BLOCKS: u64 = 10;
@@ -93,6 +101,9 @@ impl Layout {
 /// The root of a store: which checkpoint is current and what the journal's epoch is.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Superblock {
+    /// The format the journal of this superblock's epoch is written in (1 or 2). Writers
+    /// always write [`FORMAT_VERSION`]; a version 1 superblock is only ever read.
+    pub format_version: u32,
     pub uuid: [u8; 16],
     /// Bumped by every checkpoint; also the epoch stamped on the checkpoint's blocks and on
     /// every journal batch written after it.
@@ -113,7 +124,7 @@ pub struct Superblock {
 impl Superblock {
     pub fn encode(&self) -> BytesMut {
         let mut payload = Vec::new();
-        payload.put_u32_le(FORMAT_VERSION);
+        payload.put_u32_le(self.format_version);
         payload.put_u32_le(BLOCK_SIZE as u32);
         payload.put_slice(&self.uuid);
         payload.put_u64_le(self.generation);
@@ -157,9 +168,10 @@ impl Superblock {
     fn decode_payload(payload: &[u8], offset: u64) -> Result<Superblock, DecodeError> {
         let mut reader = Reader::new(payload);
         let version = reader.u32("format version")?;
-        if version != FORMAT_VERSION {
+        if !(OLDEST_FORMAT_VERSION..=FORMAT_VERSION).contains(&version) {
             return Err(reader.error(format!(
-                "format version {version}; this build reads version {FORMAT_VERSION}"
+                "format version {version}; this build reads versions \
+                 {OLDEST_FORMAT_VERSION} to {FORMAT_VERSION}"
             )));
         }
         let block_size = reader.u32("block size")?;
@@ -176,6 +188,7 @@ impl Superblock {
             journal_blocks: reader.u64("journal blocks")?,
         };
         Ok(Superblock {
+            format_version: version,
             uuid,
             generation,
             owner,
@@ -213,6 +226,28 @@ impl Superblock {
     pub fn copy(&self) -> u64 {
         self.generation % 2
     }
+
+    /// Copies of every journal batch in this epoch: 1 in format version 1, 2 after.
+    pub fn journal_copies(&self) -> u64 {
+        if self.format_version >= 2 {
+            2
+        } else {
+            1
+        }
+    }
+
+    /// Journal blocks one copy of the journal has: the whole journal area in version 1, half
+    /// of it (rounded down) in version 2.
+    pub fn journal_capacity(&self) -> u64 {
+        self.layout.journal_blocks / self.journal_copies()
+    }
+
+    /// Byte offset of `block` in journal copy `copy` (0 or 1).
+    pub fn journal_copy_offset(&self, copy: u64, block: u64) -> u64 {
+        assert!(copy < self.journal_copies() && block <= self.journal_capacity());
+        self.layout
+            .journal_offset(copy * self.journal_capacity() + block)
+    }
 }
 
 #[cfg(test)]
@@ -235,6 +270,7 @@ mod tests {
     #[test]
     fn superblock_round_trips_and_rejects_damage() {
         let superblock = Superblock {
+            format_version: FORMAT_VERSION,
             uuid: [7; 16],
             generation: 41,
             owner: "thin-pool".into(),
@@ -258,5 +294,44 @@ mod tests {
             ..superblock
         };
         assert!(Superblock::decode(&bad.encode(), 0).is_err());
+    }
+
+    #[test]
+    fn superblock_versions_1_and_2_are_read_and_newer_ones_refused() {
+        let v2 = Superblock {
+            format_version: 2,
+            uuid: [7; 16],
+            generation: 8,
+            owner: "thin-pool".into(),
+            layout: Layout::new(0, 1 << 20, 0.25).unwrap(),
+            active_slot: 0,
+            checkpoint_blocks: 1,
+            checkpoint_txn: 0,
+            reserve_bytes: 0,
+            low_water_bytes: 0,
+        };
+        assert_eq!(v2.journal_copies(), 2);
+        assert_eq!(v2.journal_capacity(), 32);
+        assert_eq!(v2.journal_copy_offset(1, 3), v2.layout.journal_offset(35));
+        let v1 = Superblock {
+            format_version: 1,
+            ..v2.clone()
+        };
+        assert_eq!(Superblock::decode(&v1.encode(), 0).unwrap(), v1);
+        assert_eq!(v1.journal_capacity(), 64);
+        assert_eq!(v1.journal_copy_offset(0, 3), v1.layout.journal_offset(3));
+        for version in [0, 3] {
+            let other = Superblock {
+                format_version: version,
+                ..v2.clone()
+            };
+            let error = Superblock::decode(&other.encode(), 0).unwrap_err();
+            assert!(
+                error.contains(&format!(
+                    "format version {version}; this build reads versions 1 to 2"
+                )),
+                "{error}"
+            );
+        }
     }
 }

@@ -21,7 +21,7 @@ mod store;
 
 pub use block::{BLOCK_SIZE, PAYLOAD_SIZE};
 pub use codec::DecodeError;
-pub use layout::{Layout, Superblock, FORMAT_VERSION, MIN_REGION_BLOCKS};
+pub use layout::{Layout, Superblock, FORMAT_VERSION, MIN_REGION_BLOCKS, OLDEST_FORMAT_VERSION};
 pub use objects::{
     Bitmap, Table, BITMAP_PAGE_BITS, MAX_VALUE_SIZE, PAGE_OVERHEAD, TABLE_PAGE_ENTRIES,
 };

@@ -3,8 +3,12 @@
 //! Recovery needs no decisions from a human. The newer valid superblock wins; its checkpoint
 //! must be intact (it was flushed before the superblock was written, so damage there is media
 //! failure and is reported, never guessed around); the journal is replayed batch by batch
-//! until the first batch that is absent, from another epoch, out of sequence or torn. A torn
-//! batch is the normal trace of a crash during a commit that was never acknowledged.
+//! until the first batch that is absent, from another epoch, out of sequence or torn.
+//!
+//! From format version 2 every batch has two copies, written together. A batch with one
+//! valid copy is replayed from it and the other copy's fault is recorded; a batch with none
+//! is the normal trace of a crash during a commit that was never acknowledged. Version 1
+//! stores have one copy, and there a damaged last batch looks like a torn one.
 
 use std::time::Instant;
 
@@ -22,7 +26,8 @@ use crate::state::{decode_checkpoint, State};
 pub enum JournalEnd {
     /// The next block belongs to another epoch or batch: the clean end.
     Clean,
-    /// The next batch failed its checks: a commit interrupted by a crash.
+    /// The next batch failed its checks (in both copies, from format version 2): a commit
+    /// interrupted by a crash.
     Torn(String),
     /// The journal is full up to its last block.
     Full,
@@ -42,6 +47,9 @@ pub struct Recovered {
     pub journal_end: JournalEnd,
     /// Superblock copies that did not check out, with why (copy index, reason).
     pub superblock_faults: Vec<(u64, String)>,
+    /// Journal batches replayed from one copy because the other failed its checks, one line
+    /// each (format version 2). Nothing was lost, but the medium (or a crash) damaged a copy.
+    pub journal_copy_faults: Vec<String>,
     pub checkpoint_bytes: u64,
     pub elapsed: std::time::Duration,
 }
@@ -157,6 +165,7 @@ pub async fn recover(device: &dyn BlockDevice, offset: u64) -> Result<Recovered,
         txns_replayed: 0,
         journal_end: JournalEnd::Clean,
         superblock_faults,
+        journal_copy_faults: Vec::new(),
         checkpoint_bytes: stream.len() as u64,
         elapsed: Default::default(),
     };
@@ -170,20 +179,28 @@ pub async fn recover(device: &dyn BlockDevice, offset: u64) -> Result<Recovered,
 /// the other copy is then the current one. But journal batches of a newer epoch are written
 /// only after that epoch's superblock is durable: if the journal starts with one, the newer
 /// superblock was damaged after the fact, and falling back would silently roll back.
+///
+/// An epoch's first batch starts at journal block 0 (copy 1) and, in format version 2, at the
+/// first block of the journal's second half (copy 2). Both places are looked at whatever the
+/// readable superblock's version (the newer one may be the version 2 superblock that upgraded
+/// a version 1 store), so that damage to one copy of that batch does not hide it.
 async fn refuse_if_newer_epoch(
     device: &dyn BlockDevice,
     superblock: &Superblock,
 ) -> Result<(), RecoveryError> {
-    let first = read_blocks(device, superblock.layout.journal_offset(0), 1).await?;
-    if let Ok((header, _)) = block::decode(&first) {
-        if header.kind == BlockKind::Journal && header.epoch > superblock.generation {
-            return Err(RecoveryError::NoSuperblock {
-                a: format!("the superblock of generation {} is damaged", header.epoch),
-                b: format!(
-                    "only generation {} is readable, and falling back to it would lose committed metadata",
-                    superblock.generation
-                ),
-            });
+    let layout = &superblock.layout;
+    for at in [0, layout.journal_blocks / 2] {
+        let first = read_blocks(device, layout.journal_offset(at), 1).await?;
+        if let Ok((header, _)) = block::decode(&first) {
+            if header.kind == BlockKind::Journal && header.epoch > superblock.generation {
+                return Err(RecoveryError::NoSuperblock {
+                    a: format!("the superblock of generation {} is damaged", header.epoch),
+                    b: format!(
+                        "only generation {} is readable, and falling back to it would lose committed metadata",
+                        superblock.generation
+                    ),
+                });
+            }
         }
     }
     Ok(())
@@ -192,43 +209,105 @@ async fn refuse_if_newer_epoch(
 /// Journal blocks read ahead per device read while scanning.
 const SCAN_CHUNK_BLOCKS: u64 = 256;
 
+/// What one copy of the journal holds where the next batch should be.
+enum CopyRead {
+    /// The whole batch, checked.
+    Valid { count: u64, stream: Vec<u8> },
+    /// The first block fails its own checks: never written in this epoch, or torn, or damaged.
+    Unreadable(String),
+    /// The first block is a valid block of something else (an older epoch, another batch).
+    Other(String),
+    /// The first block starts this batch, but the batch as a whole fails its checks.
+    Torn(String),
+}
+
+impl CopyRead {
+    fn reason(&self) -> &str {
+        match self {
+            CopyRead::Valid { .. } => "valid",
+            CopyRead::Unreadable(reason) | CopyRead::Other(reason) | CopyRead::Torn(reason) => {
+                reason
+            }
+        }
+    }
+}
+
+async fn read_copy(
+    device: &dyn BlockDevice,
+    window: &mut JournalWindow,
+    epoch: u64,
+    seq: u64,
+    at: u64,
+) -> Result<CopyRead, BlockError> {
+    let first = window.blocks(device, at, 1).await?;
+    let header = match block::decode(first) {
+        Ok((header, _)) => header,
+        Err(fault) => return Ok(CopyRead::Unreadable(format!("block {at}: {fault}"))),
+    };
+    if header.kind != BlockKind::Journal || header.epoch != epoch || header.seq != seq {
+        return Ok(CopyRead::Other(format!(
+            "block {at} holds a {:?} block of epoch {} batch {}",
+            header.kind, header.epoch, header.seq
+        )));
+    }
+    let count = header.count as u64;
+    if at + count > window.capacity {
+        return Ok(CopyRead::Torn(format!("batch {seq} runs past the journal")));
+    }
+    let unit = window.blocks(device, at, count).await?;
+    Ok(
+        match block::decode_unit(BlockKind::Journal, epoch, seq, unit) {
+            Ok((_, stream)) => CopyRead::Valid { count, stream },
+            Err(fault) => CopyRead::Torn(format!("batch {seq}: {fault}")),
+        },
+    )
+}
+
 async fn replay_journal(
     device: &dyn BlockDevice,
     recovered: &mut Recovered,
     state: &mut State,
 ) -> Result<(), RecoveryError> {
-    let layout = recovered.superblock.layout;
-    let epoch = recovered.superblock.generation;
-    let mut window = JournalWindow::default();
+    let superblock = recovered.superblock.clone();
+    let epoch = superblock.generation;
+    let capacity = superblock.journal_capacity();
+    let mut windows: Vec<JournalWindow> = (0..superblock.journal_copies())
+        .map(|copy| JournalWindow::new(&superblock, copy))
+        .collect();
     loop {
         let at = recovered.journal_end_block;
         let seq = recovered.batches_replayed;
-        if at >= layout.journal_blocks {
+        if at >= capacity {
             recovered.journal_end = JournalEnd::Full;
             return Ok(());
         }
-        let first = window.blocks(device, &layout, at, 1).await?;
-        let Ok((header, _)) = block::decode(first) else {
-            // Unreadable first block: never written in this epoch, or torn by a crash.
-            recovered.journal_end = JournalEnd::Clean;
-            return refuse_if_later_batches(device, &layout, epoch, seq, at + 1, &mut window).await;
-        };
-        if header.kind != BlockKind::Journal || header.epoch != epoch || header.seq != seq {
-            recovered.journal_end = JournalEnd::Clean;
-            return Ok(());
+        let mut reads = Vec::with_capacity(windows.len());
+        for window in &mut windows {
+            reads.push(read_copy(device, window, epoch, seq, at).await?);
         }
-        let count = header.count as u64;
-        if at + count > layout.journal_blocks {
-            recovered.journal_end = JournalEnd::Torn(format!("batch {seq} runs past the journal"));
-            return Ok(());
-        }
-        let unit = window.blocks(device, &layout, at, count).await?;
-        let stream = match block::decode_unit(BlockKind::Journal, epoch, seq, unit) {
-            Ok((_, stream)) => stream,
-            Err(fault) => {
-                recovered.journal_end = JournalEnd::Torn(format!("batch {seq}: {fault}"));
-                return refuse_if_later_batches(device, &layout, epoch, seq, at + 1, &mut window)
-                    .await;
+        let (count, stream) = if let [only] = &mut reads[..] {
+            // Format version 1: one copy, and no way to tell a torn tail from a damaged one.
+            match std::mem::replace(only, CopyRead::Other(String::new())) {
+                CopyRead::Valid { count, stream } => (count, stream),
+                CopyRead::Other(_) => {
+                    recovered.journal_end = JournalEnd::Clean;
+                    return Ok(());
+                }
+                CopyRead::Unreadable(_) => {
+                    recovered.journal_end = JournalEnd::Clean;
+                    return refuse_if_later_batches(device, &mut windows, epoch, seq, at + 1).await;
+                }
+                CopyRead::Torn(reason) => {
+                    recovered.journal_end = JournalEnd::Torn(reason);
+                    return refuse_if_later_batches(device, &mut windows, epoch, seq, at + 1).await;
+                }
+            }
+        } else {
+            match twin_batch(recovered, epoch, seq, reads)? {
+                Some(batch) => batch,
+                None => {
+                    return refuse_if_later_batches(device, &mut windows, epoch, seq, at + 1).await
+                }
             }
         };
         let replay_error = |txn: u64, reason: String| RecoveryError::Replay {
@@ -256,58 +335,155 @@ async fn replay_journal(
     }
 }
 
-/// A batch that fails its checks is normally the one a crash interrupted, and nothing after
-/// it was ever written: each batch is written only once the one before it is durable. A
-/// valid later batch of the same epoch therefore means the failed one was damaged after it
-/// was acknowledged (media corruption). Replaying past it would be guessing and stopping at it
-/// would silently drop committed transactions, so recovery refuses and says where.
+/// Format version 2: picks batch `seq` from its two copies, or returns None at the journal's
+/// end (recording why in `recovered.journal_end`).
+///
+/// Both copies are written together and both are awaited before a commit returns, so:
+/// - one valid copy is a batch whose other write was torn by a crash (it may or may not have
+///   been acknowledged) or damaged later. Either way the valid copy is the batch, and nothing
+///   is lost; the finding is recorded so that `strata check` shows it, and the fresh
+///   checkpoint at open makes the journal, and the damaged copy, history;
+/// - no valid copy is a commit interrupted by a crash before either write was whole: it was
+///   never acknowledged. (An acknowledged batch with both copies damaged afterwards looks the
+///   same when it is the last one: that takes two independent media faults, the format's
+///   limit. When a later batch is valid the caller refuses.)
+/// - two valid copies that differ cannot come from one commit: refuse rather than choose.
+fn twin_batch(
+    recovered: &mut Recovered,
+    epoch: u64,
+    seq: u64,
+    reads: Vec<CopyRead>,
+) -> Result<Option<(u64, Vec<u8>)>, RecoveryError> {
+    let mut reads = reads.into_iter();
+    let (one, two) = (reads.next().expect("copy 1"), reads.next().expect("copy 2"));
+    match (one, two) {
+        (
+            CopyRead::Valid { count, stream },
+            CopyRead::Valid {
+                count: count_2,
+                stream: stream_2,
+            },
+        ) => {
+            if count != count_2 || stream != stream_2 {
+                return Err(RecoveryError::Replay {
+                    batch: seq,
+                    txn: recovered.next_txn,
+                    reason: format!(
+                        "the two copies of batch {seq} (epoch {epoch}) are both valid but \
+                         differ ({count} and {count_2} blocks): committed metadata was \
+                         corrupted on the medium, or written wrongly"
+                    ),
+                });
+            }
+            Ok(Some((count, stream)))
+        }
+        (CopyRead::Valid { count, stream }, bad) => {
+            recovered
+                .journal_copy_faults
+                .push(copy_fault(seq, epoch, 2, &bad));
+            Ok(Some((count, stream)))
+        }
+        (bad, CopyRead::Valid { count, stream }) => {
+            recovered
+                .journal_copy_faults
+                .push(copy_fault(seq, epoch, 1, &bad));
+            Ok(Some((count, stream)))
+        }
+        (one, two) => {
+            let torn = matches!(one, CopyRead::Torn(_)) || matches!(two, CopyRead::Torn(_));
+            recovered.journal_end = if torn {
+                JournalEnd::Torn(format!(
+                    "batch {seq}: copy 1: {}; copy 2: {}",
+                    one.reason(),
+                    two.reason()
+                ))
+            } else {
+                JournalEnd::Clean
+            };
+            Ok(None)
+        }
+    }
+}
+
+fn copy_fault(seq: u64, epoch: u64, copy: u64, read: &CopyRead) -> String {
+    format!(
+        "journal batch {seq} (epoch {epoch}): copy {copy} failed its check ({}); replayed from \
+         the other copy",
+        read.reason()
+    )
+}
+
+/// A batch that fails its checks (in every copy) is normally the one a crash interrupted, and
+/// nothing after it was ever written: each batch is written only once the one before it is
+/// durable. A valid later batch of the same epoch, in either copy, therefore means the failed
+/// one was damaged after it was acknowledged (media corruption). Replaying past it would be
+/// guessing and stopping at it would silently drop committed transactions, so recovery
+/// refuses and says where.
 async fn refuse_if_later_batches(
     device: &dyn BlockDevice,
-    layout: &crate::layout::Layout,
+    windows: &mut [JournalWindow],
     epoch: u64,
     seq: u64,
     from: u64,
-    window: &mut JournalWindow,
 ) -> Result<(), RecoveryError> {
-    for at in from..layout.journal_blocks {
-        let block = window.blocks(device, layout, at, 1).await?;
-        let Ok((header, _)) = block::decode(block) else {
-            continue;
-        };
-        if header.kind == BlockKind::Journal && header.epoch == epoch && header.seq > seq {
-            return Err(RecoveryError::Replay {
-                batch: seq,
-                txn: 0,
-                reason: format!(
-                    "batch {seq} is damaged but batch {} follows it at journal block {at}: \
-                     committed metadata was corrupted on the medium",
-                    header.seq
-                ),
-            });
+    for (copy, window) in windows.iter_mut().enumerate() {
+        for at in from..window.capacity {
+            let block = window.blocks(device, at, 1).await?;
+            let Ok((header, _)) = block::decode(block) else {
+                continue;
+            };
+            if header.kind == BlockKind::Journal && header.epoch == epoch && header.seq > seq {
+                return Err(RecoveryError::Replay {
+                    batch: seq,
+                    txn: 0,
+                    reason: format!(
+                        "batch {seq} is damaged but batch {} follows it at journal block {at} \
+                         (copy {}): committed metadata was corrupted on the medium",
+                        header.seq,
+                        copy + 1
+                    ),
+                });
+            }
         }
     }
     Ok(())
 }
 
-/// A read-ahead buffer over the journal, so a scan costs a few large reads, not one per batch.
-#[derive(Default)]
+/// A read-ahead buffer over one copy of the journal, so a scan costs a few large reads, not
+/// one per batch. Blocks are numbered within the copy.
 struct JournalWindow {
+    layout: crate::layout::Layout,
+    /// The copy's first block within the journal area.
+    base: u64,
+    /// Blocks in the copy.
+    capacity: u64,
     start: u64,
     data: BytesMut,
 }
 
 impl JournalWindow {
+    fn new(superblock: &Superblock, copy: u64) -> Self {
+        JournalWindow {
+            layout: superblock.layout,
+            base: copy * superblock.journal_capacity(),
+            capacity: superblock.journal_capacity(),
+            start: 0,
+            data: BytesMut::new(),
+        }
+    }
+
     async fn blocks(
         &mut self,
         device: &dyn BlockDevice,
-        layout: &crate::layout::Layout,
         at: u64,
         count: u64,
     ) -> Result<&[u8], BlockError> {
+        assert!(at + count <= self.capacity);
         let have = (self.data.len() / BLOCK_SIZE) as u64;
         if at < self.start || at + count > self.start + have {
-            let blocks = count.max(SCAN_CHUNK_BLOCKS).min(layout.journal_blocks - at);
-            self.data = read_blocks(device, layout.journal_offset(at), blocks).await?;
+            let blocks = count.max(SCAN_CHUNK_BLOCKS).min(self.capacity - at);
+            let offset = self.layout.journal_offset(self.base + at);
+            self.data = read_blocks(device, offset, blocks).await?;
             self.start = at;
         }
         let from = (at - self.start) as usize * BLOCK_SIZE;

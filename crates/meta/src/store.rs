@@ -18,7 +18,7 @@ use strata_core::{BlockError, DeviceRef, Result, Runtime, WriteFlags};
 
 use crate::block::{self, BlockKind, BLOCK_SIZE};
 use crate::journal::PendingBatch;
-use crate::layout::{Layout, Superblock};
+use crate::layout::{Layout, Superblock, FORMAT_VERSION};
 use crate::recovery::{self, JournalEnd, Recovered};
 use crate::state::{encode_checkpoint, ObjectId, ObjectKind, Op, State, Undo};
 use crate::stats::{MetaCounters, SpaceReport};
@@ -193,6 +193,7 @@ impl MetaStore {
         let capacity = layout.slot_capacity_bytes() as f64;
         let generation = format.first_generation.unwrap_or_else(random_generation);
         let superblock = Superblock {
+            format_version: FORMAT_VERSION,
             uuid: random_uuid(),
             generation,
             owner: format.owner.clone(),
@@ -218,6 +219,7 @@ impl MetaStore {
             txns_replayed: 0,
             journal_end: JournalEnd::Clean,
             superblock_faults: Vec::new(),
+            journal_copy_faults: Vec::new(),
             checkpoint_bytes: 0,
             elapsed: Duration::ZERO,
         };
@@ -249,6 +251,17 @@ impl MetaStore {
         );
         for (copy, reason) in &recovered.superblock_faults {
             tracing::warn!(store = %name, copy, %reason, "superblock copy is not valid; the next checkpoint rewrites it");
+        }
+        for fault in &recovered.journal_copy_faults {
+            tracing::warn!(store = %name, %fault, "journal copy is not valid; the fresh checkpoint retires it");
+        }
+        if recovered.superblock.format_version < FORMAT_VERSION {
+            tracing::info!(
+                store = %name,
+                from = recovered.superblock.format_version,
+                to = FORMAT_VERSION,
+                "upgrading the metadata format with the open's checkpoint"
+            );
         }
         let store = MetaStore::from_recovered(device, recovered.clone(), options);
         store.checkpoint_now().await?;
@@ -423,7 +436,7 @@ impl MetaStore {
                 return Ok(());
             }
             let blocks = block::blocks_for(batch.stream_len()) as u64;
-            let fits = committer.journal_block + blocks <= self.layout.journal_blocks;
+            let fits = committer.journal_block + blocks <= committer.superblock.journal_capacity();
             let checkpoint = (!fits).then(|| {
                 let mut stream = Vec::with_capacity(shared.state.encoded_bytes() as usize);
                 encode_checkpoint(&shared.state, &mut stream);
@@ -466,18 +479,28 @@ impl MetaStore {
     }
 
     async fn write_batch(&self, committer: &mut Committer, batch: &PendingBatch) -> Result<()> {
-        let epoch = committer.superblock.generation;
+        let superblock = &committer.superblock;
+        let epoch = superblock.generation;
         let unit = block::encode_unit(
             BlockKind::Journal,
             epoch,
             committer.batch_seq,
             &batch.stream(),
-        );
+        )
+        .freeze();
         let blocks = (unit.len() / BLOCK_SIZE) as u64;
-        let offset = self.layout.journal_offset(committer.journal_block);
-        self.device
-            .write(offset, unit.freeze(), WriteFlags { fua: true })
-            .await?;
+        // Every copy (two from format version 2) is issued at once and all are awaited: the
+        // second costs one more concurrent write, not one more round trip, and the commit is
+        // acknowledged only once every copy is durable, which is what lets recovery read a
+        // batch with one valid copy as "completed, then damaged or torn", never as lost.
+        let writes = (0..superblock.journal_copies()).map(|copy| {
+            let offset = superblock.journal_copy_offset(copy, committer.journal_block);
+            self.device
+                .write(offset, unit.clone(), WriteFlags { fua: true })
+        });
+        for result in futures_util::future::join_all(writes).await {
+            result?;
+        }
         committer.journal_block += blocks;
         committer.batch_seq += 1;
         self.counters.batch(blocks);
@@ -493,6 +516,10 @@ impl MetaStore {
     ) -> Result<()> {
         let previous = &committer.superblock;
         let next = Superblock {
+            // A version 1 store becomes version 2 here, at its first checkpoint: the new
+            // epoch's journal is written with two copies only once this superblock is durable,
+            // and until then the version 1 superblock and its journal are still current.
+            format_version: FORMAT_VERSION,
             generation: previous.generation + 1,
             active_slot: 1 - previous.active_slot,
             checkpoint_blocks: block::blocks_for(stream.len()) as u64,
@@ -594,6 +621,13 @@ impl MetaStore {
 
     pub fn layout(&self) -> Layout {
         self.layout
+    }
+
+    /// Journal blocks a batch sequence may fill before a checkpoint: half the journal area,
+    /// since every batch is written twice. (An open store has always written its version 2
+    /// checkpoint already: open and format both end with one.)
+    pub fn journal_capacity_blocks(&self) -> u64 {
+        self.layout.journal_blocks / 2
     }
 }
 

@@ -71,13 +71,21 @@ fn layout() -> Layout {
     Layout::new(0, REGION, 0.25).unwrap()
 }
 
+/// Byte offset of `block` in journal copy `copy` (0 or 1) of a format version 2 store.
+fn journal_block(copy: u64, block: u64) -> u64 {
+    layout().journal_offset(copy * (layout().journal_blocks / 2) + block)
+}
+
 #[tokio::test]
 async fn a_damaged_last_batch_is_a_torn_tail_but_a_damaged_middle_batch_is_an_error() {
     let (_, image) = with_batches(4).await;
-    // Batch 0 (the fixture's create) and batches 1..=4 occupy journal blocks 0..=4.
+    // Batch 0 (the fixture's create) and batches 1..=4 occupy journal blocks 0..=4 of each
+    // copy. A torn tail is a commit interrupted before either copy was whole: damage both.
     let mut rng = CrashRng::seed_from_u64(2);
     let mut torn_tail = image.clone();
-    torn_tail.corrupt(layout().journal_offset(4) + 100, 8, &mut rng);
+    for copy in 0..2 {
+        torn_tail.corrupt(journal_block(copy, 4) + 100, 8, &mut rng);
+    }
     let store = open(torn_tail)
         .await
         .expect("a torn tail is a normal crash");
@@ -85,7 +93,9 @@ async fn a_damaged_last_batch_is_a_torn_tail_but_a_damaged_middle_batch_is_an_er
     assert_eq!(len, 3, "the three batches before the torn one are kept");
 
     let mut damaged = image.clone();
-    damaged.corrupt(layout().journal_offset(1) + 100, 8, &mut rng);
+    for copy in 0..2 {
+        damaged.corrupt(journal_block(copy, 1) + 100, 8, &mut rng);
+    }
     let error = open(damaged)
         .await
         .err()
@@ -220,4 +230,140 @@ async fn a_disk_that_disappears_fails_commits_not_reads_of_memory() {
     fixture.disk.disappear();
     assert!(fixture.store.commit().await.is_err());
     assert!(put(&fixture.store, fixture.map, 2).is_err());
+}
+
+/// Issue 12, case 3: the last batch was acknowledged by a completed commit, then its blocks
+/// were damaged on the medium. Version 1 could not tell this from a torn, never-acknowledged
+/// tail and dropped the batch silently; the twin copy must bring it back, and say so.
+#[tokio::test]
+async fn an_acknowledged_last_batch_damaged_after_the_fact_is_not_lost() {
+    let (_, image) = with_batches(4).await;
+    // Batch 0 (the fixture's create) and batches 1..=4 occupy journal blocks 0..=4 of the
+    // first copy; damage every one of batch 4's blocks there.
+    let mut rng = CrashRng::seed_from_u64(12);
+    let mut damaged = image.clone();
+    damaged.corrupt(layout().journal_offset(4), 4096, &mut rng);
+    let device: DeviceRef = Arc::new(CrashGroup::new().disk_from(damaged.clone()));
+    let recovered = strata_meta::recover(device.as_ref(), 0).await.unwrap();
+    assert_eq!(recovered.batches_replayed, 5);
+    assert_eq!(recovered.journal_copy_faults.len(), 1, "{recovered:?}");
+    let finding = &recovered.journal_copy_faults[0];
+    assert!(
+        finding.starts_with("journal batch 4 (epoch ")
+            && finding.contains("copy 1 failed its check")
+            && finding.ends_with("replayed from the other copy"),
+        "{finding}"
+    );
+    let store = open(damaged).await.expect("the batch has another copy");
+    let len = store.read(|s| s.table(s.id("map").unwrap()).unwrap().len());
+    assert_eq!(len, 4, "the acknowledged last batch was dropped");
+}
+
+/// Damage to copy 2 of a middle batch is recovered from copy 1 the same way.
+#[tokio::test]
+async fn a_damaged_second_copy_is_replayed_from_the_first() {
+    let (_, image) = with_batches(4).await;
+    let mut rng = CrashRng::seed_from_u64(13);
+    let mut damaged = image.clone();
+    damaged.corrupt(journal_block(1, 2) + 40, 64, &mut rng);
+    let device: DeviceRef = Arc::new(CrashGroup::new().disk_from(damaged.clone()));
+    let recovered = strata_meta::recover(device.as_ref(), 0).await.unwrap();
+    assert_eq!(recovered.batches_replayed, 5);
+    assert_eq!(recovered.journal_copy_faults.len(), 1);
+    assert!(recovered.journal_copy_faults[0].contains("batch 2 (epoch"));
+    assert!(recovered.journal_copy_faults[0].contains("copy 2 failed"));
+}
+
+/// Two valid copies of one batch that differ cannot come from one commit: refuse.
+#[tokio::test]
+async fn two_valid_copies_that_differ_are_refused() {
+    let (_, image) = with_batches(2).await;
+    // A second store made the same way (same first generation, so the same epoch and batch
+    // numbers) whose batch 2 holds another transaction: its copy 2 is a valid block in every
+    // respect but content.
+    let fixture = new_fixture().await;
+    put(&fixture.store, fixture.map, 0).unwrap();
+    fixture.store.commit().await.unwrap();
+    put(&fixture.store, fixture.map, 77).unwrap();
+    fixture.store.commit().await.unwrap();
+    let mut rng = CrashRng::seed_from_u64(14);
+    let other = fixture
+        .group
+        .crash_with(CrashPolicy::DropAll, &mut rng)
+        .remove(0);
+    let mut mixed = image.clone();
+    mixed.write(journal_block(1, 2), &other.read(journal_block(1, 2), 4096));
+    assert_ne!(mixed, image, "the two stores' batch 2 must differ");
+    let error = open(mixed).await.err().expect("differing copies");
+    assert!(
+        error.to_string().contains("both valid but differ"),
+        "{error}"
+    );
+}
+
+/// Turns a version 2 image into the version 1 image of the same store: both superblocks
+/// say version 1, and the journal's second half (copy 2, which version 1 never wrote) is
+/// zeros. Version 1 laid out the region exactly as version 2 does, with one journal copy.
+fn as_version_1(image: &DiskImage) -> DiskImage {
+    let mut v1 = image.clone();
+    for copy in 0..2u64 {
+        let block = image.read(copy * 4096, 4096);
+        if let Ok(mut superblock) = strata_meta::Superblock::decode(&block, 0) {
+            superblock.format_version = 1;
+            v1.write(copy * 4096, &superblock.encode());
+        }
+    }
+    let half = layout().journal_blocks / 2;
+    v1.zero(journal_block(1, 0), half * 4096);
+    v1
+}
+
+#[tokio::test]
+async fn a_version_1_store_opens_under_its_rules_and_is_upgraded_by_its_first_checkpoint() {
+    let (_, image) = with_batches(4).await;
+    let v1 = as_version_1(&image);
+    let disk = CrashGroup::new().disk_from(v1.clone());
+    let recovered = strata_meta::recover(&disk, 0).await.unwrap();
+    assert_eq!(recovered.superblock.format_version, 1);
+    assert_eq!(
+        recovered.batches_replayed, 5,
+        "one copy is all version 1 has"
+    );
+    assert!(recovered.journal_copy_faults.is_empty());
+    let device: DeviceRef = Arc::new(disk.clone());
+    let (store, _) = MetaStore::open(device, 0, StoreOptions::new("f"))
+        .await
+        .unwrap();
+    let (superblock, _) = strata_meta::read_superblock(&disk, 0).await.unwrap();
+    assert_eq!(superblock.format_version, strata_meta::FORMAT_VERSION);
+    put(&store, strata_meta_map(&store), 100).unwrap();
+    store.commit().await.unwrap();
+    drop(store);
+    let mut rng = CrashRng::seed_from_u64(15);
+    let upgraded = disk
+        .group()
+        .crash_with(CrashPolicy::DropAll, &mut rng)
+        .remove(0);
+    let store = open(upgraded).await.unwrap();
+    let len = store.read(|s| s.table(s.id("map").unwrap()).unwrap().len());
+    assert_eq!(len, 5, "the upgraded store lost transactions");
+
+    // Version 1's rules still apply to a version 1 journal: a damaged last batch is taken
+    // as torn (the limit version 2 removes), a damaged middle batch is refused.
+    let mut torn = v1.clone();
+    torn.corrupt(layout().journal_offset(4) + 100, 8, &mut rng);
+    let store = open(torn).await.unwrap();
+    let len = store.read(|s| s.table(s.id("map").unwrap()).unwrap().len());
+    assert_eq!(len, 3);
+    let mut damaged = v1;
+    damaged.corrupt(layout().journal_offset(1) + 100, 8, &mut rng);
+    let error = open(damaged).await.err().expect("damaged middle batch");
+    assert!(
+        error.to_string().contains("corrupted on the medium"),
+        "{error}"
+    );
+}
+
+fn strata_meta_map(store: &MetaStore) -> ObjectId {
+    store.read(|s| s.id("map").unwrap())
 }

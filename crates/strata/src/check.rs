@@ -114,6 +114,11 @@ pub async fn check(path: &Path, repair: bool) -> anyhow::Result<DeviceReport> {
             .warnings
             .push(format!("superblock copy {copy}: {reason}"));
     }
+    // A batch replayed from its twin lost nothing, but a copy was damaged (or torn by a
+    // crash): say so, never "clean".
+    for fault in &recovered.journal_copy_faults {
+        report.warnings.push(fault.clone());
+    }
     if let JournalEnd::Torn(reason) = &recovered.journal_end {
         report.warnings.push(format!(
             "journal ends in a torn batch (an interrupted commit, never acknowledged): {reason}"
