@@ -228,6 +228,34 @@ impl DiskImage {
         assert_ne!(bytes, before, "corrupt must change the range");
         self.write(offset, &bytes);
     }
+
+    /// Media damage: flips `count` distinct bytes at random places in `[offset, offset +
+    /// len)`, each XORed with a random non-zero value (so each one changes). Returns the byte
+    /// offsets hit, in ascending order, for the failure report.
+    pub fn flip_bytes(
+        &mut self,
+        offset: u64,
+        len: u64,
+        count: usize,
+        rng: &mut CrashRng,
+    ) -> Vec<u64> {
+        assert!(
+            count as u64 <= len && offset + len <= self.size(),
+            "cannot flip {count} bytes in [{offset}, +{len}) of a {}-byte image",
+            self.size()
+        );
+        let mut positions = BTreeSet::new();
+        while positions.len() < count {
+            positions.insert(offset + rng.random_range(0..len));
+        }
+        for &at in &positions {
+            let mut byte = [0u8];
+            self.read_into(at, &mut byte);
+            byte[0] ^= rng.random_range(1..=255u8);
+            self.write(at, &byte);
+        }
+        positions.into_iter().collect()
+    }
 }
 
 fn extent(start: u64, end: u64, state: ExtentState) -> Extent {

@@ -16,9 +16,12 @@
 //! - [`CrashRun`]: runs a test over many seeds; a failure prints the line that replays it.
 //! - [`flat_device_scenario`]: the whole loop (workload, crash, reopen, check) for any stack
 //!   that should behave like a plain disk.
+//! - [`Damage`] and [`damaged_device_scenario`]: media damage after a completed flush; the
+//!   reopened stack must either refuse or serve every flushed write intact.
 //!
 //! See `docs/crash-harness.md` for the crash model, the model's rules and how to replay.
 
+mod damage;
 mod device;
 mod disk;
 mod image;
@@ -27,6 +30,7 @@ mod pattern;
 mod run;
 mod scenario;
 
+pub use damage::{Damage, DamageStats};
 pub use device::{CrashDisk, ENODEV};
 pub use disk::{CrashGroup, CrashPolicy, DiskCounters, SECTOR};
 pub use image::{DiskImage, PAGE};
@@ -36,7 +40,9 @@ pub use run::{
     panic_message, CrashPlan, CrashRun, CrashStats, CrashSummary, DEFAULT_BASE_SEED, ENV_BASE,
     ENV_ITERATIONS, ENV_SEED,
 };
-pub use scenario::{flat_device_scenario, open_disks, sector_disk, ScenarioConfig};
+pub use scenario::{
+    damaged_device_scenario, flat_device_scenario, open_disks, sector_disk, ScenarioConfig,
+};
 
 /// Re-exported so tests seed [`CrashRng`] and draw from it with the same `rand` version.
 pub use rand;

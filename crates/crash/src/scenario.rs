@@ -325,16 +325,26 @@ impl Workload<'_> {
 
     /// Reads the whole reopened device, checks it and pins the model to it.
     async fn verify(&mut self, dev: &DeviceRef) -> Result<(), String> {
+        self.verify_reads(dev).await.map_err(|(_, report)| report)
+    }
+
+    /// [`Self::verify`], with the error saying whether a read failed (true) or returned
+    /// wrong data (false).
+    async fn verify_reads(&mut self, dev: &DeviceRef) -> Result<(), (bool, String)> {
         let size = self.model.size();
         let chunk = (u64::from(dev.geometry().max_io).min(1 << 20) / self.unit).max(1) * self.unit;
         let mut offset = 0;
         while offset < size {
             let len = chunk.min(size - offset);
             let bytes = dev.read(offset, len as usize).await.map_err(|e| {
-                self.failure(&format!("reading [{offset}, +{len}) after the reopen: {e}"))
+                let what = format!("reading [{offset}, +{len}) after the reopen: {e}");
+                (true, self.failure(&what))
             })?;
             self.model.check(offset, &bytes).map_err(|e| {
-                self.failure(&format!("wrong data after the crash and reopen\n{e}"))
+                (
+                    false,
+                    self.failure(&format!("wrong data after the crash and reopen\n{e}")),
+                )
             })?;
             self.model.settle(offset, &bytes);
             offset += len;
@@ -343,19 +353,19 @@ impl Workload<'_> {
     }
 }
 
-/// Runs one seeded scenario; see the module docs. Returns the crashes it went through.
-pub async fn flat_device_scenario<Open, Fut>(
+/// Opens a fresh stack and sets up the workload against its geometry.
+async fn start<'c, Open, Fut>(
     seed: u64,
-    config: &ScenarioConfig,
-    mut open: Open,
-) -> Result<CrashStats, String>
+    config: &'c ScenarioConfig,
+    open: &mut Open,
+) -> Result<(CrashGroup, DeviceRef, Workload<'c>), String>
 where
     Open: FnMut(&CrashGroup, Option<Vec<DiskImage>>) -> Fut,
     Fut: Future<Output = strata_core::Result<DeviceRef>>,
 {
     assert!(config.ops_per_round > 0 && config.concurrency > 0);
-    let mut group = CrashGroup::new();
-    let mut dev = open(&group, None)
+    let group = CrashGroup::new();
+    let dev = open(&group, None)
         .await
         .map_err(|e| format!("seed {seed}: creating the stack failed: {e}"))?;
     let geometry = dev.geometry();
@@ -374,7 +384,7 @@ where
     let mut rng = CrashRng::seed_from_u64(seed);
     let hot_len = HOT_WINDOW.min(size) / unit * unit;
     let hot_start = rng.random_range(0..=(size - hot_len) / unit) * unit;
-    let mut work = Workload {
+    let work = Workload {
         seed,
         config,
         rng,
@@ -385,9 +395,33 @@ where
         round: 0,
         log: VecDeque::new(),
     };
+    Ok((group, dev, work))
+}
+
+/// One workload operation: alone, or a batch of concurrent ones.
+async fn step(work: &mut Workload<'_>, dev: &DeviceRef, group: &CrashGroup) -> Result<(), String> {
+    if work.config.concurrency > 1 && work.rng.random_bool(0.5) {
+        work.batch(dev, group).await
+    } else {
+        let op = work.pick(true, dev.capabilities().write_zeroes);
+        work.one(dev, group, op).await
+    }
+}
+
+/// Runs one seeded scenario; see the module docs. Returns the crashes it went through.
+pub async fn flat_device_scenario<Open, Fut>(
+    seed: u64,
+    config: &ScenarioConfig,
+    mut open: Open,
+) -> Result<CrashStats, String>
+where
+    Open: FnMut(&CrashGroup, Option<Vec<DiskImage>>) -> Fut,
+    Fut: Future<Output = strata_core::Result<DeviceRef>>,
+{
+    let (mut group, mut dev, mut work) = start(seed, config, &mut open).await?;
+    let size = work.model.size();
     for round in 0..config.rounds {
         work.round = round;
-        let caps = dev.capabilities();
         let crash_op = work.rng.random_range(0..config.ops_per_round);
         for n in 0..config.ops_per_round {
             if n == crash_op {
@@ -395,12 +429,7 @@ where
                 group.arm_crash_at(at);
                 work.note(format!("(power will fail at disk op #{at})"));
             }
-            if config.concurrency > 1 && work.rng.random_bool(0.5) {
-                work.batch(&dev, &group).await?;
-            } else {
-                let op = work.pick(true, caps.write_zeroes);
-                work.one(&dev, &group, op).await?;
-            }
+            step(&mut work, &dev, &group).await?;
             if group.is_powered_off() {
                 break;
             }
@@ -423,4 +452,85 @@ where
     Ok(CrashStats {
         crash_points: u64::from(config.rounds),
     })
+}
+
+/// Media damage after a completed flush; see [`Damage`](crate::Damage). Per round: the random
+/// workload (no power cut during it), a flush that must complete, a power cut, then the
+/// damage `damage(rng, images)` returns is applied to the images, and the stack is reopened
+/// from them. Then either:
+/// - the reopen fails: the damage was reported and the device refused. Acceptable; the seed
+///   ends there (there is nothing to carry on with);
+/// - a read of the reopened device fails: the damage was reported on read. Acceptable, the
+///   seed ends;
+/// - or every sector must hold what the model allows, which after the flush is exactly the
+///   last write to it: anything else (zeros, an older write, garbage) is silent loss, and the
+///   seed fails with a report that names the damage and replays.
+///
+/// `damage` sees the images so it can aim at structures whose place depends on state (the
+/// current checkpoint, the last journal batch). Aim only at what the stack claims to protect:
+/// damage in unprotected user data is, correctly, served as it is and fails the check.
+pub async fn damaged_device_scenario<Open, Fut, Aim>(
+    seed: u64,
+    config: &ScenarioConfig,
+    mut damage: Aim,
+    mut open: Open,
+) -> Result<crate::DamageStats, String>
+where
+    Open: FnMut(&CrashGroup, Option<Vec<DiskImage>>) -> Fut,
+    Fut: Future<Output = strata_core::Result<DeviceRef>>,
+    Aim: FnMut(&mut CrashRng, &[DiskImage]) -> Vec<crate::Damage>,
+{
+    let (mut group, mut dev, mut work) = start(seed, config, &mut open).await?;
+    let size = work.model.size();
+    let mut stats = crate::DamageStats::default();
+    for round in 0..config.rounds {
+        work.round = round;
+        for _ in 0..config.ops_per_round {
+            step(&mut work, &dev, &group).await?;
+        }
+        // Everything the workload wrote is now acknowledged and flushed: a stack may lose
+        // none of it, whatever happens to the medium afterwards.
+        work.one(&dev, &group, Op::Flush).await?;
+        let ops = group.mutating_ops();
+        let mut images = group.crash(&mut work.rng);
+        work.model.crashed();
+        work.note(format!(
+            "--- power cut after a completed flush ({ops} disk ops)"
+        ));
+        for fault in damage(&mut work.rng, &images) {
+            let line = fault.apply(&mut images, &mut work.rng);
+            work.note(line);
+        }
+        stats.damage_points += 1;
+        drop(dev);
+        group = CrashGroup::new();
+        dev = match open(&group, Some(images)).await {
+            Ok(dev) => dev,
+            Err(error) => {
+                work.note(format!("reopen refused: {error}"));
+                stats.refused += 1;
+                return Ok(stats);
+            }
+        };
+        if dev.geometry().size < size {
+            let got = dev.geometry().size;
+            return Err(work.failure(&format!("the reopened stack has {got} bytes, not {size}")));
+        }
+        match work.verify_reads(&dev).await {
+            Ok(()) => stats.intact += 1,
+            Err((true, report)) => {
+                // A read error: the damage was reported, not served.
+                work.note(report);
+                stats.read_errors += 1;
+                return Ok(stats);
+            }
+            Err((false, report)) => {
+                return Err(format!(
+                    "silent loss: the stack reopened after media damage and served wrong \
+                     data\n{report}"
+                ))
+            }
+        }
+    }
+    Ok(stats)
 }
