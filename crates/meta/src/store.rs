@@ -447,7 +447,8 @@ impl MetaStore {
         let result = async {
             self.data_barrier().await?;
             match checkpoint {
-                Some(stream) => self.write_checkpoint(committer, &stream, upto).await,
+                // The batch's transactions are only in this checkpoint.
+                Some(stream) => self.write_checkpoint(committer, &stream, upto, true).await,
                 None => self.write_batch(committer, &batch).await,
             }
         }
@@ -508,11 +509,21 @@ impl MetaStore {
     }
 
     /// Writes the whole state as a new checkpoint and publishes it with a superblock.
+    ///
+    /// `carries_new` says the checkpoint holds transactions no journal batch holds (a commit
+    /// that overflowed the journal, a checkpoint taken with transactions pending). Then an
+    /// empty batch 0 of the new epoch follows the superblock, before the call returns: if the
+    /// new superblock is later damaged, that batch tells recovery the superblock had been
+    /// durable and falling back to the older one would lose acknowledged transactions, so it
+    /// refuses instead. Without it the fallback would look exactly like a superblock write
+    /// torn by a crash. (A checkpoint of nothing new, as at open, needs no marker: falling
+    /// back from it loses nothing, because the older epoch's journal is still intact.)
     async fn write_checkpoint(
         &self,
         committer: &mut Committer,
         stream: &[u8],
         upto: u64,
+        carries_new: bool,
     ) -> Result<()> {
         let previous = &committer.superblock;
         let next = Superblock {
@@ -550,23 +561,28 @@ impl MetaStore {
         committer.journal_block = 0;
         committer.batch_seq = 0;
         self.counters.checkpoint(stream.len() as u64);
+        if carries_new {
+            self.write_batch(committer, &PendingBatch::new(upto))
+                .await?;
+        }
         Ok(())
     }
 
     /// Writes a checkpoint of the current state now (at open, and from `strata check --repair`).
     pub async fn checkpoint_now(&self) -> Result<()> {
         let mut committer = self.committer.lock().await;
-        let (stream, upto) = {
+        let (stream, upto, carries_new) = {
             let mut shared = self.write_shared();
             let upto = shared.next_txn;
             shared.pending = PendingBatch::new(upto);
             let mut stream = Vec::new();
             encode_checkpoint(&shared.state, &mut stream);
-            (stream, upto)
+            (stream, upto, upto > shared.durable_txn)
         };
         let result = async {
             self.data_barrier().await?;
-            self.write_checkpoint(&mut committer, &stream, upto).await
+            self.write_checkpoint(&mut committer, &stream, upto, carries_new)
+                .await
         }
         .await;
         let mut shared = self.write_shared();

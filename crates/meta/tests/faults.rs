@@ -125,21 +125,32 @@ async fn a_damaged_checkpoint_is_an_error() {
 
 #[tokio::test]
 async fn one_damaged_superblock_copy_is_survivable_unless_it_hides_newer_metadata() {
-    // Right after a checkpoint (no batches of its epoch yet), the older copy is a safe
-    // fallback: that is a superblock write torn by a crash.
+    // A checkpoint whose superblock write is torn by a crash (no batches of its epoch yet):
+    // the older copy is a safe fallback. The power fails during that write (the checkpoint's
+    // ops: flush, slot write, flush, superblock write), which lands and is then torn.
     let fixture = new_fixture().await;
     put(&fixture.store, fixture.map, 1).unwrap();
-    fixture.store.checkpoint_now().await.unwrap();
     let generation = strata_meta::read_superblock(&fixture.disk, 0)
         .await
         .unwrap()
         .0
-        .generation;
+        .generation
+        + 1;
+    fixture.group.arm_crash_at(fixture.group.mutating_ops() + 3);
+    assert!(fixture.store.checkpoint_now().await.is_err());
     let mut rng = CrashRng::seed_from_u64(3);
     let image = fixture
         .group
-        .crash_with(CrashPolicy::DropAll, &mut rng)
+        .crash_with(CrashPolicy::KeepAll, &mut rng)
         .remove(0);
+    let landed = strata_meta::read_superblock(&CrashGroup::new().disk_from(image.clone()), 0)
+        .await
+        .unwrap()
+        .0;
+    assert_eq!(
+        landed.generation, generation,
+        "the crash hit the superblock write"
+    );
     let mut torn = image.clone();
     torn.write((generation % 2) * 4096 + 64, &[0xee; 16]);
     let store = open(torn)
@@ -149,6 +160,30 @@ async fn one_damaged_superblock_copy_is_survivable_unless_it_hides_newer_metadat
     // the transaction only it held) was not yet durable: the older state is a correct answer.
     let len = store.read(|s| s.table(s.id("map").unwrap()).unwrap().len());
     assert_eq!(len, 0);
+
+    // A checkpoint that completed with a transaction only it holds is followed by an empty
+    // batch of its epoch: damage to its superblock afterwards is refused, not rolled back.
+    let fixture = new_fixture().await;
+    put(&fixture.store, fixture.map, 1).unwrap();
+    fixture.store.checkpoint_now().await.unwrap();
+    let generation = strata_meta::read_superblock(&fixture.disk, 0)
+        .await
+        .unwrap()
+        .0
+        .generation;
+    let mut damaged = fixture
+        .group
+        .crash_with(CrashPolicy::DropAll, &mut rng)
+        .remove(0);
+    damaged.write((generation % 2) * 4096 + 64, &[0xee; 16]);
+    let error = open(damaged)
+        .await
+        .err()
+        .expect("must not roll back a completed checkpoint silently");
+    assert!(
+        error.to_string().contains("would lose committed metadata"),
+        "{error}"
+    );
 
     // Once batches of the newer epoch exist, falling back would lose them: refuse.
     let fixture = new_fixture().await;
