@@ -304,8 +304,9 @@ async fn replay_journal(
             }
         } else {
             match twin_batch(recovered, epoch, seq, reads)? {
-                Some(batch) => batch,
-                None => {
+                Pick::Batch(count, stream) => (count, stream),
+                Pick::End { damaged: false } => return Ok(()),
+                Pick::End { damaged: true } => {
                     return refuse_if_later_batches(device, &mut windows, epoch, seq, at + 1).await
                 }
             }
@@ -335,8 +336,21 @@ async fn replay_journal(
     }
 }
 
-/// Format version 2: picks batch `seq` from its two copies, or returns None at the journal's
-/// end (recording why in `recovered.journal_end`).
+/// What the two copies of a batch give.
+enum Pick {
+    Batch(u64, Vec<u8>),
+    /// The journal ends here. `damaged`: a copy holds a block that fails its checks or a torn
+    /// unit, so this may be a damaged batch, and later batches must be looked for. When both
+    /// copies hold valid blocks of something else (an older epoch), neither write of this
+    /// batch ever happened, so no later batch was written either (as in version 1): the scan,
+    /// a read of the rest of the journal area, is skipped.
+    End {
+        damaged: bool,
+    },
+}
+
+/// Format version 2: picks batch `seq` from its two copies, or finds the journal's end
+/// (recording why in `recovered.journal_end`).
 ///
 /// Both copies are written together and both are awaited before a commit returns, so:
 /// - one valid copy is a batch whose other write was torn by a crash (it may or may not have
@@ -353,7 +367,7 @@ fn twin_batch(
     epoch: u64,
     seq: u64,
     reads: Vec<CopyRead>,
-) -> Result<Option<(u64, Vec<u8>)>, RecoveryError> {
+) -> Result<Pick, RecoveryError> {
     let mut reads = reads.into_iter();
     let (one, two) = (reads.next().expect("copy 1"), reads.next().expect("copy 2"));
     match (one, two) {
@@ -375,19 +389,19 @@ fn twin_batch(
                     ),
                 });
             }
-            Ok(Some((count, stream)))
+            Ok(Pick::Batch(count, stream))
         }
         (CopyRead::Valid { count, stream }, bad) => {
             recovered
                 .journal_copy_faults
                 .push(copy_fault(seq, epoch, 2, &bad));
-            Ok(Some((count, stream)))
+            Ok(Pick::Batch(count, stream))
         }
         (bad, CopyRead::Valid { count, stream }) => {
             recovered
                 .journal_copy_faults
                 .push(copy_fault(seq, epoch, 1, &bad));
-            Ok(Some((count, stream)))
+            Ok(Pick::Batch(count, stream))
         }
         (one, two) => {
             let torn = matches!(one, CopyRead::Torn(_)) || matches!(two, CopyRead::Torn(_));
@@ -400,7 +414,8 @@ fn twin_batch(
             } else {
                 JournalEnd::Clean
             };
-            Ok(None)
+            let damaged = !matches!((&one, &two), (CopyRead::Other(_), CopyRead::Other(_)));
+            Ok(Pick::End { damaged })
         }
     }
 }
