@@ -41,6 +41,8 @@ pub struct CountersSnapshot {
     pub ops: u64,
     pub commits: u64,
     pub batches: u64,
+    /// Blocks of the batches written, each batch counted once although format version 2
+    /// writes it twice: compare with `MetaStore::journal_capacity_blocks`.
     pub journal_blocks: u64,
     pub checkpoints: u64,
     pub checkpoint_bytes: u64,
