@@ -27,6 +27,7 @@
 //! assemble), `rebuild`.
 
 mod array;
+pub mod assembly;
 mod io;
 pub mod journal;
 pub mod layout;
@@ -91,6 +92,7 @@ async fn build(args: LayerArgs) -> Result<Raid5> {
         journal: args.options.size("journal")?,
         journal_device,
         unsafe_skip_journal: false,
+        start: args.start,
     };
     Raid5::open(args.name, args.children, settings, args.runtime).await
 }
