@@ -37,7 +37,7 @@ pub async fn region_is_zero(device: &dyn BlockDevice, offset: u64, len: u64) -> 
             }
             runs
         }
-        Err(_) => vec![offset..end],
+        Err(_) => std::iter::once(offset..end).collect(),
     };
     let align = u64::from(device.geometry().min_io).max(1);
     let piece = (u64::from(device.geometry().max_io).min(PIECE) / align * align).max(align);

@@ -207,7 +207,10 @@ pub async fn view_copy(device: Option<&DeviceRef>, region: u64) -> CopyView {
                 next_txn: recovered.next_txn,
                 states: Vec::new(),
             },
-            Err(why) => CopyView::Damaged(why),
+            Err(why) => CopyView::Damaged {
+                why,
+                generation: Some(recovered.superblock.generation),
+            },
         },
         Err(RecoveryError::NoSuperblock { a, b }) => {
             match crate::blank::region_is_zero(device.as_ref(), 0, region).await {
@@ -216,10 +219,26 @@ pub async fn view_copy(device: Option<&DeviceRef>, region: u64) -> CopyView {
                     "no valid superblock (copy A: {a}; copy B: {b}) but the metadata region \
                      is not blank"
                 )),
-                Err(error) => CopyView::Damaged(error.to_string()),
+                Err(error) => CopyView::Damaged {
+                    why: error.to_string(),
+                    generation: None,
+                },
             }
         }
-        Err(error) => CopyView::Damaged(error.to_string()),
+        Err(error) => {
+            // The newest superblock that still reads names how new this copy is.
+            let generation = match &error {
+                RecoveryError::Checkpoint { generation, .. } => Some(*generation),
+                _ => strata_meta::read_superblock(device.as_ref(), 0)
+                    .await
+                    .ok()
+                    .map(|(sb, _)| sb.generation),
+            };
+            CopyView::Damaged {
+                why: error.to_string(),
+                generation,
+            }
+        }
     }
 }
 
@@ -332,15 +351,22 @@ pub async fn open_or_format(
                     tracing::error!(mirror = %name, member = %names[i], "member is smaller than the mirror; faulty");
                 }
             }
-            let assembly = assemble_states(recorded, &copies, &fits, names, start.allow_degraded)
-                .map_err(refuse)?;
+            let assembly = assemble_states(
+                recorded,
+                recovered.superblock.generation,
+                &copies,
+                &fits,
+                names,
+                start.allow_degraded,
+            )
+            .map_err(refuse)?;
             if !assembly.missing_in_sync.is_empty() {
                 let missing: Vec<&str> = assembly
                     .missing_in_sync
                     .iter()
                     .map(|&i| names[i].as_str())
                     .collect();
-                tracing::warn!(mirror = %name, missing = %missing.join(", "), "members recorded in sync are missing; starting degraded as asked (--degraded): they are marked faulty and need `strata replace`");
+                tracing::warn!(mirror = %name, missing = %missing.join(", "), "members recorded in sync are missing or their metadata is damaged; starting degraded as asked (--degraded): they are marked faulty and need `strata replace`");
             }
             if recorded.len() > children.len() {
                 tracing::warn!(mirror = %name, recorded = recorded.len(), configured = children.len(), "members past the configured children are dropped");

@@ -196,10 +196,15 @@ pub enum CopyView {
     /// No superblock and the whole region reads as zeros: never written.
     Blank,
     /// No superblock, but the region is not all zeros: both superblocks damaged, or a disk
-    /// that was never this mirror's. Never formatted over; as a member it is resynced from 0.
+    /// that was never this mirror's. Never formatted over; as a member it is unreadable
+    /// metadata of unknown age (see `assemble_states`).
     Unlabelled(String),
-    /// A superblock, but recovery refused (damage), with why.
-    Damaged(String),
+    /// A superblock, but recovery refused (damage), with why, and the generation its newest
+    /// readable superblock names (None if unknown).
+    Damaged {
+        why: String,
+        generation: Option<u64>,
+    },
     Valid {
         uuid: [u8; 16],
         owner: String,
@@ -337,7 +342,7 @@ pub fn choose_copy(
         ));
     }
     if let Some((i, why)) = copies.iter().enumerate().find_map(|(i, c)| match c {
-        CopyView::Damaged(why) | CopyView::Unlabelled(why) => Some((i, why)),
+        CopyView::Damaged { why, .. } | CopyView::Unlabelled(why) => Some((i, why)),
         _ => None,
     }) {
         return Err(format!(
@@ -388,12 +393,14 @@ pub struct Assembly {
 /// At least one present in-sync member must remain.
 pub fn assemble_states(
     recorded: &[MemberState],
+    winner_generation: u64,
     copies: &[CopyView],
     fits: &[bool],
     names: &[String],
     allow_degraded: bool,
 ) -> Result<Assembly, String> {
     let mut missing_in_sync = Vec::new();
+    let mut unreadable = Vec::new();
     let states: Vec<MemberState> = copies
         .iter()
         .enumerate()
@@ -409,10 +416,18 @@ pub fn assemble_states(
                     MemberState::Faulty
                 }
                 (CopyView::Missing, _) => MemberState::Faulty,
-                _ if !fits.get(i).copied().unwrap_or(false) => MemberState::Faulty,
-                (CopyView::Blank | CopyView::Unlabelled(_), _) => {
-                    MemberState::Resyncing { done: 0 }
+                (CopyView::Unlabelled(_), _) => {
+                    unreadable.push(i);
+                    MemberState::Faulty
                 }
+                (CopyView::Damaged { generation, .. }, _)
+                    if generation.is_none_or(|g| g >= winner_generation) =>
+                {
+                    unreadable.push(i);
+                    MemberState::Faulty
+                }
+                _ if !fits.get(i).copied().unwrap_or(false) => MemberState::Faulty,
+                (CopyView::Blank, _) => MemberState::Resyncing { done: 0 },
                 (_, state) => state,
             }
         })
@@ -425,6 +440,17 @@ pub fn assemble_states(
             missing.join(", ")
         ));
     }
+    let doubted: Vec<String> = unreadable.iter().map(|&i| name_of(names, i)).collect();
+    if !doubted.is_empty() && !allow_degraded {
+        return Err(format!(
+            "member(s) {}: metadata damaged and possibly newer than every readable copy (it \
+             may record the others as failed); run `strata check`; starting without them \
+             needs `--degraded` (they will be marked faulty and serve nothing)",
+            doubted.join(", ")
+        ));
+    }
+    missing_in_sync.extend(unreadable);
+    missing_in_sync.sort_unstable();
     if !states.contains(&MemberState::InSync) {
         return Err("no in-sync member is present".into());
     }
@@ -512,6 +538,13 @@ mod tests {
         }
     }
 
+    fn damaged(why: &str, generation: Option<u64>) -> CopyView {
+        CopyView::Damaged {
+            why: why.into(),
+            generation,
+        }
+    }
+
     fn names(n: usize) -> Vec<String> {
         (0..n).map(|i| format!("d{i}")).collect()
     }
@@ -529,7 +562,7 @@ mod tests {
         let copies = [valid(7, 10, 50), valid(7, 10, 52)];
         assert_eq!(choose(&copies), Ok(CopyChoice::Open(1)));
         // A damaged copy is outvoted by a valid one.
-        let copies = [CopyView::Damaged("crc".into()), valid(7, 3, 1)];
+        let copies = [damaged("crc", Some(3)), valid(7, 3, 1)];
         assert_eq!(choose(&copies), Ok(CopyChoice::Open(1)));
     }
 
@@ -542,7 +575,7 @@ mod tests {
         let refused = choose_copy(&[CopyView::Blank, CopyView::Blank], &names(2), false);
         assert!(refused.unwrap_err().contains("strata serve --format"));
         assert!(choose(&[CopyView::Blank, CopyView::Missing]).is_err());
-        assert!(choose(&[CopyView::Blank, CopyView::Damaged("x".into())]).is_err());
+        assert!(choose(&[CopyView::Blank, damaged("x", None)]).is_err());
         // Superblocks gone but the region not blank: damage, never formatted over.
         let unlabelled = CopyView::Unlabelled("non-zero region".into());
         assert!(choose(&[CopyView::Blank, unlabelled])
@@ -622,12 +655,12 @@ mod tests {
             CopyView::Blank,   // swapped in offline: resync from 0
         ];
         let fits = [true, true, false, true];
-        let error = assemble_states(&recorded, &copies, &fits, &n, false).unwrap_err();
+        let error = assemble_states(&recorded, 10, &copies, &fits, &n, false).unwrap_err();
         assert!(
             error.contains("d2") && error.contains("--degraded"),
             "{error}"
         );
-        let assembly = assemble_states(&recorded, &copies, &fits, &n, true).unwrap();
+        let assembly = assemble_states(&recorded, 10, &copies, &fits, &n, true).unwrap();
         assert_eq!(
             assembly.states,
             vec![InSync, Faulty, Faulty, MemberState::Resyncing { done: 0 }]
@@ -636,6 +669,7 @@ mod tests {
         // A missing member already faulty, or a new slot missing, needs no flag.
         let assembly = assemble_states(
             &[InSync, Faulty],
+            10,
             &[valid(7, 1, 1), CopyView::Missing, CopyView::Missing],
             &[true, false, false],
             &names(3),
@@ -643,26 +677,36 @@ mod tests {
         )
         .unwrap();
         assert_eq!(assembly.states, vec![InSync, Faulty, Faulty]);
-        // A member too small for the data area is faulty; an unlabelled one resyncs; a
-        // damaged copy keeps its slot's state.
-        let assembly = assemble_states(
-            &[InSync, InSync, InSync],
-            &[
-                valid(7, 1, 1),
-                CopyView::Unlabelled("x".into()),
-                CopyView::Damaged("crc".into()),
-            ],
-            &[true, true, true],
-            &names(3),
-            false,
-        )
-        .unwrap();
-        assert_eq!(
-            assembly.states,
-            vec![InSync, MemberState::Resyncing { done: 0 }, InSync]
-        );
+        // A damaged copy older than the chosen one keeps its slot's state; one as new or
+        // newer, of unknown generation, or unlabelled (superblocks lost) may record the
+        // chosen member failed: only with the flag, and then faulty.
+        let older = [valid(7, 10, 1), damaged("crc", Some(9))];
+        let assembly =
+            assemble_states(&[InSync, InSync], 10, &older, &[true; 2], &names(2), false).unwrap();
+        assert_eq!(assembly.states, vec![InSync, InSync]);
+        for doubt in [
+            damaged("crc", Some(10)),
+            damaged("crc", Some(11)),
+            damaged("crc", None),
+            CopyView::Unlabelled("x".into()),
+        ] {
+            let copies = [valid(7, 10, 1), doubt];
+            let error =
+                assemble_states(&[InSync, InSync], 10, &copies, &[true; 2], &names(2), false)
+                    .unwrap_err();
+            assert!(
+                error.contains("d1") && error.contains("--degraded"),
+                "{error}"
+            );
+            let assembly =
+                assemble_states(&[InSync, InSync], 10, &copies, &[true; 2], &names(2), true)
+                    .unwrap();
+            assert_eq!(assembly.states, vec![InSync, Faulty]);
+            assert_eq!(assembly.missing_in_sync, vec![1]);
+        }
         let small = assemble_states(
             &[InSync, InSync],
+            10,
             &[valid(7, 1, 1), valid(7, 1, 1)],
             &[true, false],
             &names(2),
@@ -673,6 +717,7 @@ mod tests {
         // Nothing in sync left: refused.
         assert!(assemble_states(
             &[Faulty, InSync],
+            10,
             &[valid(7, 1, 1), CopyView::Blank],
             &[true, true],
             &names(2),

@@ -141,6 +141,10 @@ pub fn choose(copies: &[Copy], may_format: bool) -> Result<Choice, String> {
     Ok(Choice::Create)
 }
 
+/// Member states (with rebuild checkpoints) at the start, and the members this start takes
+/// out (to be recorded failed, with a warning).
+pub type Start = (Vec<(MemberState, u64)>, Vec<usize>);
+
 /// Member states at the start, from the chosen copy's record:
 /// - recorded failed: failed, whatever its disk holds (it returns through `strata replace`);
 /// - recorded active or rebuilding but missing, or without a valid copy of this array: it
@@ -154,7 +158,7 @@ pub fn member_states(
     record: &[(MemberState, u64)],
     copies: &[Copy],
     allow_degraded: bool,
-) -> Result<(Vec<(MemberState, u64)>, Vec<usize>), String> {
+) -> Result<Start, String> {
     let mut states = record.to_vec();
     let mut newly_out = Vec::new();
     let mut active_out = Vec::new();
