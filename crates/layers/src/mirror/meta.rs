@@ -7,9 +7,10 @@
 //! store carries on with the others, so losing a member never fails the mirror's metadata)
 //! and reported through [`MetaFanout::take_dropped`]; the mirror then marks it faulty.
 //!
-//! At open every present member's copy is recovered on its own (read only), the newest wins
-//! (`policy::choose_copy`), and the store is opened from it. Opening writes a fresh checkpoint
-//! through the fanout, which rewrites every other copy to the winner.
+//! At open every present member's copy is recovered on its own (read only), the winner and
+//! the membership are decided from those views (`policy::choose_copy`, `assemble_states`),
+//! and only then is the store opened from the winner. Opening writes a fresh checkpoint
+//! through the fanout, which rewrites every kept copy to the winner.
 
 use std::sync::{Arc, Mutex};
 

@@ -101,8 +101,8 @@ pub struct MirrorStats {
 }
 
 impl Mirror {
-    /// Assembles a mirror over `children` (None = missing), formatting it if no member has
-    /// ever held one.
+    /// Assembles a mirror over `children` (None = missing); formats it only if every member
+    /// is blank and `options.start.may_format` (see `policy::choose_copy`).
     pub async fn open(
         name: String,
         names: Vec<String>,

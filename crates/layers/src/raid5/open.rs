@@ -2,12 +2,11 @@
 //!
 //! Every member carries a copy of the metadata store in its first [`META_BYTES`]. After a
 //! crash the copies may differ: a commit reached some members and not others, or a member
-//! failed earlier and stopped receiving commits. The copy chosen is the one whose store
-//! recovers the most transactions (`next_txn`), ties to the lowest member index: every
-//! commit goes to all members in use, so the longest history is the newest, and a failed
-//! member's copy is always behind the commit that recorded its failure. The chosen region is
-//! then copied over the other members' before the store is opened on the mirror, so that
-//! every copy starts identical again.
+//! failed earlier and stopped receiving commits (or went on alone, started degraded). Which
+//! copy wins, whether the array may be created, and which members are out is decided by
+//! `assembly` (pure) from read-only looks at every member, before anything is written. The
+//! chosen region is then copied over the other members' before the store is opened on the
+//! mirror, so that every copy starts identical again.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::AtomicU64;
@@ -62,7 +61,8 @@ fn member(state: MemberState) -> Member {
     }
 }
 
-/// Opens the array on `children`, creating it when no member holds one.
+/// Opens the array on `children`; creates it only when every member is blank and
+/// `settings.start.may_format` (see `assembly`).
 pub async fn assemble(
     name: String,
     mut children: Vec<Option<DeviceRef>>,
