@@ -369,6 +369,9 @@ pub async fn open_or_format(
                     .collect();
                 tracing::warn!(mirror = %name, missing = %missing.join(", "), "members recorded in sync are missing or their metadata is damaged; starting degraded as asked (--degraded): they are marked faulty and need `strata replace`");
             }
+            for &i in &assembly.behind {
+                tracing::warn!(mirror = %name, member = %names[i], "member's metadata is generations behind the others (a replaced disk configured again?); its data is not trusted: resyncing it from the start");
+            }
             if recorded.len() > children.len() {
                 tracing::warn!(mirror = %name, recorded = recorded.len(), configured = children.len(), "members past the configured children are dropped");
             }

@@ -375,7 +375,14 @@ pub struct Assembly {
     /// Members the chosen copy records in sync that are missing: started without them
     /// (allowed by `allow_degraded`), now faulty.
     pub missing_in_sync: Vec<usize>,
+    /// Members whose valid copy is further behind the chosen one than a crash can leave a
+    /// member in the fan-out: resynced from 0.
+    pub behind: Vec<usize>,
 }
+
+/// How many generations a copy of a member that stayed in the metadata fan-out can lag the
+/// newest: one checkpoint in flight when the power went (checkpoints run one at a time).
+pub const CRASH_LAG: u64 = 1;
 
 /// Reconciles the chosen copy's record (`recorded`, one state per recorded slot) with the
 /// configured children:
@@ -388,6 +395,11 @@ pub struct Assembly {
 ///   resync from 0 (its contents are unknown). A damaged or older valid copy keeps its
 ///   slot's state (a crash during an open's rewrite can damage a copy; the data is not
 ///   suspect);
+/// - a valid copy more than [`CRASH_LAG`] generations older than the chosen one, where the
+///   chosen one records the slot in sync or resyncing, stopped receiving metadata while the
+///   others went on: a disk that was replaced and is configured again in place of its
+///   replacement (slots are positional; disks carry no identity). Its data is as old as its
+///   copy: resync from 0 rather than trust the slot's state;
 /// - children past the recorded slots are new members: resync from 0.
 ///
 /// At least one present in-sync member must remain.
@@ -401,6 +413,7 @@ pub fn assemble_states(
 ) -> Result<Assembly, String> {
     let mut missing_in_sync = Vec::new();
     let mut unreadable = Vec::new();
+    let mut behind = Vec::new();
     let states: Vec<MemberState> = copies
         .iter()
         .enumerate()
@@ -428,6 +441,12 @@ pub fn assemble_states(
                 }
                 _ if !fits.get(i).copied().unwrap_or(false) => MemberState::Faulty,
                 (CopyView::Blank, _) => MemberState::Resyncing { done: 0 },
+                (CopyView::Valid { generation, .. }, _)
+                    if generation.saturating_add(CRASH_LAG) < winner_generation =>
+                {
+                    behind.push(i);
+                    MemberState::Resyncing { done: 0 }
+                }
                 (_, state) => state,
             }
         })
@@ -457,6 +476,7 @@ pub fn assemble_states(
     Ok(Assembly {
         states,
         missing_in_sync,
+        behind,
     })
 }
 
@@ -670,7 +690,7 @@ mod tests {
         let assembly = assemble_states(
             &[InSync, Faulty],
             10,
-            &[valid(7, 1, 1), CopyView::Missing, CopyView::Missing],
+            &[valid(7, 10, 1), CopyView::Missing, CopyView::Missing],
             &[true, false, false],
             &names(3),
             false,
@@ -704,10 +724,27 @@ mod tests {
             assert_eq!(assembly.states, vec![InSync, Faulty]);
             assert_eq!(assembly.missing_in_sync, vec![1]);
         }
+        // A valid copy one generation behind (a checkpoint cut by a crash) keeps its state;
+        // two or more behind missed writes while out of the fan-out: resync from 0.
+        let copies = [valid(7, 10, 1), valid(7, 9, 1), valid(7, 8, 1)];
+        let assembly = assemble_states(
+            &[InSync, InSync, MemberState::Resyncing { done: 4096 }],
+            10,
+            &copies,
+            &[true; 3],
+            &names(3),
+            false,
+        )
+        .unwrap();
+        assert_eq!(
+            assembly.states,
+            vec![InSync, InSync, MemberState::Resyncing { done: 0 }]
+        );
+        assert_eq!(assembly.behind, vec![2]);
         let small = assemble_states(
             &[InSync, InSync],
             10,
-            &[valid(7, 1, 1), valid(7, 1, 1)],
+            &[valid(7, 10, 1), valid(7, 10, 1)],
             &[true, false],
             &names(2),
             false,
@@ -718,7 +755,7 @@ mod tests {
         assert!(assemble_states(
             &[Faulty, InSync],
             10,
-            &[valid(7, 1, 1), CopyView::Blank],
+            &[valid(7, 10, 1), CopyView::Blank],
             &[true, true],
             &names(2),
             true
