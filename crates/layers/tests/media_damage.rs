@@ -2,7 +2,9 @@
 //! superblock, the active or the idle checkpoint slot, a journal block; for raid5 also its
 //! stripe journal) after data was flushed and the layer closed. On reopen there is never
 //! silent loss: either the open fails with an error, or every flushed byte reads back as the
-//! model says. Plain memory devices; each seed is replayable (the failure message names it).
+//! model says. Plain memory devices. A seed fixes the writes and the place damaged (the
+//! failure message names both); a store's first generation is random, so whether the damaged
+//! superblock copy was the active one can differ between runs of one seed.
 
 use std::sync::Arc;
 use std::time::Duration;
