@@ -2,6 +2,7 @@
 //! owns its children below; layers that keep state keep it through `strata_meta`. The
 //! registry lists every kind the configuration can name.
 
+pub mod blank;
 pub mod concat;
 pub mod crypt;
 pub mod delay;

@@ -14,6 +14,7 @@ use strata_core::{
 use strata_crash::rand::{RngExt, SeedableRng};
 use strata_crash::{sector_disk, CrashDisk, CrashGroup, CrashRng};
 use strata_layers::mirror::{MemberState, Mirror, MirrorOptions};
+use strata_layers::registry::StartPolicy;
 
 const META: u64 = 128 << 10;
 const DATA: u64 = 1 << 20;
@@ -27,6 +28,7 @@ fn options() -> MirrorOptions {
         resync_concurrency: 2,
         copy_chunk: 16 << 10,
         resync_checkpoint: 4 * REGION,
+        start: StartPolicy::FRESH,
     }
 }
 

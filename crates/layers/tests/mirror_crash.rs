@@ -19,6 +19,7 @@ use strata_crash::{
     CrashStats, DeviceModel, DiskImage, ScenarioConfig,
 };
 use strata_layers::mirror::{MemberState, Mirror, MirrorOptions};
+use strata_layers::registry::StartPolicy;
 
 const META: u64 = 64 << 10;
 const DATA: u64 = 512 << 10;
@@ -33,6 +34,7 @@ fn options() -> MirrorOptions {
         resync_concurrency: 2,
         copy_chunk: 16 << 10,
         resync_checkpoint: 4 * REGION,
+        start: StartPolicy::FRESH,
     }
 }
 

@@ -14,6 +14,7 @@ use strata_core::{
     Health, Member, Result, TokioRuntime, WriteFlags, ZeroFlags,
 };
 use strata_layers::raid5::{Layout, Raid5, Settings, META_BYTES};
+use strata_layers::registry::StartPolicy;
 
 const CHUNK: u64 = 4096;
 const JOURNAL: u64 = 64 << 10;
@@ -29,6 +30,7 @@ fn settings(chunk: u64, journal: u64) -> Settings {
         journal: Some(journal),
         journal_device: None,
         unsafe_skip_journal: false,
+        start: StartPolicy::FRESH,
     }
 }
 
@@ -232,12 +234,17 @@ async fn chunk_is_fixed_at_creation() {
     let raid = open(&partial, CHUNK, JOURNAL).await.unwrap();
     assert_eq!(raid.health(), Health::Degraded);
     assert_eq!(&raid.read(0, 8192).await.unwrap()[..], &[7u8; 8192][..]);
-    // Two missing: every I/O fails, never wrong data.
+    // Two missing: never wrong data. The open is refused (issue 12: starting would record
+    // the second member failed and fail the array for good), writing nothing, so the array
+    // still opens degraded once that member is back.
     drop(raid);
     partial[1] = None;
+    let error = open(&partial, CHUNK, JOURNAL).await.err().expect("refused");
+    assert!(error.to_string().contains("member 1"), "{error}");
+    partial[1] = devices[1].clone();
     let raid = open(&partial, CHUNK, JOURNAL).await.unwrap();
-    assert_eq!(raid.health(), Health::Failed);
-    assert!(raid.read(0, 512).await.is_err());
+    assert_eq!(raid.health(), Health::Degraded);
+    assert_eq!(&raid.read(0, 8192).await.unwrap()[..], &[7u8; 8192][..]);
 }
 
 /// Counts member I/O by region: metadata, journal, data.

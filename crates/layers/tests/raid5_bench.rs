@@ -16,6 +16,7 @@ use strata_backend::MemoryDevice;
 use strata_core::{BlockDevice, DeviceRef, TokioRuntime, WriteFlags};
 use strata_layers::delay::{Delay, DelayConfig};
 use strata_layers::raid5::{Raid5, Settings};
+use strata_layers::registry::StartPolicy;
 
 const MEMBER_BW: u64 = 100 << 20;
 const CHUNK: u64 = 64 << 10;
@@ -82,6 +83,7 @@ fn full_stripe_writes_scale_over_bandwidth_limited_members() {
             journal: None,
             journal_device: None,
             unsafe_skip_journal: false,
+            start: StartPolicy::FRESH,
         };
         let raid = Raid5::open("r5".into(), children, settings, TokioRuntime::current())
             .await

@@ -22,6 +22,7 @@ use strata_crash::{
     DeviceModel, DiskImage, ScenarioConfig,
 };
 use strata_layers::raid5::{Raid5, Settings, META_BYTES};
+use strata_layers::registry::StartPolicy;
 
 const CHUNK: u64 = 4096;
 const JOURNAL: u64 = 64 << 10;
@@ -42,6 +43,7 @@ fn settings(skip_journal: bool, journal_device: Option<usize>) -> Settings {
         journal: Some(JOURNAL),
         journal_device,
         unsafe_skip_journal: skip_journal,
+        start: StartPolicy::FRESH,
     }
 }
 

@@ -7,9 +7,10 @@
 //! store carries on with the others, so losing a member never fails the mirror's metadata)
 //! and reported through [`MetaFanout::take_dropped`]; the mirror then marks it faulty.
 //!
-//! At open every present member's copy is recovered on its own (read only), the newest wins
-//! (`policy::choose_copy`), and the store is opened from it. Opening writes a fresh checkpoint
-//! through the fanout, which rewrites every other copy to the winner.
+//! At open every present member's copy is recovered on its own (read only), the winner and
+//! the membership are decided from those views (`policy::choose_copy`, `assemble_states`),
+//! and only then is the store opened from the winner. Opening writes a fresh checkpoint
+//! through the fanout, which rewrites every kept copy to the winner.
 
 use std::sync::{Arc, Mutex};
 
@@ -21,7 +22,10 @@ use strata_core::{
 };
 use strata_meta::{FormatOptions, MetaStore, ObjectId, RecoveryError, StoreOptions};
 
-use super::policy::{choose_copy, CopyChoice, CopyView, MemberState, MirrorRecord};
+use super::policy::{
+    assemble_states, choose_copy, CopyChoice, CopyView, MemberState, MirrorRecord,
+};
+use crate::registry::StartPolicy;
 
 pub const CONFIG_BLOB: &str = "mirror.config";
 pub const MEMBERS_TABLE: &str = "mirror.members";
@@ -181,20 +185,61 @@ impl BlockDevice for MetaFanout {
     }
 }
 
-/// Looks at one member's copy without writing anything.
-pub async fn view_copy(device: Option<&DeviceRef>) -> CopyView {
+/// Looks at one member's copy without writing anything. `region` is how much of the member
+/// must read as zeros for a copy without superblock to count as blank.
+pub async fn view_copy(device: Option<&DeviceRef>, region: u64) -> CopyView {
     let Some(device) = device else {
         return CopyView::Missing;
     };
     match strata_meta::recover(device.as_ref(), 0).await {
-        Ok(recovered) => CopyView::Valid {
-            uuid: recovered.superblock.uuid,
-            owner: recovered.superblock.owner,
-            generation: recovered.superblock.generation,
-            next_txn: recovered.next_txn,
+        Ok(recovered) => match state_of(&recovered.state) {
+            Ok((_, _, states)) => CopyView::Valid {
+                uuid: recovered.superblock.uuid,
+                owner: recovered.superblock.owner,
+                generation: recovered.superblock.generation,
+                next_txn: recovered.next_txn,
+                states,
+            },
+            // Another owner's store has no mirror objects; the choice names the owner.
+            Err(_) if recovered.superblock.owner != super::OWNER => CopyView::Valid {
+                uuid: recovered.superblock.uuid,
+                owner: recovered.superblock.owner,
+                generation: recovered.superblock.generation,
+                next_txn: recovered.next_txn,
+                states: Vec::new(),
+            },
+            Err(why) => CopyView::Damaged {
+                why,
+                generation: Some(recovered.superblock.generation),
+            },
         },
-        Err(RecoveryError::NoSuperblock { .. }) => CopyView::Blank,
-        Err(error) => CopyView::Damaged(error.to_string()),
+        Err(RecoveryError::NoSuperblock { a, b }) => {
+            match crate::blank::region_is_zero(device.as_ref(), 0, region).await {
+                Ok(true) => CopyView::Blank,
+                Ok(false) => CopyView::Unlabelled(format!(
+                    "no valid superblock (copy A: {a}; copy B: {b}) but the metadata region \
+                     is not blank"
+                )),
+                Err(error) => CopyView::Damaged {
+                    why: error.to_string(),
+                    generation: None,
+                },
+            }
+        }
+        Err(error) => {
+            // The newest superblock that still reads names how new this copy is.
+            let generation = match &error {
+                RecoveryError::Checkpoint { generation, .. } => Some(*generation),
+                _ => strata_meta::read_superblock(device.as_ref(), 0)
+                    .await
+                    .ok()
+                    .map(|(sb, _)| sb.generation),
+            };
+            CopyView::Damaged {
+                why: error.to_string(),
+                generation,
+            }
+        }
     }
 }
 
@@ -204,11 +249,8 @@ pub struct Opened {
     pub fanout: Arc<MetaFanout>,
     pub ids: Ids,
     pub record: MirrorRecord,
-    /// One per slot of the record (before reconciling with the configured children).
+    /// One per configured child, reconciled (`policy::assemble_states`).
     pub states: Vec<MemberState>,
-    /// Copies found at open, per configured child; after a format, every one is the new
-    /// store's (so none reads as a disk swapped in).
-    pub copies: Vec<CopyView>,
 }
 
 /// What a fresh mirror is formatted with.
@@ -218,23 +260,31 @@ pub struct FormatPlan {
     pub size_hint: u64,
 }
 
-/// Opens the mirror's store from the newest copy among `children`, or formats every member
-/// if none has ever held one.
+/// Opens the mirror's store from the copy `policy::choose_copy` picks among `children`, or
+/// formats every member if none has ever held one and the start policy allows it. Every
+/// decision, refusals included, is made from read-only views of the copies: nothing is
+/// written to any member before the choice and the membership are settled.
 pub async fn open_or_format(
     name: &str,
+    names: &[String],
     children: &[Option<DeviceRef>],
     min_io: u32,
     plan: FormatPlan,
+    start: StartPolicy,
 ) -> Result<Opened> {
     let mut copies = Vec::with_capacity(children.len());
     for child in children {
-        copies.push(view_copy(child.as_ref()).await);
+        copies.push(view_copy(child.as_ref(), plan.metadata_size).await);
     }
-    let choice = choose_copy(&copies)
-        .map_err(|why| BlockError::InvalidArgument(format!("mirror {name}: {why}")))?;
+    let refuse = |why: String| BlockError::InvalidArgument(format!("mirror {name}: {why}"));
+    let choice = choose_copy(&copies, names, start.may_format).map_err(refuse)?;
     let store_options = StoreOptions::new(&format!("{name} metadata"));
     match choice {
         CopyChoice::Format => {
+            // Checked before formatting: a refused open writes nothing.
+            if plan.size_hint == 0 {
+                return Err(refuse("members leave no room for data".into()));
+            }
             let targets: Vec<(usize, DeviceRef)> = children
                 .iter()
                 .enumerate()
@@ -270,30 +320,65 @@ pub async fn open_or_format(
                 })
             })?;
             store.commit().await?;
-            let states = vec![MemberState::InSync; children.len()];
-            let formatted = CopyView::Damaged("formatted by this open".into());
+            tracing::info!(mirror = %name, members = children.len(), "mirror formatted");
             Ok(Opened {
                 store,
                 fanout,
                 ids,
                 record,
-                states,
-                copies: vec![formatted; copies.len()],
+                states: vec![MemberState::InSync; children.len()],
             })
         }
         CopyChoice::Open(winner) => {
             let source = children[winner].clone().expect("a valid copy is present");
-            let region_len = strata_meta::read_superblock(source.as_ref(), 0)
+            let CopyView::Valid {
+                states: recorded, ..
+            } = &copies[winner]
+            else {
+                unreachable!("the chosen copy is valid")
+            };
+            // Read again (read only) for the record: its data area decides which members fit.
+            let recovered = strata_meta::recover(source.as_ref(), 0)
                 .await
-                .map_err(|e| {
-                    BlockError::io("mirror metadata", std::io::Error::other(e.to_string()))
-                })?
-                .0
-                .layout
-                .region_blocks
-                * strata_meta::BLOCK_SIZE as u64;
-            // Only the members the winning copy does not call faulty get the rewrite; that
-            // is decided below once the state is known, so start with the winner alone.
+                .map_err(BlockError::from)?;
+            let (_, record, _) = state_of(&recovered.state).map_err(refuse)?;
+            let need = record.data_offset + record.size;
+            let fits: Vec<bool> = children
+                .iter()
+                .map(|c| c.as_ref().is_some_and(|d| d.geometry().size >= need))
+                .collect();
+            for (i, child) in children.iter().enumerate() {
+                if child.is_some() && !fits[i] {
+                    tracing::error!(mirror = %name, member = %names[i], "member is smaller than the mirror; faulty");
+                }
+            }
+            let assembly = assemble_states(
+                recorded,
+                recovered.superblock.generation,
+                &copies,
+                &fits,
+                names,
+                start.allow_degraded,
+            )
+            .map_err(refuse)?;
+            if !assembly.missing_in_sync.is_empty() {
+                let missing: Vec<&str> = assembly
+                    .missing_in_sync
+                    .iter()
+                    .map(|&i| names[i].as_str())
+                    .collect();
+                tracing::warn!(mirror = %name, missing = %missing.join(", "), "members recorded in sync are missing or their metadata is damaged; starting degraded as asked (--degraded): they are marked faulty and need `strata replace`");
+            }
+            for &i in &assembly.behind {
+                tracing::warn!(mirror = %name, member = %names[i], "member's metadata is generations behind the others (a replaced disk configured again?); its data is not trusted: resyncing it from the start");
+            }
+            if recorded.len() > children.len() {
+                tracing::warn!(mirror = %name, recorded = recorded.len(), configured = children.len(), "members past the configured children are dropped");
+            }
+            let region_len =
+                recovered.superblock.layout.region_blocks * strata_meta::BLOCK_SIZE as u64;
+            // Only the members the assembly keeps get the rewrite (added by the caller once
+            // the membership is recorded), so start with the winner alone.
             let fanout = Arc::new(MetaFanout::new(
                 region_len,
                 min_io,
@@ -301,40 +386,37 @@ pub async fn open_or_format(
                 winner,
             ));
             let (store, _) = MetaStore::open(fanout.clone(), 0, store_options).await?;
-            let (ids, record, states) = read_state(&store)
-                .map_err(|why| BlockError::InvalidArgument(format!("mirror {name}: {why}")))?;
+            let (ids, record, _) = store.read(state_of).map_err(refuse)?;
             Ok(Opened {
                 store,
                 fanout,
                 ids,
                 record,
-                states,
-                copies,
+                states: assembly.states,
             })
         }
     }
 }
 
-fn read_state(
-    store: &MetaStore,
+/// The mirror's objects in a recovered state: ids, record, and one state per recorded slot.
+fn state_of(
+    state: &strata_meta::State,
 ) -> std::result::Result<(Ids, MirrorRecord, Vec<MemberState>), String> {
-    store.read(|state| {
-        let id = |name: &str| state.id(name).ok_or(format!("metadata has no `{name}`"));
-        let ids = Ids {
-            config: id(CONFIG_BLOB)?,
-            members: id(MEMBERS_TABLE)?,
-            dirty: id(DIRTY_BITMAP)?,
-        };
-        let record = MirrorRecord::decode(state.blob(ids.config).unwrap_or_default())?;
-        let table = state.table(ids.members).ok_or("members is not a table")?;
-        let states = (0..u64::from(record.members))
-            .map(|i| {
-                table
-                    .get(i)
-                    .and_then(MemberState::decode)
-                    .ok_or(format!("member slot {i} has no valid state"))
-            })
-            .collect::<std::result::Result<Vec<_>, String>>()?;
-        Ok((ids, record, states))
-    })
+    let id = |name: &str| state.id(name).ok_or(format!("metadata has no `{name}`"));
+    let ids = Ids {
+        config: id(CONFIG_BLOB)?,
+        members: id(MEMBERS_TABLE)?,
+        dirty: id(DIRTY_BITMAP)?,
+    };
+    let record = MirrorRecord::decode(state.blob(ids.config).unwrap_or_default())?;
+    let table = state.table(ids.members).ok_or("members is not a table")?;
+    let states = (0..u64::from(record.members))
+        .map(|i| {
+            table
+                .get(i)
+                .and_then(MemberState::decode)
+                .ok_or(format!("member slot {i} has no valid state"))
+        })
+        .collect::<std::result::Result<Vec<_>, String>>()?;
+    Ok((ids, record, states))
 }

@@ -39,7 +39,7 @@ use std::time::Duration;
 
 use strata_core::{BlockError, DeviceRef, Result, Runtime};
 
-use crate::registry::{ChildCount, LayerArgs, LayerKind};
+use crate::registry::{ChildCount, LayerArgs, LayerKind, StartPolicy};
 
 pub use policy::MemberState;
 pub use state::{Mirror, MirrorStats};
@@ -74,6 +74,8 @@ pub struct MirrorOptions {
     pub copy_chunk: u64,
     /// A resyncing member's progress is made durable at least this often (bytes).
     pub resync_checkpoint: u64,
+    /// Whether this start may format blank members and start with in-sync members missing.
+    pub start: StartPolicy,
 }
 
 impl Default for MirrorOptions {
@@ -85,6 +87,7 @@ impl Default for MirrorOptions {
             resync_concurrency: 4,
             copy_chunk: 1 << 20,
             resync_checkpoint: 256 << 20,
+            start: StartPolicy::default(),
         }
     }
 }
@@ -110,6 +113,7 @@ async fn build(args: LayerArgs) -> Result<Mirror> {
             .unwrap_or(defaults.resync_concurrency),
         copy_chunk: defaults.copy_chunk,
         resync_checkpoint: defaults.resync_checkpoint,
+        start: args.start,
     };
     Mirror::open(
         args.name,

@@ -14,7 +14,7 @@ use strata_core::{Activity, BlockError, DeviceRef, Geometry, Result};
 use strata_meta::{MetaStore, TxnClass};
 
 use super::meta::{self, FormatPlan, Ids, MetaFanout};
-use super::policy::{CopyView, MemberState, MirrorRecord};
+use super::policy::{MemberState, MirrorRecord};
 use super::{invalid, MirrorOptions, RuntimeRef};
 
 /// Region lock stripes: enough that unrelated regions rarely share one.
@@ -101,8 +101,8 @@ pub struct MirrorStats {
 }
 
 impl Mirror {
-    /// Assembles a mirror over `children` (None = missing), formatting it if no member has
-    /// ever held one.
+    /// Assembles a mirror over `children` (None = missing); formats it only if every member
+    /// is blank and `options.start.may_format` (see `policy::choose_copy`).
     pub async fn open(
         name: String,
         names: Vec<String>,
@@ -138,15 +138,17 @@ impl Mirror {
             region: options.region,
             size_hint,
         };
-        let opened = meta::open_or_format(&name, &children, geometry.min_io, plan).await?;
-        if opened.record.size == 0 {
-            return Err(invalid(&name, "members leave no room for data"));
-        }
+        let opened = meta::open_or_format(
+            &name,
+            &names,
+            &children,
+            geometry.min_io,
+            plan,
+            options.start,
+        )
+        .await?;
         let record = opened.record;
-        let states = reconcile(&name, &record, &opened.states, &opened.copies, &children);
-        if !states.contains(&MemberState::InSync) {
-            return Err(invalid(&name, "no in-sync member is present"));
-        }
+        let states = opened.states.clone();
         // Record the reconciled membership and give every usable member a full copy.
         let ids = opened.ids;
         let store = opened.store.clone();
@@ -306,48 +308,6 @@ fn combined_geometry(members: &[&DeviceRef]) -> Geometry {
         g.max_io = g.max_io.min(mg.max_io);
     }
     g
-}
-
-/// Member states for the configured children, from the recorded ones:
-/// - a configured child past the recorded slots is new: resynced from the start;
-/// - a missing child is faulty;
-/// - a child too small for the data area is faulty;
-/// - a child with a blank metadata region is a disk swapped in offline: resynced from the
-///   start, whatever its slot said (a damaged copy keeps its state: the data is not suspect);
-/// - recorded slots past the configured children are dropped.
-fn reconcile(
-    name: &str,
-    record: &MirrorRecord,
-    recorded: &[MemberState],
-    copies: &[CopyView],
-    children: &[Option<DeviceRef>],
-) -> Vec<MemberState> {
-    if recorded.len() > children.len() {
-        tracing::warn!(mirror = %name, recorded = recorded.len(), configured = children.len(), "members past the configured children are dropped");
-    }
-    let need = record.data_offset + record.size;
-    children
-        .iter()
-        .enumerate()
-        .map(|(i, child)| {
-            let Some(device) = child else {
-                return MemberState::Faulty;
-            };
-            if device.geometry().size < need {
-                tracing::error!(mirror = %name, member = i, "member is smaller than the mirror; faulty");
-                return MemberState::Faulty;
-            }
-            let state = recorded
-                .get(i)
-                .copied()
-                .unwrap_or(MemberState::Resyncing { done: 0 });
-            match (&copies[i], state) {
-                (_, MemberState::Faulty) => MemberState::Faulty,
-                (CopyView::Blank, _) => MemberState::Resyncing { done: 0 },
-                (_, state) => state,
-            }
-        })
-        .collect()
 }
 
 impl Inner {

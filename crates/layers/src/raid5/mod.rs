@@ -17,7 +17,8 @@
 //! writes no longer queue behind member data. The array will not start without it; if it
 //! fails, writes are refused (EIO) and reads go on.
 //!
-//! One member may be missing at assembly: the array runs degraded. The on-disk layout, the
+//! One member may be missing at assembly: the array runs degraded, if the metadata already
+//! records it failed or the start policy allows a degraded start. The on-disk layout, the
 //! journal protocol and what each write costs are in `docs/layers/raid5.md`.
 //!
 //! Files: `layout` (where chunks live), `plan` (pure: which member I/O a stripe's part of a
@@ -27,6 +28,7 @@
 //! assemble), `rebuild`.
 
 mod array;
+pub mod assembly;
 mod io;
 pub mod journal;
 pub mod layout;
@@ -91,6 +93,7 @@ async fn build(args: LayerArgs) -> Result<Raid5> {
         journal: args.options.size("journal")?,
         journal_device,
         unsafe_skip_journal: false,
+        start: args.start,
     };
     Raid5::open(args.name, args.children, settings, args.runtime).await
 }
@@ -103,8 +106,8 @@ pub struct Raid5 {
 }
 
 impl Raid5 {
-    /// Opens the array on `children` (None = a member missing), creating it if no member
-    /// holds one, and resumes an interrupted rebuild.
+    /// Opens the array on `children` (None = a member missing), creating it only on blank
+    /// members when `settings.start` allows, and resumes an interrupted rebuild.
     pub async fn open(
         name: String,
         children: Vec<Option<DeviceRef>>,

@@ -2,12 +2,11 @@
 //!
 //! Every member carries a copy of the metadata store in its first [`META_BYTES`]. After a
 //! crash the copies may differ: a commit reached some members and not others, or a member
-//! failed earlier and stopped receiving commits. The copy chosen is the one whose store
-//! recovers the most transactions (`next_txn`), ties to the lowest member index: every
-//! commit goes to all members in use, so the longest history is the newest, and a failed
-//! member's copy is always behind the commit that recorded its failure. The chosen region is
-//! then copied over the other members' before the store is opened on the mirror, so that
-//! every copy starts identical again.
+//! failed earlier and stopped receiving commits (or went on alone, started degraded). Which
+//! copy wins, whether the array may be created, and which members are out is decided by
+//! `assembly` (pure) from read-only looks at every member, before anything is written. The
+//! chosen region is then copied over the other members' before the store is opened on the
+//! mirror, so that every copy starts identical again.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::AtomicU64;
@@ -18,12 +17,14 @@ use strata_core::{BlockError, DeviceRef, Result, Runtime, WriteFlags};
 use strata_meta::{FormatOptions, MetaStore, Recovered, StoreOptions, TxnClass};
 
 use super::array::{Array, FullWrites, STRIPE_LOCKS};
+use super::assembly;
 use super::journal::{
     decode_device_header, device_bytes, device_journal_base, encode_device_header, Journal, JBLOCK,
 };
 use super::layout::Layout;
 use super::members::{Member, MemberState, Members, MirrorDevice, META_BYTES};
 use super::record::{ArrayRecord, BLOB, LOST};
+use crate::registry::StartPolicy;
 
 pub const OWNER: &str = "raid5";
 pub const DEFAULT_CHUNK: u64 = 64 << 10;
@@ -42,6 +43,9 @@ pub struct Settings {
     pub journal_device: Option<usize>,
     /// Test-only: run without the stripe journal (plants the write hole).
     pub unsafe_skip_journal: bool,
+    /// Whether this start may create the array on blank members, and start with members
+    /// missing that the metadata records as working. The default refuses both.
+    pub start: StartPolicy,
 }
 
 fn invalid(name: &str, what: impl std::fmt::Display) -> BlockError {
@@ -57,7 +61,8 @@ fn member(state: MemberState) -> Member {
     }
 }
 
-/// Opens the array on `children`, creating it when no member holds one.
+/// Opens the array on `children`; creates it only when every member is blank and
+/// `settings.start.may_format` (see `assembly`).
 pub async fn assemble(
     name: String,
     mut children: Vec<Option<DeviceRef>>,
@@ -83,44 +88,49 @@ pub async fn assemble(
     if children.len() < 3 {
         return Err(invalid(&name, "needs at least 3 members"));
     }
-    let mut copies: Vec<(usize, Recovered)> = Vec::new();
-    for (index, child) in children.iter().enumerate() {
-        let Some(device) = child else { continue };
-        if let Ok(recovered) = strata_meta::recover(device.as_ref(), 0).await {
-            if recovered.superblock.owner == OWNER {
-                copies.push((index, recovered));
-            }
+    // Every decision below is made from read-only views of the members: nothing is written
+    // to any of them until the copy and the membership are settled.
+    let mut copies = Vec::with_capacity(children.len());
+    let mut recovered: Vec<Option<Recovered>> = Vec::with_capacity(children.len());
+    for child in &children {
+        let (copy, r) = view_copy(child.as_ref()).await;
+        copies.push(copy);
+        recovered.push(r);
+    }
+    let refuse = |why: String| invalid(&name, why);
+    let source = match assembly::choose(&copies, settings.start.may_format).map_err(refuse)? {
+        assembly::Choice::Create => {
+            return create(name, children, journal_device, settings, runtime).await
         }
-    }
-    if copies.is_empty() {
-        return create(name, children, journal_device, settings, runtime).await;
-    }
-    let best = copies
-        .iter()
-        .max_by_key(|(index, r)| (r.next_txn, std::cmp::Reverse(*index)))
-        .expect("a copy");
-    let uuid = best.1.superblock.uuid;
-    let state = &best.1.state;
-    let blob = state.id(BLOB).and_then(|id| state.blob(id));
-    let record =
-        ArrayRecord::decode(blob.ok_or_else(|| invalid(&name, "metadata has no raid5 record"))?)?;
+        assembly::Choice::Open(source) => source,
+    };
+    let best = recovered[source]
+        .as_ref()
+        .expect("a valid copy was recovered");
+    let uuid = best.superblock.uuid;
+    let record = record_of(&best.state).map_err(refuse)?;
     check_shape(&name, &record, children.len(), &settings)?;
     check_journal_device(&name, &record, uuid, journal_device.as_ref()).await?;
-    let mut states: Vec<Member> = record.states.iter().map(|&(s, _)| member(s)).collect();
-    for (index, state) in states.iter_mut().enumerate() {
-        if state.state == MemberState::Rebuilding {
-            state.cursor = record.states[index].1;
-        }
-        let ours = copies
-            .iter()
-            .any(|(i, r)| *i == index && r.superblock.uuid == uuid);
-        if !ours && state.state != MemberState::Failed {
-            tracing::error!(array = %name, member = index, "raid5: member missing or not part of this array; running degraded");
-            state.state = MemberState::Failed;
-            state.durable = false;
-        }
+    let (assigned, newly_out) =
+        assembly::member_states(&record.states, &copies, settings.start.allow_degraded)
+            .map_err(refuse)?;
+    if !newly_out.is_empty() {
+        tracing::warn!(array = %name, members = ?newly_out, "raid5: members missing or unreadable; starting degraded as asked (--degraded): they are recorded failed and need `strata replace`");
     }
-    let source = best.0;
+    let states: Vec<Member> = assigned
+        .iter()
+        .enumerate()
+        .map(|(index, &(state, cursor))| {
+            let mut m = member(state);
+            if state == MemberState::Rebuilding {
+                m.cursor = cursor;
+            }
+            if newly_out.contains(&index) {
+                m.durable = false;
+            }
+            m
+        })
+        .collect();
     let region = children[source]
         .as_ref()
         .expect("present")
@@ -155,6 +165,56 @@ pub async fn assemble(
     array.persist().await?;
     drop(_gate);
     Ok(array)
+}
+
+/// One member's metadata copy, read only, and its recovered state when valid.
+async fn view_copy(device: Option<&DeviceRef>) -> (assembly::Copy, Option<Recovered>) {
+    let Some(device) = device else {
+        return (assembly::Copy::Missing, None);
+    };
+    match strata_meta::recover(device.as_ref(), 0).await {
+        Ok(r) if r.superblock.owner != OWNER => (
+            assembly::Copy::Damaged(format!(
+                "it holds metadata of a `{}`, not a raid5",
+                r.superblock.owner
+            )),
+            None,
+        ),
+        Ok(r) => match record_of(&r.state) {
+            Ok(record) => (
+                assembly::Copy::Valid {
+                    uuid: r.superblock.uuid,
+                    next_txn: r.next_txn,
+                    states: record.states,
+                },
+                Some(r),
+            ),
+            Err(why) => (assembly::Copy::Damaged(why), None),
+        },
+        Err(strata_meta::RecoveryError::NoSuperblock { a, b }) => {
+            match crate::blank::region_is_zero(device.as_ref(), 0, META_BYTES).await {
+                Ok(true) => (assembly::Copy::Blank, None),
+                Ok(false) => (
+                    assembly::Copy::Damaged(format!(
+                        "no valid superblock (copy A: {a}; copy B: {b}) but the metadata \
+                         region is not blank"
+                    )),
+                    None,
+                ),
+                Err(error) => (assembly::Copy::Damaged(error.to_string()), None),
+            }
+        }
+        Err(error) => (assembly::Copy::Damaged(error.to_string()), None),
+    }
+}
+
+/// The raid5 record in a recovered state.
+fn record_of(state: &strata_meta::State) -> std::result::Result<ArrayRecord, String> {
+    let blob = state
+        .id(BLOB)
+        .and_then(|id| state.blob(id))
+        .ok_or("metadata has no raid5 record")?;
+    ArrayRecord::decode(blob).map_err(|e| e.to_string())
 }
 
 fn check_shape(

@@ -113,6 +113,47 @@ impl LowWater {
     }
 }
 
+/// What a read-only look at the pool's metadata region found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MetadataFound {
+    /// The store recovers.
+    Valid,
+    /// No valid superblock, and the whole region reads as zeros.
+    Blank,
+    /// Anything else: no superblock over a non-zero region (superblocks damaged in front of
+    /// surviving checkpoints and journal), a damaged checkpoint or journal batch; with why.
+    Damaged(String),
+}
+
+/// What a pool does at start.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PoolStart {
+    Open,
+    Format,
+    Refuse(String),
+}
+
+/// Formatting destroys whatever the region held, so it needs both the server's permission
+/// (every disk under the pool was blank and unlabelled, or the operator asked) and a region
+/// that holds nothing. Damage is never formatted over, whatever the policy: the operator
+/// must see it (`strata check`) before anything is written.
+pub fn pool_start(found: &MetadataFound, may_format: bool) -> PoolStart {
+    match found {
+        MetadataFound::Valid => PoolStart::Open,
+        MetadataFound::Damaged(why) => PoolStart::Refuse(format!(
+            "the thin pool metadata is damaged ({why}); refusing to open or format it: run \
+             `strata check`"
+        )),
+        MetadataFound::Blank if may_format => PoolStart::Format,
+        MetadataFound::Blank => PoolStart::Refuse(
+            "the disk is labelled as holding this hierarchy but the thin pool metadata is \
+             missing (its region is all zeros: zeroed, or never written); if this is a new \
+             layer, start it with `strata serve --format LAYER`"
+                .into(),
+        ),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -163,6 +204,25 @@ mod tests {
         for bad in ["80", "0%", "101%", "-5%", "x%", "nan%"] {
             let error = LowWater::parse(bad).unwrap_err();
             assert!(error.contains("percentage"), "{bad}: {error}");
+        }
+    }
+
+    #[test]
+    fn a_pool_formats_only_a_blank_region_with_permission() {
+        use super::{pool_start, MetadataFound, PoolStart};
+        assert_eq!(pool_start(&MetadataFound::Valid, false), PoolStart::Open);
+        assert_eq!(pool_start(&MetadataFound::Valid, true), PoolStart::Open);
+        assert_eq!(pool_start(&MetadataFound::Blank, true), PoolStart::Format);
+        let PoolStart::Refuse(why) = pool_start(&MetadataFound::Blank, false) else {
+            panic!("a blank region without permission must be refused");
+        };
+        assert!(why.contains("strata serve --format"), "{why}");
+        for may_format in [false, true] {
+            let found = MetadataFound::Damaged("checkpoint crc".into());
+            let PoolStart::Refuse(why) = pool_start(&found, may_format) else {
+                panic!("damage must be refused");
+            };
+            assert!(why.contains("checkpoint crc") && why.contains("strata check"));
         }
     }
 }

@@ -20,7 +20,7 @@ use strata_meta::{FormatOptions, MetaStore, ObjectId, Recovered, StoreOptions, T
 
 use super::alloc::Allocator;
 use super::map::GRANULE;
-use super::policy::{LowWater, MapCommit, WhenFull};
+use super::policy::{pool_start, LowWater, MapCommit, MetadataFound, PoolStart, WhenFull};
 use super::records::{
     self, decode_volumes, encode_volumes, map_name, PoolIds, PoolRecord, VolumeRecord,
 };
@@ -80,6 +80,17 @@ impl PoolRuntime {
     }
 }
 
+/// The metadata region `format` gives a pool on a device of `size` bytes: the configured
+/// size, or about 860 bytes per extent; rounded up to 1 MiB. Also returns the default guess.
+fn metadata_bytes(size: u64, options: &PoolOptions) -> (u64, u64) {
+    let guess = (size / options.extent_size.max(1) * 860).clamp(256 << 10, 4 << 30);
+    let metadata = options
+        .metadata_size
+        .unwrap_or(guess)
+        .next_multiple_of(1 << 20);
+    (metadata, guess)
+}
+
 /// Lock stripes guarding (volume, virtual extent) pairs; see `volume` for who takes which.
 const LOCK_STRIPES: usize = 1024;
 
@@ -130,11 +141,7 @@ impl ThinPool {
             )));
         }
         let size = child.geometry().size;
-        let guess = (size / extent_size * 860).clamp(256 << 10, 4 << 30);
-        let metadata = options
-            .metadata_size
-            .unwrap_or(guess)
-            .next_multiple_of(1 << 20);
+        let (metadata, _) = metadata_bytes(size, options);
         let data_start = metadata.next_multiple_of(extent_size);
         let extents = size.saturating_sub(data_start) / extent_size;
         if extents == 0 {
@@ -209,20 +216,43 @@ impl ThinPool {
         Ok((pool, recovered))
     }
 
-    /// Opens the pool on `child` if it has one, formats it otherwise.
+    /// Opens the pool on `child` if it has one; formats it only if `start.may_format` and
+    /// the whole metadata region reads as zeros (`policy::pool_start`). Damaged metadata is
+    /// refused with an error naming the damage, whatever the policy. Nothing is written
+    /// before that decision.
     pub async fn open_or_format(
         name: &str,
         child: DeviceRef,
         options: &PoolOptions,
         settings: PoolRuntime,
-        _start: crate::registry::StartPolicy,
+        start: crate::registry::StartPolicy,
     ) -> Result<Arc<ThinPool>> {
-        match strata_meta::read_superblock(child.as_ref(), 0).await {
-            Ok(_) => Ok(Self::open(name, child, settings).await?.0),
-            Err(strata_meta::RecoveryError::NoSuperblock { .. }) => {
-                Self::format(name, child, options, settings).await
+        let found = match strata_meta::recover(child.as_ref(), 0).await {
+            Ok(_) => MetadataFound::Valid,
+            Err(strata_meta::RecoveryError::Io(error)) => return Err(error),
+            Err(strata_meta::RecoveryError::NoSuperblock { a, b }) => {
+                // At least the region a format would use now, configured or guessed, whichever
+                // is larger: a pool formatted on a smaller device, or with the other setting,
+                // had a region this covers. Reading past a region only ever refuses more.
+                let (metadata, guess) = metadata_bytes(child.geometry().size, options);
+                let scan = metadata.max(guess.next_multiple_of(1 << 20));
+                if crate::blank::region_is_zero(child.as_ref(), 0, scan).await? {
+                    MetadataFound::Blank
+                } else {
+                    MetadataFound::Damaged(format!(
+                        "no valid superblock (copy A: {a}; copy B: {b}) but the metadata region \
+                         is not blank"
+                    ))
+                }
             }
-            Err(error) => Err(error.into()),
+            Err(damage) => MetadataFound::Damaged(damage.to_string()),
+        };
+        match pool_start(&found, start.may_format) {
+            PoolStart::Open => Ok(Self::open(name, child, settings).await?.0),
+            PoolStart::Format => Self::format(name, child, options, settings).await,
+            PoolStart::Refuse(why) => Err(BlockError::InvalidArgument(format!(
+                "thin pool {name}: {why}"
+            ))),
         }
     }
 

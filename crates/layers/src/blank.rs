@@ -1,0 +1,93 @@
+//! Whether a layer's metadata region was never written: the one condition (with the server's
+//! `may_format`) under which a stateful layer formats. A region without a valid superblock is
+//! not enough: damaged superblocks in front of surviving checkpoints and journal batches look
+//! the same to a superblock read, and formatting over them would silently destroy the layer.
+//! So every byte of the region must read as zero.
+
+use strata_core::{BlockDevice, Result};
+
+/// Bytes read at once while scanning.
+const PIECE: u64 = 1 << 20;
+
+/// Whether `[offset, offset + len)` of `device` (clamped to its size) reads as all zeros.
+/// Runs the device reports as holes or zeros are skipped; a device without `block_status`
+/// is read in full. Stops at the first non-zero byte.
+pub async fn region_is_zero(device: &dyn BlockDevice, offset: u64, len: u64) -> Result<bool> {
+    let end = offset.saturating_add(len).min(device.geometry().size);
+    if offset >= end {
+        return Ok(true);
+    }
+    let size = device.geometry().size;
+    let runs = match device.block_status(offset, end - offset).await {
+        Ok(extents) => {
+            let mut runs: Vec<std::ops::Range<u64>> = extents
+                .iter()
+                .filter(|e| !e.state.reads_zero())
+                .map(|e| e.offset.max(offset)..(e.offset + e.len).min(end))
+                .filter(|r| r.start < r.end)
+                .collect();
+            // An answer that stops short leaves the rest unknown: read it.
+            let reported = extents
+                .iter()
+                .map(|e| e.offset + e.len)
+                .max()
+                .unwrap_or(offset);
+            if reported < end {
+                runs.push(reported.max(offset)..end);
+            }
+            runs
+        }
+        Err(_) => std::iter::once(offset..end).collect(),
+    };
+    let align = u64::from(device.geometry().min_io).max(1);
+    let piece = (u64::from(device.geometry().max_io).min(PIECE) / align * align).max(align);
+    for run in runs {
+        // Widened to the device's I/O unit: a non-zero byte next to the region makes the
+        // answer "not blank", which only ever refuses a format, never allows one.
+        let mut at = run.start / align * align;
+        let stop = (run.end.div_ceil(align) * align).min(size);
+        while at < stop {
+            let n = (stop - at).min(piece);
+            let data = device.read(at, n as usize).await?;
+            if data.iter().any(|&b| b != 0) {
+                return Ok(false);
+            }
+            at += n;
+        }
+    }
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use bytes::Bytes;
+    use strata_backend::MemoryDevice;
+    use strata_core::{BlockDevice, DeviceRef, WriteFlags};
+
+    use super::region_is_zero;
+
+    #[tokio::test]
+    async fn one_non_zero_byte_anywhere_in_the_region_is_not_blank() {
+        let device: DeviceRef = Arc::new(MemoryDevice::new(8 << 20));
+        assert!(region_is_zero(device.as_ref(), 0, 4 << 20).await.unwrap());
+        // Written zeros are data to block_status but still blank.
+        device
+            .write(1 << 20, Bytes::from(vec![0u8; 8192]), WriteFlags::default())
+            .await
+            .unwrap();
+        assert!(region_is_zero(device.as_ref(), 0, 4 << 20).await.unwrap());
+        // One byte deep in the region (where a checkpoint or journal would be).
+        device
+            .write(3 << 20, Bytes::from(vec![0u8, 1]), WriteFlags::default())
+            .await
+            .unwrap();
+        assert!(!region_is_zero(device.as_ref(), 0, 4 << 20).await.unwrap());
+        // Outside the region it does not count; a region past the device is clamped.
+        assert!(region_is_zero(device.as_ref(), 0, 3 << 20).await.unwrap());
+        assert!(region_is_zero(device.as_ref(), 4 << 20, 64 << 20)
+            .await
+            .unwrap());
+    }
+}
