@@ -229,7 +229,7 @@ pub async fn build(
             Err(e) if labelled.contains(&name) => {
                 // Its layer decides: a mirror or raid5 may run without it (if allowed).
                 let reason = format!("{e:#}");
-                error!(disk = %name, "disk {name} is absent: {reason}");
+                error!(disk = %name, "disk {name} is missing for its layer: {reason}");
                 stack.absent.insert(name, reason);
             }
             Err(e) => refuse(&mut stack, loaded, &name, "disk", format!("{e:#}")),
@@ -440,7 +440,7 @@ async fn label_disks(stack: &mut Stack, loaded: &Loaded) -> anyhow::Result<u64> 
     }
     let reconciled = hierarchy::reconcile_at_start(loaded, &disks).await?;
     for (name, reason) in reconciled.refused {
-        error!(disk = %name, "disk {name} is absent: {reason}");
+        error!(disk = %name, "disk {name} is missing for its layer: {reason}");
         stack.nodes.retain(|n| n.name != name);
         stack.absent.insert(name, reason);
     }
@@ -574,10 +574,10 @@ async fn build_thin_pool(
 ) -> anyhow::Result<()> {
     let name = layer.name.clone();
     let child_name = &layer.children[0];
-    let child = stack.device(child_name).with_context(|| {
-        let why = stack.absent.get(child_name).cloned().unwrap_or_default();
-        format!("thin pool {name}: its disk {child_name} is missing: {why}")
-    })?;
+    // Why it is missing is added by the caller, with the other members'.
+    let child = stack
+        .device(child_name)
+        .with_context(|| format!("thin pool {name}: its disk {child_name} is missing"))?;
     let opts = layer_options(layer, loaded);
     let invalid = |e: strata_core::BlockError| anyhow::anyhow!("thin pool {name}: {e}");
     let extent_size = opts.size("extent").map_err(invalid)?.unwrap_or(512 << 10);
