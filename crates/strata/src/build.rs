@@ -157,6 +157,22 @@ fn disks_under(loaded: &Loaded, name: &str) -> Vec<String> {
     }
 }
 
+/// What `layer` may do at this start: format only if every disk under it (through the
+/// layers below) was blank before this start, or if the operator named it in `--format`;
+/// start with in-sync members missing only with `--degraded`.
+fn start_policy(
+    loaded: &Loaded,
+    layer: &str,
+    fresh: &HashSet<String>,
+    start: &StartOptions,
+) -> StartPolicy {
+    StartPolicy {
+        may_format: start.format.contains(layer)
+            || disks_under(loaded, layer).iter().all(|d| fresh.contains(d)),
+        allow_degraded: start.degraded,
+    }
+}
+
 /// The files of `disks`, as an operator would type them into `strata check`.
 fn disk_paths(loaded: &Loaded, disks: &[String]) -> Vec<PathBuf> {
     disks
@@ -244,13 +260,7 @@ pub async fn build(
             refuse(&mut stack, loaded, &layer.name, &layer.kind, reason);
             continue;
         }
-        let policy = StartPolicy {
-            may_format: start.format.contains(&layer.name)
-                || disks_under(loaded, &layer.name)
-                    .iter()
-                    .all(|d| stack.fresh.contains(d)),
-            allow_degraded: start.degraded,
-        };
+        let policy = start_policy(loaded, &layer.name, &stack.fresh, start);
         let built = if layer.kind == "thin-pool" {
             build_thin_pool(&mut stack, layer, loaded, policy, runtime.clone(), metrics).await
         } else {
@@ -637,4 +647,57 @@ async fn build_thin_pool(
         });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn loaded(text: &str) -> Loaded {
+        crate::config::load(text, "test.toml", Path::new("/nonexistent-base"), None).unwrap()
+    }
+
+    const NESTED: &str = "listen = [\"unix:s\"]\n\
+        [[disk]]\nname = \"a\"\npath = \"a.img\"\n\
+        [[disk]]\nname = \"b\"\npath = \"b.img\"\n\
+        [[disk]]\nname = \"c\"\npath = \"c.img\"\n\
+        [[layer]]\nname = \"m\"\nkind = \"mirror\"\nchildren = [\"a\", \"b\"]\n\
+        [[layer]]\nname = \"all\"\nkind = \"concat\"\nchildren = [\"m\", \"c\"]\n\
+        [[layer]]\nname = \"pool\"\nkind = \"thin-pool\"\nchildren = [\"all\"]\n\
+        volumes = [{ name = \"v\", size = \"1GiB\" }]\n\
+        [[export]]\nname = \"e\"\ndevice = \"pool/v\"\n";
+
+    #[test]
+    fn a_layer_may_format_only_over_blank_disks_or_when_named() {
+        let loaded = loaded(NESTED);
+        let fresh =
+            |names: &[&str]| -> HashSet<String> { names.iter().map(|n| n.to_string()).collect() };
+        let careful = StartOptions::default();
+        let all_blank = fresh(&["a", "b", "c"]);
+        for layer in ["m", "all", "pool"] {
+            let policy = start_policy(&loaded, layer, &all_blank, &careful);
+            assert!(policy.may_format, "{layer} over blank disks");
+            assert!(!policy.allow_degraded, "{layer}: no --degraded");
+        }
+        // c was labelled before: the mirror under it may still format, nothing above it.
+        let c_used = fresh(&["a", "b"]);
+        assert!(start_policy(&loaded, "m", &c_used, &careful).may_format);
+        assert!(!start_policy(&loaded, "all", &c_used, &careful).may_format);
+        assert!(
+            !start_policy(&loaded, "pool", &c_used, &careful).may_format,
+            "the pool sits on c through the concat"
+        );
+        // One leg missing or used: the mirror may not format.
+        assert!(!start_policy(&loaded, "m", &fresh(&["a"]), &careful).may_format);
+        let named = StartOptions {
+            format: ["pool".to_string()].into_iter().collect(),
+            degraded: true,
+        };
+        let policy = start_policy(&loaded, "pool", &fresh(&[]), &named);
+        assert!(policy.may_format && policy.allow_degraded);
+        assert!(
+            !start_policy(&loaded, "m", &fresh(&[]), &named).may_format,
+            "--format names one layer, not those under it"
+        );
+    }
 }

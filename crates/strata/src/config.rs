@@ -266,25 +266,25 @@ fn file_key(path: &Path) -> FileKey {
     }
     // The longest existing ancestor, canonicalised (it may be reached through a symlink or
     // `..`), then the missing rest with `.` and `..` applied by hand.
-    let mut existing = path.to_path_buf();
-    let mut rest = Vec::new();
-    while !existing.exists() {
-        match (existing.file_name(), existing.parent()) {
-            (Some(name), Some(parent)) => {
-                rest.push(name.to_os_string());
-                existing = parent.to_path_buf();
-            }
-            _ => break,
+    let parts: Vec<std::path::Component> = path.components().collect();
+    let mut existing = PathBuf::new();
+    let mut missing_from = parts.len();
+    for (i, part) in parts.iter().enumerate() {
+        let next = existing.join(part);
+        if i > 0 && !next.exists() {
+            missing_from = i;
+            break;
         }
+        existing = next;
     }
     let mut key = std::fs::canonicalize(&existing).unwrap_or(existing);
-    for part in rest.iter().rev() {
-        match part.to_str() {
-            Some(".") => {}
-            Some("..") => {
+    for part in &parts[missing_from..] {
+        match part {
+            std::path::Component::CurDir => {}
+            std::path::Component::ParentDir => {
                 key.pop();
             }
-            _ => key.push(part),
+            other => key.push(other),
         }
     }
     FileKey::Path(key)
@@ -436,6 +436,45 @@ mod tests {
         assert_eq!(loaded.listen.len(), 2);
         assert_eq!(loaded.data_dir, PathBuf::from("/base"));
         assert_eq!(loaded.listen[1], ListenAddr::Tcp("127.0.0.1:10809".into()));
+    }
+
+    #[test]
+    fn one_file_may_back_only_one_disk() {
+        let text = |second: &str| {
+            format!("listen = [\"unix:s\"]\n[[disk]]\nname = \"a\"\npath = \"disks/a.img\"\n[[disk]]\nname = \"b\"\npath = \"{second}\"\n[[export]]\nname = \"e\"\ndevice = \"a\"\n")
+        };
+        for second in [
+            "disks/a.img",
+            "disks/../disks/a.img",
+            "./disks/./a.img",
+            "x/../disks/a.img",
+        ] {
+            let err = load_str(&text(second)).err().unwrap();
+            assert_eq!(
+                (err.line, err.column),
+                (Some(7), Some(8)),
+                "{second}: {err}"
+            );
+            assert!(
+                err.to_string().contains("field `path`: disk b (")
+                    && err.to_string().contains("disk a (disks/a.img)"),
+                "{err}"
+            );
+        }
+        assert!(load_str(&text("disks/b.img")).is_ok());
+    }
+
+    #[test]
+    fn disk_sizes_must_fit_a_file() {
+        let text = |size: &str| {
+            format!("listen = [\"unix:s\"]\n[[disk]]\nname = \"d0\"\npath = \"d0.img\"\nsize = {size}\n[[export]]\nname = \"e\"\ndevice = \"d0\"\n")
+        };
+        for size in ["0", "\"0GiB\"", "\"8388608TiB\""] {
+            let err = load_str(&text(size)).err().unwrap();
+            assert_eq!((err.line, err.column), (Some(5), Some(8)), "{size}: {err}");
+            assert!(err.to_string().contains("field `size`: disk d0: "), "{err}");
+        }
+        assert!(load_str(&text("\"8388607TiB\"")).is_ok());
     }
 
     #[test]
