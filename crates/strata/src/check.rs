@@ -13,7 +13,8 @@
 //! because any fix would have to guess. A device with nothing to repair is not written.
 //!
 //! A member of a mirror or raid5 is repaired only with every member of its layer on the
-//! command line, all at one metadata generation, and then all of them are rewritten: the
+//! command line, all at one metadata generation and journal length, and then all of them are
+//! rewritten: the
 //! rewrite raises the generation, and raising one member's alone could make a stale member
 //! look newest to its layer.
 
@@ -53,7 +54,8 @@ pub struct DeviceReport {
     pub repaired: bool,
     /// No hierarchy label and no metadata superblock: not a Strata disk (not damage).
     pub not_strata: bool,
-    /// For a disk whose layer keeps no metadata on its members (a stripe, a concat).
+    /// Information that is not a finding: a disk whose layer keeps no metadata on its members
+    /// (a stripe, a concat), an owner whose invariants check does not know.
     pub note: Option<String>,
     /// Findings a repair fixes (a damaged superblock copy, a torn journal tail).
     #[serde(skip)]
@@ -152,20 +154,24 @@ pub async fn check_all(paths: &[PathBuf], repair: bool) -> anyhow::Result<Vec<De
         if !any_needs {
             continue;
         }
+        // Where each member's metadata got to: the checkpoint's generation and the journal
+        // replayed after it. Members that took the same updates agree on both; a member that
+        // missed some (failed, then the others went on) is behind on one of them.
+        let progress = |r: &DeviceReport| r.generation.map(|g| (g, r.batches, r.transactions));
         let generations: Vec<String> = siblings
             .iter()
             .map(|&j| {
                 let member = reports[j].label.as_ref().map_or("?", |l| l.member.as_str());
-                match reports[j].generation {
-                    Some(g) => format!("{member} at {g}"),
+                match progress(&reports[j]) {
+                    Some((g, _, t)) => format!("{member} at generation {g} + {t} transactions"),
                     None => format!("{member} unreadable"),
                 }
             })
             .collect();
-        let first = reports[siblings[0]].generation;
+        let first = progress(&reports[siblings[0]]);
         let agree = siblings
             .iter()
-            .all(|&j| reports[j].generation.is_some() && reports[j].generation == first);
+            .all(|&j| first.is_some() && progress(&reports[j]) == first);
         let clean = siblings.iter().all(|&j| reports[j].errors.is_empty());
         if !agree || !clean {
             anyhow::bail!(
@@ -308,11 +314,14 @@ pub async fn check(path: &Path) -> anyhow::Result<DeviceReport> {
         "thin-pool" => report
             .errors
             .extend(strata_layers::thin::check_state(&recovered.state)),
-        other => report
-            .warnings
-            .push(format!("no invariants known for owner {other:?}")),
+        // Not a warning: nothing is wrong, and a warning would read as something to repair.
+        other => {
+            report.note = Some(format!(
+                "structure checked; no invariants known for owner {other:?}"
+            ))
+        }
     }
-    // Only these are repairable; a warning such as "no invariants known" is not a finding.
+    // The findings a repair is for.
     report.needs_repair = !recovered.superblock_faults.is_empty()
         || matches!(recovered.journal_end, JournalEnd::Torn(_));
     Ok(report)
@@ -354,7 +363,6 @@ pub fn render(report: &DeviceReport) -> String {
     if let Some(note) = &report.note {
         let _ = writeln!(out, "  {note}");
     }
-    // Warnings that no repair is for ("no invariants known") leave a device clean.
     let verdict = match (
         report.errors.is_empty(),
         report.needs_repair,
