@@ -408,7 +408,9 @@ def test_damaged_thin_metadata_refuses_that_pool_and_keeps_others_serving(procs,
         h.pwrite(b"y" * 4096, 0)
     st = status(data_dir)
     assert [e["name"] for e in st["exports"]] == ["vol"], st["exports"]
-    assert next(d for d in st["devices"] if d["name"] == "pool")["health"] == "refused"
+    pool = next(d for d in st["devices"] if d["name"] == "pool")
+    assert pool["health"] == "refused", pool
+    assert [c["name"] for c in pool["children"]] == ["t"], pool
     assert p.stop() == 0
 
 
@@ -559,3 +561,33 @@ def test_check_repair_refuses_members_at_different_generations(procs, workdir):
     r = strata("check", "--repair", a, b)
     assert r.returncode != 0 and "do not agree" in r.stderr, r.stdout + r.stderr
     assert (a.read_bytes()[:1 * MiB], b.read_bytes()[:1 * MiB]) == before, "a member was rewritten"
+
+
+def test_a_raid5_that_lost_two_members_is_refused_and_the_rest_serves(procs, workdir):
+    data_dir = workdir / "data"
+    config = write_config(data_dir, disk("p", "disks/p.img") + "".join(disk(f"r{i}", f"disks/r{i}.img")
+                                                                      for i in range(3))
+                          + layer("r5", "raid5", ["r0", "r1", "r2"], 'chunk = "64KiB"\n')
+                          + export("plain", "p") + export("vol", "r5"))
+    p = serve(procs, workdir, "--config", config, tag="first")
+    p.wait_ready()
+    assert p.stop() == 0
+    for i in (1, 2):
+        (data_dir / "disks" / f"r{i}.img").unlink()
+    p = serve(procs, workdir, "--config", config, "--degraded", tag="second")
+    p.wait_ready()
+    err = p.stderr()
+    assert "ERROR" in err and "raid5 r5" in err and "does not exist" in err, err
+    assert f"strata check {data_dir / 'disks' / 'r0.img'}" in err, err
+    for i in (1, 2):
+        assert not (data_dir / "disks" / f"r{i}.img").exists(), "a vanished member was re-created"
+    with nbd_handle_uri(uri(data_dir, "plain")) as h:
+        h.pwrite(b"z" * 4096, 0)
+        h.flush()
+    st = status(data_dir)
+    assert [e["name"] for e in st["exports"]] == ["plain"], st["exports"]
+    r5 = next(d for d in st["devices"] if d["name"] == "r5")
+    assert r5["health"] == "refused" and [c["name"] for c in r5["children"]] == ["r0"], r5
+    text = strata("status", "--data-dir", data_dir).stdout
+    assert "r5 (raid5)" in text and "refused" in text and "r0" in text, text
+    assert p.stop() == 0

@@ -180,8 +180,24 @@ pub async fn status(state: &AdminState) -> Status {
             Err(e) => warn!(device = %node.name, "describe failed: {e}"),
         }
     }
+    // A refused layer shows the children that did start under it (they are not roots).
+    let layers = state.reconfig.lock().await.loaded.layers.clone();
     for refused in &state.refused {
-        devices.push(refused.status());
+        let mut entry = refused.status();
+        let children = layers
+            .iter()
+            .find(|l| l.name == refused.name)
+            .map(|l| l.children.clone())
+            .unwrap_or_default();
+        for node in state.nodes().iter().filter(|n| children.contains(&n.name)) {
+            if let (Ok(mut child), Some(list)) =
+                (node.describe().await, entry["children"].as_array_mut())
+            {
+                child.name = node.name.clone();
+                list.push(serde_json::to_value(&child).unwrap_or_default());
+            }
+        }
+        devices.push(entry);
     }
     let exports = state
         .exports

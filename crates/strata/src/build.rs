@@ -548,11 +548,32 @@ async fn build_layer(
     metrics: &MetricsRegistry,
 ) -> anyhow::Result<()> {
     let kind = registry::find(&layer.kind).expect("config validation checked the kind");
-    let children = layer
+    let children: Vec<Option<DeviceRef>> = layer
         .children
         .iter()
         .map(|name| stack.device(name))
         .collect();
+    // The registry says how many members a kind can lose; nothing below checks it (a raid5
+    // started with two of three members gone, measured), so the server does.
+    let missing: Vec<&str> = layer
+        .children
+        .iter()
+        .zip(&children)
+        .filter(|(_, child)| child.is_none())
+        .map(|(name, _)| name.as_str())
+        .collect();
+    let tolerated = (kind.tolerates_missing)(children.len());
+    if missing.len() > tolerated {
+        anyhow::bail!(
+            "{} ({}): {} of its {} members are missing ({}); a {} can do without at most {tolerated}",
+            layer.name,
+            layer.kind,
+            missing.len(),
+            children.len(),
+            missing.join(", "),
+            layer.kind
+        );
+    }
     let args = LayerArgs {
         name: layer.name.clone(),
         children,

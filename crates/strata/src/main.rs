@@ -81,9 +81,9 @@ enum Command {
     /// --repair rewrites only what it can repair (a damaged superblock copy, a torn journal
     /// tail) and nothing on a clean device. A member of a mirror or raid5 is repaired only
     /// when every member of that layer is given on the command line and all are at the
-    /// same metadata generation: repairing one member alone (or one behind the others) could
-    /// make a stale member win. For a member that is lost or stale, serve with --degraded and
-    /// use `strata replace` instead.
+    /// same metadata generation and journal length: repairing one member alone (or one
+    /// behind the others) could make a stale member win. For a member that is lost or
+    /// stale, serve with --degraded and use `strata replace` instead.
     Check {
         /// Devices (files) whose metadata to check.
         #[arg(required = true)]
