@@ -253,12 +253,17 @@ def test_the_banner_says_read_only_for_a_read_only_disk(procs, workdir):
     data_dir = workdir / "data"
     (data_dir / "disks").mkdir(parents=True)
     (data_dir / "disks" / "d0.img").write_bytes(bytes(4 * MiB))
+    # A read-only disk that does not exist is not created, even on a first start: empty and
+    # unwritable, it could only hide a mistyped path.
     config = write_config(data_dir, disk("d0", "disks/d0.img", size="4MiB", extra="read-only = true\n")
-                          + export("vol", "d0"))
+                          + disk("gone", "disks/gone.img", size="4MiB", extra="read-only = true\n")
+                          + export("vol", "d0") + export("gone", "gone"))
     p = serve(procs, workdir, "--config", config)
     p.wait_ready()
     out = p.out_path.read_text()
     assert 'export "vol": 4MiB, read-only' in out, out
+    assert not (data_dir / "disks" / "gone.img").exists(), "a read-only disk was created"
+    assert "read-only disk is never created" in p.stderr(), p.text()
     assert p.stop() == 0
 
 

@@ -355,13 +355,16 @@ fn open_disk(
     // metadata() follows symlinks: a dangling link is a missing disk.
     if std::fs::metadata(&path).is_err() {
         let known = state.knows(name);
-        let create = if known {
+        // A read-only disk is never created: empty and unwritable, it can only hide a typo.
+        let create = if known || disk.read_only {
             false
         } else {
             disk.create || !started_before
         };
         if !create {
-            let why = if known {
+            let why = if disk.read_only {
+                "it is read-only (a read-only disk is never created)".to_string()
+            } else if known {
                 format!(
                     "the data folder records disk {name} as created at {}",
                     state.path_of(name).unwrap_or_default()
