@@ -9,7 +9,6 @@ use std::time::Instant;
 use anyhow::Context;
 use prometheus_client::registry::Registry;
 use serde::{Deserialize, Serialize};
-use strata_core::NodeStatus;
 use strata_nbd::Server;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 use tokio::net::UnixListener;
@@ -27,6 +26,8 @@ pub struct AdminState {
     pub exports: Arc<strata_nbd::Exports>,
     /// The stack's nodes; reconfiguration adds and removes some.
     pub nodes: std::sync::Mutex<Vec<Node>>,
+    /// Devices that did not start (and everything above them), with why.
+    pub refused: Vec<crate::build::Refused>,
     pub reconfig: tokio::sync::Mutex<Reconfig>,
     pub registry: Registry,
 }
@@ -84,7 +85,8 @@ pub struct Status {
     pub listeners: Vec<String>,
     pub connections: Connections,
     pub exports: Vec<ExportStatus>,
-    pub devices: Vec<NodeStatus>,
+    /// Each a `NodeStatus`, or a refused device (health "refused", its reason in detail).
+    pub devices: Vec<serde_json::Value>,
 }
 
 /// The largest request line we read; requests are a few dozen bytes.
@@ -173,10 +175,29 @@ pub async fn status(state: &AdminState) -> Status {
         match node.describe().await {
             Ok(mut status) => {
                 status.name = node.name.clone();
-                devices.push(status);
+                devices.push(serde_json::to_value(&status).unwrap_or_default());
             }
             Err(e) => warn!(device = %node.name, "describe failed: {e}"),
         }
+    }
+    // A refused layer shows the children that did start under it (they are not roots).
+    let layers = state.reconfig.lock().await.loaded.layers.clone();
+    for refused in &state.refused {
+        let mut entry = refused.status();
+        let children = layers
+            .iter()
+            .find(|l| l.name == refused.name)
+            .map(|l| l.children.clone())
+            .unwrap_or_default();
+        for node in state.nodes().iter().filter(|n| children.contains(&n.name)) {
+            if let (Ok(mut child), Some(list)) =
+                (node.describe().await, entry["children"].as_array_mut())
+            {
+                child.name = node.name.clone();
+                list.push(serde_json::to_value(&child).unwrap_or_default());
+            }
+        }
+        devices.push(entry);
     }
     let exports = state
         .exports

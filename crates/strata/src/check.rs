@@ -10,7 +10,13 @@
 //! Repair rewrites the metadata from what recovery reads: a fresh checkpoint and both
 //! superblock copies. That drops only a torn, never-acknowledged batch and fixes a damaged
 //! superblock copy. A damaged checkpoint or broken invariants are reported and left alone,
-//! because any fix would have to guess.
+//! because any fix would have to guess. A device with nothing to repair is not written.
+//!
+//! A member of a mirror or raid5 is repaired only with every member of its layer on the
+//! command line, all at one metadata generation and journal length, and then all of them are
+//! rewritten: the
+//! rewrite raises the generation, and raising one member's alone could make a stale member
+//! look newest to its layer.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -46,12 +52,169 @@ pub struct DeviceReport {
     /// Problems that need attention: the metadata is damaged.
     pub errors: Vec<String>,
     pub repaired: bool,
+    /// No hierarchy label and no metadata superblock: not a Strata disk (not damage).
+    pub not_strata: bool,
+    /// Information that is not a finding: a disk whose layer keeps no metadata on its members
+    /// (a stripe, a concat), an owner whose invariants check does not know.
+    pub note: Option<String>,
+    /// Findings a repair fixes (a damaged superblock copy, a torn journal tail).
+    #[serde(skip)]
+    needs_repair: bool,
+    #[serde(skip)]
+    label: Option<crate::hierarchy::Label>,
 }
 
-pub async fn check(path: &Path, repair: bool) -> anyhow::Result<DeviceReport> {
+/// `strata check`'s exit status when a device is not a Strata disk (and none is damaged).
+pub const NOT_STRATA_EXIT: u8 = 3;
+
+/// Kinds that keep metadata on their members (at the start of each, after the label).
+const METADATA_KINDS: [&str; 3] = ["thin-pool", "mirror", "raid5"];
+/// Kinds whose members' metadata must agree: repairing one alone could promote it.
+const MULTI_MEMBER_KINDS: [&str; 2] = ["mirror", "raid5"];
+
+/// The layer a labelled disk is a child of, from the graph its label carries: (name, kind,
+/// children).
+fn parent_layer(label: &crate::hierarchy::Label) -> Option<(String, String, Vec<String>)> {
+    let doc: toml::Table = toml::from_str(&label.hierarchy).ok()?;
+    let layers = doc.get("layer")?.as_array()?;
+    layers.iter().find_map(|layer| {
+        let children: Vec<String> = layer
+            .get("children")?
+            .as_array()?
+            .iter()
+            .filter_map(|c| c.as_str().map(str::to_string))
+            .collect();
+        if !children.contains(&label.member) {
+            return None;
+        }
+        Some((
+            layer.get("name")?.as_str()?.to_string(),
+            layer.get("kind")?.as_str()?.to_string(),
+            children,
+        ))
+    })
+}
+
+/// Checks every device, then repairs (if asked) only what needs it, under the member rules
+/// above. Refuses the whole repair, writing nothing, when a rule is broken.
+pub async fn check_all(paths: &[PathBuf], repair: bool) -> anyhow::Result<Vec<DeviceReport>> {
+    let mut reports = Vec::new();
+    for path in paths {
+        reports.push(check(path).await?);
+    }
+    if !repair {
+        return Ok(reports);
+    }
+    // Which devices to rewrite: decided for all before writing any.
+    let mut rewrite = vec![false; reports.len()];
+    for (i, report) in reports.iter().enumerate() {
+        let parent = report
+            .label
+            .as_ref()
+            .and_then(|l| parent_layer(l).map(|p| (l, p)));
+        let Some((label, (layer, kind, members))) = parent else {
+            rewrite[i] |= report.needs_repair && report.errors.is_empty();
+            continue;
+        };
+        if !MULTI_MEMBER_KINDS.contains(&kind.as_str()) {
+            rewrite[i] |= report.needs_repair && report.errors.is_empty();
+            continue;
+        }
+        let siblings: Vec<usize> = reports
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| {
+                r.label
+                    .as_ref()
+                    .is_some_and(|l| l.uuid == label.uuid && members.contains(&l.member))
+            })
+            .map(|(j, _)| j)
+            .collect();
+        let given: Vec<&str> = siblings
+            .iter()
+            .filter_map(|&j| reports[j].label.as_ref().map(|l| l.member.as_str()))
+            .collect();
+        let absent: Vec<&str> = members
+            .iter()
+            .map(String::as_str)
+            .filter(|m| !given.contains(m))
+            .collect();
+        if !absent.is_empty() {
+            anyhow::bail!(
+                "{} is member {} of {kind} {layer}: --repair of one member alone could make a \
+                 stale member win. Give every member of {layer} on the command line (missing \
+                 here: {}); nothing was written. For a lost or stale member, serve with \
+                 --degraded and use `strata replace`",
+                report.path.display(),
+                label.member,
+                absent.join(", ")
+            );
+        }
+        let any_needs = siblings.iter().any(|&j| reports[j].needs_repair);
+        if !any_needs {
+            continue;
+        }
+        // Where each member's metadata got to: the checkpoint's generation and the journal
+        // replayed after it. Members that took the same updates agree on both; a member that
+        // missed some (failed, then the others went on) is behind on one of them.
+        let progress = |r: &DeviceReport| r.generation.map(|g| (g, r.batches, r.transactions));
+        let generations: Vec<String> = siblings
+            .iter()
+            .map(|&j| {
+                let member = reports[j].label.as_ref().map_or("?", |l| l.member.as_str());
+                match progress(&reports[j]) {
+                    Some((g, _, t)) => format!("{member} at generation {g} + {t} transactions"),
+                    None => format!("{member} unreadable"),
+                }
+            })
+            .collect();
+        let first = progress(&reports[siblings[0]]);
+        let agree = siblings
+            .iter()
+            .all(|&j| first.is_some() && progress(&reports[j]) == first);
+        let clean = siblings.iter().all(|&j| reports[j].errors.is_empty());
+        if !agree || !clean {
+            anyhow::bail!(
+                "the members of {kind} {layer} do not agree ({}): a member is damaged or behind, \
+                 and repairing would have to choose which wins. Nothing was written; serve with \
+                 --degraded and use `strata replace` for the stale or damaged member",
+                generations.join(", ")
+            );
+        }
+        for &j in &siblings {
+            rewrite[j] = true;
+        }
+    }
+    for (report, rewrite) in reports.iter_mut().zip(rewrite) {
+        if rewrite {
+            rewrite_metadata(&report.path, report.metadata_offset).await?;
+            report.repaired = true;
+        }
+    }
+    Ok(reports)
+}
+
+/// Rewrites the metadata at `offset` from what recovery reads: a new checkpoint and both
+/// superblock copies.
+async fn rewrite_metadata(path: &Path, offset: u64) -> anyhow::Result<()> {
+    let device: DeviceRef = Arc::new(
+        FileDevice::open(
+            FileOptions::new(path.to_path_buf()),
+            TokioRuntime::current(),
+        )
+        .with_context(|| format!("opening {} to repair it", path.display()))?,
+    );
+    let (store, _) = MetaStore::open(device, offset, StoreOptions::new("check")).await?;
+    // Open wrote one checkpoint; a second rewrites the other superblock copy too.
+    store.checkpoint_now().await?;
+    Ok(())
+}
+
+/// Checks one device, read-only.
+pub async fn check(path: &Path) -> anyhow::Result<DeviceReport> {
     let runtime = TokioRuntime::current();
     let mut options = FileOptions::new(path.to_path_buf());
-    options.read_only = !repair;
+    options.read_only = true;
     let device: DeviceRef = Arc::new(
         FileDevice::open(options, runtime)
             .with_context(|| format!("opening {}", path.display()))?,
@@ -75,6 +238,10 @@ pub async fn check(path: &Path, repair: bool) -> anyhow::Result<DeviceReport> {
         warnings: Vec::new(),
         errors: Vec::new(),
         repaired: false,
+        not_strata: false,
+        note: None,
+        needs_repair: false,
+        label: None,
     };
     // A disk under a layer starts with its hierarchy label; the layer's metadata follows it.
     let label = crate::hierarchy::read_label(device.as_ref()).await?;
@@ -87,8 +254,26 @@ pub async fn check(path: &Path, repair: bool) -> anyhow::Result<DeviceReport> {
     } else {
         0
     };
+    report.label = label.clone();
+    let parent = label.as_ref().and_then(parent_layer);
     let recovered = match strata_meta::recover(device.as_ref(), offset).await {
         Ok(recovered) => recovered,
+        Err(strata_meta::RecoveryError::NoSuperblock { a, b })
+            if a.starts_with("unknown magic") && b.starts_with("unknown magic") =>
+        {
+            match (&label, &parent) {
+                (None, _) => report.not_strata = true,
+                (Some(_), Some((layer, kind, _))) if !METADATA_KINDS.contains(&kind.as_str()) => {
+                    report.note = Some(format!(
+                        "its layer {layer} ({kind}) keeps no metadata on its members"
+                    ));
+                }
+                (Some(_), _) => report.errors.push(format!(
+                    "no metadata superblock after the hierarchy label (copy A: {a}; copy B: {b})"
+                )),
+            }
+            return Ok(report);
+        }
         Err(error) => {
             report.errors.push(error.to_string());
             return Ok(report);
@@ -134,17 +319,16 @@ pub async fn check(path: &Path, repair: bool) -> anyhow::Result<DeviceReport> {
         "thin-pool" => report
             .errors
             .extend(strata_layers::thin::check_state(&recovered.state)),
-        other => report
-            .warnings
-            .push(format!("no invariants known for owner {other:?}")),
+        // Not a warning: nothing is wrong, and a warning would read as something to repair.
+        other => {
+            report.note = Some(format!(
+                "structure checked; no invariants known for owner {other:?}"
+            ))
+        }
     }
-    if repair && report.errors.is_empty() && !report.warnings.is_empty() {
-        let (store, _) =
-            MetaStore::open(device.clone(), offset, StoreOptions::new("check")).await?;
-        // Open wrote one checkpoint; a second rewrites the other superblock copy too.
-        store.checkpoint_now().await?;
-        report.repaired = true;
-    }
+    // The findings a repair is for.
+    report.needs_repair = !recovered.superblock_faults.is_empty()
+        || matches!(recovered.journal_end, JournalEnd::Torn(_));
     Ok(report)
 }
 
@@ -152,6 +336,13 @@ pub fn render(report: &DeviceReport) -> String {
     use std::fmt::Write;
     let mut out = String::new();
     let _ = writeln!(out, "{}:", report.path.display());
+    if report.not_strata {
+        let _ = writeln!(
+            out,
+            "  not a Strata disk: no hierarchy label and no metadata superblock"
+        );
+        return out;
+    }
     if let Some(hierarchy) = &report.hierarchy {
         let _ = writeln!(out, "  hierarchy {hierarchy}");
     }
@@ -174,15 +365,18 @@ pub fn render(report: &DeviceReport) -> String {
     for error in &report.errors {
         let _ = writeln!(out, "  ERROR: {error}");
     }
+    if let Some(note) = &report.note {
+        let _ = writeln!(out, "  {note}");
+    }
     let verdict = match (
         report.errors.is_empty(),
-        report.warnings.is_empty(),
+        report.needs_repair,
         report.repaired,
     ) {
         (false, _, _) => "damaged: not repaired (a repair would have to guess)",
         (true, _, true) => "repaired",
-        (true, true, _) => "clean",
-        (true, false, false) => {
+        (true, false, _) => "clean",
+        (true, true, false) => {
             "consistent; recovery will handle the warnings (or run with --repair)"
         }
     };

@@ -61,9 +61,14 @@ pub struct Config {
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct DiskConfig {
     pub name: Spanned<String>,
-    pub path: PathBuf,
+    pub path: Spanned<PathBuf>,
     /// Size to create the file with when it does not exist.
-    pub size: Option<ByteSize>,
+    pub size: Option<Spanned<ByteSize>>,
+    /// Create the file even though this config has started before (a disk added to an
+    /// existing config). Without it only a config's first start creates files: a missing
+    /// file of a config that has run is a vanished disk, not a new one (see `disk_state`).
+    #[serde(default)]
+    pub create: bool,
     #[serde(default)]
     pub direct: bool,
     #[serde(default)]
@@ -143,9 +148,19 @@ pub struct Loaded {
     pub build_order: Vec<usize>,
     /// The file this came from, which reconfiguration updates.
     pub source: Option<PathBuf>,
+    /// The file name and text errors found after loading (at build) point into.
+    pub file: String,
+    pub text: std::sync::Arc<str>,
 }
 
 impl Loaded {
+    /// "file: line L, column C" of a byte offset in the config text, for errors found after
+    /// loading (a disk's size the file system refuses).
+    pub fn at(&self, offset: usize) -> String {
+        let (line, column) = line_column(&self.text, offset);
+        format!("{}: line {line}, column {column}", self.file)
+    }
+
     /// Resolves a path from the config against the data folder.
     pub fn resolve(&self, path: &Path) -> PathBuf {
         self.data_dir.join(path)
@@ -219,6 +234,7 @@ pub fn load(
                 .unwrap_or_else(|| PathBuf::from(".")),
         ),
     };
+    distinct_disk_files(&config, &data_dir, &error)?;
     Ok(Loaded {
         config,
         data_dir,
@@ -226,7 +242,78 @@ pub fn load(
         layers,
         build_order,
         source: None,
+        file: file.into(),
+        text: text.into(),
     })
+}
+
+/// Largest size a file can have: file offsets are signed 64-bit (off_t).
+const MAX_FILE_BYTES: u64 = i64::MAX as u64;
+
+/// What identifies the file behind a disk path: its (device, inode) when it exists (so that
+/// symlinks and hard links compare equal), else the path with its existing part
+/// canonicalised and the rest normalised lexically.
+#[derive(PartialEq, Eq)]
+enum FileKey {
+    Inode(u64, u64),
+    Path(PathBuf),
+}
+
+fn file_key(path: &Path) -> FileKey {
+    use std::os::unix::fs::MetadataExt;
+    if let Ok(meta) = std::fs::metadata(path) {
+        return FileKey::Inode(meta.dev(), meta.ino());
+    }
+    // The longest existing ancestor, canonicalised (it may be reached through a symlink or
+    // `..`), then the missing rest with `.` and `..` applied by hand.
+    let parts: Vec<std::path::Component> = path.components().collect();
+    let mut existing = PathBuf::new();
+    let mut missing_from = parts.len();
+    for (i, part) in parts.iter().enumerate() {
+        let next = existing.join(part);
+        if i > 0 && !next.exists() {
+            missing_from = i;
+            break;
+        }
+        existing = next;
+    }
+    let mut key = std::fs::canonicalize(&existing).unwrap_or(existing);
+    for part in &parts[missing_from..] {
+        match part {
+            std::path::Component::CurDir => {}
+            std::path::Component::ParentDir => {
+                key.pop();
+            }
+            other => key.push(other),
+        }
+    }
+    FileKey::Path(key)
+}
+
+/// One file may back only one disk: as two mirror legs it would "mirror" onto itself, and
+/// every write to one leg would silently be a write to the other.
+fn distinct_disk_files(
+    config: &Config,
+    data_dir: &Path,
+    error: &dyn Fn(usize, String) -> ConfigError,
+) -> Result<(), ConfigError> {
+    let mut seen: Vec<(FileKey, &DiskConfig)> = Vec::new();
+    for disk in config.disks.iter().filter(|d| !d.missing) {
+        let key = file_key(&data_dir.join(disk.path.get_ref()));
+        if let Some((_, first)) = seen.iter().find(|(k, _)| *k == key) {
+            let message = format!(
+                "field `path`: disk {} ({}) is the same file as disk {} ({}): one file cannot \
+                 be two disks",
+                disk.name.get_ref(),
+                disk.path.get_ref().display(),
+                first.name.get_ref(),
+                first.path.get_ref().display()
+            );
+            return Err(error(disk.path.span().start, message));
+        }
+        seen.push((key, disk));
+    }
+    Ok(())
 }
 
 fn validate(
@@ -241,6 +328,22 @@ fn validate(
         if !disks.insert(name.as_str()) {
             let message = format!("field `name`: a disk named {name:?} is already defined");
             return Err(error(disk.name.span().start, message));
+        }
+        if let Some(size) = &disk.size {
+            let bytes = size.get_ref().0;
+            let problem = if bytes == 0 {
+                Some("a disk of 0 bytes could hold nothing".to_string())
+            } else if bytes > MAX_FILE_BYTES {
+                Some(format!(
+                    "{bytes} bytes is more than any file can hold (at most {MAX_FILE_BYTES})"
+                ))
+            } else {
+                None
+            };
+            if let Some(problem) = problem {
+                let message = format!("field `size`: disk {name}: {problem}");
+                return Err(error(size.span().start, message));
+            }
         }
     }
     let mut exports = HashSet::new();
@@ -326,10 +429,52 @@ mod tests {
         assert_eq!(loaded.layers[0].kind, "thin-pool");
         assert_eq!(loaded.layers[0].volumes[0].name, "default");
         assert_eq!(loaded.layers[0].volumes[0].size, 16 << 30);
-        assert_eq!(loaded.config.disks[0].size, Some(ByteSize(16 << 30)));
+        assert_eq!(
+            loaded.config.disks[0].size.as_ref().map(|s| *s.get_ref()),
+            Some(ByteSize(16 << 30))
+        );
         assert_eq!(loaded.listen.len(), 2);
         assert_eq!(loaded.data_dir, PathBuf::from("/base"));
         assert_eq!(loaded.listen[1], ListenAddr::Tcp("127.0.0.1:10809".into()));
+    }
+
+    #[test]
+    fn one_file_may_back_only_one_disk() {
+        let text = |second: &str| {
+            format!("listen = [\"unix:s\"]\n[[disk]]\nname = \"a\"\npath = \"disks/a.img\"\n[[disk]]\nname = \"b\"\npath = \"{second}\"\n[[export]]\nname = \"e\"\ndevice = \"a\"\n")
+        };
+        for second in [
+            "disks/a.img",
+            "disks/../disks/a.img",
+            "./disks/./a.img",
+            "x/../disks/a.img",
+        ] {
+            let err = load_str(&text(second)).err().unwrap();
+            assert_eq!(
+                (err.line, err.column),
+                (Some(7), Some(8)),
+                "{second}: {err}"
+            );
+            assert!(
+                err.to_string().contains("field `path`: disk b (")
+                    && err.to_string().contains("disk a (disks/a.img)"),
+                "{err}"
+            );
+        }
+        assert!(load_str(&text("disks/b.img")).is_ok());
+    }
+
+    #[test]
+    fn disk_sizes_must_fit_a_file() {
+        let text = |size: &str| {
+            format!("listen = [\"unix:s\"]\n[[disk]]\nname = \"d0\"\npath = \"d0.img\"\nsize = {size}\n[[export]]\nname = \"e\"\ndevice = \"d0\"\n")
+        };
+        for size in ["0", "\"0GiB\"", "\"8388608TiB\""] {
+            let err = load_str(&text(size)).err().unwrap();
+            assert_eq!((err.line, err.column), (Some(5), Some(8)), "{size}: {err}");
+            assert!(err.to_string().contains("field `size`: disk d0: "), "{err}");
+        }
+        assert!(load_str(&text("\"8388607TiB\"")).is_ok());
     }
 
     #[test]

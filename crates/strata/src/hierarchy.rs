@@ -9,7 +9,7 @@
 //! other with FUA, so a torn write leaves the other; the newer valid copy wins. Layers see the
 //! disk from 64 KiB on.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::fmt::Write as _;
 
 use bytes::Bytes;
@@ -172,8 +172,8 @@ pub fn render_hierarchy(loaded: &Loaded) -> String {
     let mut out = String::new();
     for disk in &loaded.config.disks {
         let _ = writeln!(out, "[[disk]]\nname = {}", toml_string(disk.name.get_ref()));
-        if let Some(size) = disk.size {
-            let _ = writeln!(out, "size = {}", size.0);
+        if let Some(size) = &disk.size {
+            let _ = writeln!(out, "size = {}", size.get_ref().0);
         }
         let _ = writeln!(
             out,
@@ -195,6 +195,49 @@ pub fn render_hierarchy(loaded: &Loaded) -> String {
         );
     }
     out
+}
+
+/// What a start found on the disks under layers.
+pub struct Reconciled {
+    /// The generation now on the disks.
+    pub generation: u64,
+    /// Disks that had no label and zeros where it goes before this start: blank, so their
+    /// layers may format over them.
+    pub fresh: HashSet<String>,
+    /// Disks that may not be labelled (name, why): they hold somebody's data.
+    pub refused: Vec<(String, String)>,
+}
+
+/// [`reconcile`] at a start: disks that hold data and no label are left out (refused, for
+/// their layer to do without) instead of failing the whole start, and the blank ones are
+/// reported.
+pub async fn reconcile_at_start(
+    loaded: &Loaded,
+    disks: &[(String, strata_core::DeviceRef)],
+) -> anyhow::Result<Reconciled> {
+    let mut fresh = HashSet::new();
+    let mut refused = Vec::new();
+    let mut usable = Vec::new();
+    for (name, device) in disks {
+        if read_label(device.as_ref()).await?.is_none() {
+            if let Err(e) = refuse_to_overwrite(name, device.as_ref()).await {
+                refused.push((name.clone(), format!("{e:#}")));
+                continue;
+            }
+            fresh.insert(name.clone());
+        }
+        usable.push((name.clone(), device.clone()));
+    }
+    let generation = if usable.is_empty() {
+        0
+    } else {
+        reconcile(loaded, &usable).await?
+    };
+    Ok(Reconciled {
+        generation,
+        fresh,
+        refused,
+    })
 }
 
 /// Makes the labels on `disks` (present labelled disks, by name) describe `loaded`: one

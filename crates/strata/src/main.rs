@@ -16,6 +16,7 @@ mod spares;
 mod status;
 mod volume_cmd;
 
+use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -54,6 +55,15 @@ enum Command {
         /// not given are served as missing where their layer tolerates it).
         #[arg(long, num_args = 1.., conflicts_with = "config")]
         assemble: Vec<PathBuf>,
+        /// Let LAYER format its metadata even though its disks are not blank (repeatable).
+        /// Without it a layer formats only when every disk under it had no label and zeros
+        /// where the label goes before this start. Damaged metadata is never formatted over.
+        #[arg(long = "format", value_name = "LAYER")]
+        format: Vec<String>,
+        /// Start layers with members missing that their metadata counts as in sync (they are
+        /// then treated as failed). Without it such a layer is refused, and the others serve.
+        #[arg(long)]
+        degraded: bool,
     },
     /// Show a running server's exports, devices and counters.
     Status {
@@ -64,12 +74,23 @@ enum Command {
         json: bool,
     },
     /// Verify the metadata on devices offline (the server must not be using them).
+    ///
+    /// Exit status: 0 clean (or repaired), 1 damaged or refused, 3 a device is not a Strata
+    /// disk (no hierarchy label and no metadata superblock) and none is damaged.
+    ///
+    /// --repair rewrites only what it can repair (a damaged superblock copy, a torn journal
+    /// tail) and nothing on a clean device. A member of a mirror or raid5 is repaired only
+    /// when every member of that layer is given on the command line and all are at the
+    /// same metadata generation and journal length: repairing one member alone (or one
+    /// behind the others) could make a stale member win. For a member that is lost or
+    /// stale, serve with --degraded and use `strata replace` instead.
     Check {
         /// Devices (files) whose metadata to check.
         #[arg(required = true)]
         devices: Vec<PathBuf>,
         /// Rewrite the metadata from what recovery reads, where that cannot lose
-        /// acknowledged data (a torn journal tail, a damaged superblock copy).
+        /// acknowledged data (a torn journal tail, a damaged superblock copy); see above for
+        /// members of a mirror or raid5.
         #[arg(long)]
         repair: bool,
         /// Print JSON instead of text.
@@ -153,61 +174,39 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging();
     match run(cli) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(e) => {
-            eprintln!("strata: {e:#}");
+            // Not eprintln!: it panics when stderr is a closed pipe, and panics abort.
+            let _ = writeln!(std::io::stderr(), "strata: {e:#}");
             ExitCode::FAILURE
         }
     }
 }
 
-fn run(cli: Cli) -> anyhow::Result<()> {
-    match cli.command {
+fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    let command = match cli.command {
         Command::Serve {
             config,
             data_dir,
             assemble,
-        } => {
-            let loaded = serve::load_config(&serve::ServeArgs {
-                config,
-                data_dir,
-                assemble,
-            })?;
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .thread_name("strata")
-                .build()?;
-            runtime.block_on(serve::serve(loaded))
-        }
+            format,
+            degraded,
+        } => return run_serve(config, data_dir, assemble, format, degraded),
+        Command::Check {
+            devices,
+            repair,
+            json,
+        } => return run_check(&devices, repair, json),
+        other => other,
+    };
+    match command {
+        Command::Serve { .. } | Command::Check { .. } => unreachable!("handled above"),
         Command::Status { target, json } => {
             let status = admin::request(&target.socket(), &AdminRequest::Status)?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&status)?);
             } else {
                 print!("{}", status::render(&status));
-            }
-            Ok(())
-        }
-        Command::Check {
-            devices,
-            repair,
-            json,
-        } => {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()?;
-            let mut damaged = false;
-            for device in &devices {
-                let report = runtime.block_on(check::check(device, repair))?;
-                damaged |= !report.errors.is_empty();
-                if json {
-                    println!("{}", serde_json::to_string(&report)?);
-                } else {
-                    print!("{}", check::render(&report));
-                }
-            }
-            if damaged {
-                anyhow::bail!("metadata damage found");
             }
             Ok(())
         }
@@ -260,6 +259,55 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
     }
+    .map(|()| ExitCode::SUCCESS)
+}
+
+fn run_serve(
+    config: Option<PathBuf>,
+    data_dir: Option<PathBuf>,
+    assemble: Vec<PathBuf>,
+    format: Vec<String>,
+    degraded: bool,
+) -> anyhow::Result<ExitCode> {
+    let args = serve::ServeArgs {
+        config,
+        data_dir,
+        assemble,
+        format,
+        degraded,
+    };
+    let loaded = serve::load_config(&args)?;
+    let start = serve::start_options(&args, &loaded)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("strata")
+        .build()?;
+    runtime.block_on(serve::serve(loaded, start))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn run_check(devices: &[PathBuf], repair: bool, json: bool) -> anyhow::Result<ExitCode> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let mut damaged = false;
+    let mut foreign = false;
+    for report in runtime.block_on(check::check_all(devices, repair))? {
+        damaged |= !report.errors.is_empty();
+        foreign |= report.not_strata;
+        if json {
+            println!("{}", serde_json::to_string(&report)?);
+        } else {
+            print!("{}", check::render(&report));
+        }
+    }
+    if damaged {
+        anyhow::bail!("metadata damage found");
+    }
+    if foreign {
+        return Ok(ExitCode::from(check::NOT_STRATA_EXIT));
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// The server resolves paths against its own folder; the operator means the shell's.
@@ -280,6 +328,24 @@ fn init_logging() {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(std::io::stderr)
+        .with_writer(|| LossyStderr)
         .init();
+}
+
+/// stderr for the log, dropping what it cannot write. The log's reader may go away
+/// (`strata serve 2>&1 | head`): a write then fails with EPIPE, and no log line is worth
+/// more than the data path. Any other write error (a full disk under a redirect) is dropped
+/// for the same reason.
+struct LossyStderr;
+
+impl std::io::Write for LossyStderr {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let _ = std::io::stderr().write_all(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        let _ = std::io::stderr().flush();
+        Ok(())
+    }
 }

@@ -220,8 +220,8 @@ impl Reconfig {
                 .iter()
                 .find(|d| d.name.get_ref() == child)
             {
-                if let Some(size) = disk.size {
-                    return Ok(size.0);
+                if let Some(size) = &disk.size {
+                    return Ok(size.get_ref().0);
                 }
             }
             if let Some(device) = nodes

@@ -28,6 +28,49 @@ pub struct ServeArgs {
     pub data_dir: Option<PathBuf>,
     /// Disks to rebuild the hierarchy from (their labels), instead of a config.
     pub assemble: Vec<PathBuf>,
+    /// `--format LAYER`: layers allowed to format although their disks are not blank.
+    pub format: Vec<String>,
+    /// `--degraded`: layers may start with in-sync members missing.
+    pub degraded: bool,
+}
+
+/// Checks the start flags against the loaded config, before anything is created or opened.
+pub fn start_options(args: &ServeArgs, loaded: &Loaded) -> anyhow::Result<build::StartOptions> {
+    let mut format = std::collections::BTreeSet::new();
+    for name in &args.format {
+        if !loaded.layers.iter().any(|l| &l.name == name) {
+            let known: Vec<&str> = loaded.layers.iter().map(|l| l.name.as_str()).collect();
+            bail!(
+                "--format {name}: no layer named {name:?} in {} (layers: {})",
+                loaded.file,
+                if known.is_empty() {
+                    "none".to_string()
+                } else {
+                    known.join(", ")
+                }
+            );
+        }
+        format.insert(name.clone());
+    }
+    if args.degraded {
+        warn!(
+            "starting with --degraded: layers may start with members missing that their \
+             metadata counts as in sync, and treat them as failed (they then need `strata replace`)"
+        );
+    }
+    Ok(build::StartOptions {
+        format,
+        degraded: args.degraded,
+    })
+}
+
+/// Writes to stdout, ignoring errors: the banner's reader may be gone (`strata serve | head`),
+/// and println! would panic (and so abort) on EPIPE.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
 }
 
 /// `--assemble`: the hierarchy the disks' labels describe, written to
@@ -97,7 +140,7 @@ pub fn load_config(args: &ServeArgs) -> anyhow::Result<Loaded> {
     if !path.exists() {
         std::fs::write(&path, config::EMBEDDED_DEFAULT)
             .with_context(|| format!("writing {}", path.display()))?;
-        println!(
+        say!(
             "Created {} with the embedded default configuration.",
             path.display()
         );
@@ -113,13 +156,13 @@ pub fn load_config(args: &ServeArgs) -> anyhow::Result<Loaded> {
     Ok(loaded)
 }
 
-pub async fn serve(loaded: Loaded) -> anyhow::Result<()> {
+pub async fn serve(loaded: Loaded, start: build::StartOptions) -> anyhow::Result<()> {
     let started = Instant::now();
     let runtime = TokioRuntime::current();
     let metrics = MetricsRegistry::default();
     let mut registry = Registry::default();
     metrics.register(&mut registry);
-    let stack = build::build(&loaded, runtime.clone(), &metrics).await?;
+    let stack = build::build(&loaded, &start, runtime.clone(), &metrics).await?;
     registry.register_collector(Box::new(PoolCollector::new(stack.pools())));
     let server = Server::new(stack.exports.clone(), Limits::default());
 
@@ -139,6 +182,7 @@ pub async fn serve(loaded: Loaded) -> anyhow::Result<()> {
         server: server.clone(),
         exports: stack.exports.clone(),
         nodes: std::sync::Mutex::new(stack.nodes),
+        refused: stack.refused,
         reconfig: tokio::sync::Mutex::new(Reconfig {
             loaded: loaded.clone(),
             runtime,
@@ -223,19 +267,20 @@ async fn wait_for_signal() -> anyhow::Result<()> {
 }
 
 fn print_welcome(loaded: &Loaded, state: &AdminState, admin: &Path, metrics: Option<&str>) {
-    println!(
+    say!(
         "Strata {} serving from {}",
         env!("CARGO_PKG_VERSION"),
         loaded.data_dir.display()
     );
     for export in state.exports.list() {
         let size = crate::size::ByteSize(export.device.geometry().size);
-        let mode = if export.read_only {
+        // A read-only disk makes a read-only export whatever the export says.
+        let mode = if export.read_only || export.device.capabilities().read_only {
             "read-only"
         } else {
             "read-write"
         };
-        println!("  export {:?}: {size}, {mode}", export.name);
+        say!("  export {:?}: {size}, {mode}", export.name);
     }
     let first = state
         .exports
@@ -243,7 +288,7 @@ fn print_welcome(loaded: &Loaded, state: &AdminState, admin: &Path, metrics: Opt
         .first()
         .map(|e| e.name.clone())
         .unwrap_or_default();
-    println!("Connect with:");
+    say!("Connect with:");
     for addr in &loaded.listen {
         let uri = match addr {
             ListenAddr::Unix(path) => {
@@ -254,18 +299,18 @@ fn print_welcome(loaded: &Loaded, state: &AdminState, admin: &Path, metrics: Opt
             }
             ListenAddr::Tcp(addr) => format!("nbd://{addr}/{first}"),
         };
-        println!("  nbdinfo '{uri}'");
-        println!("  qemu-img info '{uri}'");
-        println!("  mkdir -p /tmp/strata-fuse && nbdfuse /tmp/strata-fuse/nbd '{uri}' &");
+        say!("  nbdinfo '{uri}'");
+        say!("  qemu-img info '{uri}'");
+        say!("  mkdir -p /tmp/strata-fuse && nbdfuse /tmp/strata-fuse/nbd '{uri}' &");
     }
-    println!(
+    say!(
         "Status: strata status --admin {}",
         absolute(admin).display()
     );
     if let Some(addr) = metrics {
-        println!("Metrics: http://{addr}/metrics");
+        say!("Metrics: http://{addr}/metrics");
     }
-    println!(
+    say!(
         "ready: serving {} export(s) on {}",
         state.exports.list().len(),
         state.listeners.join(", ")
