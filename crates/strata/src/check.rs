@@ -244,7 +244,15 @@ pub async fn check(path: &Path) -> anyhow::Result<DeviceReport> {
         label: None,
     };
     // A disk under a layer starts with its hierarchy label; the layer's metadata follows it.
-    let label = crate::hierarchy::read_label(device.as_ref()).await?;
+    let copies = crate::hierarchy::read_label_copies(device.as_ref()).await?;
+    let label = copies.label;
+    if label.is_some() && !copies.intact {
+        report.warnings.push(
+            "one copy of the hierarchy label is damaged or behind the other; the next \
+             `strata serve` rewrites both"
+                .into(),
+        );
+    }
     let offset = if let Some(label) = &label {
         report.hierarchy = Some(format!(
             "{} generation {} member {}",

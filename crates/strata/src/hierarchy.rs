@@ -70,20 +70,43 @@ fn decode(copy: &[u8]) -> Option<Label> {
     serde_json::from_slice(json).ok()
 }
 
-/// The newer valid label copy on `device`, if any.
-pub async fn read_label(device: &dyn BlockDevice) -> anyhow::Result<Option<Label>> {
-    if device.geometry().size < LABEL_BYTES {
-        return Ok(None);
-    }
-    let data = device.read(0, LABEL_BYTES as usize).await?;
-    let copies = [
-        decode(&data[..COPY_BYTES as usize]),
-        decode(&data[COPY_BYTES as usize..]),
-    ];
-    Ok(copies
+/// What the two label copies at the start of a disk hold.
+#[derive(Debug, PartialEq, Eq)]
+pub struct LabelCopies {
+    /// The newer valid copy.
+    pub label: Option<Label>,
+    /// Both copies are valid and the same. False with a label: one copy is damaged, or
+    /// behind (a relabel cut between its two writes); a rewrite restores both.
+    pub intact: bool,
+}
+
+/// Reads the label copies out of a disk's first [`LABEL_BYTES`].
+pub fn label_copies(head: &[u8]) -> LabelCopies {
+    let a = decode(&head[..COPY_BYTES as usize]);
+    let b = decode(&head[COPY_BYTES as usize..LABEL_BYTES as usize]);
+    let intact = a.is_some() && a == b;
+    let label = [a, b]
         .into_iter()
         .flatten()
-        .max_by_key(|label| label.generation))
+        .max_by_key(|label| label.generation);
+    LabelCopies { label, intact }
+}
+
+/// Both label copies of `device` (none on a device smaller than a label).
+pub async fn read_label_copies(device: &dyn BlockDevice) -> anyhow::Result<LabelCopies> {
+    if device.geometry().size < LABEL_BYTES {
+        return Ok(LabelCopies {
+            label: None,
+            intact: false,
+        });
+    }
+    let data = device.read(0, LABEL_BYTES as usize).await?;
+    Ok(label_copies(&data))
+}
+
+/// The newer valid label copy on `device`, if any.
+pub async fn read_label(device: &dyn BlockDevice) -> anyhow::Result<Option<Label>> {
+    Ok(read_label_copies(device).await?.label)
 }
 
 /// Reads a label straight from a file or block device, before any server opens it.
@@ -99,14 +122,7 @@ pub fn read_label_file(path: &std::path::Path) -> anyhow::Result<Option<Label>> 
             n => filled += n,
         }
     }
-    let copies = [
-        decode(&data[..COPY_BYTES as usize]),
-        decode(&data[COPY_BYTES as usize..]),
-    ];
-    Ok(copies
-        .into_iter()
-        .flatten()
-        .max_by_key(|label| label.generation))
+    Ok(label_copies(&data).label)
 }
 
 /// Writes both copies, one after the other, each durable before the next.
@@ -249,12 +265,21 @@ pub async fn reconcile(
 ) -> anyhow::Result<u64> {
     let hierarchy = render_hierarchy(loaded);
     let mut labels = Vec::new();
+    let mut all_intact = true;
     for (name, device) in disks {
-        let label = read_label(device.as_ref()).await?;
-        if label.is_none() {
+        let copies = read_label_copies(device.as_ref()).await?;
+        if copies.label.is_none() {
             refuse_to_overwrite(name, device.as_ref()).await?;
+        } else if !copies.intact {
+            // One copy carries the label alone now: one more fault and the disk would be
+            // refused as holding unknown data. Rewriting both copies restores the margin.
+            tracing::warn!(
+                disk = %name,
+                "one copy of the hierarchy label is damaged or behind the other: rewriting both"
+            );
+            all_intact = false;
         }
-        labels.push((name, label));
+        labels.push((name, copies.label));
     }
     let mut uuid: Option<(&str, &str)> = None;
     for (name, label) in &labels {
@@ -277,7 +302,7 @@ pub async fn reconcile(
             l.generation == newest && l.hierarchy == hierarchy && &&l.member == name
         })
     });
-    if current {
+    if current && all_intact {
         return Ok(newest);
     }
     let uuid = uuid.map_or_else(
@@ -535,6 +560,76 @@ mod tests {
         torn[HEADER + 5] ^= 1;
         assert_eq!(decode(&torn), None);
         assert_eq!(decode(&vec![0; COPY_BYTES as usize]), None);
+    }
+
+    /// Media damage on the label area, seeded: whatever bytes are flipped, the label read
+    /// back is the one written or none at all (then the disk is refused as holding unknown
+    /// data, never relabelled); with one copy untouched it is always the one written, and
+    /// the damage is seen (not `intact`), so the next start rewrites both copies.
+    #[test]
+    fn damaged_labels_read_back_as_written_or_not_at_all() {
+        let label = label(9, 12, "d1", &["d0", "d1", "d2"]);
+        let copy = encode(&label).unwrap();
+        let head: Vec<u8> = [copy.clone(), copy].concat();
+        assert_eq!(
+            label_copies(&head),
+            LabelCopies {
+                label: Some(label.clone()),
+                intact: true
+            }
+        );
+        let json_end = HEADER + serde_json::to_vec(&label).unwrap().len();
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move |bound: u64| {
+            // splitmix64: enough randomness for placing faults, and no dependency.
+            state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = state;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            (z ^ (z >> 31)) % bound
+        };
+        let (mut lost, mut one_copy) = (0, 0);
+        for _ in 0..20_000 {
+            let mut damaged = head.clone();
+            let both = next(4) == 0;
+            let copies: &[u64] = if both { &[0, 1] } else { &[next(2)] };
+            for &which in copies {
+                for _ in 0..1 + next(8) {
+                    // Mostly where the label lives (header and JSON), sometimes in the padding.
+                    let within = if next(4) == 0 {
+                        next(COPY_BYTES)
+                    } else {
+                        next(json_end as u64)
+                    };
+                    damaged[(which * COPY_BYTES + within) as usize] ^= 1 << next(8);
+                }
+            }
+            let read = label_copies(&damaged);
+            match &read.label {
+                Some(found) => assert_eq!(found, &label, "damage produced another label"),
+                None => {
+                    assert!(both, "one copy was untouched, yet no label was read");
+                    lost += 1;
+                }
+            }
+            if !both {
+                one_copy += 1;
+                // The crc covers the header's fields and the JSON, not the zero padding.
+                let hit = (0..2).any(|c| {
+                    let at = (c * COPY_BYTES) as usize;
+                    damaged[at..at + json_end] != head[at..at + json_end]
+                });
+                assert_eq!(
+                    !read.intact, hit,
+                    "damage seen {} but hit {hit}",
+                    !read.intact
+                );
+            }
+        }
+        assert!(
+            lost > 0 && one_copy > 10_000,
+            "lost {lost}, one copy {one_copy}"
+        );
     }
 
     fn label(uuid: u8, generation: u64, member: &str, members: &[&str]) -> Label {
