@@ -449,15 +449,79 @@ def test_a_stale_mirror_leg_is_never_served_as_current(procs, workdir):
     rc = p.wait_exit(30)
     assert rc != 0, f"served the stale leg alone\n{p.text()}"
     assert "strata check" in p.stderr(), p.text()
-    # a and b together: never b's old data with health ok.
-    both = workdir / "both"
-    p = serve(procs, workdir, "--data-dir", both, "--assemble", a, b, tag="both")
+    assert "--degraded" in p.stderr(), p.text()
+    # a and b together, in either order: a wins, b stays faulty, never b's old data.
+    for order, tag in (((a, b), "both"), ((b, a), "both-reversed")):
+        both = workdir / tag
+        p = serve(procs, workdir, "--data-dir", both, "--assemble", *order, tag=tag)
+        p.wait_ready()
+        h = connect(both)
+        seen = get(h, len(new), 0)
+        h.shutdown()
+        assert seen == new, f"served the stale leg's data ({tag})"
+        assert node(both, "m")["health"] == "degraded", node(both, "m")
+        assert p.stop() == 0
+
+
+def test_a_stale_leg_started_degraded_is_a_split_brain_never_a_silent_winner(procs, workdir):
+    """The operator starts the stale leg alone with --degraded (it then records the other as
+    failed); each leg now records the other as failed, and assembling both is refused,
+    whatever the order: neither leg's data silently wins."""
+    data_dir = workdir / "data"
+    config = mirror_config(data_dir)
+    p = serve(procs, workdir, "--config", config, tag="first")
     p.wait_ready()
-    h = connect(both)
-    seen = get(h, len(new), 0)
+    h = connect(data_dir)
+    put(h, pattern_bytes(91, 2 * MiB), 0)
+    h.flush()
     h.shutdown()
-    assert seen == new, "served the stale leg's data"
+    assert strata("fail-member", "--data-dir", data_dir, "m", "b").returncode == 0
+    new = pattern_bytes(92, 2 * MiB)
+    h = connect(data_dir)
+    put(h, new, 0)
+    h.flush()
+    h.shutdown()
     assert p.stop() == 0
+    a, b = data_dir / "disks" / "a.img", data_dir / "disks" / "b.img"
+    alone = workdir / "alone"
+    p = serve(procs, workdir, "--data-dir", alone, "--assemble", b, "--degraded", tag="alone")
+    p.wait_ready()
+    assert "degraded" in p.stderr(), p.text()
+    assert node(alone, "m")["health"] == "degraded", node(alone, "m")
+    assert p.stop() == 0
+    for order, tag in (((a, b), "both"), ((b, a), "both-reversed")):
+        p = serve(procs, workdir, "--data-dir", workdir / tag, "--assemble", *order, tag=tag)
+        assert p.wait_exit(30) != 0, f"assembled a split brain ({tag})\n{p.text()}"
+        assert "split brain" in p.stderr(), p.text()
+    # Choosing a explicitly still works, and serves a's data.
+    p = serve(procs, workdir, "--data-dir", workdir / "chosen", "--assemble", a, "--degraded", tag="chosen")
+    p.wait_ready()
+    h = connect(workdir / "chosen")
+    assert get(h, len(new), 0) == new
+    h.shutdown()
+    assert p.stop() == 0
+
+
+def test_a_damaged_label_copy_is_reported_and_rewritten(procs, workdir):
+    data_dir = workdir / "data"
+    config = mirror_config(data_dir)
+    p = serve(procs, workdir, "--config", config, tag="first")
+    p.wait_ready()
+    assert p.stop() == 0
+    a = data_dir / "disks" / "a.img"
+    with open(a, "r+b") as f:
+        f.seek(32 * 1024 + 40)  # inside copy B's JSON
+        byte = f.read(1)
+        f.seek(32 * 1024 + 40)
+        f.write(bytes([byte[0] ^ 0x20]))
+    r = strata("check", a)
+    assert "label is damaged" in r.stdout, r.stdout + r.stderr
+    p = serve(procs, workdir, "--config", config, tag="second")
+    p.wait_ready()
+    assert "rewriting both" in p.stderr(), p.text()
+    assert p.stop() == 0
+    r = strata("check", a)
+    assert "label is damaged" not in r.stdout, r.stdout
 
 
 # ---- case 1 tail: check --repair -----------------------------------------------------------
