@@ -660,3 +660,62 @@ def test_a_raid5_that_lost_two_members_is_refused_and_the_rest_serves(procs, wor
     text = strata("status", "--data-dir", data_dir).stdout
     assert "r5 (raid5)" in text and "refused" in text and "r0" in text, text
     assert p.stop() == 0
+
+
+# ---- the file system under the disks fills up ---------------------------------------------
+
+
+@pytest.fixture
+def small_fs(workdir):
+    """A 40 MiB tmpfs: sparse disk files on it run out of room long before their size."""
+    mount = workdir / "small"
+    mount.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=40M", "tmpfs", str(mount)], capture_output=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+
+
+def test_a_full_file_system_under_a_thin_pool_fails_writes_and_loses_nothing_flushed(procs, workdir, small_fs):
+    """The disk's file cannot grow (ENOSPC from the host): writes fail with an error, the
+    server keeps serving, and after a restart with room again every flushed byte is there."""
+    data_dir = workdir / "data"
+    config = write_config(data_dir, f'\n[[disk]]\nname = "t"\npath = "{small_fs}/t.img"\nsize = "256MiB"\n'
+                          + layer("pool", "thin-pool", ["t"], 'volumes = [{ name = "v", size = "200MiB" }]\n')
+                          + export("thin", "pool/v"))
+    p = serve(procs, workdir, "--config", config, tag="first")
+    p.wait_ready()
+    kept = pattern_bytes(101, 8 * MiB)
+    import nbd
+    h = connect(data_dir, "thin")
+    put(h, kept, 0)
+    h.flush()
+    failed = None
+    for at in range(8 * MiB, 200 * MiB, MiB):
+        try:
+            h.pwrite(pattern_bytes(at, MiB), at)
+            h.flush()
+        except nbd.Error as e:
+            failed = e
+            break
+    assert failed is not None, "40 MiB of tmpfs took 200 MiB of writes"
+    assert get(h, len(kept), 0) == kept, "flushed data changed when the disk filled"
+    h.shutdown()
+    assert p.proc.poll() is None, f"the server died when its disk filled\n{p.text()}"
+    disk_node = next(n for n in walk(node(data_dir, "pool")) if n["kind"] == "file")
+    assert disk_node["stats"]["write"]["errors"] >= 1, disk_node  # status answers, and shows it
+    assert p.stop() == 0
+    subprocess.run(["mount", "-o", "remount,size=400M", str(small_fs)], check=True)
+    p = serve(procs, workdir, "--config", config, tag="second")
+    p.wait_ready()
+    h = connect(data_dir, "thin")
+    assert get(h, len(kept), 0) == kept, "flushed data lost after the disk filled"
+    h.pwrite(pattern_bytes(7, MiB), 100 * MiB)  # and the pool takes writes again
+    h.flush()
+    h.shutdown()
+    assert p.stop() == 0
+    r = strata("check", small_fs / "t.img")
+    assert r.returncode == 0, r.stdout + r.stderr
