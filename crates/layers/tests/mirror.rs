@@ -57,8 +57,45 @@ async fn check_all(mirror: &Mirror, model: &[u8]) {
     assert!(bytes[..] == model[..], "full read differs from the model");
 }
 
+/// The operations of one run, printed if the run panics: a failure under CPU load depends on
+/// timing as well as on the seed, so the seed alone may not reproduce it; the history (with
+/// the member states each operation saw) shows what happened.
+struct History {
+    seed: u64,
+    n: usize,
+    ops: Vec<String>,
+}
+
+impl History {
+    fn push(&mut self, step: usize, what: String, states: &[MemberState]) {
+        self.ops
+            .push(format!("{step:3}: {what} (states before: {states:?})"));
+    }
+}
+
+impl Drop for History {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "seed {}, n {}: {} operations before the failure:",
+                self.seed,
+                self.n,
+                self.ops.len()
+            );
+            for op in &self.ops {
+                eprintln!("  {op}");
+            }
+        }
+    }
+}
+
 /// One seeded run: 400 operations over `n` members.
 async fn run(seed: u64, n: usize) -> strata_layers::mirror::MirrorStats {
+    let mut history = History {
+        seed,
+        n,
+        ops: Vec::new(),
+    };
     let mut rng = CrashRng::seed_from_u64(seed);
     let group = CrashGroup::new();
     let geometry = sector_disk(META + DATA);
@@ -74,6 +111,21 @@ async fn run(seed: u64, n: usize) -> strata_layers::mirror::MirrorStats {
         let len = sectors * 512;
         let offset = rng.random_range(0..=(DATA - len) / 512) * 512;
         let context = format!("seed {seed}, n {n}, step {step}");
+        let kind = match roll {
+            0..=39 => "write",
+            40..=64 => "read",
+            65..=71 => "flush",
+            72..=75 => "write_zeroes",
+            76..=78 => "discard",
+            79..=83 => "latent error + reads",
+            84..=89 => "fail a member",
+            _ => "replace a faulty member",
+        };
+        history.push(
+            step,
+            format!("{kind} [{offset}, +{len}) gone {gone:?}"),
+            &mirror.member_states(),
+        );
         match roll {
             0..=39 => {
                 let mut data = vec![0u8; len as usize];
@@ -120,6 +172,9 @@ async fn run(seed: u64, n: usize) -> strata_layers::mirror::MirrorStats {
                     continue;
                 }
                 let victim = healthy[rng.random_range(0..healthy.len())];
+                history
+                    .ops
+                    .push(format!("     latent error on member {victim}"));
                 disks[victim].latent_sector_error(META + offset, 512);
                 for _ in 0..n {
                     let got = mirror
@@ -142,9 +197,11 @@ async fn run(seed: u64, n: usize) -> strata_layers::mirror::MirrorStats {
                 // Keep one in-sync member that has not disappeared unnoticed.
                 if in_sync.iter().any(|&i| i != victim && !gone[i]) {
                     if rng.random_bool(0.5) {
+                        history.ops.push(format!("     member {victim} disappears"));
                         disks[victim].disappear();
                         gone[victim] = true;
                     } else {
+                        history.ops.push(format!("     FailMember {victim}"));
                         mirror
                             .control(Control::FailMember { index: victim })
                             .await
@@ -157,6 +214,9 @@ async fn run(seed: u64, n: usize) -> strata_layers::mirror::MirrorStats {
                 if let Some(index) = states.iter().position(|s| *s == MemberState::Faulty) {
                     let fresh = group.disk(geometry);
                     replacements += 1;
+                    history
+                        .ops
+                        .push(format!("     ReplaceMember {index} with r{replacements}"));
                     mirror
                         .control(Control::ReplaceMember {
                             index,
@@ -175,9 +235,10 @@ async fn run(seed: u64, n: usize) -> strata_layers::mirror::MirrorStats {
     }
     // Heal the remaining faulty slots (a flush first finds the disks that vanished
     // unnoticed), let every resync finish, and compare.
-    for _ in 0..2 * n {
+    for round in 0..2 * n {
         mirror.flush().await.expect("flush");
         let states = mirror.member_states();
+        history.push(400 + round, "final flush".into(), &states);
         let Some(index) = states.iter().position(|s| *s == MemberState::Faulty) else {
             mirror.wait_resync().await;
             continue;

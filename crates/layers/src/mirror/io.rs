@@ -96,11 +96,13 @@ impl Inner {
         let results = join_all(targets.iter().map(|(_, d)| op(d.clone(), at))).await;
         let mut ok = false;
         let mut first_error = None;
-        for ((index, _), result) in targets.iter().zip(results) {
+        for ((index, device), result) in targets.iter().zip(results) {
             match result {
                 Ok(()) => ok = true,
                 Err(error) => {
-                    self.mark_faulty(*index, &format!("{what} failed: {error}"))
+                    // The device, not just the slot: a background flush can fail on a
+                    // disk that the operator replaced while it was in flight.
+                    self.mark_device_faulty(*index, device, &format!("{what} failed: {error}"))
                         .await?;
                     first_error.get_or_insert(error);
                 }
@@ -205,8 +207,12 @@ impl Inner {
                     tracing::info!(mirror = %self.name, member = index, offset, len, "read error repaired");
                 }
                 Err(error) => {
-                    self.mark_faulty(index, &format!("repair write failed: {error}"))
-                        .await?
+                    self.mark_device_faulty(
+                        index,
+                        &device,
+                        &format!("repair write failed: {error}"),
+                    )
+                    .await?
                 }
             }
         }

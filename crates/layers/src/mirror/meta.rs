@@ -31,6 +31,12 @@ pub const CONFIG_BLOB: &str = "mirror.config";
 pub const MEMBERS_TABLE: &str = "mirror.members";
 pub const DIRTY_BITMAP: &str = "mirror.dirty";
 
+/// Whether `a` and `b` are the same device (one `Arc`). Compares the data pointers only: two
+/// `dyn` pointers to one object may carry different vtable pointers.
+pub fn same_device(a: &DeviceRef, b: &DeviceRef) -> bool {
+    std::ptr::eq(Arc::as_ptr(a) as *const (), Arc::as_ptr(b) as *const ())
+}
+
 /// Ids of the mirror's objects in the store.
 #[derive(Clone, Copy, Debug)]
 pub struct Ids {
@@ -45,7 +51,9 @@ pub struct MetaFanout {
     targets: Mutex<Vec<(usize, DeviceRef)>>,
     /// Member whose copy reads come from (the winner at open).
     read_from: Mutex<usize>,
-    dropped: Mutex<Vec<(usize, String)>>,
+    /// Members dropped since the last `take_dropped`, with the device that failed: the slot
+    /// may hold a replacement by the time the mirror looks, and only that device is faulty.
+    dropped: Mutex<Vec<(usize, DeviceRef, String)>>,
 }
 
 impl MetaFanout {
@@ -80,12 +88,17 @@ impl MetaFanout {
         targets.push((index, device));
     }
 
-    pub fn remove(&self, index: usize) {
-        self.targets.lock().unwrap().retain(|(i, _)| *i != index);
+    /// Stops writing to `device` in slot `index`. A no-op if the slot holds another device
+    /// now: an I/O to a replaced disk that fails late must not drop its replacement.
+    pub fn remove(&self, index: usize, device: &DeviceRef) {
+        self.targets
+            .lock()
+            .unwrap()
+            .retain(|(i, d)| *i != index || !same_device(d, device));
     }
 
-    /// Members dropped since the last call, with the error that dropped them.
-    pub fn take_dropped(&self) -> Vec<(usize, String)> {
+    /// Members dropped since the last call, with the device and the error that dropped them.
+    pub fn take_dropped(&self) -> Vec<(usize, DeviceRef, String)> {
         std::mem::take(&mut *self.dropped.lock().unwrap())
     }
 
@@ -104,16 +117,16 @@ impl MetaFanout {
         let results = join_all(targets.iter().map(|(_, d)| op(d.clone()))).await;
         let mut first_error = None;
         let mut ok = 0;
-        for ((index, _), result) in targets.iter().zip(results) {
+        for ((index, device), result) in targets.iter().zip(results) {
             match result {
                 Ok(()) => ok += 1,
                 Err(error) => {
                     tracing::error!(member = index, %error, "mirror metadata {what} failed on a member; dropping it");
-                    self.remove(*index);
+                    self.remove(*index, device);
                     self.dropped
                         .lock()
                         .unwrap()
-                        .push((*index, error.to_string()));
+                        .push((*index, device.clone(), error.to_string()));
                     first_error.get_or_insert(error);
                 }
             }

@@ -19,6 +19,7 @@ use futures_util::future::join_all;
 use strata_core::{Activity, BlockError, DeviceRef, Result, WriteFlags};
 use strata_meta::TxnClass;
 
+use super::meta::same_device;
 use super::policy::{chunks, region_bytes, sync_source, MemberState};
 use super::state::Inner;
 
@@ -123,6 +124,14 @@ impl Inner {
                         continue;
                     }
                     Ok(false) => {}
+                    // A reconfiguration during the failed step (a replacement, say: a new
+                    // source or target) is the restart the stop waits for; dropping its
+                    // `again` would leave the resync stopped until the next open.
+                    Err(error) if control.again => {
+                        tracing::warn!(mirror = %inner.name, %error, "resync step failed; the mirror was reconfigured meanwhile, retrying");
+                        control.again = false;
+                        continue;
+                    }
                     Err(error) => {
                         tracing::error!(mirror = %inner.name, %error, "resync stopped; it resumes at the next reconfiguration or open");
                     }
@@ -168,12 +177,18 @@ impl Inner {
             );
             return Ok(true);
         }
-        let states = self.states();
+        let snapshot = self.snapshot();
+        let states: Vec<MemberState> = snapshot.iter().map(|(_, s)| *s).collect();
         let Some((target, done)) = states.iter().enumerate().find_map(|(i, s)| match s {
             MemberState::Resyncing { done } => Some((i, *done)),
             _ => None,
         }) else {
             return Ok(false);
+        };
+        // The disk being resynced, taken with its state: the slot can be failed and given
+        // a replacement while this step copies, and the progress belongs to this disk only.
+        let Some(device) = snapshot[target].0.clone() else {
+            return Ok(true);
         };
         let name = self.slots.read().unwrap()[target].name.clone();
         if done < self.size {
@@ -187,8 +202,15 @@ impl Inner {
             let now_done = bytes.end;
             {
                 let mut slots = self.slots.write().unwrap();
-                if slots[target].state == (MemberState::Resyncing { done }) {
-                    slots[target].state = MemberState::Resyncing { done: now_done };
+                let slot = &mut slots[target];
+                let same = slot
+                    .device
+                    .as_ref()
+                    .is_some_and(|d| same_device(d, &device));
+                // A replacement also starts at `Resyncing { done: 0 }`: the state alone
+                // cannot tell it from the disk this region was copied to.
+                if same && slot.state == (MemberState::Resyncing { done }) {
+                    slot.state = MemberState::Resyncing { done: now_done };
                 } else {
                     return Ok(true);
                 }
@@ -200,13 +222,13 @@ impl Inner {
             }
         }
         // A checkpoint (or the end): the copied bytes must be durable before the progress is.
-        let device = self.slots.read().unwrap()[target].device.clone();
-        let Some(device) = device else {
-            return Ok(true);
-        };
         if let Err(error) = device.flush().await {
-            self.mark_faulty(target, &format!("flush during resync failed: {error}"))
-                .await?;
+            self.mark_device_faulty(
+                target,
+                &device,
+                &format!("flush during resync failed: {error}"),
+            )
+            .await?;
             return Ok(true);
         }
         let MemberState::Resyncing { done } = self.states()[target] else {
@@ -218,7 +240,7 @@ impl Inner {
         } else {
             MemberState::Resyncing { done }
         };
-        match self.record_state(target, state).await {
+        match self.record_state(target, &device, state).await {
             Err(BlockError::Unsupported(_)) => Ok(true),
             other => other.map(|()| true),
         }
@@ -263,9 +285,13 @@ impl Inner {
                 failed.extend(result?);
             }
             for (index, error) in failed {
-                if live.iter().any(|(i, _)| *i == index) {
-                    self.mark_faulty(index, &format!("resync write failed: {error}"))
-                        .await?;
+                if let Some((_, device)) = live.iter().find(|(i, _)| *i == index).cloned() {
+                    self.mark_device_faulty(
+                        index,
+                        &device,
+                        &format!("resync write failed: {error}"),
+                    )
+                    .await?;
                     live.retain(|(i, _)| *i != index);
                 }
             }

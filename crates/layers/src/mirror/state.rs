@@ -13,7 +13,7 @@ use std::time::Duration;
 use strata_core::{Activity, BlockError, DeviceRef, Geometry, Result};
 use strata_meta::{MetaStore, TxnClass};
 
-use super::meta::{self, FormatPlan, Ids, MetaFanout};
+use super::meta::{self, same_device, FormatPlan, Ids, MetaFanout};
 use super::policy::{MemberState, MirrorRecord};
 use super::{invalid, MirrorOptions, RuntimeRef};
 
@@ -361,22 +361,34 @@ impl Inner {
             if dropped.is_empty() {
                 return Ok(());
             }
-            for (index, why) in dropped {
-                self.stage_faulty(index, &why)?;
+            for (index, device, why) in dropped {
+                self.stage_faulty(index, Some(&device), &why)?;
             }
         }
     }
 
-    /// Marks `index` faulty in memory and in a transaction (not yet durable).
-    fn stage_faulty(&self, index: usize, why: &str) -> Result<()> {
+    /// Marks `index` faulty in memory and in a transaction (not yet durable). With `device`,
+    /// only if the slot still holds that device: an I/O error is a fact about one disk, and
+    /// it can be reported after the slot was given a replacement (a background flush or
+    /// metadata write to the old disk that failed while `ReplaceMember` ran). Faulting the
+    /// slot then would fail a healthy replacement, and with it possibly the last good copy.
+    fn stage_faulty(&self, index: usize, device: Option<&DeviceRef>, why: &str) -> Result<()> {
         let mut slots = self.slots.write().unwrap();
         let slot = &mut slots[index];
         if slot.state == MemberState::Faulty {
             return Ok(());
         }
+        if let Some(device) = device {
+            if !slot.device.as_ref().is_some_and(|d| same_device(d, device)) {
+                tracing::info!(mirror = %self.name, member = %slot.name, %why, "error of a device no longer in this slot; ignored");
+                return Ok(());
+            }
+        }
         tracing::error!(mirror = %self.name, member = %slot.name, %why, "member is faulty");
         slot.state = MemberState::Faulty;
-        self.fanout.remove(index);
+        if let Some(current) = &slot.device {
+            self.fanout.remove(index, current);
+        }
         let encoded = MemberState::Faulty.encode();
         self.store.transact(TxnClass::Normal, |_, txn| {
             txn.set(self.ids.members, index as u64, &encoded);
@@ -384,20 +396,44 @@ impl Inner {
         })
     }
 
-    /// Marks `index` faulty, durably, before returning.
+    /// Marks slot `index` faulty, whatever device it holds, durably, before returning (the
+    /// operator's `FailMember`, a member being replaced).
     pub async fn mark_faulty(&self, index: usize, why: &str) -> Result<()> {
-        self.stage_faulty(index, why)?;
+        self.stage_faulty(index, None, why)?;
         self.commit().await
     }
 
-    /// Records a member's state (resync progress, in-sync at the end) durably.
-    pub async fn record_state(&self, index: usize, state: MemberState) -> Result<()> {
+    /// Marks `device` faulty, durably, before returning, if slot `index` still holds it (see
+    /// `stage_faulty`). Every I/O error path uses this, with the device the I/O went to.
+    pub async fn mark_device_faulty(
+        &self,
+        index: usize,
+        device: &DeviceRef,
+        why: &str,
+    ) -> Result<()> {
+        self.stage_faulty(index, Some(device), why)?;
+        self.commit().await
+    }
+
+    /// Records the state (resync progress, in-sync at the end) of `device` in slot `index`,
+    /// durably. Refused (`Unsupported`) if the slot is faulty or holds another device by now:
+    /// progress made on one disk must never be credited to its replacement.
+    pub async fn record_state(
+        &self,
+        index: usize,
+        device: &DeviceRef,
+        state: MemberState,
+    ) -> Result<()> {
         {
             let mut slots = self.slots.write().unwrap();
-            if slots[index].state == MemberState::Faulty {
-                return Err(BlockError::Unsupported("member became faulty"));
+            let slot = &mut slots[index];
+            let same = slot.device.as_ref().is_some_and(|d| same_device(d, device));
+            if slot.state == MemberState::Faulty || !same {
+                return Err(BlockError::Unsupported(
+                    "member became faulty or was replaced",
+                ));
             }
-            slots[index].state = state;
+            slot.state = state;
             self.store.transact(TxnClass::Normal, |_, txn| {
                 txn.set(self.ids.members, index as u64, &state.encode());
                 Ok(())
