@@ -153,7 +153,8 @@ pub fn decode(log: &[u8], epoch: u64, lane: u8, index: u32) -> Option<(u64, Reco
     }
     let seq = u64_at(log, 16);
     let blocks = u64_at(log, 24);
-    if blocks == 0 || blocks * JBLOCK > log.len() as u64 {
+    // Compared in blocks: a damaged count times the block size could overflow.
+    if blocks == 0 || blocks > log.len() as u64 / JBLOCK {
         return None;
     }
     let mut whole = log[..(blocks * JBLOCK) as usize].to_vec();
@@ -963,6 +964,15 @@ mod two_copies {
         let scanned = scan(&torn, UUID, 1).unwrap();
         assert!(scanned.findings.is_empty());
         assert_eq!(seqs(&torn), vec![1]);
+    }
+
+    /// A damaged block count must read as an invalid record, not overflow (found by the
+    /// media-damage test: a count near u64::MAX panicked in debug builds).
+    #[test]
+    fn a_huge_block_count_is_invalid() {
+        let mut bytes = update(3, 1).encode(9, 0, 0, 0);
+        bytes[24..32].copy_from_slice(&(u64::MAX / 2).to_le_bytes());
+        assert!(decode(&bytes, 9, 0, 0).is_none());
     }
 
     #[test]
