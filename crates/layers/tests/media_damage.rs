@@ -616,3 +616,58 @@ async fn thin_pool_damage_to_the_last_journal_batch_is_never_silent() {
         }
     }
 }
+
+/// An array whose stripe journal is still version 2 (one copy) after an upgrade: its records
+/// are replayed with version 2's rules and the reset after replay writes version 3. Built
+/// from a version 3 journal with one lane, whose copy 1 has version 2's layout (records from
+/// block 1): its superblock is re-stamped version 2 and copy 2's superblock erased. The
+/// in-place data of stripe 0 are zeroed so that only the replay can bring them back.
+#[tokio::test]
+async fn raid5_version_2_journal_is_replayed_then_rewritten_as_version_3() {
+    let (disks, newer) = two_updates_of_stripe_zero().await;
+    let mut sup = disks[2]
+        .read(META_BYTES, BLOCK as usize)
+        .await
+        .unwrap()
+        .to_vec();
+    assert_eq!(sup[36..40], 3u32.to_le_bytes());
+    sup[36..40].copy_from_slice(&2u32.to_le_bytes());
+    sup[4..8].fill(0);
+    let crc = crc32c::crc32c(&sup);
+    sup[4..8].copy_from_slice(&crc.to_le_bytes());
+    let write = |disk: &DeviceRef, offset: u64, bytes: Vec<u8>| {
+        let disk = disk.clone();
+        async move {
+            disk.write(offset, Bytes::from(bytes), WriteFlags::default())
+                .await
+                .unwrap()
+        }
+    };
+    write(&disks[2], META_BYTES, sup).await;
+    write(
+        &disks[2],
+        META_BYTES + R_HALF * BLOCK,
+        vec![0; BLOCK as usize],
+    )
+    .await;
+    // Stripe 0's first data chunk is on member 0 at the start of the data area.
+    let data_start = (META_BYTES + R_JOURNAL).div_ceil(R_CHUNK) * R_CHUNK;
+    write(&disks[0], data_start, vec![0; 4096]).await;
+    let raid = open_raid(&disks, RESTART).await.unwrap();
+    assert!(raid.read(0, 4096).await.unwrap()[..] == newer[..]);
+    assert_eq!(journal_findings(&raid).await, 0);
+    drop(raid);
+    for copy in 0..2 {
+        let block = disks[2]
+            .read(META_BYTES + copy * R_HALF * BLOCK, BLOCK as usize)
+            .await
+            .unwrap();
+        assert_eq!(
+            block[0..4],
+            0x5335_4a53u32.to_le_bytes(),
+            "copy {}",
+            copy + 1
+        );
+        assert_eq!(block[36..40], 3u32.to_le_bytes(), "copy {}", copy + 1);
+    }
+}
