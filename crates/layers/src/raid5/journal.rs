@@ -413,9 +413,9 @@ pub fn scan(region: &[u8], uuid: [u8; 16], member: usize) -> std::result::Result
         let mut at = (first * JBLOCK) as usize;
         let mut index = 0;
         loop {
-            let at_ = at.min(end);
-            let a = decode(&one[at_..end], sup.epoch, lane as u8, index);
-            let b = decode(&two[at_..end], sup.epoch, lane as u8, index);
+            let from = at.min(end);
+            let a = decode(&one[from..end], sup.epoch, lane as u8, index);
+            let b = decode(&two[from..end], sup.epoch, lane as u8, index);
             let one_bad = a.is_none();
             let (seq, record, taken) = match (a, b) {
                 // Both copies were written from the same bytes: a difference is damage that
@@ -443,7 +443,8 @@ pub fn scan(region: &[u8], uuid: [u8; 16], member: usize) -> std::result::Result
                 }
                 // Neither copy whole: a batch cut by a crash before either copy was whole,
                 // never acknowledged (group commit may leave whole records after it in the
-                // same write, also unacknowledged): the end of the lane.
+                // same write, also unacknowledged): the end of the lane. Two independent
+                // faults at this position in both copies look the same: the format's limit.
                 (None, None) => break,
             };
             records.push((seq, record));
