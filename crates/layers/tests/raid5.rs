@@ -357,7 +357,8 @@ async fn member_io_per_write_is_counted() {
     let raid = open(&devices, chunk, journal).await.unwrap();
     totals(&counting);
     // One 4 KiB write at an aligned offset: read old data + old parity, write both, and one
-    // journal record (header + data + parity, one FUA write on the parity member).
+    // journal record (header + data + parity) written to both copies of the parity member's
+    // journal: two FUA writes, issued together (journal version 3).
     let mut state = 0x9e37_79b9_7f4a_7c15u64;
     for _ in 0..50 {
         state ^= state << 13;
@@ -367,9 +368,10 @@ async fn member_io_per_write_is_counted() {
         raid.write(offset, Bytes::from(vec![1u8; 4096]), WriteFlags::default())
             .await
             .unwrap();
-        assert_eq!(totals(&counting), [2, 2, 1, 0], "4 KiB write at {offset}");
+        assert_eq!(totals(&counting), [2, 2, 2, 0], "4 KiB write at {offset}");
     }
-    // A full, aligned stripe: no reads, every member written once, one intent record.
+    // A full, aligned stripe: no reads, every member written once, one intent record (in
+    // two copies).
     let stripe = 3 * chunk;
     raid.write(
         5 * stripe,
@@ -378,7 +380,7 @@ async fn member_io_per_write_is_counted() {
     )
     .await
     .unwrap();
-    assert_eq!(totals(&counting), [0, 4, 1, 0]);
+    assert_eq!(totals(&counting), [0, 4, 2, 0]);
     // Group commit: 32 concurrent small writes to stripes whose parity is on one member
     // share journal writes.
     let writes = (0..32u64).map(|i| {
@@ -441,9 +443,10 @@ async fn journal_device_takes_the_journal_writes() {
             .unwrap();
         written.push((offset, i));
         assert_eq!(totals(&counting), [2, 2, 0, 0], "4 KiB write at {offset}");
+        // One record, in both copies of the member's journal there (journal version 3).
         assert_eq!(
             journal_device.take(),
-            [0, 1, 0, 0],
+            [0, 2, 0, 0],
             "journal record at {offset}"
         );
     }
@@ -456,7 +459,7 @@ async fn journal_device_takes_the_journal_writes() {
     .await
     .unwrap();
     assert_eq!(totals(&counting), [0, 4, 0, 0]);
-    assert_eq!(journal_device.take(), [0, 1, 0, 0]);
+    assert_eq!(journal_device.take(), [0, 2, 0, 0]);
     raid.flush().await.unwrap();
     drop(raid);
     // Reopened from its members and journal device, the array reads back what was written.

@@ -94,3 +94,70 @@ fn full_stripe_writes_scale_over_bandwidth_limited_members() {
         assert!(ratio >= 2.7, "full-stripe writes scale {ratio:.2}x < 2.7x");
     });
 }
+
+/// IOPS of 4 KiB writes at random aligned offsets, queue depth `QD`, for `SECONDS`.
+async fn random_write_iops(device: DeviceRef) -> f64 {
+    let start = Instant::now();
+    let slots = device.geometry().size / 4096;
+    let workers = (0..QD as u64).map(|w| {
+        let device = device.clone();
+        tokio::spawn(async move {
+            // A fixed LCG per worker: the same offsets on every run, no rand dependency.
+            let mut x = w.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+            let mut done = 0u64;
+            while start.elapsed() < Duration::from_secs(SECONDS) {
+                x = x
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1_442_695_040_888_963_407);
+                let offset = (x >> 17) % slots * 4096;
+                device
+                    .write(offset, vec![x as u8; 4096].into(), WriteFlags::default())
+                    .await
+                    .unwrap();
+                done += 1;
+            }
+            done
+        })
+    });
+    let mut writes = 0;
+    for worker in workers.collect::<Vec<_>>() {
+        writes += worker.await.unwrap();
+    }
+    writes as f64 / start.elapsed().as_secs_f64()
+}
+
+/// Small writes are where the stripe journal costs most (every one logs data and parity):
+/// this measures them over the same members, to compare journal formats. It prints IOPS and
+/// fails only if the array cannot sustain a tenth of what one member does alone, which
+/// would mean the journal serializes small writes entirely.
+#[test]
+#[ignore = "wall-clock benchmark"]
+fn small_random_writes_over_bandwidth_limited_members() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let one = random_write_iops(limited(1 << 30)).await;
+        let children = (0..4).map(|_| Some(limited(1 << 30))).collect();
+        let settings = Settings {
+            chunk: Some(CHUNK),
+            journal: None,
+            journal_device: None,
+            unsafe_skip_journal: false,
+            start: StartPolicy::FRESH,
+        };
+        let raid = Raid5::open("r5".into(), children, settings, TokioRuntime::current())
+            .await
+            .unwrap();
+        let raid = random_write_iops(Arc::new(raid)).await;
+        eprintln!(
+            "4 KiB random writes QD{QD}: one member {one:.0} IOPS, raid5 over 4 {raid:.0} IOPS"
+        );
+        assert!(
+            raid >= one / 10.0,
+            "small writes {raid:.0} IOPS < a tenth of one member"
+        );
+    });
+}

@@ -66,6 +66,9 @@ pub struct Array {
     pub skip_journal: bool,
     pub epoch_base: u64,
     pub resets: AtomicU64,
+    /// Stripe-journal damage repaired from the other copy at open (shown by Describe, so a
+    /// failing medium is seen before a second fault makes the damage unrecoverable).
+    pub journal_findings: AtomicU64,
 }
 
 impl Array {

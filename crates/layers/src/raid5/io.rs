@@ -29,6 +29,12 @@ enum Step {
 /// array fails at its second member failure, so a handful is plenty.
 const ATTEMPTS: usize = 8;
 
+/// Journal-full retries per stripe. Counted apart from failures: every reset empties the
+/// journal and the largest record fits an empty lane, but many concurrent stripe writes to
+/// a small journal can each lose the race for the fresh space several times (journal
+/// version 3's two copies halve a journal's room). The bound only stops a bug from looping.
+const FULL_RETRIES: usize = 1000;
+
 impl Array {
     pub async fn write_stripe(
         &self,
@@ -37,12 +43,19 @@ impl Array {
         data: &[u8],
         fua: bool,
     ) -> Result<()> {
-        for _ in 0..ATTEMPTS {
+        let (mut failures, mut resets) = (0, 0);
+        while failures < ATTEMPTS && resets < FULL_RETRIES {
             match self.try_write_stripe(stripe, within, data, fua).await? {
                 Step::Done => return Ok(()),
                 Step::DoneReset => return self.reset_journals().await,
-                Step::Failed(member) => self.fail_member(member).await?,
-                Step::JournalFull => self.reset_journals().await?,
+                Step::Failed(member) => {
+                    failures += 1;
+                    self.fail_member(member).await?
+                }
+                Step::JournalFull => {
+                    resets += 1;
+                    self.reset_journals().await?
+                }
             }
         }
         Err(Array::io_error(format!(

@@ -25,6 +25,17 @@
 //! was durable: whatever lane tails a crash tears, a stripe's surviving records are a prefix
 //! of its history in seq order.
 //!
+//! Two copies (version 3): the region is split into two halves, each a superblock and the
+//! same lanes, and every lane write goes to the same offset in both halves, as two FUA writes
+//! issued together; a record counts as durable only when both are. One copy alone cannot tell
+//! a record torn by a crash (never acknowledged, the lane's end) from one damaged on the
+//! medium after it was acknowledged (its loss would let replay write an older update of a
+//! stripe over the newer in-place data). With two copies far apart, one local fault leaves
+//! one valid copy: recovery replays it and reports a finding; both invalid is a crash before
+//! either copy was whole; both valid but different cannot come from one write and refuses.
+//! Version 2 journals (one copy) are still read, with the old rules, so an array written by
+//! the previous version replays its journal; the reset after replay writes version 3.
+//!
 //! Lock rule: `state` (std Mutex) never across an await; `writers[lane]` (async Mutex)
 //! serializes the journal writes of one lane.
 
@@ -38,8 +49,10 @@ pub const JBLOCK: u64 = 4096;
 const RECORD_MAGIC: u32 = 0x5335_4a52; // "S5JR"
 const SUPER_MAGIC: u32 = 0x5335_4a53; // "S5JS"
 const DEVICE_MAGIC: u32 = 0x5335_4a44; // "S5JD"
-/// Version 2: lanes (version 1 had a single log).
-pub const JOURNAL_VERSION: u32 = 2;
+/// Version 3: two copies of everything (version 2: one copy, lanes; version 1: one log).
+pub const JOURNAL_VERSION: u32 = 3;
+/// The previous version, still read (one copy, the same lanes over the whole region).
+const ONE_COPY_VERSION: u32 = 2;
 /// At most this many lanes per journal; fewer when the journal is small (each lane must hold
 /// two of the largest records).
 pub const MAX_LANES: u64 = 4;
@@ -140,7 +153,8 @@ pub fn decode(log: &[u8], epoch: u64, lane: u8, index: u32) -> Option<(u64, Reco
     }
     let seq = u64_at(log, 16);
     let blocks = u64_at(log, 24);
-    if blocks == 0 || blocks * JBLOCK > log.len() as u64 {
+    // Compared in blocks: a damaged count times the block size could overflow.
+    if blocks == 0 || blocks > log.len() as u64 / JBLOCK {
         return None;
     }
     let mut whole = log[..(blocks * JBLOCK) as usize].to_vec();
@@ -180,35 +194,61 @@ pub fn decode(log: &[u8], epoch: u64, lane: u8, index: u32) -> Option<(u64, Reco
 /// Block 0 of a journal: which array and member it belongs to, the current epoch, and how
 /// many lanes share the rest of the region.
 pub fn encode_super(uuid: [u8; 16], member: usize, epoch: u64, lanes: u64) -> Vec<u8> {
+    encode_super_version(JOURNAL_VERSION, uuid, member, epoch, lanes)
+}
+
+fn encode_super_version(
+    version: u32,
+    uuid: [u8; 16],
+    member: usize,
+    epoch: u64,
+    lanes: u64,
+) -> Vec<u8> {
     let mut out = vec![0u8; JBLOCK as usize];
     out[0..4].copy_from_slice(&SUPER_MAGIC.to_le_bytes());
     out[8..16].copy_from_slice(&epoch.to_le_bytes());
     out[16..32].copy_from_slice(&uuid);
     out[32..36].copy_from_slice(&(member as u32).to_le_bytes());
-    out[36..40].copy_from_slice(&JOURNAL_VERSION.to_le_bytes());
+    out[36..40].copy_from_slice(&version.to_le_bytes());
     out[40..48].copy_from_slice(&lanes.to_le_bytes());
     let crc = crc32c::crc32c(&out);
     out[4..8].copy_from_slice(&crc.to_le_bytes());
     out
 }
 
-/// (uuid, member, epoch, lanes) of a valid journal superblock.
-pub fn decode_super(block: &[u8]) -> Option<([u8; 16], usize, u64, u64)> {
+/// A valid journal superblock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Super {
+    pub uuid: [u8; 16],
+    pub member: usize,
+    pub epoch: u64,
+    pub lanes: u64,
+    pub version: u32,
+}
+
+/// The superblock in `block` if it is whole and of a version this code reads (2 or 3).
+pub fn decode_super(block: &[u8]) -> Option<Super> {
     if block.len() < JBLOCK as usize || u32_at(block, 0) != SUPER_MAGIC {
         return None;
     }
     let mut copy = block[..JBLOCK as usize].to_vec();
     let crc = u32_at(&copy, 4);
     copy[4..8].fill(0);
-    if crc32c::crc32c(&copy) != crc || u32_at(&copy, 36) != JOURNAL_VERSION {
+    let version = u32_at(&copy, 36);
+    if crc32c::crc32c(&copy) != crc || !(ONE_COPY_VERSION..=JOURNAL_VERSION).contains(&version) {
         return None;
     }
     let lanes = u64_at(&copy, 40);
     if !(1..=MAX_LANES).contains(&lanes) {
         return None;
     }
-    let uuid = copy[16..32].try_into().unwrap();
-    Some((uuid, u32_at(&copy, 32) as usize, u64_at(&copy, 8), lanes))
+    Some(Super {
+        uuid: copy[16..32].try_into().unwrap(),
+        member: u32_at(&copy, 32) as usize,
+        epoch: u64_at(&copy, 8),
+        lanes,
+        version,
+    })
 }
 
 /// Where member `member`'s journal starts on a journal device: after the device's header
@@ -245,50 +285,206 @@ pub fn decode_device_header(block: &[u8]) -> Option<([u8; 16], usize, u64)> {
     let mut copy = block[..JBLOCK as usize].to_vec();
     let crc = u32_at(&copy, 4);
     copy[4..8].fill(0);
-    if crc32c::crc32c(&copy) != crc || u32_at(&copy, 28) != JOURNAL_VERSION {
+    // The header names the array and its shape; its version is the journal version the
+    // device was created with, and each journal's superblock says which version it holds now
+    // (a version 2 device's journals are rewritten as version 3 at their first reset).
+    let version = u32_at(&copy, 28);
+    if crc32c::crc32c(&copy) != crc || !(ONE_COPY_VERSION..=JOURNAL_VERSION).contains(&version) {
         return None;
     }
     let uuid = copy[8..24].try_into().unwrap();
     Some((uuid, u32_at(&copy, 24) as usize, u64_at(&copy, 32)))
 }
 
-/// Lanes for a journal of `blocks` blocks whose largest record takes `max_record` blocks:
-/// as many as hold two such records each, at most [`MAX_LANES`], at least one.
+/// Lanes for a journal copy of `blocks` blocks whose largest record takes `max_record`
+/// blocks: as many as hold two such records each, at most [`MAX_LANES`], at least one.
 pub fn lanes_for(blocks: u64, max_record: u64) -> u64 {
     ((blocks - 1) / (2 * max_record)).clamp(1, MAX_LANES)
 }
 
-/// Blocks `[first, first + len)` of lane `lane` of `lanes` in a journal of `blocks` blocks.
+/// Bytes a version 3 journal needs when its largest record takes `max_record` bytes: two
+/// copies, each a superblock and room for one of the largest records (a journal this small
+/// resets after every such record, but always makes progress). One block more than version
+/// 2's minimum (a superblock and two records in one copy), so that journals sized by the
+/// old rule mostly still open.
+pub fn least_bytes(max_record: u64) -> u64 {
+    2 * (max_record.div_ceil(JBLOCK) * JBLOCK + JBLOCK)
+}
+
+/// Blocks of one copy in a region of `blocks` blocks: version 3 keeps two copies, in the two
+/// halves (far apart, so one local fault cannot hit both); version 2 had one.
+pub fn copy_blocks(blocks: u64, version: u32) -> u64 {
+    if version >= 3 {
+        blocks / 2
+    } else {
+        blocks
+    }
+}
+
+/// Blocks `[first, first + len)` of lane `lane` of `lanes` in a copy of `blocks` blocks.
 fn lane_span(blocks: u64, lanes: u64, lane: u64) -> (u64, u64) {
     let len = (blocks - 1) / lanes;
     (1 + lane * len, len)
 }
 
-/// Every valid record of a journal region read whole, in seq order: (seq, record). Each
-/// lane is read up to its first record that is not whole.
-pub fn scan(region: &[u8], uuid: [u8; 16], member: usize) -> Vec<(u64, Record)> {
-    let Some((found, index, epoch, lanes)) = decode_super(region) else {
-        return Vec::new();
-    };
-    if found != uuid || index != member {
-        return Vec::new();
-    }
+/// What a journal region holds: every record to replay, in seq order, and the findings
+/// (damage repaired from the other copy) to report.
+#[derive(Debug, Default)]
+pub struct Scanned {
+    pub records: Vec<(u64, Record)>,
+    pub findings: Vec<String>,
+    /// The version read (0 for a journal never initialized).
+    pub version: u32,
+}
+
+fn is_zero(bytes: &[u8]) -> bool {
+    bytes.iter().all(|&b| b == 0)
+}
+
+/// Reads a journal region whole. Err is damage that must refuse the open: replaying around
+/// it could roll back acknowledged writes.
+pub fn scan(region: &[u8], uuid: [u8; 16], member: usize) -> std::result::Result<Scanned, String> {
     let blocks = region.len() as u64 / JBLOCK;
-    let mut out = Vec::new();
-    for lane in 0..lanes {
-        let (first, len) = lane_span(blocks, lanes, lane);
+    let block = |b: u64| &region[(b * JBLOCK) as usize..((b + 1) * JBLOCK) as usize];
+    let half = blocks / 2;
+    let first = decode_super(block(0));
+    if let Some(s) = first.filter(|s| s.version == ONE_COPY_VERSION) {
+        return Ok(scan_one_copy(region, uuid, member, s));
+    }
+    // Version 3: the superblock at the start of each half. A reset writes copy 1, then copy
+    // 2, so a crash leaves at most one of them torn, or both valid with copy 1 a newer
+    // epoch; either way every record of the older epoch was durable in place before the
+    // reset began (it flushes the members first), so the newer epoch is the one to read.
+    let copies = [
+        first.filter(|s| s.version == JOURNAL_VERSION),
+        decode_super(block(half)).filter(|s| s.version == JOURNAL_VERSION),
+    ];
+    let mut findings = Vec::new();
+    let sup = match copies {
+        [Some(a), Some(b)] => {
+            if (a.uuid, a.member, a.lanes) != (b.uuid, b.member, b.lanes) {
+                return Err(format!(
+                    "the two copies of the journal superblock are valid but name different \
+                    journals ({a:?} and {b:?})"
+                ));
+            }
+            if a.epoch >= b.epoch {
+                a
+            } else {
+                b
+            }
+        }
+        [Some(s), None] | [None, Some(s)] => {
+            let bad = if copies[0].is_none() { 1 } else { 2 };
+            findings.push(format!(
+                "journal superblock copy {bad} failed its check (a reset torn by a crash, or \
+                    damage on the medium); the other copy was used"
+            ));
+            s
+        }
+        [None, None] => {
+            // Creation zeroes the journal region before the array record that names it is
+            // committed, so a crash before the first reset leaves zeros; anything else is
+            // two damaged copies, and reading the journal as empty could skip replays.
+            if is_zero(block(0)) && is_zero(block(half)) {
+                return Ok(Scanned::default());
+            }
+            return Err(
+                "both copies of the journal superblock are damaged (or this is not a raid5 \
+                    journal)"
+                    .into(),
+            );
+        }
+    };
+    if sup.uuid != uuid || sup.member != member {
+        return Err(format!(
+            "the journal superblock names another journal (member {} of array {:02x?}, \
+             expected member {member})",
+            sup.member,
+            &sup.uuid[..4]
+        ));
+    }
+    let copy = |c: u64| &region[(c * half * JBLOCK) as usize..((c + 1) * half * JBLOCK) as usize];
+    let (one, two) = (copy(0), copy(1));
+    let mut records = Vec::new();
+    for lane in 0..sup.lanes {
+        let (first, len) = lane_span(half, sup.lanes, lane);
         let end = ((first + len) * JBLOCK) as usize;
         let mut at = (first * JBLOCK) as usize;
         let mut index = 0;
-        while let Some((seq, record, taken)) =
-            decode(&region[at.min(end)..end], epoch, lane as u8, index)
-        {
-            out.push((seq, record));
+        loop {
+            let from = at.min(end);
+            let a = decode(&one[from..end], sup.epoch, lane as u8, index);
+            let b = decode(&two[from..end], sup.epoch, lane as u8, index);
+            let one_bad = a.is_none();
+            let (seq, record, taken) = match (a, b) {
+                // Both copies were written from the same bytes: a difference is damage that
+                // still passed a checksum, or a bug; neither can be replayed safely.
+                (Some(a), Some(b)) if a != b => {
+                    return Err(format!(
+                        "lane {lane} record {index} (epoch {}): the two copies are both \
+                    valid but differ",
+                        sup.epoch
+                    ))
+                }
+                (Some(a), Some(_)) => a,
+                // One copy whole: either acknowledged and later damaged in the other copy
+                // (it must be replayed), or in flight when a crash hit between the two
+                // writes (replaying a whole, unacknowledged update is also correct: its
+                // in-place writes had not started, and it writes data and parity alike).
+                (Some(r), None) | (None, Some(r)) => {
+                    let bad = if one_bad { 1 } else { 2 };
+                    findings.push(format!(
+                        "lane {lane} record {index} (epoch {}): copy {bad} failed its check; \
+                    replayed from the other copy",
+                        sup.epoch
+                    ));
+                    r
+                }
+                // Neither copy whole: a batch cut by a crash before either copy was whole,
+                // never acknowledged (group commit may leave whole records after it in the
+                // same write, also unacknowledged): the end of the lane. Two independent
+                // faults at this position in both copies look the same: the format's limit.
+                (None, None) => break,
+            };
+            records.push((seq, record));
             at += (taken * JBLOCK) as usize;
             index += 1;
         }
     }
-    out.sort_by_key(|(seq, _)| *seq);
+    records.sort_by_key(|(seq, _)| *seq);
+    Ok(Scanned {
+        records,
+        findings,
+        version: JOURNAL_VERSION,
+    })
+}
+
+/// A version 2 journal (one copy): each lane is read up to its first record that is not
+/// whole, as version 2 did (it cannot tell damage from a crash there; see the docs).
+fn scan_one_copy(region: &[u8], uuid: [u8; 16], member: usize, sup: Super) -> Scanned {
+    let mut out = Scanned {
+        version: ONE_COPY_VERSION,
+        ..Scanned::default()
+    };
+    if sup.uuid != uuid || sup.member != member {
+        return out;
+    }
+    let blocks = region.len() as u64 / JBLOCK;
+    for lane in 0..sup.lanes {
+        let (first, len) = lane_span(blocks, sup.lanes, lane);
+        let end = ((first + len) * JBLOCK) as usize;
+        let mut at = (first * JBLOCK) as usize;
+        let mut index = 0;
+        while let Some((seq, record, taken)) =
+            decode(&region[at.min(end)..end], sup.epoch, lane as u8, index)
+        {
+            out.records.push((seq, record));
+            at += (taken * JBLOCK) as usize;
+            index += 1;
+        }
+    }
+    out.records.sort_by_key(|(seq, _)| *seq);
     out
 }
 
@@ -331,11 +527,12 @@ struct State {
     failed: Option<String>,
 }
 
-/// One member's journal: a region `[base, base + blocks * JBLOCK)`, block 0 the superblock,
-/// the rest split into lanes.
+/// One member's journal: a region at `base` holding two copies of `blocks` blocks each,
+/// each copy's block 0 a superblock and the rest split into lanes.
 pub struct Journal {
     member: usize,
     base: u64,
+    /// Blocks of one copy; copy 2 starts this many blocks after copy 1.
     blocks: u64,
     lanes: u64,
     uuid: [u8; 16],
@@ -355,7 +552,7 @@ pub enum Appended {
 impl Journal {
     /// A journal of `bytes` at `base` whose largest record takes `max_record` bytes.
     pub fn new(member: usize, base: u64, bytes: u64, max_record: u64, uuid: [u8; 16]) -> Journal {
-        let blocks = bytes / JBLOCK;
+        let blocks = copy_blocks(bytes / JBLOCK, JOURNAL_VERSION);
         assert!(blocks >= 8);
         let lanes = lanes_for(blocks, max_record.div_ceil(JBLOCK));
         Journal {
@@ -387,6 +584,12 @@ impl Journal {
         self.lanes
     }
 
+    /// Byte offsets of block `block` in copy 1 and copy 2.
+    fn offsets(&self, block: u64) -> [u64; 2] {
+        let one = self.base + block * JBLOCK;
+        [one, one + self.blocks * JBLOCK]
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -398,10 +601,14 @@ impl Journal {
         for writer in &self.writers {
             writers.push(writer.lock().await);
         }
-        let block = encode_super(self.uuid, self.member, epoch, self.lanes);
-        device
-            .write(self.base, Bytes::from(block), WriteFlags { fua: true })
-            .await?;
+        let block = Bytes::from(encode_super(self.uuid, self.member, epoch, self.lanes));
+        // One copy after the other, never both at once: a crash then tears at most one, and
+        // both copies invalid stays a sign of damage (see `scan`).
+        for offset in self.offsets(0) {
+            device
+                .write(offset, block.clone(), WriteFlags { fua: true })
+                .await?;
+        }
         let mut state = self.lock();
         // Appenders hold the array's gate, which a reset holds exclusively: records can only
         // still be queued when their appender was cancelled (its update never reached the
@@ -502,11 +709,23 @@ impl Journal {
                 continue;
             };
             let last = batch.last().expect("non-empty").0;
-            let bytes: Vec<u8> = batch.into_iter().flat_map(|(_, _, b)| b).collect();
-            let offset = self.base + first * JBLOCK;
-            let written = device
-                .write(offset, Bytes::from(bytes), WriteFlags { fua: true })
-                .await;
+            let bytes = Bytes::from(
+                batch
+                    .into_iter()
+                    .flat_map(|(_, _, b)| b)
+                    .collect::<Vec<u8>>(),
+            );
+            // Both copies at once (the cost of the second is one more concurrent write, not a
+            // second round trip), and durable only when both are: an acknowledged record
+            // then survives any fault that spares one copy.
+            let [one, two] = self.offsets(first);
+            let fua = WriteFlags { fua: true };
+            let (a, b) = futures_util::future::join(
+                device.write(one, bytes.clone(), fua),
+                device.write(two, bytes, fua),
+            )
+            .await;
+            let written = a.and(b);
             let mut state = self.lock();
             state.lanes[lane].writing = false;
             match written {
@@ -531,6 +750,7 @@ fn journal_error(member: usize, reason: &str) -> BlockError {
 mod tests {
     use super::*;
 
+    /// Version 2 (one copy) is still read with its own rules: these two tests pin them.
     #[test]
     fn records_round_trip_and_refuse_damage() {
         let update = Record::Update {
@@ -543,21 +763,21 @@ mod tests {
         let intent = Record::Intent { stripe: 9 };
         let done = Record::Done { seqs: vec![1, 5] };
         let uuid = [4u8; 16];
-        let mut region = encode_super(uuid, 2, 77, 1);
+        let mut region = encode_super_version(ONE_COPY_VERSION, uuid, 2, 77, 1);
         for (seq, record) in [&update, &intent, &done].into_iter().enumerate() {
             region.extend(record.encode(77, seq as u64, 0, seq as u32));
         }
         region.extend(vec![0u8; 8192]);
-        let scanned = scan(&region, uuid, 2);
+        let scanned = scan(&region, uuid, 2).unwrap().records;
         assert_eq!(scanned.len(), 3);
         assert_eq!(scanned[0].1, update);
         assert_eq!(scanned[2].1, done);
         // Another member's journal, or another array's, reads as empty.
-        assert!(scan(&region, uuid, 1).is_empty());
-        assert!(scan(&region, [5u8; 16], 2).is_empty());
+        assert!(scan(&region, uuid, 1).unwrap().records.is_empty());
+        assert!(scan(&region, [5u8; 16], 2).unwrap().records.is_empty());
         // A torn payload ends the log there.
         region[2 * JBLOCK as usize + 10] ^= 1;
-        assert!(scan(&region, uuid, 2).is_empty());
+        assert!(scan(&region, uuid, 2).unwrap().records.is_empty());
     }
 
     /// Lanes are read independently and merged by seq: a torn tail in one lane ends only
@@ -567,7 +787,13 @@ mod tests {
         let uuid = [6u8; 16];
         let blocks = 1 + 2 * 8;
         let mut region = vec![0u8; (blocks * JBLOCK) as usize];
-        region[..JBLOCK as usize].copy_from_slice(&encode_super(uuid, 0, 5, 2));
+        region[..JBLOCK as usize].copy_from_slice(&encode_super_version(
+            ONE_COPY_VERSION,
+            uuid,
+            0,
+            5,
+            2,
+        ));
         let place = |region: &mut Vec<u8>, block: u64, bytes: Vec<u8>| {
             let at = (block * JBLOCK) as usize;
             region[at..at + bytes.len()].copy_from_slice(&bytes);
@@ -600,11 +826,21 @@ mod tests {
             lane1 + 2,
             Record::Intent { stripe: 14 }.encode(5, 4, 1, 2),
         );
-        let seqs: Vec<u64> = scan(&region, uuid, 0).iter().map(|r| r.0).collect();
+        let seqs: Vec<u64> = scan(&region, uuid, 0)
+            .unwrap()
+            .records
+            .iter()
+            .map(|r| r.0)
+            .collect();
         assert_eq!(seqs, vec![0, 1, 2, 3, 4]);
         // Lane 0's second record torn: lane 1 still reads whole.
         region[((lane0 + 1) * JBLOCK) as usize + 100] ^= 1;
-        let seqs: Vec<u64> = scan(&region, uuid, 0).iter().map(|r| r.0).collect();
+        let seqs: Vec<u64> = scan(&region, uuid, 0)
+            .unwrap()
+            .records
+            .iter()
+            .map(|r| r.0)
+            .collect();
         assert_eq!(seqs, vec![0, 1, 2, 4]);
         // A record encoded for lane 1 but found in lane 0 is not taken.
         place(
@@ -612,7 +848,7 @@ mod tests {
             lane0 + 1,
             Record::Intent { stripe: 13 }.encode(5, 3, 1, 1),
         );
-        assert_eq!(scan(&region, uuid, 0).len(), 4);
+        assert_eq!(scan(&region, uuid, 0).unwrap().records.len(), 4);
         // Lane counts a journal cannot have are refused.
         assert!(decode_super(&encode_super(uuid, 0, 5, 0)).is_none());
         assert!(decode_super(&encode_super(uuid, 0, 5, MAX_LANES + 1)).is_none());
@@ -630,5 +866,174 @@ mod tests {
         assert_eq!(decode_device_header(&torn), None);
         assert_eq!(decode_device_header(&vec![0u8; 4096]), None);
         assert_eq!(device_journal_base(2, 1 << 20), 4096 + (2 << 20));
+    }
+}
+
+#[cfg(test)]
+mod two_copies {
+    use super::*;
+
+    const UUID: [u8; 16] = [8u8; 16];
+    /// Blocks of one copy; two lanes of 8 blocks each after the superblock.
+    const HALF: u64 = 17;
+
+    fn place(region: &mut [u8], block: u64, bytes: &[u8]) {
+        let at = (block * JBLOCK) as usize;
+        region[at..at + bytes.len()].copy_from_slice(bytes);
+    }
+
+    /// A version 3 region with `records` (lane, bytes) placed in both copies, in order.
+    fn region(records: &[(u64, Vec<u8>)]) -> Vec<u8> {
+        let mut region = vec![0u8; (2 * HALF * JBLOCK) as usize];
+        let sup = encode_super(UUID, 1, 9, 2);
+        place(&mut region, 0, &sup);
+        place(&mut region, HALF, &sup);
+        let mut next = [lane_span(HALF, 2, 0).0, lane_span(HALF, 2, 1).0];
+        for (lane, bytes) in records {
+            place(&mut region, next[*lane as usize], bytes);
+            place(&mut region, HALF + next[*lane as usize], bytes);
+            next[*lane as usize] += bytes.len() as u64 / JBLOCK;
+        }
+        region
+    }
+
+    fn update(stripe: u64, byte: u8) -> Record {
+        Record::Update {
+            stripe,
+            writes: vec![(0, 0, Bytes::from(vec![byte; 4096]))],
+        }
+    }
+
+    fn flip(region: &mut [u8], block: u64, at: usize) {
+        region[(block * JBLOCK) as usize + at] ^= 0x5a;
+    }
+
+    fn seqs(region: &[u8]) -> Vec<u64> {
+        let scanned = scan(region, UUID, 1).unwrap();
+        scanned.records.iter().map(|r| r.0).collect()
+    }
+
+    /// Lane 0: seq 0 (stripe 3, old), seq 2 (stripe 3, new); lane 1: seq 1.
+    fn three() -> Vec<u8> {
+        region(&[
+            (0, update(3, 1).encode(9, 0, 0, 0)),
+            (1, Record::Intent { stripe: 4 }.encode(9, 1, 1, 0)),
+            (0, update(3, 2).encode(9, 2, 0, 1)),
+        ])
+    }
+
+    #[test]
+    fn intact_copies_replay_everything_without_findings() {
+        let scanned = scan(&three(), UUID, 1).unwrap();
+        assert_eq!(scanned.version, JOURNAL_VERSION);
+        assert!(scanned.findings.is_empty());
+        assert_eq!(seqs(&three()), vec![0, 1, 2]);
+        assert_eq!(scanned.records[2].1, update(3, 2));
+    }
+
+    /// The defect this version closes: the newer update of stripe 3 (seq 2) damaged in one
+    /// copy after it was acknowledged. Read from the other copy, with a finding.
+    #[test]
+    fn one_damaged_copy_is_replayed_from_the_other_with_a_finding() {
+        let (first, _) = lane_span(HALF, 2, 0);
+        for (copy, block) in [(1, first + 2), (2, HALF + first + 2)] {
+            for at in [0, 20, 4096 + 7] {
+                let mut damaged = three();
+                flip(
+                    &mut damaged,
+                    block + at as u64 / JBLOCK,
+                    at % JBLOCK as usize,
+                );
+                let scanned = scan(&damaged, UUID, 1).unwrap();
+                assert_eq!(seqs(&damaged), vec![0, 1, 2], "copy {copy} byte {at}");
+                assert_eq!(scanned.records[2].1, update(3, 2));
+                assert_eq!(scanned.findings.len(), 1, "{:?}", scanned.findings);
+                assert!(scanned.findings[0].contains(&format!("copy {copy} failed")));
+            }
+        }
+    }
+
+    /// Both copies invalid is the end of the lane (a crash before either copy was whole); a
+    /// whole record after it in the same lane is an unacknowledged part of the same batch
+    /// (group commit) and is not replayed.
+    #[test]
+    fn both_copies_invalid_end_the_lane() {
+        let (first, _) = lane_span(HALF, 2, 0);
+        let mut torn = three();
+        flip(&mut torn, first, 100);
+        flip(&mut torn, HALF + first, 3000);
+        let scanned = scan(&torn, UUID, 1).unwrap();
+        assert!(scanned.findings.is_empty());
+        assert_eq!(seqs(&torn), vec![1]);
+    }
+
+    /// A damaged block count must read as an invalid record, not overflow (found by the
+    /// media-damage test: a count near u64::MAX panicked in debug builds).
+    #[test]
+    fn a_huge_block_count_is_invalid() {
+        let mut bytes = update(3, 1).encode(9, 0, 0, 0);
+        bytes[24..32].copy_from_slice(&(u64::MAX / 2).to_le_bytes());
+        assert!(decode(&bytes, 9, 0, 0).is_none());
+    }
+
+    #[test]
+    fn both_copies_valid_but_different_refuse() {
+        let (first, _) = lane_span(HALF, 2, 0);
+        let mut region = three();
+        place(
+            &mut region,
+            HALF + first + 2,
+            &update(3, 7).encode(9, 2, 0, 1),
+        );
+        let error = scan(&region, UUID, 1).unwrap_err();
+        assert!(error.contains("both valid but differ"), "{error}");
+    }
+
+    #[test]
+    fn superblock_copies() {
+        // One copy damaged: the other is used, with a finding.
+        for block in [0, HALF] {
+            let mut region = three();
+            flip(&mut region, block, 40);
+            let scanned = scan(&region, UUID, 1).unwrap();
+            assert_eq!(scanned.records.len(), 3);
+            assert_eq!(scanned.findings.len(), 1);
+        }
+        // Both damaged: refused, never read as an empty journal.
+        let mut region = three();
+        flip(&mut region, 0, 40);
+        flip(&mut region, HALF, 41);
+        let error = scan(&region, UUID, 1).unwrap_err();
+        assert!(
+            error.contains("both copies of the journal superblock"),
+            "{error}"
+        );
+        // Both zero (a crash between creation and the first reset): empty.
+        let mut region = vec![0u8; (2 * HALF * JBLOCK) as usize];
+        assert!(scan(&region, UUID, 1).unwrap().records.is_empty());
+        // A reset torn between its two writes: copy 1 newer, copy 2 older; the newer wins
+        // (every record of the older epoch was durable in place before the reset).
+        place(&mut region, 0, &encode_super(UUID, 1, 10, 2));
+        place(&mut region, HALF, &encode_super(UUID, 1, 9, 2));
+        let (first, _) = lane_span(HALF, 2, 0);
+        place(&mut region, first, &update(3, 1).encode(9, 0, 0, 0));
+        place(&mut region, HALF + first, &update(3, 1).encode(9, 0, 0, 0));
+        let scanned = scan(&region, UUID, 1).unwrap();
+        assert!(scanned.records.is_empty() && scanned.findings.is_empty());
+        // Another member's journal is refused, not read as empty.
+        assert!(scan(&three(), UUID, 2).is_err());
+    }
+
+    #[test]
+    fn least_bytes_holds_a_largest_record_per_copy() {
+        let max_record = 3 * 4096 + 4096;
+        let bytes = least_bytes(max_record);
+        let half = copy_blocks(bytes / JBLOCK, JOURNAL_VERSION);
+        assert_eq!(lanes_for(half, max_record / JBLOCK), 1);
+        let (_, len) = lane_span(half, 1, 0);
+        assert_eq!(len, max_record / JBLOCK);
+        // One block less and the largest record would never fit in a copy.
+        let (_, short) = lane_span(copy_blocks(bytes / JBLOCK - 1, JOURNAL_VERSION), 1, 0);
+        assert!(short < max_record / JBLOCK);
     }
 }

@@ -185,6 +185,12 @@ impl Raid5 {
                 "lost chunks".into(),
                 a.lost.lock().unwrap().len().to_string(),
             ),
+            (
+                "journal findings".into(),
+                a.journal_findings
+                    .load(std::sync::atomic::Ordering::Relaxed)
+                    .to_string(),
+            ),
         ];
         for (i, m) in states.iter().enumerate() {
             node.detail.push((

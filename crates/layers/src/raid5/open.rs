@@ -19,7 +19,8 @@ use strata_meta::{FormatOptions, MetaStore, Recovered, StoreOptions, TxnClass};
 use super::array::{Array, FullWrites, STRIPE_LOCKS};
 use super::assembly;
 use super::journal::{
-    decode_device_header, device_bytes, device_journal_base, encode_device_header, Journal, JBLOCK,
+    decode_device_header, device_bytes, device_journal_base, encode_device_header, least_bytes,
+    Journal, JBLOCK,
 };
 use super::layout::Layout;
 use super::members::{Member, MemberState, Members, MirrorDevice, META_BYTES};
@@ -111,6 +112,7 @@ pub async fn assemble(
     let record = record_of(&best.state).map_err(refuse)?;
     check_shape(&name, &record, children.len(), &settings)?;
     check_journal_device(&name, &record, uuid, journal_device.as_ref()).await?;
+    check_journal_room(&name, &record)?;
     let (assigned, newly_out) =
         assembly::member_states(&record.states, &copies, settings.start.allow_degraded)
             .map_err(refuse)?;
@@ -254,6 +256,28 @@ fn check_shape(
     Ok(())
 }
 
+/// An array created by a version with one-copy journals (version 2) may have a journal too
+/// small for version 3's two copies (its minimum was half as large). Refused before anything
+/// is written, with what to do: the journal size is fixed at creation.
+fn check_journal_room(name: &str, record: &ArrayRecord) -> Result<()> {
+    let least = least_bytes(record.members as u64 * record.chunk_bytes + JBLOCK);
+    if record.journal_bytes >= least {
+        return Ok(());
+    }
+    Err(invalid(
+        name,
+        format!(
+            "the stripe journal is {} bytes per member, but journal version 3 keeps two copies \
+             of every record and needs at least {least} bytes for {} members of {}-byte chunks \
+             (one block more than version 2's minimum); this array was created by an older \
+             version with a journal of exactly that minimum. Nothing was \
+             written: start it with the previous version, copy the data off, and create the \
+             array again (the journal size is fixed at creation)",
+            record.journal_bytes, record.members, record.chunk_bytes
+        ),
+    ))
+}
+
 /// The configuration and the array agree on the journal device, and the device configured
 /// is this array's (its header names the array's uuid and shape).
 async fn check_journal_device(
@@ -289,6 +313,13 @@ async fn check_journal_device(
             name,
             "the journal device belongs to another array (or another shape of this one)",
         )),
+        // A header block that starts with the magic but fails its checks was one: damage (a
+        // header is written once, at creation, before the record naming the device).
+        None if header[..4] == encode_device_header([0; 16], 0, 0)[..4] => Err(invalid(
+            name,
+            "the journal device's header is damaged (it fails its checksum); the array is not \
+             started (run `strata check`; restore the journal device from a copy)",
+        )),
         None => Err(invalid(
             name,
             "the journal device holds no raid5 journal header: not this array's journal device",
@@ -322,8 +353,8 @@ async fn create(
             format!("chunk = {chunk}: must be a power of two of at least 4 KiB"),
         ));
     }
-    // Room for two of the largest records (a header and n chunks).
-    let least = 2 * (n as u64 * chunk + JBLOCK) + JBLOCK;
+    // Two copies, each with room for the largest record (a header and n chunks).
+    let least = least_bytes(n as u64 * chunk + JBLOCK);
     let journal = settings.journal.unwrap_or(DEFAULT_JOURNAL.max(least));
     if journal < least || !journal.is_multiple_of(JBLOCK) {
         return Err(invalid(&name, format!(
@@ -365,13 +396,22 @@ async fn create(
         return Err(invalid(&name, format!("members of {smallest} bytes leave no room for data after {data_start} bytes of metadata and journal")));
     }
     // Parity must match data from the start: zero the data area (cheap on sparse backends).
+    // The journal regions too, before the record naming them is committed: a crash before
+    // the first journal reset then leaves zeros, which recovery reads as an empty journal,
+    // while any other superblock that fails its checks is damage and refuses the open.
+    let flags = strata_core::ZeroFlags {
+        may_trim: false,
+        ..Default::default()
+    };
     for device in &devices {
-        let flags = strata_core::ZeroFlags {
-            may_trim: false,
-            ..Default::default()
-        };
+        device.write_zeroes(META_BYTES, journal, flags).await?;
         device
             .write_zeroes(data_start, stripes * chunk, flags)
+            .await?;
+    }
+    if let Some(device) = &journal_device {
+        device
+            .write_zeroes(device_journal_base(0, journal), n as u64 * journal, flags)
             .await?;
     }
     let members = Members::new(
@@ -492,5 +532,6 @@ fn build(
         activity: Mutex::new(None),
         skip_journal: settings.unsafe_skip_journal,
         resets: AtomicU64::new(0),
+        journal_findings: AtomicU64::new(0),
     })
 }

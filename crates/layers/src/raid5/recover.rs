@@ -12,13 +12,14 @@
 //! to fix.
 
 use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
 use strata_core::Result;
 use strata_meta::TxnClass;
 
 use super::array::{Array, Fault};
-use super::journal::{device_journal_base, scan, Record};
+use super::journal::{device_journal_base, scan, Record, JOURNAL_VERSION};
 use super::members::{MemberState, META_BYTES};
 use super::plan::xor_into;
 
@@ -58,7 +59,24 @@ impl Array {
                     }
                 }
             };
-            for (seq, record) in scan(&region, uuid, member) {
+            let scanned = scan(&region, uuid, member).map_err(|damage| {
+                Array::io_error(format!(
+                    "raid5 {}: the stripe journal of member {member} is damaged: {damage}; \
+                     the array is not started, because replaying around the damage could write \
+                     older data over acknowledged writes (run `strata check`; restore the member \
+                     or the journal device from a copy, or replace the member)",
+                    self.name
+                ))
+            })?;
+            for finding in &scanned.findings {
+                tracing::warn!(array = %self.name, member, %finding, "raid5: stripe journal damage repaired from its other copy");
+            }
+            self.journal_findings
+                .fetch_add(scanned.findings.len() as u64, Ordering::Relaxed);
+            if scanned.version != 0 && scanned.version != JOURNAL_VERSION {
+                tracing::info!(array = %self.name, member, version = scanned.version, "raid5: replaying a stripe journal of an older version; it is rewritten as version {JOURNAL_VERSION} after replay");
+            }
+            for (seq, record) in scanned.records {
                 match record {
                     Record::Done { seqs } => done.extend(seqs.into_iter().map(|s| (member, s))),
                     Record::Update { stripe, .. } | Record::Intent { stripe } => stripes
