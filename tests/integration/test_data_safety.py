@@ -422,27 +422,29 @@ def test_damaged_thin_metadata_refuses_that_pool_and_keeps_others_serving(procs,
 # ---- case 1: a stale mirror leg ------------------------------------------------------------
 
 
-def test_a_stale_mirror_leg_is_never_served_as_current(procs, workdir):
-    """Waits on the layers work (mirror refuses a start with in-sync members missing unless
-    allowed, and refuses stale members)."""
+def mirror_with_a_stale_leg(procs, workdir, size: int, seed: int):
+    """A mirror of a and b; data written; `strata fail-member m b`; new data written over it;
+    server stopped. Returns (data_dir, a, b, the new data): b holds the old data, stale."""
     data_dir = workdir / "data"
-    config = mirror_config(data_dir)
-    p = serve(procs, workdir, "--config", config, tag="first")
+    p = serve(procs, workdir, "--config", mirror_config(data_dir), tag="first")
     p.wait_ready()
-    old = pattern_bytes(81, 4 * MiB)
     h = connect(data_dir)
-    put(h, old, 0)
+    put(h, pattern_bytes(seed, size), 0)
     h.flush()
     h.shutdown()
     r = strata("fail-member", "--data-dir", data_dir, "m", "b")
     assert r.returncode == 0, r.stderr
-    new = pattern_bytes(82, 4 * MiB)
+    new = pattern_bytes(seed + 1, size)
     h = connect(data_dir)
     put(h, new, 0)
     h.flush()
     h.shutdown()
     assert p.stop() == 0
-    a, b = data_dir / "disks" / "a.img", data_dir / "disks" / "b.img"
+    return data_dir, data_dir / "disks" / "a.img", data_dir / "disks" / "b.img", new
+
+
+def test_a_stale_mirror_leg_is_never_served_as_current(procs, workdir):
+    _, a, b, new = mirror_with_a_stale_leg(procs, workdir, 4 * MiB, 81)
     # b alone is stale: refused without --degraded.
     alone = workdir / "alone"
     p = serve(procs, workdir, "--data-dir", alone, "--assemble", b, tag="alone")
@@ -467,22 +469,7 @@ def test_a_stale_leg_started_degraded_is_a_split_brain_never_a_silent_winner(pro
     """The operator starts the stale leg alone with --degraded (it then records the other as
     failed); each leg now records the other as failed, and assembling both is refused,
     whatever the order: neither leg's data silently wins."""
-    data_dir = workdir / "data"
-    config = mirror_config(data_dir)
-    p = serve(procs, workdir, "--config", config, tag="first")
-    p.wait_ready()
-    h = connect(data_dir)
-    put(h, pattern_bytes(91, 2 * MiB), 0)
-    h.flush()
-    h.shutdown()
-    assert strata("fail-member", "--data-dir", data_dir, "m", "b").returncode == 0
-    new = pattern_bytes(92, 2 * MiB)
-    h = connect(data_dir)
-    put(h, new, 0)
-    h.flush()
-    h.shutdown()
-    assert p.stop() == 0
-    a, b = data_dir / "disks" / "a.img", data_dir / "disks" / "b.img"
+    _, a, b, new = mirror_with_a_stale_leg(procs, workdir, 2 * MiB, 91)
     alone = workdir / "alone"
     p = serve(procs, workdir, "--data-dir", alone, "--assemble", b, "--degraded", tag="alone")
     p.wait_ready()
