@@ -706,3 +706,15 @@ def test_a_full_file_system_under_a_thin_pool_fails_writes_and_loses_nothing_flu
     assert p.stop() == 0
     r = strata("check", small_fs / "t.img")
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_client_commands_survive_a_closed_stdout():
+    """`strata sim models | head -0`-like: the reader is gone before the first write. The
+    command must finish its work and exit normally, not abort on EPIPE (panic = abort)."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        r = subprocess.run([str(STRATA_BIN), "sim", "models"], stdout=write_end, stderr=subprocess.PIPE, timeout=60)
+    finally:
+        os.close(write_end)
+    assert r.returncode == 0, (r.returncode, r.stderr.decode(errors="replace"))

@@ -1,5 +1,22 @@
 //! `strata`: serve hierarchies of virtual block devices over NBD.
 
+/// `print!` that drops what a closed pipe cannot take (`strata status | head`): `print!`
+/// panics on EPIPE, and a panic aborts, perhaps in the middle of a repair or a change.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = write!(std::io::stdout().lock(), $($arg)*);
+    }};
+}
+
+/// `println!` that drops what a closed pipe cannot take; see [`out!`].
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout().lock(), $($arg)*);
+    }};
+}
+
 mod admin;
 mod build;
 mod check;
@@ -204,9 +221,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Status { target, json } => {
             let status = admin::request(&target.socket(), &AdminRequest::Status)?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&status)?);
+                outln!("{}", serde_json::to_string_pretty(&status)?);
             } else {
-                print!("{}", status::render(&status));
+                out!("{}", status::render(&status));
             }
             Ok(())
         }
@@ -255,7 +272,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Sim { command } => sim_cmd::run(command),
         Command::Metrics { target } => {
             let reply = admin::request(&target.socket(), &AdminRequest::Metrics)?;
-            print!("{}", reply["metrics"].as_str().unwrap_or_default());
+            out!("{}", reply["metrics"].as_str().unwrap_or_default());
             Ok(())
         }
     }
@@ -296,9 +313,9 @@ fn run_check(devices: &[PathBuf], repair: bool, json: bool) -> anyhow::Result<Ex
         damaged |= !report.errors.is_empty();
         foreign |= report.not_strata;
         if json {
-            println!("{}", serde_json::to_string(&report)?);
+            outln!("{}", serde_json::to_string(&report)?);
         } else {
-            print!("{}", check::render(&report));
+            out!("{}", check::render(&report));
         }
     }
     if damaged {
@@ -317,7 +334,7 @@ fn absolute(path: &std::path::Path) -> anyhow::Result<PathBuf> {
 
 fn change(target: &AdminTarget, change: Change) -> anyhow::Result<()> {
     let reply = admin::request(&target.socket(), &AdminRequest::Change(change))?;
-    println!("{}", reply["done"].as_str().unwrap_or("done"));
+    outln!("{}", reply["done"].as_str().unwrap_or("done"));
     Ok(())
 }
 

@@ -63,9 +63,9 @@ pub fn run(command: SimCommand) -> anyhow::Result<()> {
         SimCommand::ValidateDisk { json } => {
             let rows = validate::validate_disk();
             if json {
-                println!("{}", serde_json::to_string_pretty(&rows)?);
+                outln!("{}", serde_json::to_string_pretty(&rows)?);
             } else {
-                print!("{}", validate::format_table(&rows));
+                out!("{}", validate::format_table(&rows));
             }
             let off = rows.iter().filter(|r| !r.within_tolerance).count();
             if off > 0 {
@@ -145,7 +145,7 @@ pub fn run(command: SimCommand) -> anyhow::Result<()> {
         }
         SimCommand::Models => {
             for name in strata_sim::models::preset_names() {
-                println!("{name}");
+                outln!("{name}");
             }
             Ok(())
         }
@@ -164,10 +164,10 @@ fn run_and_report(
         .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
     let elapsed = wall.elapsed();
     if json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        outln!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        print!("{}", experiment::format_report(&report));
-        println!(
+        out!("{}", experiment::format_report(&report));
+        outln!(
             "\n{} requests simulated in {:.2} s of wall time",
             output.records.len(),
             elapsed.as_secs_f64()
@@ -177,7 +177,7 @@ fn run_and_report(
         let written =
             experiment::write_outputs(dir, &report, &output).map_err(anyhow::Error::msg)?;
         if !json {
-            println!("wrote {} files to {}", written.len(), dir.display());
+            outln!("wrote {} files to {}", written.len(), dir.display());
         }
     }
     if report.read_mismatches > 0 {

@@ -139,13 +139,13 @@ pub fn run(command: VolumeCommand) -> anyhow::Result<()> {
     let listing = matches!(request, VolumeRequest::List);
     let reply = admin::request(&target.socket(), &AdminRequest::Volume(request))?;
     if !listing {
-        println!("{}", reply["done"].as_str().unwrap_or("done"));
+        outln!("{}", reply["done"].as_str().unwrap_or("done"));
     } else if json {
-        println!("{}", serde_json::to_string_pretty(&reply["pools"])?);
+        outln!("{}", serde_json::to_string_pretty(&reply["pools"])?);
     } else {
         let pools: Vec<PoolListing> = serde_json::from_value(reply["pools"].clone())
             .context("the server's volume list is not in the expected shape")?;
-        print!("{}", render(&pools));
+        out!("{}", render(&pools));
     }
     Ok(())
 }
