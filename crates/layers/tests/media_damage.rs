@@ -20,7 +20,7 @@ use strata_layers::registry::StartPolicy;
 use strata_layers::thin::{PoolOptions, PoolRuntime, ThinPool};
 use strata_meta::BLOCK_SIZE;
 
-const SEEDS: u64 = 500;
+const SEEDS: u64 = 2000;
 const BLOCK: u64 = BLOCK_SIZE as u64;
 
 /// An ordinary restart: no format, no degraded start.
