@@ -238,6 +238,18 @@ impl MetaStore {
         options: StoreOptions,
     ) -> Result<(Arc<MetaStore>, Recovered)> {
         let recovered = recovery::recover(device.as_ref(), offset).await?;
+        Self::open_recovered(device, recovered, options).await
+    }
+
+    /// [`MetaStore::open`] from a recovery the caller already ran (`recovery::recover` on the
+    /// same device and offset, with nothing written there since): a caller that must look at
+    /// what recovery found before deciding to open (its owner, whether it recovers at all)
+    /// reads the region once, not twice.
+    pub async fn open_recovered(
+        device: DeviceRef,
+        recovered: Recovered,
+        options: StoreOptions,
+    ) -> Result<(Arc<MetaStore>, Recovered)> {
         let name = options.name.clone();
         tracing::info!(
             store = %name,

@@ -190,14 +190,27 @@ impl ThinPool {
         child: DeviceRef,
         settings: PoolRuntime,
     ) -> Result<(Arc<ThinPool>, Recovered)> {
-        let (store, recovered) =
-            MetaStore::open(child.clone(), 0, store_options(name, &settings)).await?;
+        let recovered = strata_meta::recover(child.as_ref(), 0).await?;
+        Self::open_recovered(name, child, recovered, settings).await
+    }
+
+    /// [`ThinPool::open`] from the recovery of `child`'s metadata the caller already ran.
+    async fn open_recovered(
+        name: &str,
+        child: DeviceRef,
+        recovered: Recovered,
+        settings: PoolRuntime,
+    ) -> Result<(Arc<ThinPool>, Recovered)> {
+        // Before the open's checkpoint writes anything: another layer's store is not ours.
         if recovered.superblock.owner != "thin-pool" {
             return Err(BlockError::InvalidArgument(format!(
                 "{name}: the metadata belongs to a {:?}, not a thin pool",
                 recovered.superblock.owner
             )));
         }
+        let (store, recovered) =
+            MetaStore::open_recovered(child.clone(), recovered, store_options(name, &settings))
+                .await?;
         // Log order continues after the highest allocated extent.
         let head = store.read(|state| {
             let ids = PoolIds::find(state).ok()?;
@@ -227,8 +240,12 @@ impl ThinPool {
         settings: PoolRuntime,
         start: crate::registry::StartPolicy,
     ) -> Result<Arc<ThinPool>> {
+        let mut recovered = None;
         let found = match strata_meta::recover(child.as_ref(), 0).await {
-            Ok(_) => MetadataFound::Valid,
+            Ok(found) => {
+                recovered = Some(found);
+                MetadataFound::Valid
+            }
             Err(strata_meta::RecoveryError::Io(error)) => return Err(error),
             Err(strata_meta::RecoveryError::NoSuperblock { a, b }) => {
                 // At least the region a format would use now, configured or guessed, whichever
@@ -248,7 +265,12 @@ impl ThinPool {
             Err(damage) => MetadataFound::Damaged(damage.to_string()),
         };
         match pool_start(&found, start.may_format) {
-            PoolStart::Open => Ok(Self::open(name, child, settings).await?.0),
+            PoolStart::Open => {
+                let recovered = recovered.expect("Valid comes with a recovery");
+                Ok(Self::open_recovered(name, child, recovered, settings)
+                    .await?
+                    .0)
+            }
             PoolStart::Format => Self::format(name, child, options, settings).await,
             PoolStart::Refuse(why) => Err(BlockError::InvalidArgument(format!(
                 "thin pool {name}: {why}"
