@@ -121,6 +121,10 @@ impl Inner {
 
     async fn describe(&self) -> NodeStatus {
         let mut node = NodeStatus::new(&self.name, "mirror", self.size);
+        // Activity is read before the member states: the resync marks its target in sync a
+        // moment before it clears its activity, so the reverse order could show a healthy
+        // mirror still "resyncing".
+        let activity = self.resync.lock().unwrap().activity.clone();
         let members: Vec<(String, Option<DeviceRef>, MemberState)> = self
             .slots
             .read()
@@ -169,7 +173,7 @@ impl Inner {
                 c.repairs.load(Ordering::Relaxed).to_string(),
             ),
         ]);
-        node.activity = self.resync.lock().unwrap().activity.clone();
+        node.activity = activity.filter(|_| node.health != Health::Ok);
         if let Some(activity) = &node.activity {
             node.detail.push((
                 "resync".into(),

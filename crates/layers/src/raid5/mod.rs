@@ -171,6 +171,9 @@ impl Raid5 {
     async fn describe(&self) -> Result<NodeStatus> {
         let a = &self.array;
         let mut node = NodeStatus::new(&a.name, "raid5", a.layout.size());
+        // Activity before health: a rebuild marks its member in sync just before clearing
+        // its activity, and a healthy array must not show a rebuild still running.
+        let activity = a.activity.lock().unwrap().clone();
         node.health = self.health();
         let states = a.members.snapshot();
         node.detail = vec![
@@ -227,7 +230,7 @@ impl Raid5 {
             }
             node.children.push(child);
         }
-        node.activity = a.activity.lock().unwrap().clone();
+        node.activity = activity.filter(|_| node.health != Health::Ok);
         Ok(node)
     }
 
