@@ -1,10 +1,12 @@
 //! Strata's core: the block-device trait every backend, layer and frontend speaks, its errors,
 //! geometry and extents, the runtime services layers may use, and per-device statistics.
 
+pub mod blank;
 mod device;
 mod error;
 mod extent;
 mod geometry;
+pub mod layer;
 mod runtime;
 mod size;
 mod stats;

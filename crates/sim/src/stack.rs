@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use strata_core::DeviceRef;
-use strata_layers::registry::{self, LayerArgs, OptionValue, Options, StartPolicy};
+use strata_stack::registry::{self, LayerArgs, OptionValue, Options, StartPolicy};
 
 use crate::disk::{DataMode, SimDisk};
 use crate::executor::Simulation;

@@ -9,13 +9,13 @@ use std::time::{Duration, Instant};
 use rand::RngExt;
 use rand_chacha::ChaCha8Rng;
 use strata_core::{BlockDevice, DeviceRef, WriteFlags};
-use strata_layers::registry::{self, LayerArgs, OptionValue, Options, StartPolicy};
 use strata_sim::disk::{DataMode, SimDisk};
 use strata_sim::driver::{self, pattern, sectors_match, DriverConfig, RunOutput};
 use strata_sim::executor::{SimConfig, Simulation};
 use strata_sim::model::{
     Completion, DeviceModel, Io, Nanos, Op, Request, Workload, MICROS, MILLIS, SECONDS,
 };
+use strata_stack::registry::{self, LayerArgs, OptionValue, Options, StartPolicy};
 
 /// Serves one request at a time, first come first served, each in `service` whatever its
 /// size or address.

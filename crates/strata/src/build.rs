@@ -10,10 +10,10 @@ use strata_backend::{FileDevice, FileOptions};
 use strata_core::{
     BlockDevice, Control, ControlReply, DeviceRef, Metered, MetricsRegistry, NodeStatus, Runtime,
 };
-use strata_layers::delay::parse_duration;
-use strata_layers::registry::{self, LayerArgs, Options, StartPolicy};
-use strata_layers::thin::{LowWater, MapCommit, PoolOptions, PoolRuntime, ThinPool, WhenFull};
 use strata_nbd::{Export, Exports};
+use strata_stack::registry::{self, LayerArgs, Options, StartPolicy};
+use strata_stateless::delay::parse_duration;
+use strata_thin::{LowWater, MapCommit, PoolOptions, PoolRuntime, ThinPool, WhenFull};
 use tracing::{error, info};
 
 use crate::config::{DiskConfig, Loaded};

@@ -326,7 +326,7 @@ pub async fn check(path: &Path) -> anyhow::Result<DeviceReport> {
     match superblock.owner.as_str() {
         "thin-pool" => report
             .errors
-            .extend(strata_layers::thin::check_state(&recovered.state)),
+            .extend(strata_thin::check_state(&recovered.state)),
         // Not a warning: nothing is wrong, and a warning would read as something to repair.
         other => {
             report.note = Some(format!(

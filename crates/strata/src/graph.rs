@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ops::Range;
 
 use strata_core::ByteSize;
-use strata_layers::registry::{self, ChildCount, OptionValue};
+use strata_stack::registry::{self, ChildCount, OptionValue};
 
 /// Options of a `thin-pool` layer (built apart from the registry: it defines volumes).
 pub const THIN_POOL_OPTIONS: &[&str] = &[

@@ -15,7 +15,7 @@ use std::fmt::Write as _;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use strata_core::{BlockDevice, WriteFlags};
-use strata_layers::registry::OptionValue;
+use strata_stack::registry::OptionValue;
 
 use crate::config::Loaded;
 use crate::graph::LayerConfig;
@@ -466,13 +466,13 @@ pub fn assembled_config(assembly: &Assembly) -> anyhow::Result<String> {
 /// disk it is, so `strata status` shows no extra level.
 pub struct Labelled {
     disk: strata_core::DeviceRef,
-    view: strata_layers::slice::Slice,
+    view: strata_stateless::slice::Slice,
 }
 
 impl Labelled {
     pub fn new(name: &str, disk: strata_core::DeviceRef) -> anyhow::Result<Labelled> {
         let view =
-            strata_layers::slice::Slice::new(name.to_string(), disk.clone(), LABEL_BYTES, None)?;
+            strata_stateless::slice::Slice::new(name.to_string(), disk.clone(), LABEL_BYTES, None)?;
         Ok(Labelled { disk, view })
     }
 }

@@ -11,7 +11,7 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
-use strata_layers::thin::{PoolSpace, ThinPool, VolumeSpace};
+use strata_thin::{PoolSpace, ThinPool, VolumeSpace};
 
 pub struct PoolCollector {
     pools: Vec<Arc<ThinPool>>,

@@ -12,7 +12,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use strata_layers::thin::ThinPool;
+use strata_thin::ThinPool;
 
 use crate::admin::AdminState;
 use crate::build::NodeKind;

@@ -17,8 +17,8 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use serde::{Deserialize, Serialize};
 use strata_core::{DeviceRef, Metered};
-use strata_layers::thin::ThinPool;
 use strata_nbd::Export;
+use strata_thin::ThinPool;
 use toml_edit::{DocumentMut, Item};
 
 use crate::admin::{self, AdminRequest, AdminState};

@@ -1,0 +1,238 @@
+//! The contract between a layer kind and the stack that builds it: what a kind declares
+//! (children, options, how many members may be missing) and what its constructor gets.
+//!
+//! The list of kinds lives in `strata-stack`'s registry: adding a layer is one module and one
+//! line there. The configuration loader checks a `[[layer]]` table against its kind's entry,
+//! and the builder calls its `build` with the children already built.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::{BlockError, BoxFuture, ByteSize, DeviceRef, Result, Runtime};
+
+/// How many children a kind takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChildCount {
+    Exactly(usize),
+    AtLeast(usize),
+}
+
+impl ChildCount {
+    pub fn allows(self, n: usize) -> bool {
+        match self {
+            ChildCount::Exactly(k) => n == k,
+            ChildCount::AtLeast(k) => n >= k,
+        }
+    }
+
+    pub fn describe(self) -> String {
+        match self {
+            ChildCount::Exactly(1) => "exactly 1 child".into(),
+            ChildCount::Exactly(k) => format!("exactly {k} children"),
+            ChildCount::AtLeast(k) => format!("at least {k} children"),
+        }
+    }
+}
+
+/// An option value as the configuration gave it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum OptionValue {
+    Text(String),
+    Integer(i64),
+    Float(f64),
+    Bool(bool),
+}
+
+/// A layer's options, with typed accessors that produce errors naming the option.
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    values: BTreeMap<String, OptionValue>,
+    /// Folder that relative paths (key files) resolve against.
+    pub base: PathBuf,
+}
+
+fn bad(key: &str, what: impl std::fmt::Display) -> BlockError {
+    BlockError::InvalidArgument(format!("field `{key}`: {what}"))
+}
+
+impl Options {
+    pub fn new(values: BTreeMap<String, OptionValue>, base: PathBuf) -> Self {
+        Options { values, base }
+    }
+
+    pub fn keys(&self) -> impl Iterator<Item = &str> {
+        self.values.keys().map(String::as_str)
+    }
+
+    pub fn get(&self, key: &str) -> Option<&OptionValue> {
+        self.values.get(key)
+    }
+
+    /// A size: `"64KiB"` or a number of bytes.
+    pub fn size(&self, key: &str) -> Result<Option<u64>> {
+        match self.values.get(key) {
+            None => Ok(None),
+            Some(OptionValue::Integer(n)) if *n >= 0 => Ok(Some(*n as u64)),
+            Some(OptionValue::Text(text)) => ByteSize::parse(text)
+                .map(|s| Some(s.0))
+                .map_err(|e| bad(key, e)),
+            Some(other) => Err(bad(
+                key,
+                format!("{other:?} is not a size such as \"64KiB\""),
+            )),
+        }
+    }
+
+    pub fn u64(&self, key: &str) -> Result<Option<u64>> {
+        match self.values.get(key) {
+            None => Ok(None),
+            Some(OptionValue::Integer(n)) if *n >= 0 => Ok(Some(*n as u64)),
+            Some(other) => Err(bad(key, format!("{other:?} is not a non-negative integer"))),
+        }
+    }
+
+    pub fn f64(&self, key: &str) -> Result<Option<f64>> {
+        match self.values.get(key) {
+            None => Ok(None),
+            Some(OptionValue::Integer(n)) => Ok(Some(*n as f64)),
+            Some(OptionValue::Float(x)) => Ok(Some(*x)),
+            Some(other) => Err(bad(key, format!("{other:?} is not a number"))),
+        }
+    }
+
+    pub fn bool(&self, key: &str) -> Result<Option<bool>> {
+        match self.values.get(key) {
+            None => Ok(None),
+            Some(OptionValue::Bool(b)) => Ok(Some(*b)),
+            Some(other) => Err(bad(key, format!("{other:?} is not true or false"))),
+        }
+    }
+
+    pub fn text(&self, key: &str) -> Result<Option<String>> {
+        match self.values.get(key) {
+            None => Ok(None),
+            Some(OptionValue::Text(text)) => Ok(Some(text.clone())),
+            Some(other) => Err(bad(key, format!("{other:?} is not a string"))),
+        }
+    }
+
+    /// A path, resolved against [`Options::base`].
+    pub fn path(&self, key: &str) -> Result<Option<PathBuf>> {
+        Ok(self.text(key)?.map(|p| self.base.join(p)))
+    }
+
+    /// Refuses options the kind does not know.
+    pub fn check_known(&self, allowed: &[&str]) -> Result<()> {
+        match self
+            .values
+            .keys()
+            .find(|key| !allowed.contains(&key.as_str()))
+        {
+            None => Ok(()),
+            Some(key) => Err(bad(
+                key,
+                format!("unknown option (known: {})", allowed.join(", ")),
+            )),
+        }
+    }
+}
+
+/// What the server lets a stateful layer do at this start. Both default to the careful answer:
+/// no formatting, no start with members missing that the layer's metadata counts as in sync.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StartPolicy {
+    /// Every disk under the layer was blank and unlabelled before this start (or the
+    /// operator asked for a format): the layer may format metadata regions that are all
+    /// zeros. Damaged metadata is never formatted over, whatever this says.
+    pub may_format: bool,
+    /// The operator asked to start degraded (`strata serve --degraded`): members missing that
+    /// the metadata records as in sync may be treated as failed.
+    pub allow_degraded: bool,
+}
+
+impl StartPolicy {
+    /// A fresh stack on blank devices that may come up with members missing: what tests and
+    /// the simulator build.
+    pub const FRESH: StartPolicy = StartPolicy {
+        may_format: true,
+        allow_degraded: true,
+    };
+}
+
+/// What a layer's constructor gets.
+pub struct LayerArgs {
+    pub name: String,
+    /// Children in configuration order, already built. `None` is a member missing at
+    /// assembly, allowed only up to the kind's `tolerates_missing`.
+    pub children: Vec<Option<DeviceRef>>,
+    pub child_names: Vec<String>,
+    pub options: Options,
+    pub runtime: Arc<dyn Runtime>,
+    pub start: StartPolicy,
+}
+
+impl LayerArgs {
+    /// All children, or an error naming the missing one (for kinds that tolerate none).
+    pub fn all_children(&self) -> Result<Vec<DeviceRef>> {
+        self.children
+            .iter()
+            .zip(&self.child_names)
+            .map(|(child, name)| {
+                child.clone().ok_or_else(|| {
+                    BlockError::InvalidArgument(format!(
+                        "layer {}: member {name} is missing",
+                        self.name
+                    ))
+                })
+            })
+            .collect()
+    }
+}
+
+pub type Build = fn(LayerArgs) -> BoxFuture<'static, Result<DeviceRef>>;
+
+/// One kind of layer.
+pub struct LayerKind {
+    pub kind: &'static str,
+    pub about: &'static str,
+    pub children: ChildCount,
+    pub options: &'static [&'static str],
+    /// Members that may be missing when the hierarchy is assembled (1 for raid5, n-1 for a
+    /// mirror, 0 for most).
+    pub tolerates_missing: fn(children: usize) -> usize,
+    pub build: Build,
+}
+
+pub fn none_missing(_: usize) -> usize {
+    0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_are_typed_and_name_their_field() {
+        let mut values = BTreeMap::new();
+        values.insert("chunk".to_string(), OptionValue::Text("64KiB".into()));
+        values.insert("count".to_string(), OptionValue::Integer(3));
+        values.insert("on".to_string(), OptionValue::Text("yes".into()));
+        let options = Options::new(values, PathBuf::from("/base"));
+        assert_eq!(options.size("chunk").unwrap(), Some(64 << 10));
+        assert_eq!(options.size("count").unwrap(), Some(3));
+        assert_eq!(options.size("absent").unwrap(), None);
+        let error = options.bool("on").unwrap_err().to_string();
+        assert!(error.contains("`on`"), "{error}");
+        let error = options
+            .check_known(&["chunk", "count"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("`on`") && error.contains("known: chunk, count"),
+            "{error}"
+        );
+        assert!(ChildCount::AtLeast(2).allows(3));
+        assert!(!ChildCount::Exactly(1).allows(2));
+    }
+}

@@ -1,0 +1,359 @@
+//! `raid5`: block-interleaved distributed parity over three or more members, left-asymmetric
+//! (ALV paper §1.1), with a stripe journal that closes the write hole, degraded operation
+//! with one member failed, and online rebuild onto a replacement.
+//!
+//! ```toml
+//! [[layer]]
+//! name = "r5"
+//! kind = "raid5"
+//! children = ["d0", "d1", "d2", "d3"]
+//! chunk = "64KiB"      # power of two ≥ 4 KiB; fixed at creation (default 64 KiB)
+//! journal = "4MiB"     # stripe journal per member; fixed at creation
+//! ```
+//!
+//! With `journal-device = "nv0"` naming the last child (fixed at creation), every member's
+//! journal lives on that device instead (a small fast disk, as md's `--write-journal`): a
+//! small write then costs its 4 member I/Os and nothing more on the members, and journal
+//! writes no longer queue behind member data. The array will not start without it; if it
+//! fails, writes are refused (EIO) and reads go on.
+//!
+//! One member may be missing at assembly: the array runs degraded, if the metadata already
+//! records it failed or the start policy allows a degraded start. The on-disk layout, the
+//! journal protocol and what each write costs are in `docs/layers/raid5.md`.
+//!
+//! Files: `layout` (where chunks live), `plan` (pure: which member I/O a stripe's part of a
+//! request needs), `members` (member states and the mirrored metadata device), `record`
+//! (the persistent record), `journal` (write-hole log), `array` (shared state, failures,
+//! flushes), `io` (the data path), `recover` (journal replay at open), `open` (create and
+//! assemble), `rebuild`.
+
+mod array;
+pub mod assembly;
+mod io;
+pub mod journal;
+pub mod layout;
+pub mod members;
+mod open;
+pub mod plan;
+mod rebuild;
+pub mod record;
+mod recover;
+
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+use futures_util::future::{join_all, try_join_all};
+use strata_core::{
+    async_trait, BlockDevice, BlockError, Capabilities, Control, ControlReply, DeviceRef, Extent,
+    ExtentState, Geometry, Health, NodeStatus, Result, Runtime, WriteFlags, ZeroFlags,
+};
+
+pub use layout::Layout;
+pub use members::{MemberState, META_BYTES};
+pub use open::{Settings, DEFAULT_CHUNK, DEFAULT_JOURNAL};
+
+use strata_core::layer::{ChildCount, LayerArgs, LayerKind};
+
+pub static KIND: LayerKind = LayerKind {
+    kind: "raid5",
+    about: "distributed parity over ≥ 3 members (left-asymmetric), journaled, degraded, rebuild",
+    children: ChildCount::AtLeast(3),
+    options: &["chunk", "journal", "journal-device"],
+    tolerates_missing: |_| 1,
+    build: |args| Box::pin(async move { build(args).await.map(|r| Arc::new(r) as DeviceRef) }),
+};
+
+async fn build(args: LayerArgs) -> Result<Raid5> {
+    args.options.check_known(KIND.options)?;
+    let journal_device = match args.options.text("journal-device")? {
+        Some(child) => Some(
+            args.child_names
+                .iter()
+                .position(|name| *name == child)
+                .ok_or_else(|| {
+                    BlockError::InvalidArgument(format!(
+                        "raid5 {}: journal-device = \"{child}\" is not one of its children ({})",
+                        args.name,
+                        args.child_names.join(", ")
+                    ))
+                })?,
+        ),
+        None => None,
+    };
+    // Last, so that a member's place among the children is its index in the array (the
+    // admin verbs name members by that place).
+    if journal_device.is_some_and(|j| j + 1 != args.child_names.len()) {
+        return Err(BlockError::InvalidArgument(format!(
+            "raid5 {}: the journal device must be the last of the children",
+            args.name
+        )));
+    }
+    let settings = Settings {
+        chunk: args.options.size("chunk")?,
+        journal: args.options.size("journal")?,
+        journal_device,
+        unsafe_skip_journal: false,
+        start: args.start,
+    };
+    Raid5::open(args.name, args.children, settings, args.runtime).await
+}
+
+/// Largest request accepted in one call.
+const MAX_IO: u32 = 32 << 20;
+
+pub struct Raid5 {
+    array: Arc<array::Array>,
+}
+
+impl Raid5 {
+    /// Opens the array on `children` (None = a member missing), creating it only on blank
+    /// members when `settings.start` allows, and resumes an interrupted rebuild.
+    pub async fn open(
+        name: String,
+        children: Vec<Option<DeviceRef>>,
+        settings: Settings,
+        runtime: Arc<dyn Runtime>,
+    ) -> Result<Raid5> {
+        let array = open::assemble(name, children, settings, runtime).await?;
+        let rebuilding = array
+            .members
+            .snapshot()
+            .iter()
+            .position(|m| m.state == MemberState::Rebuilding);
+        if let Some(index) = rebuilding {
+            let task = array.clone();
+            array.runtime.spawn(Box::pin(async move {
+                if let Err(error) = task.rebuild(index).await {
+                    tracing::error!(array = %task.name, %error, "raid5: rebuild stopped");
+                }
+                *task.activity.lock().unwrap() = None;
+            }));
+        }
+        Ok(Raid5 { array })
+    }
+
+    pub fn layout(&self) -> Layout {
+        self.array.layout
+    }
+
+    /// Member states now.
+    pub fn member_states(&self) -> Vec<MemberState> {
+        self.array
+            .members
+            .snapshot()
+            .iter()
+            .map(|m| m.state)
+            .collect()
+    }
+
+    /// Array byte ranges that read as errors because a crash tore them while degraded.
+    pub fn lost_ranges(&self) -> Vec<(u64, u64)> {
+        let layout = self.array.layout;
+        let lost = self.array.lost.lock().unwrap().clone();
+        lost.into_iter()
+            .filter_map(|(stripe, member)| {
+                let r = layout.data_index(stripe, member)? as u64;
+                let offset = stripe * layout.stripe_bytes() + r * layout.chunk_bytes;
+                Some((offset, layout.chunk_bytes))
+            })
+            .collect()
+    }
+
+    pub fn health(&self) -> Health {
+        match self.array.members.unhealthy() {
+            0 | 1 if self.array.journal_failed.lock().unwrap().is_some() => Health::ReadOnly,
+            0 => Health::Ok,
+            1 => Health::Degraded,
+            _ => Health::Failed,
+        }
+    }
+
+    async fn describe(&self) -> Result<NodeStatus> {
+        let a = &self.array;
+        let mut node = NodeStatus::new(&a.name, "raid5", a.layout.size());
+        // Activity before health: a rebuild marks its member in sync just before clearing
+        // its activity, and a healthy array must not show a rebuild still running.
+        let activity = a.activity.lock().unwrap().clone();
+        node.health = self.health();
+        let states = a.members.snapshot();
+        node.detail = vec![
+            ("chunk".into(), a.layout.chunk_bytes.to_string()),
+            ("members".into(), a.layout.members.to_string()),
+            ("layout".into(), "left-asymmetric".into()),
+            (
+                "journal bytes".into(),
+                a.record.lock().unwrap().journal_bytes.to_string(),
+            ),
+            (
+                "lost chunks".into(),
+                a.lost.lock().unwrap().len().to_string(),
+            ),
+            (
+                "journal findings".into(),
+                a.journal_findings
+                    .load(std::sync::atomic::Ordering::Relaxed)
+                    .to_string(),
+            ),
+        ];
+        for (i, m) in states.iter().enumerate() {
+            node.detail.push((
+                format!("member {i}"),
+                format!("{:?}", m.state).to_lowercase(),
+            ));
+        }
+        for (i, m) in states.iter().enumerate() {
+            let child = match a.members.device(i) {
+                Some(device) => match device.control(Control::Describe).await {
+                    Ok(ControlReply::Describe(status)) => status,
+                    _ => NodeStatus::new(format!("member {i}"), "unknown", device.geometry().size),
+                },
+                None => NodeStatus::new(format!("member {i}"), "missing", 0),
+            };
+            let mut child = child;
+            if m.state == MemberState::Failed {
+                child.health = Health::Failed;
+            }
+            node.children.push(child);
+        }
+        if let Some(device) = &a.journal_device {
+            let failed = a.journal_failed.lock().unwrap().clone();
+            node.detail.push((
+                "journal device".into(),
+                failed.map_or("ok".into(), |reason| format!("failed: {reason}")),
+            ));
+            let mut child = match device.control(Control::Describe).await {
+                Ok(ControlReply::Describe(status)) => status,
+                _ => NodeStatus::new("journal device", "unknown", device.geometry().size),
+            };
+            if a.journal_failed.lock().unwrap().is_some() {
+                child.health = Health::Failed;
+            }
+            node.children.push(child);
+        }
+        node.activity = activity.filter(|_| node.health != Health::Ok);
+        Ok(node)
+    }
+
+    async fn write_range(&self, offset: u64, data: Bytes, fua: bool) -> Result<()> {
+        let a = &self.array;
+        a.check_writable()?;
+        let pieces = a.layout.split(offset, data.len() as u64);
+        // join_all, not try_join_all: a failed stripe must not cancel its siblings halfway
+        // through their updates (the journal would then hold records nobody waits for).
+        let results = join_all(pieces.into_iter().map(|(stripe, within, len, src)| {
+            let data = data.slice(src as usize..(src + len) as usize);
+            async move { a.write_stripe(stripe, within, &data, fua).await }
+        }))
+        .await;
+        results.into_iter().collect()
+    }
+}
+
+#[async_trait]
+impl BlockDevice for Raid5 {
+    fn geometry(&self) -> Geometry {
+        let layout = self.array.layout;
+        Geometry {
+            size: layout.size(),
+            min_io: self.array.min_io,
+            logical_block: self.array.min_io,
+            physical_block: 4096.max(self.array.min_io),
+            preferred_io: layout.stripe_bytes().min(u64::from(MAX_IO)) as u32,
+            max_io: MAX_IO,
+        }
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            read_only: false,
+            flush: true,
+            fua: true,
+            discard: false,
+            write_zeroes: true,
+            fast_zero: false,
+            block_status: false,
+            consistent_across_openers: true,
+            rotational: false,
+        }
+    }
+
+    async fn read(&self, offset: u64, len: usize) -> Result<BytesMut> {
+        self.geometry().check_range(offset, len as u64)?;
+        let a = &self.array;
+        a.check_alive()?;
+        let mut buf = BytesMut::zeroed(len);
+        let mut rest: &mut [u8] = &mut buf;
+        let mut parts = Vec::new();
+        for (stripe, within, len, _) in a.layout.split(offset, len as u64) {
+            let (head, tail) = rest.split_at_mut(len as usize);
+            parts.push(a.read_stripe(stripe, within, head));
+            rest = tail;
+        }
+        try_join_all(parts).await?;
+        Ok(buf)
+    }
+
+    async fn write(&self, offset: u64, data: Bytes, flags: WriteFlags) -> Result<()> {
+        self.geometry().check_range(offset, data.len() as u64)?;
+        self.write_range(offset, data, flags.fua).await
+    }
+
+    async fn flush(&self) -> Result<()> {
+        self.array.flush().await
+    }
+
+    /// Discard is a no-op: the contract allows old contents to stay.
+    async fn discard(&self, offset: u64, len: u64) -> Result<()> {
+        self.geometry().check_range(offset, len)
+    }
+
+    async fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> {
+        self.geometry().check_range(offset, len)?;
+        if flags.fast {
+            return Err(BlockError::Unsupported("raid5: fast zero"));
+        }
+        // Zeros go through the ordinary write path, in stripe-aligned pieces of bounded size.
+        let step = self.array.layout.stripe_bytes() * 16;
+        let mut pos = offset;
+        while pos < offset + len {
+            let take = (step - pos % step).min(offset + len - pos);
+            self.write_range(pos, Bytes::from(vec![0u8; take as usize]), flags.fua)
+                .await?;
+            pos += take;
+        }
+        Ok(())
+    }
+
+    async fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
+        self.geometry().check_range(offset, len)?;
+        Ok(vec![Extent {
+            offset,
+            len,
+            state: ExtentState::Data,
+        }])
+    }
+
+    async fn control(&self, request: Control) -> Result<ControlReply> {
+        match request {
+            Control::Describe => Ok(ControlReply::Describe(self.describe().await?)),
+            Control::FailMember { index } if index < self.array.layout.members => {
+                let result = self.array.fail_member(index).await;
+                if self.array.members.unhealthy() >= 2 {
+                    return Err(result
+                        .err()
+                        .unwrap_or_else(|| members::array_failed("fail member")));
+                }
+                Ok(ControlReply::Done)
+            }
+            Control::ReplaceMember { index, member } => {
+                self.array.replace_member(index, member).await?;
+                Ok(ControlReply::Done)
+            }
+            Control::FailMember { index } => Err(BlockError::InvalidArgument(format!(
+                "raid5 {}: no member {index}",
+                self.array.name
+            ))),
+            _ => Err(BlockError::Unsupported("raid5: control")),
+        }
+    }
+}

@@ -1,0 +1,402 @@
+//! Deterministic reproductions of the mirror's races, with a member whose flush can be held at
+//! a gate: the interleavings that `tests/mirror.rs` hits only now and then under CPU load
+//! (a worker thread descheduled between an I/O finishing and its result being acted upon).
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use strata_core::layer::StartPolicy;
+use strata_core::{
+    async_trait, BlockDevice, Capabilities, Control, ControlReply, DeviceRef, Extent, Geometry,
+    Member, Result, TokioRuntime, WriteFlags, ZeroFlags,
+};
+use strata_crash::{sector_disk, CrashDisk, CrashGroup};
+use strata_raid::mirror::{MemberState, Mirror, MirrorOptions};
+use tokio::sync::Notify;
+
+const META: u64 = 128 << 10;
+const DATA: u64 = 1 << 20;
+const REGION: u64 = 64 << 10;
+
+fn options() -> MirrorOptions {
+    MirrorOptions {
+        region: REGION,
+        metadata_size: META,
+        // No cleaner timer: the only flushes are the ones the test issues.
+        bitmap_clear: Duration::ZERO,
+        resync_concurrency: 2,
+        copy_chunk: 16 << 10,
+        resync_checkpoint: 4 * REGION,
+        start: StartPolicy::FRESH,
+    }
+}
+
+/// Which request of a [`GatedDisk`] waits at the gate.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Gate {
+    Flush,
+    /// A read of the data area (metadata reads pass: the store reads from this disk too).
+    DataRead,
+}
+
+/// A disk whose next flush or data read, once armed, waits at a gate before it reaches the
+/// disk.
+struct GatedDisk {
+    disk: CrashDisk,
+    armed: Mutex<Option<Gate>>,
+    entered: Notify,
+    release: Notify,
+}
+
+impl GatedDisk {
+    fn new(disk: CrashDisk) -> Arc<GatedDisk> {
+        Arc::new(GatedDisk {
+            disk,
+            armed: Mutex::new(None),
+            entered: Notify::new(),
+            release: Notify::new(),
+        })
+    }
+
+    fn arm(&self, gate: Gate) {
+        *self.armed.lock().unwrap() = Some(gate);
+    }
+
+    /// Waits at the gate if it is armed for `gate` (once).
+    async fn pass(&self, gate: Gate) {
+        let gated = {
+            let mut armed = self.armed.lock().unwrap();
+            let hit = *armed == Some(gate);
+            if hit {
+                *armed = None;
+            }
+            hit
+        };
+        if gated {
+            // notify_one stores a permit, so neither side can miss the other.
+            self.entered.notify_one();
+            self.release.notified().await;
+        }
+    }
+}
+
+#[async_trait]
+impl BlockDevice for GatedDisk {
+    fn geometry(&self) -> Geometry {
+        self.disk.geometry()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.disk.capabilities()
+    }
+
+    async fn read(&self, offset: u64, len: usize) -> Result<BytesMut> {
+        if offset >= META {
+            self.pass(Gate::DataRead).await;
+        }
+        self.disk.read(offset, len).await
+    }
+
+    async fn write(&self, offset: u64, data: Bytes, flags: WriteFlags) -> Result<()> {
+        self.disk.write(offset, data, flags).await
+    }
+
+    async fn flush(&self) -> Result<()> {
+        self.pass(Gate::Flush).await;
+        self.disk.flush().await
+    }
+
+    async fn discard(&self, offset: u64, len: u64) -> Result<()> {
+        self.disk.discard(offset, len).await
+    }
+
+    async fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> {
+        self.disk.write_zeroes(offset, len, flags).await
+    }
+
+    async fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
+        self.disk.block_status(offset, len).await
+    }
+
+    async fn control(&self, request: Control) -> Result<ControlReply> {
+        self.disk.control(request).await
+    }
+}
+
+/// A flush to a disk that has disappeared is in flight while the operator fails that member
+/// and replaces it, and the replacement resyncs. The old disk's error arrives last. It is an
+/// error of the old disk: the replacement must stay in sync. Before the fix the mirror marked
+/// the *slot* faulty, failing the healthy replacement; in `tests/mirror.rs` this took out the
+/// last good copies ("no member can serve the request", "no member left to hold the
+/// metadata", resyncs stopped for want of a source).
+#[tokio::test(flavor = "current_thread")]
+async fn late_error_of_a_replaced_disk_does_not_fail_its_replacement() {
+    let group = CrashGroup::new();
+    let geometry = sector_disk(META + DATA);
+    let d0 = group.disk(geometry);
+    let d1 = group.disk(geometry);
+    let gated = GatedDisk::new(d1.clone());
+    let children = vec![
+        Some(Arc::new(d0.clone()) as DeviceRef),
+        Some(gated.clone() as DeviceRef),
+    ];
+    let mirror = Arc::new(
+        Mirror::open(
+            "m".into(),
+            vec!["d0".into(), "d1".into()],
+            children,
+            options(),
+            TokioRuntime::current(),
+        )
+        .await
+        .expect("open"),
+    );
+    let data = Bytes::from(vec![0xa5u8; 8192]);
+    mirror
+        .write(4096, data.clone(), WriteFlags::default())
+        .await
+        .unwrap();
+
+    // d1 vanishes while a client flush is on its way to it.
+    d1.disappear();
+    gated.arm(Gate::Flush);
+    let flushing = {
+        let mirror = mirror.clone();
+        tokio::spawn(async move { mirror.flush().await })
+    };
+    gated.entered.notified().await;
+
+    // Meanwhile the operator fails d1 and replaces it; the replacement resyncs fully.
+    mirror
+        .control(Control::FailMember { index: 1 })
+        .await
+        .unwrap();
+    let r1 = group.disk(geometry);
+    mirror
+        .control(Control::ReplaceMember {
+            index: 1,
+            member: Member {
+                name: "r1".into(),
+                device: Arc::new(r1.clone()),
+            },
+        })
+        .await
+        .unwrap();
+    mirror.wait_resync().await;
+    assert_eq!(
+        mirror.member_states(),
+        vec![MemberState::InSync, MemberState::InSync]
+    );
+
+    // Now the old disk's flush fails. d0 took the flush, so it succeeds, and r1 stays.
+    gated.release.notify_one();
+    flushing.await.unwrap().expect("flush: d0 took it");
+    assert_eq!(
+        mirror.member_states(),
+        vec![MemberState::InSync, MemberState::InSync],
+        "an error of the replaced disk d1 failed its replacement r1"
+    );
+
+    // r1 alone serves the data: failing d0 is allowed and reads still succeed.
+    mirror
+        .control(Control::FailMember { index: 0 })
+        .await
+        .expect("r1 is in sync, so d0 may be failed");
+    assert_eq!(&mirror.read(4096, 8192).await.unwrap()[..], &data[..]);
+}
+
+/// Polls (through the runtime, so spawned tasks run) until `done` holds; panics after 10 s.
+async fn until(what: &str, done: impl Fn() -> bool) {
+    for _ in 0..10_000 {
+        if done() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    panic!("timed out waiting until {what}");
+}
+
+/// The same race in the metadata fan-out: a metadata commit's flush to a disk that has
+/// disappeared is in flight while that member is failed and replaced; its error arrives after
+/// the replacement joined the fan-out. Before the fix the fan-out dropped the *slot* (the
+/// replacement stopped receiving metadata) and the mirror then marked the replacement
+/// faulty; with the other member gone too, the store had no member left ("no member left to
+/// hold the metadata" in `tests/mirror.rs`).
+#[tokio::test(flavor = "current_thread")]
+async fn late_metadata_error_of_a_replaced_disk_keeps_its_replacement() {
+    let group = CrashGroup::new();
+    let geometry = sector_disk(META + DATA);
+    let d0 = group.disk(geometry);
+    let d1 = group.disk(geometry);
+    let gated = GatedDisk::new(d1.clone());
+    let children = vec![
+        Some(Arc::new(d0.clone()) as DeviceRef),
+        Some(gated.clone() as DeviceRef),
+    ];
+    let mirror = Arc::new(
+        Mirror::open(
+            "m".into(),
+            vec!["d0".into(), "d1".into()],
+            children,
+            options(),
+            TokioRuntime::current(),
+        )
+        .await
+        .expect("open"),
+    );
+
+    // d1 vanishes; a write to a clean region commits its bit, and the commit's flush to d1
+    // waits at the gate (holding the store's commit).
+    d1.disappear();
+    gated.arm(Gate::Flush);
+    let data = Bytes::from(vec![0x3cu8; 4096]);
+    let writing = {
+        let (mirror, data) = (mirror.clone(), data.clone());
+        tokio::spawn(async move { mirror.write(0, data, WriteFlags::default()).await })
+    };
+    gated.entered.notified().await;
+
+    // The operator fails d1 (its commit waits behind the held one) and replaces it: r1
+    // joins the fan-out while the flush to d1 is still out.
+    let failing = {
+        let mirror = mirror.clone();
+        tokio::spawn(async move { mirror.control(Control::FailMember { index: 1 }).await })
+    };
+    until("d1 is faulty", || {
+        mirror.member_states()[1] == MemberState::Faulty
+    })
+    .await;
+    let r1 = group.disk(geometry);
+    let replacing = {
+        let (mirror, r1) = (mirror.clone(), r1.clone());
+        tokio::spawn(async move {
+            mirror
+                .control(Control::ReplaceMember {
+                    index: 1,
+                    member: Member {
+                        name: "r1".into(),
+                        device: Arc::new(r1),
+                    },
+                })
+                .await
+        })
+    };
+    until("r1 is in slot 1", || {
+        mirror.member_states()[1] == MemberState::Resyncing { done: 0 }
+    })
+    .await;
+
+    // d1's flush fails now, after r1 took its slot.
+    gated.release.notify_one();
+    writing.await.unwrap().expect("write: d0 took it");
+    failing.await.unwrap().expect("fail d1");
+    replacing.await.unwrap().expect("replace d1 with r1");
+    mirror.wait_resync().await;
+    assert_eq!(
+        mirror.member_states(),
+        vec![MemberState::InSync, MemberState::InSync],
+        "a metadata error of the replaced disk d1 failed its replacement r1"
+    );
+
+    // r1 alone must hold the metadata: with d0 failed, a write that sets a new bit commits.
+    mirror
+        .control(Control::FailMember { index: 0 })
+        .await
+        .expect("r1 is in sync, so d0 may be failed");
+    mirror
+        .write(DATA - 4096, data.clone(), WriteFlags::default())
+        .await
+        .expect("r1 takes the metadata commit");
+    assert_eq!(&mirror.read(0, 4096).await.unwrap()[..], &data[..]);
+    assert_eq!(
+        &mirror.read(DATA - 4096, 4096).await.unwrap()[..],
+        &data[..]
+    );
+}
+
+/// A member being resynced is failed and replaced while the resync copies a region onto it.
+/// The replacement starts at `resyncing 0` too, so the state alone cannot tell it from the
+/// disk the region went to. Before the fix the copy's progress was credited to the
+/// replacement: it skipped region 0, went in sync without it, and served zeros for data the
+/// mirror had acknowledged.
+#[tokio::test(flavor = "current_thread")]
+async fn progress_of_a_replaced_resync_target_is_not_credited_to_its_replacement() {
+    let group = CrashGroup::new();
+    let geometry = sector_disk(META + DATA);
+    let d0 = group.disk(geometry);
+    let d1 = group.disk(geometry);
+    let gated = GatedDisk::new(d0.clone());
+    let children = vec![
+        Some(gated.clone() as DeviceRef),
+        Some(Arc::new(d1.clone()) as DeviceRef),
+    ];
+    let mirror = Arc::new(
+        Mirror::open(
+            "m".into(),
+            vec!["d0".into(), "d1".into()],
+            children,
+            options(),
+            TokioRuntime::current(),
+        )
+        .await
+        .expect("open"),
+    );
+    let data = Bytes::from(vec![0x77u8; 8192]);
+    mirror
+        .write(4096, data.clone(), WriteFlags::default())
+        .await
+        .unwrap();
+    mirror
+        .control(Control::FailMember { index: 1 })
+        .await
+        .unwrap();
+
+    // r1 replaces d1; the resync's first read of region 0 from d0 waits at the gate.
+    gated.arm(Gate::DataRead);
+    let r1 = group.disk(geometry);
+    mirror
+        .control(Control::ReplaceMember {
+            index: 1,
+            member: Member {
+                name: "r1".into(),
+                device: Arc::new(r1),
+            },
+        })
+        .await
+        .unwrap();
+    gated.entered.notified().await;
+
+    // While region 0 is being copied onto r1, r1 is failed and r2 takes the slot.
+    mirror
+        .control(Control::FailMember { index: 1 })
+        .await
+        .unwrap();
+    let r2 = group.disk(geometry);
+    mirror
+        .control(Control::ReplaceMember {
+            index: 1,
+            member: Member {
+                name: "r2".into(),
+                device: Arc::new(r2.clone()),
+            },
+        })
+        .await
+        .unwrap();
+    gated.release.notify_one();
+    mirror.wait_resync().await;
+    assert_eq!(
+        mirror.member_states(),
+        vec![MemberState::InSync, MemberState::InSync]
+    );
+
+    // r2 alone serves the acknowledged data in region 0.
+    mirror
+        .control(Control::FailMember { index: 0 })
+        .await
+        .unwrap();
+    assert!(
+        mirror.read(4096, 8192).await.unwrap()[..] == data[..],
+        "r2 went in sync without region 0"
+    );
+}

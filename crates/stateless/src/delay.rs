@@ -1,0 +1,339 @@
+//! `delay`: latency and a bandwidth limit in front of one child, so that files sharing one SSD
+//! behave like separate, slower disks in benchmarks and demonstrations (nbdkit's `delay` and
+//! `rate` filters).
+//!
+//! ```toml
+//! [[layer]]
+//! name = "slow"
+//! kind = "delay"
+//! children = ["d0"]
+//! read-latency = "2ms"     # added to every read; units ns, us (µs), ms, s
+//! write-latency = "5ms"    # added to every write, write_zeroes, discard and flush
+//! bandwidth = "100MiB"     # bytes per second for reads and writes together ("/s" optional)
+//! ```
+//!
+//! A request reserves its transfer in a bandwidth schedule shared by every request of this
+//! device when it arrives, and completes `latency` after its transfer is paid (so a lone
+//! 1 MiB read at 100 MiB/s with 2 ms latency takes 12 ms, and the latencies of concurrent
+//! requests overlap, as on a disk with a queue). The child is called at once, so a slow
+//! child's own time overlaps the emulated time instead of adding to it; the request
+//! completes when both are done. One sleep per request, so timer rounding happens once.
+//!
+//! The schedule ([`Schedule`]) is virtual scheduling (GCRA): it remembers when the link is
+//! next free; a request of `b` bytes arriving at `t` is paid at `max(t - slack, free) + b /
+//! rate`, which becomes the new `free`. Queued requests are thus paid back to back, exactly:
+//! 20 concurrent 1 MiB reads at 100 MiB/s finish at 10, 20, …, 200 ms.
+//!
+//! Why the slack ([`SLACK`], 1 ms): timers are coarse (tokio's wheel ticks every millisecond
+//! and rounds sleeps up), so a request that waited until it was paid wakes up to a tick late,
+//! and a client issuing one request at a time would lose that time on every request: 64 KiB
+//! reads at 100 MiB/s (0.625 ms each) would run at 62 MiB/s. Letting a request start up to
+//! `SLACK` in the past gives the oversleep back. The cost is a burst allowance of `SLACK`
+//! worth of bytes (200 KiB at 100 MiB/s) after an idle moment; over any window longer than
+//! that, the rate holds.
+//! write_zeroes and discard move no data and pay latency only.
+//!
+//! Time comes from the injected `Runtime` (`now`, `sleep`), never the OS clock, so tests run
+//! on a paused clock in virtual time.
+//!
+//! Lock rule: the schedule's mutex is held only for the arithmetic of one reservation.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use futures_util::future::join;
+use strata_core::{
+    async_trait, BlockDevice, BlockError, ByteSize, Capabilities, Control, ControlReply, DeviceRef,
+    Extent, Geometry, NodeStatus, Result, Runtime, WriteFlags, ZeroFlags,
+};
+
+use strata_core::layer::{none_missing, ChildCount, LayerArgs, LayerKind, OptionValue, Options};
+
+pub static KIND: LayerKind = LayerKind {
+    kind: "delay",
+    about: "adds latency and a bandwidth limit (emulates a slower disk)",
+    children: ChildCount::Exactly(1),
+    options: &["read-latency", "write-latency", "bandwidth"],
+    tolerates_missing: none_missing,
+    build: |args| Box::pin(async move { build(args).map(|d| Arc::new(d) as DeviceRef) }),
+};
+
+/// What to emulate.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DelayConfig {
+    pub read_latency: Duration,
+    pub write_latency: Duration,
+    /// Bytes per second; `None` for no limit.
+    pub bandwidth: Option<u64>,
+}
+
+fn build(args: LayerArgs) -> Result<Delay> {
+    let options = &args.options;
+    options.check_known(KIND.options)?;
+    let config = DelayConfig {
+        read_latency: duration_option(options, "read-latency")?,
+        write_latency: duration_option(options, "write-latency")?,
+        bandwidth: bandwidth_option(options)?,
+    };
+    let child = args.all_children()?.remove(0);
+    Ok(Delay::new(args.name, child, config, args.runtime))
+}
+
+fn bad(key: &str, what: impl std::fmt::Display) -> BlockError {
+    BlockError::InvalidArgument(format!("field `{key}`: {what}"))
+}
+
+fn duration_option(options: &Options, key: &str) -> Result<Duration> {
+    match options.get(key) {
+        None => Ok(Duration::ZERO),
+        Some(OptionValue::Text(text)) => parse_duration(text).map_err(|e| bad(key, e)),
+        Some(other) => Err(bad(key, format!("{other:?} needs a unit, as in \"2ms\""))),
+    }
+}
+
+fn bandwidth_option(options: &Options) -> Result<Option<u64>> {
+    let key = "bandwidth";
+    let rate = match options.get(key) {
+        None => return Ok(None),
+        Some(OptionValue::Text(text)) => {
+            let text = text.trim();
+            let text = text.strip_suffix("/s").unwrap_or(text);
+            ByteSize::parse(text).map_err(|e| bad(key, e))?.0
+        }
+        Some(_) => options.size(key)?.unwrap_or(0),
+    };
+    if rate == 0 {
+        return Err(bad(key, "must be more than 0 bytes per second"));
+    }
+    Ok(Some(rate))
+}
+
+/// Parses `"2ms"`, `"250us"`, `"1.5s"`, `"0"`: a non-negative number and a unit (ns, us, µs,
+/// ms, s). Zero needs no unit; anything else does, because a bare number is ambiguous.
+pub fn parse_duration(text: &str) -> std::result::Result<Duration, String> {
+    let text = text.trim();
+    if text == "0" {
+        return Ok(Duration::ZERO);
+    }
+    const UNITS: [(&str, f64); 5] = [
+        ("ns", 1e-9),
+        ("us", 1e-6),
+        ("µs", 1e-6),
+        ("ms", 1e-3),
+        ("s", 1.0),
+    ];
+    let (number, scale) = UNITS
+        .iter()
+        .find_map(|(unit, scale)| text.strip_suffix(unit).map(|n| (n.trim(), *scale)))
+        .ok_or_else(|| format!("{text:?} is not a duration (examples: 2ms, 250us, 1.5s)"))?;
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration (examples: 2ms, 250us, 1.5s)"))?;
+    if !value.is_finite() || value < 0.0 || value * scale > 3600.0 {
+        return Err(format!("{text:?} is not between 0 and one hour"));
+    }
+    Ok(Duration::from_secs_f64(value * scale))
+}
+
+/// How far in the past a transfer may start: covers timer granularity (see the module docs).
+pub const SLACK: Duration = Duration::from_millis(1);
+
+/// The shared bandwidth schedule: when the emulated link is next free.
+#[derive(Debug)]
+pub struct Schedule {
+    bytes_per_second: u64,
+    free_at: Duration,
+}
+
+impl Schedule {
+    pub fn new(bytes_per_second: u64) -> Schedule {
+        assert!(bytes_per_second > 0);
+        Schedule {
+            bytes_per_second,
+            free_at: Duration::ZERO,
+        }
+    }
+
+    /// Reserves the transfer of `bytes` arriving at `now`; returns when it is paid.
+    pub fn reserve(&mut self, now: Duration, bytes: u64) -> Duration {
+        let nanos = u128::from(bytes) * 1_000_000_000 / u128::from(self.bytes_per_second);
+        let cost = Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX));
+        let start = self.free_at.max(now.saturating_sub(SLACK));
+        self.free_at = start + cost;
+        assert!(
+            self.free_at + SLACK >= now,
+            "never paid more than SLACK in the past"
+        );
+        self.free_at
+    }
+}
+
+pub struct Delay {
+    name: String,
+    child: DeviceRef,
+    config: DelayConfig,
+    runtime: Arc<dyn Runtime>,
+    schedule: Option<Mutex<Schedule>>,
+}
+
+impl Delay {
+    pub fn new(
+        name: String,
+        child: DeviceRef,
+        config: DelayConfig,
+        runtime: Arc<dyn Runtime>,
+    ) -> Delay {
+        Delay {
+            schedule: config.bandwidth.map(|rate| Mutex::new(Schedule::new(rate))),
+            name,
+            child,
+            config,
+            runtime,
+        }
+    }
+
+    async fn sleep_until(&self, deadline: Duration) {
+        let now = self.runtime.now();
+        if deadline > now {
+            self.runtime.sleep(deadline - now).await;
+        }
+    }
+
+    /// Runs `op` on the child and completes no earlier than `latency` after the transfer of
+    /// `bytes`, reserved now, is paid.
+    async fn delayed<T>(
+        &self,
+        latency: Duration,
+        bytes: u64,
+        op: impl std::future::Future<Output = Result<T>>,
+    ) -> Result<T> {
+        let arrival = self.runtime.now();
+        let paid = match &self.schedule {
+            Some(schedule) if bytes > 0 => {
+                let mut schedule = schedule.lock().unwrap_or_else(PoisonError::into_inner);
+                schedule.reserve(arrival, bytes)
+            }
+            _ => arrival,
+        };
+        let deadline = paid + latency;
+        if deadline <= arrival {
+            return op.await;
+        }
+        let (result, ()) = join(op, self.sleep_until(deadline)).await;
+        result
+    }
+}
+
+#[async_trait]
+impl BlockDevice for Delay {
+    fn geometry(&self) -> Geometry {
+        self.child.geometry()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.child.capabilities()
+    }
+
+    async fn read(&self, offset: u64, len: usize) -> Result<BytesMut> {
+        self.geometry().check_range(offset, len as u64)?;
+        let op = self.child.read(offset, len);
+        self.delayed(self.config.read_latency, len as u64, op).await
+    }
+
+    async fn write(&self, offset: u64, data: Bytes, flags: WriteFlags) -> Result<()> {
+        self.geometry().check_range(offset, data.len() as u64)?;
+        let bytes = data.len() as u64;
+        let op = self.child.write(offset, data, flags);
+        self.delayed(self.config.write_latency, bytes, op).await
+    }
+
+    async fn flush(&self) -> Result<()> {
+        let op = self.child.flush();
+        self.delayed(self.config.write_latency, 0, op).await
+    }
+
+    async fn discard(&self, offset: u64, len: u64) -> Result<()> {
+        self.geometry().check_range(offset, len)?;
+        let op = self.child.discard(offset, len);
+        self.delayed(self.config.write_latency, 0, op).await
+    }
+
+    async fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> {
+        self.geometry().check_range(offset, len)?;
+        let op = self.child.write_zeroes(offset, len, flags);
+        self.delayed(self.config.write_latency, 0, op).await
+    }
+
+    async fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
+        self.child.block_status(offset, len).await
+    }
+
+    async fn control(&self, request: Control) -> Result<ControlReply> {
+        match request {
+            Control::Describe => {
+                let ControlReply::Describe(child) = self.child.control(Control::Describe).await?
+                else {
+                    return Err(BlockError::Unsupported("describe"));
+                };
+                let mut node = NodeStatus::new(&self.name, "delay", self.geometry().size);
+                node.health = child.health;
+                node.detail = vec![
+                    (
+                        "read-latency".into(),
+                        format!("{:?}", self.config.read_latency),
+                    ),
+                    (
+                        "write-latency".into(),
+                        format!("{:?}", self.config.write_latency),
+                    ),
+                    (
+                        "bandwidth".into(),
+                        self.config
+                            .bandwidth
+                            .map_or("unlimited".into(), |b| format!("{}/s", ByteSize(b))),
+                    ),
+                ];
+                node.children = vec![child];
+                Ok(ControlReply::Describe(node))
+            }
+            _ => Err(BlockError::Unsupported("delay: control")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_need_units_except_zero() {
+        assert_eq!(parse_duration("2ms"), Ok(Duration::from_millis(2)));
+        assert_eq!(parse_duration(" 250us "), Ok(Duration::from_micros(250)));
+        assert_eq!(parse_duration("250µs"), Ok(Duration::from_micros(250)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("40ns"), Ok(Duration::from_nanos(40)));
+        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
+        assert!(parse_duration("2").unwrap_err().contains("examples"));
+        assert!(parse_duration("2 parsecs").is_err());
+        assert!(parse_duration("-1ms").unwrap_err().contains("between"));
+        assert!(parse_duration("2h").is_err());
+    }
+
+    #[test]
+    fn the_schedule_queues_transfers_and_keeps_one_slack_of_idle_credit() {
+        let mib = 1 << 20;
+        let mut schedule = Schedule::new(100 * mib);
+        let ms = Duration::from_millis;
+        // Three 1 MiB requests at once: paid at 10, 20, 30 ms.
+        assert_eq!(schedule.reserve(ms(0), mib), ms(10));
+        assert_eq!(schedule.reserve(ms(0), mib), ms(20));
+        assert_eq!(schedule.reserve(ms(1), mib), ms(30));
+        // After an idle second the link is free, with only SLACK (1 ms) of burst saved up.
+        assert_eq!(schedule.reserve(ms(1000), mib), ms(1009));
+        assert_eq!(schedule.reserve(ms(1000), mib / 2), ms(1014));
+        // A request woken 0.9 ms late by a coarse timer loses nothing.
+        let late = schedule.reserve(ms(1014) + Duration::from_micros(900), mib);
+        assert_eq!(late, ms(1024));
+    }
+}

@@ -1,0 +1,10 @@
+//! Layers that keep no state of their own: address maps (slice, concat, stripe) and filters
+//! (crypt, delay, fault). Each is one module that speaks [`strata_core::BlockDevice`] above
+//! and owns its children below.
+
+pub mod concat;
+pub mod crypt;
+pub mod delay;
+pub mod fault;
+pub mod slice;
+pub mod stripe;

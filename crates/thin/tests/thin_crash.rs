@@ -1,0 +1,309 @@
+//! The thin pool under the crash harness: a volume must behave like one disk with a volatile
+//! cache through any power cut: flushed and FUA writes survive, nothing reads back that was
+//! never written there (another extent's old bytes included). Both map-commit modes run the
+//! flat scenario; the extent mode also runs its own, which checks what only it promises: a
+//! write that changed the map (allocated an extent or revived discarded granules) is durable
+//! once it completes, flush or not. The batched mode must fail that check, or the check
+//! could not tell the modes apart.
+//!
+//! Replay one seed: `STRATA_CRASH_SEED=<seed> cargo test -p strata-thin --test thin_crash`.
+//! Run longer: `STRATA_CRASH_ITERATIONS=100000 cargo test -p strata-thin --test thin_crash`.
+
+use std::sync::Arc;
+
+use strata_core::{BlockDevice, DeviceRef, TokioRuntime, WriteFlags};
+use strata_crash::rand::{RngExt, SeedableRng};
+use strata_crash::{
+    flat_device_scenario, open_disks, panic_message, sector_disk, CrashGroup, CrashPlan, CrashRng,
+    CrashRun, CrashStats, DeviceModel, DiskImage, ScenarioConfig,
+};
+use strata_thin::{check_state, MapCommit, PoolOptions, PoolRuntime, ThinPool, ThinVolume};
+
+const EXTENT: u64 = 64 << 10;
+/// 1 MiB of metadata and 24 extents of data, for a 1 MiB (16-extent) volume: extents are
+/// freed and reused within a run.
+const DISK: u64 = (1 << 20) + 24 * EXTENT;
+const VOLUME: u64 = 1 << 20;
+
+async fn open_volume(
+    group: &CrashGroup,
+    images: Option<Vec<DiskImage>>,
+    planted_bug: bool,
+) -> strata_core::Result<DeviceRef> {
+    Ok(open_in_mode(group, images, planted_bug, MapCommit::Batched).await?)
+}
+
+async fn open_in_mode(
+    group: &CrashGroup,
+    images: Option<Vec<DiskImage>>,
+    planted_bug: bool,
+    mode: MapCommit,
+) -> strata_core::Result<Arc<ThinVolume>> {
+    let fresh = images.is_none();
+    let disk = open_disks(group, &[sector_disk(DISK)], images).remove(0);
+    let child: DeviceRef = Arc::new(disk);
+    let mut settings = PoolRuntime::new(TokioRuntime::current());
+    settings.commit_interval = None;
+    settings.unsafe_skip_data_barrier = planted_bug;
+    settings.map_commit = mode;
+    let pool = if fresh {
+        let options = PoolOptions {
+            extent_size: EXTENT,
+            metadata_size: Some(1 << 20),
+            start_mid: false,
+        };
+        let pool = ThinPool::format("pool", child, &options, settings).await?;
+        pool.create_volume("v", VOLUME).await?;
+        pool
+    } else {
+        ThinPool::open("pool", child, settings).await?.0
+    };
+    let problems = pool.store().read(check_state);
+    assert!(
+        problems.is_empty(),
+        "pool invariants broken after reopen: {problems:?}"
+    );
+    Ok(pool.volume("v").expect("volume v"))
+}
+
+fn config() -> ScenarioConfig {
+    let mut config = ScenarioConfig::new(vec![sector_disk(DISK)]);
+    config.rounds = 4;
+    config.ops_per_round = 40;
+    config.max_write = 128 << 10;
+    config
+}
+
+#[test]
+fn thin_volume_keeps_every_flushed_write_through_power_cuts() {
+    let run = CrashRun {
+        name: "thin volume",
+        replay: "cargo test -p strata-thin --test thin_crash thin_volume_keeps",
+        default_iterations: 1500,
+    };
+    let config = config();
+    let summary = run.run_async(|seed| {
+        let config = config.clone();
+        async move {
+            flat_device_scenario(seed, &config, |group, images| {
+                let group = group.clone();
+                async move { open_volume(&group, images, false).await }
+            })
+            .await
+        }
+    });
+    assert!(summary.crash_points >= summary.iterations);
+}
+
+#[test]
+fn thin_volume_with_concurrent_requests_survives_power_cuts() {
+    let run = CrashRun {
+        name: "thin volume, concurrent",
+        replay: "cargo test -p strata-thin --test thin_crash concurrent",
+        default_iterations: 500,
+    };
+    let mut config = config();
+    config.concurrency = 4;
+    let summary = run.run_async(|seed| {
+        let config = config.clone();
+        async move {
+            flat_device_scenario(seed, &config, |group, images| {
+                let group = group.clone();
+                async move { open_volume(&group, images, false).await }
+            })
+            .await
+        }
+    });
+    assert!(summary.crash_points >= summary.iterations);
+}
+
+/// The ordering bug every thin layer must not have: metadata committed before the data it
+/// points to is durable. The harness must catch it, and say how to replay it.
+#[test]
+fn the_harness_catches_metadata_committed_before_its_data() {
+    let run = CrashRun {
+        name: "thin volume with the data barrier removed",
+        replay: "cargo test -p strata-thin --test thin_crash catches",
+        default_iterations: 0,
+    };
+    let config = config();
+    let plan = CrashPlan {
+        first: 0xBAD_0000,
+        count: 400,
+    };
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        run.run_plan_async(plan, |seed| {
+            let config = config.clone();
+            async move {
+                flat_device_scenario(seed, &config, |group, images| {
+                    let group = group.clone();
+                    async move { open_volume(&group, images, true).await }
+                })
+                .await
+                .map(|stats: CrashStats| stats)
+            }
+        })
+    }));
+    let payload = outcome.expect_err("400 seeds ran with the ordering bug planted and none failed");
+    let message = panic_message(&*payload);
+    assert!(message.contains("replay: STRATA_CRASH_SEED="), "{message}");
+    assert!(message.contains("after the crash"), "{message}");
+}
+
+#[test]
+fn extent_mode_keeps_every_flushed_write_through_power_cuts() {
+    for (name, concurrency, iterations) in [
+        ("thin volume, extent mode", 1, 800),
+        ("thin volume, extent mode, concurrent", 4, 300),
+    ] {
+        let run = CrashRun {
+            name,
+            replay: "cargo test -p strata-thin --test thin_crash extent_mode_keeps",
+            default_iterations: iterations,
+        };
+        let mut config = config();
+        config.concurrency = concurrency;
+        let summary = run.run_async(|seed| {
+            let config = config.clone();
+            async move {
+                flat_device_scenario(seed, &config, |group, images| {
+                    let group = group.clone();
+                    async move {
+                        let volume = open_in_mode(&group, images, false, MapCommit::Extent).await?;
+                        Ok(volume as DeviceRef)
+                    }
+                })
+                .await
+            }
+        });
+        assert!(summary.crash_points >= summary.iterations);
+    }
+}
+
+#[test]
+fn extent_mode_makes_a_write_that_changes_the_map_durable_when_it_completes() {
+    let run = CrashRun {
+        name: "thin volume, extent mode, map changes hardened",
+        replay: "cargo test -p strata-thin --test thin_crash hardened",
+        default_iterations: 600,
+    };
+    let summary = run.run_async(|seed| hardening_scenario(seed, MapCommit::Extent));
+    assert!(summary.crash_points >= summary.iterations);
+}
+
+/// The same check over the batched mode must fail: its allocating writes are not durable
+/// before a FLUSH, and the scenario must notice.
+#[test]
+fn the_hardening_check_fails_the_batched_mode() {
+    let run = CrashRun {
+        name: "thin volume, batched mode, held to extent mode's promise",
+        replay: "cargo test -p strata-thin --test thin_crash fails_the_batched",
+        default_iterations: 0,
+    };
+    let plan = CrashPlan {
+        first: 0xBA7C_0000,
+        count: 200,
+    };
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        run.run_plan_async(plan, |seed| hardening_scenario(seed, MapCommit::Batched))
+    }));
+    let payload =
+        outcome.expect_err("200 seeds held batched mode to extent mode's promise and none failed");
+    let message = panic_message(&*payload);
+    assert!(
+        message.contains("a hardened write did not survive the power cut"),
+        "{message}"
+    );
+    assert!(message.contains("replay: STRATA_CRASH_SEED="), "{message}");
+}
+
+/// Sequential writes (mostly without FUA), whole-granule discards and a few flushes over one
+/// volume, with power cuts. A write is durable at completion in the model when it carried FUA
+/// or, as `mode` is held to extent mode's promise, when it ran a metadata transaction (so it
+/// allocated an extent or revived discarded granules). After each cut every sector must hold
+/// one of its candidates: such a write's data may not read back as zeros or older data.
+async fn hardening_scenario(seed: u64, mode: MapCommit) -> Result<CrashStats, String> {
+    const ROUNDS: u64 = 4;
+    const OPS: u32 = 30;
+    let mut rng = CrashRng::seed_from_u64(seed);
+    let mut model = DeviceModel::new(VOLUME);
+    let mut group = CrashGroup::new();
+    let mut volume = open_in_mode(&group, None, false, mode)
+        .await
+        .map_err(|e| format!("seed {seed}: format: {e}"))?;
+    let mut log = Vec::new();
+    for round in 0..ROUNDS {
+        let crash_op = rng.random_range(0..OPS);
+        for n in 0..OPS {
+            if n == crash_op {
+                group.arm_crash_at(group.mutating_ops() + rng.random_range(0..4));
+            }
+            let roll = rng.random_range(0..100u32);
+            if roll < 10 {
+                let id = model.flush_started();
+                match volume.flush().await {
+                    Ok(()) => model.flush_completed(id),
+                    Err(_) => model.flush_failed(id),
+                }
+                log.push("flush".to_string());
+            } else if roll < 25 {
+                let granules = VOLUME / 4096;
+                let first = rng.random_range(0..granules);
+                let count = rng.random_range(1..=(granules - first).min(24));
+                let (offset, len) = (first * 4096, count * 4096);
+                let id = model.zeroes_started(offset, len);
+                match volume.discard(offset, len).await {
+                    Ok(()) => model.write_completed(id, false),
+                    Err(_) => model.write_failed(id),
+                }
+                log.push(format!("{id} discard [{offset}, +{len})"));
+            } else {
+                let sectors = VOLUME / 512;
+                let first = rng.random_range(0..sectors);
+                let count = rng.random_range(1..=(sectors - first).min(256));
+                let (offset, len) = (first * 512, count * 512);
+                let fua = rng.random_bool(0.1);
+                let (id, data) = model.pattern_write_started(offset, len as usize);
+                let txns = volume.pool().store().next_txn();
+                match volume.write(offset, data, WriteFlags { fua }).await {
+                    Ok(()) => {
+                        let hardened = volume.pool().store().next_txn() > txns;
+                        model.write_completed(id, fua || hardened);
+                        log.push(format!(
+                            "{id} write [{offset}, +{len}) fua={fua} hardened={hardened}"
+                        ));
+                    }
+                    Err(_) => {
+                        model.write_failed(id);
+                        log.push(format!("{id} write [{offset}, +{len}): failed"));
+                    }
+                }
+            }
+            if group.is_powered_off() {
+                break;
+            }
+        }
+        let images = group.crash(&mut rng);
+        model.crashed();
+        log.push("--- power cut".to_string());
+        drop(volume);
+        group = CrashGroup::new();
+        volume = open_in_mode(&group, Some(images), false, mode)
+            .await
+            .map_err(|e| format!("seed {seed}, round {round}: reopen: {e}"))?;
+        let bytes = volume
+            .read(0, VOLUME as usize)
+            .await
+            .map_err(|e| format!("seed {seed}: read after reopen: {e}"))?;
+        if let Err(problem) = model.check(0, &bytes) {
+            let recent = log[log.len().saturating_sub(12)..].join("\n  ");
+            return Err(format!(
+                "seed {seed}, round {round}: a hardened write did not survive the power cut\n{problem}\nrecent operations:\n  {recent}"
+            ));
+        }
+        model.settle(0, &bytes);
+    }
+    Ok(CrashStats {
+        crash_points: ROUNDS,
+    })
+}
