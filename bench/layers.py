@@ -18,7 +18,9 @@ BENCH_JOURNAL_BW, default 4x a member: a small flash device next to disks). Jour
 I/Os are counted apart from member I/Os.
 
 Run: bench/layers.sh (BENCH_SECONDS per job, default 10; BENCH_ROUNDS rounds, default 3,
-median reported).
+median reported). With STRATA_BASE_BIN set to an older binary, both binaries serve the same
+stack from their own folders, each round measures both in turn, and a last table gives every
+figure of this build against the baseline.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 STRATA = Path(os.environ.get("STRATA_BIN", ROOT / "target/release/strata"))
+# An older strata binary to measure in the same run (before/after a change), or none.
+BASE = Path(os.environ["STRATA_BASE_BIN"]) if os.environ.get("STRATA_BASE_BIN") else None
 SECONDS = int(os.environ.get("BENCH_SECONDS", "10"))
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
 MEMBER_BW = os.environ.get("BENCH_MEMBER_BW", "100MiB")
@@ -76,20 +80,20 @@ def fio(sock: Path, export: str, rw: str, bs: int, qd: int, seconds: int, size: 
     return {"mib_s": side["bw_bytes"] / 2**20, "iops": side["iops"], "ios": side["total_ios"]}
 
 
-def status(data: Path) -> dict:
-    out = subprocess.run([str(STRATA), "status", "--json", "--data-dir", str(data)], capture_output=True, text=True,
+def status(strata: Path, data: Path) -> dict:
+    out = subprocess.run([str(strata), "status", "--json", "--data-dir", str(data)], capture_output=True, text=True,
                          check=True).stdout
     return json.loads(out)
 
 
-def file_ios(data: Path, device: str) -> dict[str, int]:
+def file_ios(strata: Path, data: Path, device: str) -> dict[str, int]:
     """Reads + writes done by each file under `device`, by file name (journal and metadata
     included)."""
     def walk(node):
         yield node
         for child in node.get("children", []):
             yield from walk(child)
-    top = next(d for d in status(data)["devices"] if d["name"] == device)
+    top = next(d for d in status(strata, data)["devices"] if d["name"] == device)
     out = {}
     for node in walk(top):
         if node["kind"] == "file" and node.get("stats"):
@@ -98,76 +102,136 @@ def file_ios(data: Path, device: str) -> dict[str, int]:
     return out
 
 
-def member_ios(data: Path, device: str) -> tuple[int, int]:
+def member_ios(strata: Path, data: Path, device: str) -> tuple[int, int]:
     """(member I/Os, journal-device I/Os) so far of a raid5."""
-    ios = file_ios(data, device)
+    ios = file_ios(strata, data, device)
     journal = sum(v for k, v in ios.items() if k == "qj")
     return sum(ios.values()) - journal, journal
 
 
-def main() -> int:
-    work = Path(tempfile.mkdtemp(prefix="strata-layers-bench."))
-    (work / "strata.toml").write_text(config(work))
-    log = open(work / "server.log", "w")
-    server = subprocess.Popen([str(STRATA), "serve", "--config", str(work / "strata.toml")], stdout=subprocess.PIPE,
-                              stderr=log, text=True)
-    try:
-        for line in server.stdout:
+class Server:
+    """One strata binary serving the benchmark's stack from a folder of its own."""
+
+    def __init__(self, label: str, strata: Path):
+        self.label, self.strata = label, strata
+        self.work = Path(tempfile.mkdtemp(prefix="strata-layers-bench."))
+        (self.work / "strata.toml").write_text(config(self.work))
+        self.log = open(self.work / "server.log", "w")
+        self.proc = subprocess.Popen([str(strata), "serve", "--config", str(self.work / "strata.toml")],
+                                     stdout=subprocess.PIPE, stderr=self.log, text=True)
+        for line in self.proc.stdout:
             if line.startswith("ready:"):
                 break
-        sock = work / "nbd.sock"
-        rows: dict[str, list[float]] = {}
-        def add(key, value):
-            rows.setdefault(key, []).append(value)
-        # Precondition: write every region a job will touch once before measuring. Reads then
-        # return data, not holes; and writes land in file blocks already allocated and
-        # written, as on a disk: a first write into a fresh (or fallocate-zeroed) ext4 extent
-        # converts it, and a FUA write to the same file (raid5's journal) then waits for the
-        # filesystem journal to commit those conversions. That cost belongs to the emulation,
-        # not to the layers (round 1 measured 0.9x of round 3 without this).
+        else:
+            raise RuntimeError(f"{label}: server exited; see {self.work / 'server.log'}")
+        self.sock = self.work / "nbd.sock"
+        self.rows: dict[str, list[float]] = {}
+
+    def add(self, key: str, value: float):
+        self.rows.setdefault(key, []).append(value)
+
+    def precondition(self):
+        # Write every region a job will touch once before measuring. Reads then return data,
+        # not holes; and writes land in file blocks already allocated and written, as on a
+        # disk: a first write into a fresh (or fallocate-zeroed) ext4 extent converts it, and a
+        # FUA write to the same file (raid5's journal) then waits for the filesystem journal to
+        # commit those conversions. That cost belongs to the emulation, not to the layers
+        # (round 1 measured 0.9x of round 3 without this).
         for export, size in (("one", "1536M"), ("stripe", "256M"), ("raid5", "1536M"), ("raid5j", "1536M")):
-            subprocess.run(["fio", "--name=fill", "--ioengine=nbd", f"--uri=nbd+unix:///{export}?socket={sock}",
-                            "--rw=write", "--bs=1M", "--iodepth=8", f"--size={size}"], capture_output=True, check=True)
-        for round_ in range(ROUNDS):
-            print(f"round {round_ + 1}/{ROUNDS}", file=sys.stderr)
-            add("read one", fio(sock, "one", "read", 1 << 20, 8, SECONDS, "256M")["mib_s"])
-            add("read stripe", fio(sock, "stripe", "read", 1 << 20, 8, SECONDS, "256M")["mib_s"])
-            add("write one", fio(sock, "one", "write", 3 * CHUNK, 8, SECONDS)["mib_s"])
-            for export in ("raid5", "raid5j"):
-                add(f"write {export}", fio(sock, export, "write", 3 * CHUNK, 8, SECONDS)["mib_s"])
-                before = member_ios(work, export)
-                # No ramp: the member counters see every write, so fio must count every write.
-                small = fio(sock, export, "randwrite", 4096, 8, max(3, SECONDS // 2), ramp=False)
-                after = member_ios(work, export)
-                writes = max(1, small["ios"])
-                add(f"member ios per 4k write {export}", (after[0] - before[0]) / writes)
-                add(f"journal ios per 4k write {export}", (after[1] - before[1]) / writes)
-                add(f"{export} 4k randwrite iops", small["iops"])
-        med = {k: statistics.median(v) for k, v in rows.items()}
-        print(f"\nMembers: file disks each limited by `delay` to {MEMBER_BW}/s; chunk 64 KiB; "
-              f"{ROUNDS} rounds x {SECONDS} s, medians.\n")
-        print("| workload | one member | layer | ratio | target |")
-        print("|---|---:|---:|---:|---|")
-        print(f"| 1 MiB sequential read, QD8: stripe over 3 | {med['read one']:.0f} MiB/s | "
-              f"{med['read stripe']:.0f} MiB/s | **{med['read stripe'] / med['read one']:.2f}x** | >= 2.7x |")
-        for export, label in (("raid5", "raid5 over 4"), ("raid5j", "raid5 over 4 + journal device")):
-            print(f"| 192 KiB full-stripe write, QD8: {label} | {med['write one']:.0f} MiB/s | "
-                  f"{med['write ' + export]:.0f} MiB/s | **{med['write ' + export] / med['write one']:.2f}x** "
-                  f"| >= 2.7x |")
-        for export, label in (("raid5", "raid5 over 4"), ("raid5j", "raid5 over 4 + journal device")):
-            journal = med[f"journal ios per 4k write {export}"]
-            extra = f" (+ {journal:.2f} on the journal device)" if export == "raid5j" else ""
-            print(f"| 4 KiB random write, QD8: {label}, member I/Os per write | | "
-                  f"{med[export + ' 4k randwrite iops']:.0f} IOPS | **{med['member ios per 4k write ' + export]:.2f}**"
-                  f"{extra} | <= 4 |")
-        return 0
-    finally:
-        server.terminate()
-        server.wait(30)
-        log.close()
+            subprocess.run(["fio", "--name=fill", "--ioengine=nbd",
+                            f"--uri=nbd+unix:///{export}?socket={self.sock}", "--rw=write", "--bs=1M",
+                            "--iodepth=8", f"--size={size}"], capture_output=True, check=True)
+
+    def round(self):
+        sock = self.sock
+        self.add("read one", fio(sock, "one", "read", 1 << 20, 8, SECONDS, "256M")["mib_s"])
+        self.add("read stripe", fio(sock, "stripe", "read", 1 << 20, 8, SECONDS, "256M")["mib_s"])
+        self.add("write one", fio(sock, "one", "write", 3 * CHUNK, 8, SECONDS)["mib_s"])
+        for export in ("raid5", "raid5j"):
+            self.add(f"write {export}", fio(sock, export, "write", 3 * CHUNK, 8, SECONDS)["mib_s"])
+            before = member_ios(self.strata, self.work, export)
+            # No ramp: the member counters see every write, so fio must count every write.
+            small = fio(sock, export, "randwrite", 4096, 8, max(3, SECONDS // 2), ramp=False)
+            after = member_ios(self.strata, self.work, export)
+            writes = max(1, small["ios"])
+            self.add(f"member ios per 4k write {export}", (after[0] - before[0]) / writes)
+            self.add(f"journal ios per 4k write {export}", (after[1] - before[1]) / writes)
+            self.add(f"{export} 4k randwrite iops", small["iops"])
+
+    def medians(self) -> dict[str, float]:
+        return {k: statistics.median(v) for k, v in self.rows.items()}
+
+    def close(self):
+        self.proc.terminate()
+        self.proc.wait(30)
+        self.log.close()
         # The member files are sparse but grow to gigabytes over a run.
         import shutil
-        shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(self.work, ignore_errors=True)
+
+
+def table(med: dict[str, float]):
+    print("| workload | one member | layer | ratio | target |")
+    print("|---|---:|---:|---:|---|")
+    print(f"| 1 MiB sequential read, QD8: stripe over 3 | {med['read one']:.0f} MiB/s | "
+          f"{med['read stripe']:.0f} MiB/s | **{med['read stripe'] / med['read one']:.2f}x** | >= 2.7x |")
+    for export, label in (("raid5", "raid5 over 4"), ("raid5j", "raid5 over 4 + journal device")):
+        print(f"| 192 KiB full-stripe write, QD8: {label} | {med['write one']:.0f} MiB/s | "
+              f"{med['write ' + export]:.0f} MiB/s | **{med['write ' + export] / med['write one']:.2f}x** "
+              f"| >= 2.7x |")
+    for export, label in (("raid5", "raid5 over 4"), ("raid5j", "raid5 over 4 + journal device")):
+        journal = med[f"journal ios per 4k write {export}"]
+        extra = f" (+ {journal:.2f} on the journal device)" if export == "raid5j" else ""
+        print(f"| 4 KiB random write, QD8: {label}, member I/Os per write | | "
+              f"{med[export + ' 4k randwrite iops']:.0f} IOPS | **{med['member ios per 4k write ' + export]:.2f}**"
+              f"{extra} | <= 4 |")
+
+
+def comparison(new: dict[str, float], base: dict[str, float]):
+    """Each measured figure of this binary against the baseline binary's, same rounds."""
+    rows = [("1 MiB sequential read, one member (MiB/s)", "read one"),
+            ("1 MiB sequential read, stripe over 3 (MiB/s)", "read stripe"),
+            ("192 KiB write, one member (MiB/s)", "write one"),
+            ("192 KiB full-stripe write, raid5 over 4 (MiB/s)", "write raid5"),
+            ("192 KiB full-stripe write, raid5 + journal device (MiB/s)", "write raid5j"),
+            ("4 KiB random write, raid5 over 4 (IOPS)", "raid5 4k randwrite iops"),
+            ("4 KiB random write, raid5 + journal device (IOPS)", "raid5j 4k randwrite iops"),
+            ("member I/Os per 4 KiB write, raid5 over 4", "member ios per 4k write raid5")]
+    print("| figure | baseline | this build | this / baseline |")
+    print("|---|---:|---:|---:|")
+    for label, key in rows:
+        print(f"| {label} | {base[key]:.2f} | {new[key]:.2f} | **{new[key] / base[key]:.2f}x** |")
+
+
+def main() -> int:
+    servers = [("this build", STRATA)]
+    if BASE:
+        servers.append(("baseline", BASE))
+    running: list[Server] = []
+    try:
+        for label, strata in servers:
+            running.append(Server(label, strata))
+        for server in running:
+            server.precondition()
+        for round_ in range(ROUNDS):
+            # Each round measures every binary in turn, so drift in this shared machine's speed
+            # hits them alike.
+            for server in running:
+                print(f"round {round_ + 1}/{ROUNDS}: {server.label}", file=sys.stderr)
+                server.round()
+        print(f"\nMembers: file disks each limited by `delay` to {MEMBER_BW}/s; chunk 64 KiB; "
+              f"{ROUNDS} rounds x {SECONDS} s, medians.\n")
+        for server in running:
+            if len(running) > 1:
+                print(f"\n{server.label} ({server.strata}):\n")
+            table(server.medians())
+        if len(running) > 1:
+            print(f"\nThis build ({STRATA}) against the baseline ({BASE}):\n")
+            comparison(running[0].medians(), running[1].medians())
+        return 0
+    finally:
+        for server in running:
+            server.close()
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import statistics
 import sys
 from pathlib import Path
 
-SERVERS = ["strata", "qemu-nbd", "nbdkit", "raw"]
+ALL_SERVERS = ["strata", "strata-base", "qemu-nbd", "nbdkit", "raw"]
 PEERS = ["qemu-nbd", "nbdkit"]
 WORKLOADS = ["randread-4k", "randwrite-4k", "seqread-1m", "seqwrite-1m"]
 
@@ -64,17 +64,21 @@ def ratio(a, b):
 
 def main() -> int:
     res = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).parent / "out" / "results"
+    # strata-base (an older binary run in the same rounds) appears only when it was run.
+    servers = [s for s in ALL_SERVERS if s != "strata-base" or any(res.glob("strata-base-*.json"))]
     engine = (res / "raw-engine.txt").read_text().strip() if (res / "raw-engine.txt").exists() else "raw"
     header = ["workload"]
-    for s in SERVERS:
+    for s in servers:
         label = f"raw ({engine})" if s == "raw" else s
         header += [f"{label} IOPS", f"{label} MiB/s", f"{label} p99 µs"]
     header += ["strata / best peer", "strata / raw"]
+    if "strata-base" in servers:
+        header.append("strata / strata-base")
     rows = []
     for w in WORKLOADS:
-        r = {s: load(res, s, w) for s in SERVERS}
+        r = {s: load(res, s, w) for s in servers}
         row = [w]
-        for s in SERVERS:
+        for s in servers:
             x = r[s]
             row += [fmt(x and x["iops"]), fmt(x and x["mibs"], 1), fmt(x and x["p99_us"])]
         key = "iops"
@@ -85,22 +89,27 @@ def main() -> int:
             row.append(ratio(r["strata"] and r["strata"]["mibs"], r["raw"] and r["raw"]["mibs"]))
         else:
             row.append("")
+        if "strata-base" in servers:
+            row.append(ratio(r["strata"] and r["strata"][key], r["strata-base"] and r["strata-base"][key]))
         rows.append(row)
     print("| " + " | ".join(header) + " |")
     print("|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|")
     for row in rows:
         print("| " + " | ".join(row) + " |")
     print()
-    counts = sorted({r["rounds"] for w in WORKLOADS for s in SERVERS if (r := load(res, s, w))})
+    counts = sorted({r["rounds"] for w in WORKLOADS for s in servers if (r := load(res, s, w))})
     print(f"Medians over {', '.join(map(str, counts))} round(s) per cell.")
     print("Ratios: 'strata / best peer' compares IOPS with the better of qemu-nbd and nbdkit;")
     print("'strata / raw' compares MiB/s with fio on the file itself (1 MiB sequential only).")
-    for name, label in [("strata-idle-rss-kib.txt", "idle, one export, before any I/O"),
-                        ("strata-loaded-rss-kib.txt", "idle, 5 s after the last job")]:
-        p = res / name
-        if p.exists() and p.read_text().strip():
-            kib = int(p.read_text().split()[0])
-            print(f"strata VmRSS ({label}): {kib / 1024:.1f} MiB")
+    if "strata-base" in servers:
+        print("'strata / strata-base' compares IOPS with the baseline binary, measured in the same rounds.")
+    for server in [s for s in servers if s.startswith("strata")]:
+        for name, label in [("idle", "idle, one export, before any I/O"),
+                            ("loaded", "idle, 5 s after the last job")]:
+            p = res / f"{server}-{name}-rss-kib.txt"
+            if p.exists() and p.read_text().strip():
+                kib = int(p.read_text().split()[0])
+                print(f"{server} VmRSS ({label}): {kib / 1024:.1f} MiB")
     return 0
 
 

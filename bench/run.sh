@@ -15,6 +15,8 @@
 #   BENCH_SERVERS   servers to run (default "strata qemu-nbd nbdkit raw")
 #   STRATA_BIN      strata binary (default target/release/strata, built if
 #                   missing unless BENCH_NO_BUILD=1)
+#   STRATA_BASE_BIN an older strata binary to measure in the same rounds (before/after a
+#                   change): adds the server "strata-base" and a "strata / strata-base" column
 # Results: bench/out/results/*.json and the markdown table from report.py
 # (also written to bench/out/report.md).
 set -euo pipefail
@@ -25,8 +27,10 @@ RES=$OUT/results
 SECONDS_PER_JOB=${BENCH_SECONDS:-10}
 ROUNDS=${BENCH_ROUNDS:-3}
 SIZE_MIB=${BENCH_SIZE_MIB:-1024}
-SERVERS=${BENCH_SERVERS:-"strata qemu-nbd nbdkit raw"}
 STRATA_BIN=${STRATA_BIN:-$ROOT/target/release/strata}
+STRATA_BASE_BIN=${STRATA_BASE_BIN:-}
+DEFAULT_SERVERS="strata${STRATA_BASE_BIN:+ strata-base} qemu-nbd nbdkit raw"
+SERVERS=${BENCH_SERVERS:-$DEFAULT_SERVERS}
 IMG=$OUT/disk.img
 SOCK_DIR=$(mktemp -d /tmp/strata-bench.XXXXXX)
 SOCK=$SOCK_DIR/nbd.sock
@@ -75,12 +79,13 @@ wait_for_socket() {
     return 1
 }
 
-start_strata() {
-    if [ ! -x "$STRATA_BIN" ] && [ -z "${BENCH_NO_BUILD:-}" ]; then
+start_strata() { # binary server-name
+    local bin=$1 name=$2
+    if [ ! -x "$bin" ] && [ "$bin" = "$STRATA_BIN" ] && [ -z "${BENCH_NO_BUILD:-}" ]; then
         log "building strata (cargo build --release)"
         cargo build --release >&2
     fi
-    [ -x "$STRATA_BIN" ] || { log "no strata binary at $STRATA_BIN"; return 1; }
+    [ -x "$bin" ] || { log "no strata binary at $bin"; return 1; }
     cat >"$SOCK_DIR/strata.toml" <<EOF
 data-dir = "."
 listen = ["unix:nbd.sock"]
@@ -96,7 +101,7 @@ direct = false
 name = "bench"
 device = "bench"
 EOF
-    "$STRATA_BIN" serve --config "$SOCK_DIR/strata.toml" >"$OUT/strata.stdout" 2>"$OUT/strata.stderr" &
+    "$bin" serve --config "$SOCK_DIR/strata.toml" >"$OUT/strata.stdout" 2>"$OUT/strata.stderr" &
     SERVER_PID=$!
     local deadline=$((SECONDS + 30))
     until grep -q '^ready:' "$OUT/strata.stdout" 2>/dev/null; do
@@ -105,7 +110,7 @@ EOF
         sleep 0.05
     done
     sleep 1
-    awk '/^VmRSS:/ {print $2}' "/proc/$SERVER_PID/status" >"$RES/strata-idle-rss-kib.txt"
+    awk '/^VmRSS:/ {print $2}' "/proc/$SERVER_PID/status" >"$RES/$name-idle-rss-kib.txt"
 }
 
 start_qemu_nbd() {
@@ -163,7 +168,8 @@ run_fio() { # round server workload rw bs iodepth
 for round in $(seq 1 "$ROUNDS"); do
     for server in $SERVERS; do
         case $server in
-            strata) start_strata || { log "skipping strata"; stop_server; continue; } ;;
+            strata) start_strata "$STRATA_BIN" strata || { log "skipping strata"; stop_server; continue; } ;;
+            strata-base) start_strata "$STRATA_BASE_BIN" strata-base || { log "skipping strata-base"; stop_server; continue; } ;;
             qemu-nbd) start_qemu_nbd || { stop_server; continue; } ;;
             nbdkit) start_nbdkit || { stop_server; continue; } ;;
             raw) ;;
@@ -173,10 +179,10 @@ for round in $(seq 1 "$ROUNDS"); do
             # shellcheck disable=SC2086
             run_fio "$round" "$server" $w || log "fio failed for $server $w"
         done
-        if [ "$server" = strata ]; then
+        if [ "${server%-base}" = strata ]; then
             # Resident memory once the load is over: what an idle server keeps.
             sleep 5
-            awk '/^VmRSS:/ {print $2}' "/proc/$SERVER_PID/status" >"$RES/strata-loaded-rss-kib.txt" || true
+            awk '/^VmRSS:/ {print $2}' "/proc/$SERVER_PID/status" >"$RES/$server-loaded-rss-kib.txt" || true
         fi
         stop_server
     done
