@@ -208,6 +208,13 @@ pub struct LayerKind {
     pub build: Build,
 }
 
+/// A kind shows as its name (its entry is functions).
+impl std::fmt::Debug for LayerKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "LayerKind({})", self.kind)
+    }
+}
+
 pub fn none_missing(_: usize) -> usize {
     0
 }

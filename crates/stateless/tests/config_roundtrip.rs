@@ -23,21 +23,11 @@ const CASES: u32 = 250;
 
 /// One random valid layer: its kind, the table a configuration would hold, and its
 /// children's sizes.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 struct Case {
     kind: &'static LayerKind,
     table: Table,
     children: Vec<u64>,
-}
-
-impl std::fmt::Debug for Case {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{} {:?} over {:?}",
-            self.kind.kind, self.table, self.children
-        )
-    }
 }
 
 /// `bytes` as a configuration may write it: a number, the canonical text, or in KiB.
