@@ -48,7 +48,9 @@ pub enum OptionValue {
     Bool(bool),
 }
 
-/// A layer's options, with typed accessors that produce errors naming the option.
+/// A layer's options as the configuration gave them. A kind reads them once, into its typed
+/// config struct ([`Options::parse`]); the per-key accessors (`size`, `u64`, `bool`, `text`)
+/// remain for the thin pool's build until it declares a struct too.
 #[derive(Clone, Debug, Default)]
 pub struct Options {
     values: BTreeMap<String, OptionValue>,
@@ -106,15 +108,6 @@ impl Options {
         }
     }
 
-    pub fn f64(&self, key: &str) -> Result<Option<f64>> {
-        match self.values.get(key) {
-            None => Ok(None),
-            Some(OptionValue::Integer(n)) => Ok(Some(*n as f64)),
-            Some(OptionValue::Float(x)) => Ok(Some(*x)),
-            Some(other) => Err(bad(key, format!("{other:?} is not a number"))),
-        }
-    }
-
     pub fn bool(&self, key: &str) -> Result<Option<bool>> {
         match self.values.get(key) {
             None => Ok(None),
@@ -129,11 +122,6 @@ impl Options {
             Some(OptionValue::Text(text)) => Ok(Some(text.clone())),
             Some(other) => Err(bad(key, format!("{other:?} is not a string"))),
         }
-    }
-
-    /// A path, resolved against [`Options::base`].
-    pub fn path(&self, key: &str) -> Result<Option<PathBuf>> {
-        Ok(self.text(key)?.map(|p| self.base.join(p)))
     }
 }
 
