@@ -58,7 +58,7 @@ fn case<const N: usize>(
 }
 
 fn sector_aligned_child() -> impl Strategy<Value = u64> {
-    (1u64..=64).prop_map(|sectors| sectors * 64 << 10)
+    (1u64..=64).prop_map(|k| k * (64 << 10))
 }
 
 fn slice_case() -> impl Strategy<Value = Case> {
