@@ -253,6 +253,7 @@ impl BlockDevice for FileDevice {
                     stats: None,
                     children: Vec::new(),
                     activity: None,
+                    config: None,
                 }))
             }
             _ => Err(BlockError::Unsupported("control verb on a file device")),

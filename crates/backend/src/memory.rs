@@ -224,6 +224,7 @@ impl BlockDevice for MemoryDevice {
                 stats: None,
                 children: Vec::new(),
                 activity: None,
+                config: None,
             })),
             _ => Err(BlockError::Unsupported("control verb on a memory device")),
         }

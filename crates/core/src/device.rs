@@ -110,6 +110,14 @@ pub struct NodeStatus {
     pub children: Vec<NodeStatus>,
     /// Long work under way, if any.
     pub activity: Option<Activity>,
+    /// The layer's configuration as it runs: its kind's config struct with every default
+    /// made explicit, as the options of a `[[layer]]` table (without `name`, `kind` and
+    /// `children`). Feeding it back as a configuration builds the same layer, so labels and
+    /// `strata status --json` are written from it. Paths are kept as the configuration gave
+    /// them (relative to the configuration's folder). None for disks and for layers built
+    /// outside a configuration.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub config: Option<toml::Table>,
 }
 
 impl NodeStatus {
@@ -124,6 +132,7 @@ impl NodeStatus {
             stats: None,
             children: Vec::new(),
             activity: None,
+            config: None,
         }
     }
 }

@@ -9,7 +9,11 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use serde::de::DeserializeOwned;
+
 use crate::{BlockError, BoxFuture, ByteSize, DeviceRef, Result, Runtime};
+
+pub use crate::layer_config::{field_names, options_from_table, to_table, OptionsError};
 
 /// How many children a kind takes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,7 +48,9 @@ pub enum OptionValue {
     Bool(bool),
 }
 
-/// A layer's options, with typed accessors that produce errors naming the option.
+/// A layer's options as the configuration gave them. A kind reads them once, into its typed
+/// config struct ([`Options::parse`]); the per-key accessors (`size`, `u64`, `bool`, `text`)
+/// remain for the thin pool's build until it declares a struct too.
 #[derive(Clone, Debug, Default)]
 pub struct Options {
     values: BTreeMap<String, OptionValue>,
@@ -67,6 +73,16 @@ impl Options {
 
     pub fn get(&self, key: &str) -> Option<&OptionValue> {
         self.values.get(key)
+    }
+
+    pub fn entries(&self) -> impl Iterator<Item = (&str, &OptionValue)> {
+        self.values.iter().map(|(key, value)| (key.as_str(), value))
+    }
+
+    /// The options as a kind's typed configuration `T` (a serde struct with
+    /// `deny_unknown_fields`). Errors name the field: "field `chunk`: …".
+    pub fn parse<T: DeserializeOwned>(&self) -> Result<T> {
+        crate::layer_config::parse(self).map_err(|e| BlockError::InvalidArgument(e.message))
     }
 
     /// A size: `"64KiB"` or a number of bytes.
@@ -92,15 +108,6 @@ impl Options {
         }
     }
 
-    pub fn f64(&self, key: &str) -> Result<Option<f64>> {
-        match self.values.get(key) {
-            None => Ok(None),
-            Some(OptionValue::Integer(n)) => Ok(Some(*n as f64)),
-            Some(OptionValue::Float(x)) => Ok(Some(*x)),
-            Some(other) => Err(bad(key, format!("{other:?} is not a number"))),
-        }
-    }
-
     pub fn bool(&self, key: &str) -> Result<Option<bool>> {
         match self.values.get(key) {
             None => Ok(None),
@@ -114,26 +121,6 @@ impl Options {
             None => Ok(None),
             Some(OptionValue::Text(text)) => Ok(Some(text.clone())),
             Some(other) => Err(bad(key, format!("{other:?} is not a string"))),
-        }
-    }
-
-    /// A path, resolved against [`Options::base`].
-    pub fn path(&self, key: &str) -> Result<Option<PathBuf>> {
-        Ok(self.text(key)?.map(|p| self.base.join(p)))
-    }
-
-    /// Refuses options the kind does not know.
-    pub fn check_known(&self, allowed: &[&str]) -> Result<()> {
-        match self
-            .values
-            .keys()
-            .find(|key| !allowed.contains(&key.as_str()))
-        {
-            None => Ok(()),
-            Some(key) => Err(bad(
-                key,
-                format!("unknown option (known: {})", allowed.join(", ")),
-            )),
         }
     }
 }
@@ -197,20 +184,100 @@ pub struct LayerKind {
     pub kind: &'static str,
     pub about: &'static str,
     pub children: ChildCount,
-    pub options: &'static [&'static str],
+    /// The option names a `[[layer]]` table of this kind may use: its config struct's fields
+    /// (`field_names::<Config>`).
+    pub options: fn() -> &'static [&'static str],
+    /// Checks a table's options against the kind's config struct without building
+    /// (`check::<Config>`): what the loader runs on every `[[layer]]`.
+    pub check: fn(&Options) -> Result<()>,
     /// Members that may be missing when the hierarchy is assembled (1 for raid5, n-1 for a
     /// mirror, 0 for most).
     pub tolerates_missing: fn(children: usize) -> usize,
     pub build: Build,
 }
 
+/// A kind shows as its name (its entry is functions).
+impl std::fmt::Debug for LayerKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "LayerKind({})", self.kind)
+    }
+}
+
 pub fn none_missing(_: usize) -> usize {
     0
+}
+
+/// A kind's [`LayerKind::check`]: the options parse as its config `T`.
+pub fn check<T: DeserializeOwned>(options: &Options) -> Result<()> {
+    options.parse::<T>().map(drop)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde::{Deserialize, Serialize};
+
+    #[derive(Debug, Default, PartialEq, Deserialize, Serialize)]
+    #[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
+    struct ChunkAndCount {
+        chunk: Option<ByteSize>,
+        count: u64,
+    }
+
+    fn options(pairs: &[(&str, OptionValue)]) -> Options {
+        let values = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect();
+        Options::new(values, PathBuf::new())
+    }
+
+    #[test]
+    fn parse_reads_typed_structs_and_names_the_failing_field() {
+        let parsed: ChunkAndCount = options(&[
+            ("chunk", OptionValue::Text("64KiB".into())),
+            ("count", OptionValue::Integer(3)),
+        ])
+        .parse()
+        .unwrap();
+        assert_eq!(
+            parsed,
+            ChunkAndCount {
+                chunk: Some(ByteSize(64 << 10)),
+                count: 3
+            }
+        );
+        assert_eq!(
+            options(&[]).parse::<ChunkAndCount>().unwrap(),
+            ChunkAndCount::default()
+        );
+        for (pairs, field) in [
+            (vec![("count", OptionValue::Text("3".into()))], "`count`"),
+            (vec![("count", OptionValue::Integer(-1))], "`count`"),
+            (vec![("chunk", OptionValue::Text("lots".into()))], "`chunk`"),
+            (vec![("chunk", OptionValue::Bool(true))], "`chunk`"),
+            (vec![("chunks", OptionValue::Integer(1))], "`chunks`"),
+        ] {
+            let error = options(&pairs)
+                .parse::<ChunkAndCount>()
+                .unwrap_err()
+                .to_string();
+            assert!(error.contains(&format!("field {field}: ")), "{error}");
+        }
+        assert_eq!(field_names::<ChunkAndCount>(), ["chunk", "count"]);
+    }
+
+    #[test]
+    fn a_config_goes_to_a_table_and_back() {
+        let config = ChunkAndCount {
+            chunk: Some(ByteSize(3 << 20)),
+            count: 7,
+        };
+        let table = to_table(&config).unwrap();
+        assert_eq!(table["chunk"].as_str(), Some("3MiB"));
+        let options = options_from_table(&table, PathBuf::new()).unwrap();
+        assert_eq!(options.parse::<ChunkAndCount>().unwrap(), config);
+    }
 
     #[test]
     fn options_are_typed_and_name_their_field() {
@@ -224,10 +291,7 @@ mod tests {
         assert_eq!(options.size("absent").unwrap(), None);
         let error = options.bool("on").unwrap_err().to_string();
         assert!(error.contains("`on`"), "{error}");
-        let error = options
-            .check_known(&["chunk", "count"])
-            .unwrap_err()
-            .to_string();
+        let error = options.parse::<ChunkAndCount>().unwrap_err().to_string();
         assert!(
             error.contains("`on`") && error.contains("known: chunk, count"),
             "{error}"

@@ -7,6 +7,7 @@ mod error;
 mod extent;
 mod geometry;
 pub mod layer;
+mod layer_config;
 mod runtime;
 mod size;
 mod stats;

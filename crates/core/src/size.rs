@@ -3,10 +3,10 @@
 use std::fmt;
 
 use serde::de::{self, Deserializer, Visitor};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize, Serializer};
 
 /// A size in bytes, parsed from an integer or from a number with a binary unit suffix.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ByteSize(pub u64);
 
 const UNITS: [(&str, u64); 9] = [
@@ -47,6 +47,14 @@ impl fmt::Display for ByteSize {
             }
         }
         write!(f, "{bytes}B")
+    }
+}
+
+/// Written back the way an administrator would write it (`"64KiB"`, `"1000B"`), which
+/// [`ByteSize::parse`] reads again to the same value.
+impl Serialize for ByteSize {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
     }
 }
 
@@ -91,5 +99,12 @@ mod tests {
         assert_eq!(ByteSize(16 << 30).to_string(), "16GiB");
         assert_eq!(ByteSize(1536 << 20).to_string(), "1536MiB");
         assert_eq!(ByteSize(1000).to_string(), "1000B");
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn display_parses_back_to_the_same_size(bytes in proptest::prelude::any::<u64>()) {
+            proptest::prop_assert_eq!(ByteSize::parse(&ByteSize(bytes).to_string()), Ok(ByteSize(bytes)));
+        }
     }
 }

@@ -234,6 +234,7 @@ impl BlockDevice for CrashDisk {
                     stats: None,
                     children: Vec::new(),
                     activity: None,
+                    config: None,
                 }))
             }
             _ => Err(BlockError::Unsupported("control verb on a crash disk")),

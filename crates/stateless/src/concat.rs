@@ -34,19 +34,26 @@ use strata_core::{
     DeviceRef, Extent, Geometry, Member, NodeStatus, Result, WriteFlags, ZeroFlags,
 };
 
-use strata_core::layer::{none_missing, ChildCount, LayerArgs, LayerKind};
+use serde::{Deserialize, Serialize};
+use strata_core::layer::{self, none_missing, ChildCount, LayerArgs, LayerKind};
 
 pub static KIND: LayerKind = LayerKind {
     kind: "concat",
     about: "children end to end (aggregation); grows online with AddMember",
     children: ChildCount::AtLeast(1),
-    options: &[],
+    options: layer::field_names::<ConcatConfig>,
+    check: layer::check::<ConcatConfig>,
     tolerates_missing: none_missing,
     build: |args| Box::pin(async move { build(args).map(|c| Arc::new(c) as DeviceRef) }),
 };
 
+/// A `[[layer]]` table of kind `concat`: no options (the children are the layout).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConcatConfig {}
+
 fn build(args: LayerArgs) -> Result<Concat> {
-    args.options.check_known(KIND.options)?;
+    let ConcatConfig {} = args.options.parse()?;
     let children = args.all_children()?;
     let members = args
         .child_names
@@ -259,6 +266,7 @@ impl Concat {
             let range = format!("[{}, +{})", window[0], window[1] - window[0]);
             node.detail.push((member.name.clone(), range));
         }
+        node.config = layer::to_table(&ConcatConfig {});
         node.children = children;
         Ok(node)
     }

@@ -48,13 +48,16 @@ use strata_core::{
 };
 use xts_mode::{get_tweak_default, Xts128};
 
-use strata_core::layer::{none_missing, ChildCount, LayerArgs, LayerKind};
+use serde::{Deserialize, Serialize};
+use strata_core::layer::{self, none_missing, ChildCount, LayerArgs, LayerKind};
+use strata_core::ByteSize;
 
 pub static KIND: LayerKind = LayerKind {
     kind: "crypt",
     about: "XTS-AES-256 encryption of one child, key from a file",
     children: ChildCount::Exactly(1),
-    options: &["key-file", "sector-size"],
+    options: layer::field_names::<CryptConfig>,
+    check: layer::check::<CryptConfig>,
     tolerates_missing: none_missing,
     build: |args| Box::pin(async move { build(args).await.map(|c| Arc::new(c) as DeviceRef) }),
 };
@@ -67,19 +70,41 @@ pub const INLINE_MAX: usize = 64 << 10;
 const ZERO_PIECE: u64 = 1 << 20;
 const ZERO_PIECES_IN_FLIGHT: usize = 4;
 
+/// A `[[layer]]` table of kind `crypt`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct CryptConfig {
+    /// As the configuration gave it: relative paths resolve against the configuration's
+    /// folder ([`layer::Options::base`]) when the layer is built, and `describe` hands the
+    /// path back unresolved, so a label written from it resolves the same way.
+    pub key_file: PathBuf,
+    /// 512 or 4096.
+    #[serde(default = "default_sector")]
+    pub sector_size: ByteSize,
+}
+
+pub const DEFAULT_SECTOR: u64 = 512;
+
+fn default_sector() -> ByteSize {
+    ByteSize(DEFAULT_SECTOR)
+}
+
 async fn build(args: LayerArgs) -> Result<Crypt> {
-    args.options.check_known(KIND.options)?;
-    let child = args.all_children()?.remove(0);
-    let path = args.options.path("key-file")?.ok_or_else(|| {
-        BlockError::InvalidArgument(format!(
-            "crypt {}: field `key-file` is required (make one: head -c 64 /dev/urandom > enc.key)",
-            args.name
-        ))
+    let config: CryptConfig = args.options.parse().map_err(|error| match error {
+        BlockError::InvalidArgument(what) if what.contains("`key-file` is required") => {
+            BlockError::InvalidArgument(format!(
+                "crypt {}: {what} (make one: head -c 64 /dev/urandom > enc.key)",
+                args.name
+            ))
+        }
+        other => other,
     })?;
-    let sector = args.options.size("sector-size")?.unwrap_or(512);
+    let child = args.all_children()?.remove(0);
+    let path = args.options.base.join(&config.key_file);
     let key = read_key(&args.name, &path, args.runtime.as_ref()).await?;
-    let mut crypt = Crypt::new(args.name, child, &key, sector, args.runtime)?;
+    let mut crypt = Crypt::new(args.name, child, &key, config.sector_size.0, args.runtime)?;
     crypt.key_file = Some(path);
+    crypt.config = Some(config);
     Ok(crypt)
 }
 
@@ -114,7 +139,10 @@ pub struct Crypt {
     geometry: Geometry,
     capabilities: Capabilities,
     runtime: Arc<dyn Runtime>,
+    /// Resolved, for the operator's eyes (`detail`).
     key_file: Option<PathBuf>,
+    /// As configured, for `describe`: None for a crypt made from a key in memory.
+    config: Option<CryptConfig>,
 }
 
 impl Crypt {
@@ -181,6 +209,7 @@ impl Crypt {
             capabilities,
             runtime,
             key_file: None,
+            config: None,
         })
     }
 
@@ -231,6 +260,7 @@ impl Crypt {
             node.detail
                 .push(("key-file".into(), path.display().to_string()));
         }
+        node.config = self.config.as_ref().and_then(layer::to_table);
         node.children = vec![child];
         Ok(node)
     }

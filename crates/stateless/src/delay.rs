@@ -48,65 +48,141 @@ use strata_core::{
     Extent, Geometry, NodeStatus, Result, Runtime, WriteFlags, ZeroFlags,
 };
 
-use strata_core::layer::{none_missing, ChildCount, LayerArgs, LayerKind, OptionValue, Options};
+use serde::{Deserialize, Serialize};
+use strata_core::layer::{self, none_missing, ChildCount, LayerArgs, LayerKind};
 
 pub static KIND: LayerKind = LayerKind {
     kind: "delay",
     about: "adds latency and a bandwidth limit (emulates a slower disk)",
     children: ChildCount::Exactly(1),
-    options: &["read-latency", "write-latency", "bandwidth"],
+    options: layer::field_names::<DelayConfig>,
+    check: layer::check::<DelayConfig>,
     tolerates_missing: none_missing,
     build: |args| Box::pin(async move { build(args).map(|d| Arc::new(d) as DeviceRef) }),
 };
 
-/// What to emulate.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// What to emulate: a `[[layer]]` table of kind `delay`. Absent options add nothing.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
 pub struct DelayConfig {
+    #[serde(with = "duration_text")]
     pub read_latency: Duration,
+    #[serde(with = "duration_text")]
     pub write_latency: Duration,
     /// Bytes per second; `None` for no limit.
+    #[serde(with = "bandwidth_text", skip_serializing_if = "Option::is_none")]
     pub bandwidth: Option<u64>,
 }
 
 fn build(args: LayerArgs) -> Result<Delay> {
-    let options = &args.options;
-    options.check_known(KIND.options)?;
-    let config = DelayConfig {
-        read_latency: duration_option(options, "read-latency")?,
-        write_latency: duration_option(options, "write-latency")?,
-        bandwidth: bandwidth_option(options)?,
-    };
+    let config: DelayConfig = args.options.parse()?;
     let child = args.all_children()?.remove(0);
     Ok(Delay::new(args.name, child, config, args.runtime))
 }
 
-fn bad(key: &str, what: impl std::fmt::Display) -> BlockError {
-    BlockError::InvalidArgument(format!("field `{key}`: {what}"))
-}
+/// Durations as `"2ms"`: [`parse_duration`] in, [`format_duration`] out.
+mod duration_text {
+    use std::time::Duration;
 
-fn duration_option(options: &Options, key: &str) -> Result<Duration> {
-    match options.get(key) {
-        None => Ok(Duration::ZERO),
-        Some(OptionValue::Text(text)) => parse_duration(text).map_err(|e| bad(key, e)),
-        Some(other) => Err(bad(key, format!("{other:?} needs a unit, as in \"2ms\""))),
+    use serde::de::Error;
+    use serde::{Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(value: &Duration, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(&super::format_duration(*value))
     }
-}
 
-fn bandwidth_option(options: &Options) -> Result<Option<u64>> {
-    let key = "bandwidth";
-    let rate = match options.get(key) {
-        None => return Ok(None),
-        Some(OptionValue::Text(text)) => {
-            let text = text.trim();
-            let text = text.strip_suffix("/s").unwrap_or(text);
-            ByteSize::parse(text).map_err(|e| bad(key, e))?.0
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
+        match toml_scalar(deserializer)? {
+            Scalar::Text(text) => super::parse_duration(&text).map_err(D::Error::custom),
+            Scalar::Integer(n) => Err(D::Error::custom(format!("{n} needs a unit, as in \"2ms\""))),
+            Scalar::Float(x) => Err(D::Error::custom(format!("{x} needs a unit, as in \"2ms\""))),
         }
-        Some(_) => options.size(key)?.unwrap_or(0),
-    };
-    if rate == 0 {
-        return Err(bad(key, "must be more than 0 bytes per second"));
     }
-    Ok(Some(rate))
+
+    /// What the configuration wrote: text, or a bare number (which a duration refuses with a
+    /// hint, since it is ambiguous, and a bandwidth takes as bytes per second).
+    pub(super) enum Scalar {
+        Text(String),
+        Integer(i64),
+        Float(f64),
+    }
+
+    pub(super) fn toml_scalar<'de, D: Deserializer<'de>>(d: D) -> Result<Scalar, D::Error> {
+        struct ScalarVisitor;
+        impl serde::de::Visitor<'_> for ScalarVisitor {
+            type Value = Scalar;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a string such as \"2ms\" or \"100MiB\"")
+            }
+            fn visit_str<E: Error>(self, text: &str) -> Result<Scalar, E> {
+                Ok(Scalar::Text(text.to_string()))
+            }
+            fn visit_i64<E: Error>(self, n: i64) -> Result<Scalar, E> {
+                Ok(Scalar::Integer(n))
+            }
+            fn visit_u64<E: Error>(self, n: u64) -> Result<Scalar, E> {
+                i64::try_from(n)
+                    .map(Scalar::Integer)
+                    .map_err(|_| E::custom(format!("{n} is too large")))
+            }
+            fn visit_f64<E: Error>(self, x: f64) -> Result<Scalar, E> {
+                Ok(Scalar::Float(x))
+            }
+        }
+        d.deserialize_any(ScalarVisitor)
+    }
+}
+
+/// A rate as `"100MiB"` (a size, `"/s"` optional) or a number of bytes per second.
+mod bandwidth_text {
+    use serde::de::Error;
+    use serde::{Deserializer, Serializer};
+    use strata_core::ByteSize;
+
+    use super::duration_text::{toml_scalar, Scalar};
+
+    pub fn serialize<S: Serializer>(value: &Option<u64>, serializer: S) -> Result<S::Ok, S::Error> {
+        match value {
+            Some(rate) => serializer.collect_str(&ByteSize(*rate)),
+            None => serializer.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+        let rate = match toml_scalar(d)? {
+            Scalar::Text(text) => {
+                let text = text.trim();
+                let text = text.strip_suffix("/s").unwrap_or(text);
+                ByteSize::parse(text).map_err(D::Error::custom)?.0
+            }
+            Scalar::Integer(n) => {
+                u64::try_from(n).map_err(|_| D::Error::custom("a bandwidth cannot be negative"))?
+            }
+            Scalar::Float(x) => {
+                return Err(D::Error::custom(format!(
+                    "{x} is not a size such as \"64KiB\""
+                )))
+            }
+        };
+        if rate == 0 {
+            return Err(D::Error::custom("must be more than 0 bytes per second"));
+        }
+        Ok(Some(rate))
+    }
+}
+
+/// A duration the way a configuration writes it, in the largest unit that keeps it exact
+/// (`"2ms"`, `"1500us"`, `"0"`); [`parse_duration`] reads it back to the same value.
+pub fn format_duration(value: Duration) -> String {
+    let nanos = value.as_nanos();
+    if nanos == 0 {
+        return "0".into();
+    }
+    let (unit, scale) = [("s", 1_000_000_000), ("ms", 1_000_000), ("us", 1_000)]
+        .into_iter()
+        .find(|(_, scale)| nanos.is_multiple_of(*scale))
+        .unwrap_or(("ns", 1));
+    format!("{}{unit}", nanos / scale)
 }
 
 /// Parses `"2ms"`, `"250us"`, `"1.5s"`, `"0"`: a non-negative number and a unit (ns, us, µs,
@@ -132,6 +208,11 @@ pub fn parse_duration(text: &str) -> std::result::Result<Duration, String> {
         .map_err(|_| format!("{text:?} is not a duration (examples: 2ms, 250us, 1.5s)"))?;
     if !value.is_finite() || value < 0.0 || value * scale > 3600.0 {
         return Err(format!("{text:?} is not between 0 and one hour"));
+    }
+    // Whole numbers are counted exactly in nanoseconds, so that what `format_duration`
+    // writes reads back to the same duration (7ms through f64 seconds is 6.999999ms).
+    if let Ok(whole) = number.parse::<u64>() {
+        return Ok(Duration::from_nanos(whole * (scale * 1e9).round() as u64));
     }
     Ok(Duration::from_secs_f64(value * scale))
 }
@@ -294,6 +375,7 @@ impl BlockDevice for Delay {
                             .map_or("unlimited".into(), |b| format!("{}/s", ByteSize(b))),
                     ),
                 ];
+                node.config = layer::to_table(&self.config);
                 node.children = vec![child];
                 Ok(ControlReply::Describe(node))
             }

@@ -38,23 +38,28 @@ use strata_core::{
     DeviceRef, Extent, Geometry, Health, NodeStatus, Result, WriteFlags, ZeroFlags,
 };
 
-use strata_core::layer::{none_missing, ChildCount, LayerArgs, LayerKind};
+use serde::{Deserialize, Serialize};
+use strata_core::layer::{self, none_missing, ChildCount, LayerArgs, LayerKind};
 
 pub static KIND: LayerKind = LayerKind {
     kind: "fault",
     about: "injects I/O errors: fixed ranges, a random rate, or the whole device on command",
     children: ChildCount::Exactly(1),
-    options: &["fail-read", "fail-write", "error-rate", "seed"],
+    options: layer::field_names::<FaultConfig>,
+    check: layer::check::<FaultConfig>,
     tolerates_missing: none_missing,
     build: |args| Box::pin(async move { build(args).map(|f| Arc::new(f) as DeviceRef) }),
 };
 
-/// What to fail.
-#[derive(Clone, Debug, Default, PartialEq)]
+/// What to fail: a `[[layer]]` table of kind `fault`. Absent options fail nothing.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
 pub struct FaultConfig {
     /// `(offset, len)` ranges whose reads fail.
+    #[serde(with = "ranges_text")]
     pub fail_read: Vec<(u64, u64)>,
     /// `(offset, len)` ranges whose writes, write_zeroes and discards fail.
+    #[serde(with = "ranges_text")]
     pub fail_write: Vec<(u64, u64)>,
     /// Probability in [0, 1] that any data operation fails.
     pub error_rate: f64,
@@ -62,23 +67,35 @@ pub struct FaultConfig {
 }
 
 fn build(args: LayerArgs) -> Result<Fault> {
-    let options = &args.options;
-    options.check_known(KIND.options)?;
-    let ranges = |key: &str| -> Result<Vec<(u64, u64)>> {
-        match options.text(key)? {
-            None => Ok(Vec::new()),
-            Some(text) => parse_ranges(&text)
-                .map_err(|e| BlockError::InvalidArgument(format!("field `{key}`: {e}"))),
-        }
-    };
-    let config = FaultConfig {
-        fail_read: ranges("fail-read")?,
-        fail_write: ranges("fail-write")?,
-        error_rate: options.f64("error-rate")?.unwrap_or(0.0),
-        seed: options.u64("seed")?.unwrap_or(0),
-    };
+    let config: FaultConfig = args.options.parse()?;
     let child = args.all_children()?.remove(0);
     Fault::new(args.name, child, config)
+}
+
+/// Ranges as `"1MiB+4KiB,8MiB+64KiB"`: [`parse_ranges`] in, [`format_ranges`] out.
+mod ranges_text {
+    use serde::de::Error;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    type Ranges = Vec<(u64, u64)>;
+
+    pub fn serialize<S: Serializer>(ranges: &Ranges, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(&super::format_ranges(ranges))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Ranges, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        super::parse_ranges(&text).map_err(D::Error::custom)
+    }
+}
+
+/// Writes ranges the way [`parse_ranges`] reads them (`""` for none).
+pub fn format_ranges(ranges: &[(u64, u64)]) -> String {
+    let parts: Vec<String> = ranges
+        .iter()
+        .map(|&(o, n)| format!("{}+{}", ByteSize(o), ByteSize(n)))
+        .collect();
+    parts.join(",")
 }
 
 /// Parses `"1MiB+4KiB,8MiB+64KiB"` into `[(1 MiB, 4 KiB), (8 MiB, 64 KiB)]`.
@@ -181,16 +198,9 @@ impl Fault {
     }
 
     fn describe_detail(&self) -> Vec<(String, String)> {
-        let show = |ranges: &[(u64, u64)]| {
-            let parts: Vec<String> = ranges
-                .iter()
-                .map(|&(o, n)| format!("{}+{}", ByteSize(o), ByteSize(n)))
-                .collect();
-            parts.join(",")
-        };
         vec![
-            ("fail-read".into(), show(&self.config.fail_read)),
-            ("fail-write".into(), show(&self.config.fail_write)),
+            ("fail-read".into(), format_ranges(&self.config.fail_read)),
+            ("fail-write".into(), format_ranges(&self.config.fail_write)),
             ("error-rate".into(), self.config.error_rate.to_string()),
             ("gone".into(), self.is_gone().to_string()),
         ]
@@ -258,6 +268,7 @@ impl BlockDevice for Fault {
                     child.health
                 };
                 node.detail = self.describe_detail();
+                node.config = layer::to_table(&self.config);
                 node.children = vec![child];
                 Ok(ControlReply::Describe(node))
             }

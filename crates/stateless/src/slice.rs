@@ -20,23 +20,39 @@ use strata_core::{
     Geometry, NodeStatus, Result, WriteFlags, ZeroFlags,
 };
 
-use strata_core::layer::{none_missing, ChildCount, LayerArgs, LayerKind};
+use serde::{Deserialize, Serialize};
+use strata_core::layer::{self, none_missing, ChildCount, LayerArgs, LayerKind};
+use strata_core::ByteSize;
 
 pub static KIND: LayerKind = LayerKind {
     kind: "slice",
     about: "a window of one child (offset + length)",
     children: ChildCount::Exactly(1),
-    options: &["offset", "length"],
+    options: layer::field_names::<SliceConfig>,
+    check: layer::check::<SliceConfig>,
     tolerates_missing: none_missing,
     build: |args| Box::pin(async move { build(args).map(|s| std::sync::Arc::new(s) as DeviceRef) }),
 };
 
+/// A `[[layer]]` table of kind `slice`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
+pub struct SliceConfig {
+    pub offset: ByteSize,
+    /// None: to the end of the child.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub length: Option<ByteSize>,
+}
+
 fn build(args: LayerArgs) -> Result<Slice> {
-    args.options.check_known(KIND.options)?;
+    let config: SliceConfig = args.options.parse()?;
     let child = args.all_children()?.remove(0);
-    let offset = args.options.size("offset")?.unwrap_or(0);
-    let length = args.options.size("length")?;
-    Slice::new(args.name, child, offset, length)
+    Slice::new(
+        args.name,
+        child,
+        config.offset.0,
+        config.length.map(|l| l.0),
+    )
 }
 
 pub struct Slice {
@@ -76,6 +92,14 @@ impl Slice {
 
     fn length(&self) -> u64 {
         self.length.load(Ordering::Acquire)
+    }
+
+    /// The window as it is now (grown, if it was), the length explicit.
+    pub fn config(&self) -> SliceConfig {
+        SliceConfig {
+            offset: ByteSize(self.offset),
+            length: Some(ByteSize(self.length())),
+        }
     }
 
     fn grow(&self, size: u64) -> Result<()> {
@@ -155,6 +179,7 @@ impl BlockDevice for Slice {
                 let mut node = NodeStatus::new(&self.name, "slice", self.length());
                 node.health = child.health;
                 node.detail = vec![("offset".into(), self.offset.to_string())];
+                node.config = layer::to_table(&self.config());
                 node.children = vec![child];
                 Ok(ControlReply::Describe(node))
             }

@@ -33,13 +33,16 @@ use strata_core::{
 };
 
 use crate::concat::{describe_children, shared_capabilities, shared_geometry, take_extents};
-use strata_core::layer::{none_missing, ChildCount, LayerArgs, LayerKind};
+use serde::{Deserialize, Serialize};
+use strata_core::layer::{self, none_missing, ChildCount, LayerArgs, LayerKind};
+use strata_core::ByteSize;
 
 pub static KIND: LayerKind = LayerKind {
     kind: "stripe",
     about: "RAID-0: chunks dealt round-robin over the children",
     children: ChildCount::AtLeast(2),
-    options: &["chunk"],
+    options: layer::field_names::<StripeConfig>,
+    check: layer::check::<StripeConfig>,
     tolerates_missing: none_missing,
     build: |args| Box::pin(async move { build(args).map(|s| Arc::new(s) as DeviceRef) }),
 };
@@ -50,11 +53,26 @@ pub const MIN_CHUNK: u64 = 4 << 10;
 /// whatever length is asked (the contract lets it answer for less).
 const BLOCK_STATUS_CHUNKS: u64 = 1024;
 
+/// A `[[layer]]` table of kind `stripe`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
+pub struct StripeConfig {
+    /// A power of two, at least [`MIN_CHUNK`].
+    pub chunk: ByteSize,
+}
+
+impl Default for StripeConfig {
+    fn default() -> Self {
+        StripeConfig {
+            chunk: ByteSize(DEFAULT_CHUNK),
+        }
+    }
+}
+
 fn build(args: LayerArgs) -> Result<Stripe> {
-    args.options.check_known(KIND.options)?;
+    let config: StripeConfig = args.options.parse()?;
     let children = args.all_children()?;
-    let chunk = args.options.size("chunk")?.unwrap_or(DEFAULT_CHUNK);
-    Stripe::new(args.name, children, args.child_names, chunk)
+    Stripe::new(args.name, children, args.child_names, config.chunk.0)
 }
 
 /// Where byte `offset` of the device lives: `(child, offset on the child)`.
@@ -252,6 +270,9 @@ impl Stripe {
             ("chunk".into(), self.chunk.to_string()),
             ("members".into(), self.child_names.join(", ")),
         ];
+        node.config = layer::to_table(&StripeConfig {
+            chunk: ByteSize(self.chunk),
+        });
         node.children = children;
         Ok(node)
     }

@@ -314,7 +314,7 @@ fn check_kind(text: &str, layer: &LayerConfig) -> Result<(), Located> {
                 ),
             )
         })?;
-        (kind.children, kind.options)
+        (kind.children, (kind.options)())
     };
     if !layer.grow_from.is_empty() && layer.kind != "thin-pool" {
         return Err(located(

@@ -699,6 +699,7 @@ impl ThinPool {
             stats: None,
             children: Vec::new(),
             activity: None,
+            config: None,
         }
     }
 
@@ -786,6 +787,7 @@ impl ThinPool {
             stats: None,
             children,
             activity: None,
+            config: None,
         })
     }
 }

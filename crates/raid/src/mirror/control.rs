@@ -9,6 +9,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use strata_core::layer;
+use strata_core::ByteSize;
 use strata_core::{
     BlockError, Control, ControlReply, DeviceRef, Health, Member, NodeStatus, Result, WriteFlags,
 };
@@ -16,6 +18,7 @@ use strata_meta::TxnClass;
 
 use super::policy::{percent, MemberState, MirrorRecord};
 use super::state::{Inner, Slot};
+use super::MirrorConfig;
 
 impl Inner {
     pub async fn control(self: &Arc<Self>, request: Control) -> Result<ControlReply> {
@@ -119,6 +122,17 @@ impl Inner {
         Ok(())
     }
 
+    /// The configuration as the mirror runs: region and metadata size as its metadata
+    /// records them (they count only at format), the rest as it was started with.
+    fn config(&self) -> MirrorConfig {
+        MirrorConfig {
+            region: ByteSize(self.region),
+            metadata_size: ByteSize(self.data_offset),
+            bitmap_clear_ms: self.options.bitmap_clear.as_millis() as u64,
+            resync_concurrency: self.options.resync_concurrency as u64,
+        }
+    }
+
     async fn describe(&self) -> NodeStatus {
         let mut node = NodeStatus::new(&self.name, "mirror", self.size);
         // Activity is read before the member states: the resync marks its target in sync a
@@ -173,6 +187,7 @@ impl Inner {
                 c.repairs.load(Ordering::Relaxed).to_string(),
             ),
         ]);
+        node.config = layer::to_table(&self.config());
         node.activity = activity.filter(|_| node.health != Health::Ok);
         if let Some(activity) = &node.activity {
             node.detail.push((

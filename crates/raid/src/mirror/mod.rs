@@ -37,9 +37,10 @@ mod state;
 use std::sync::Arc;
 use std::time::Duration;
 
-use strata_core::{BlockError, DeviceRef, Result, Runtime};
+use serde::{Deserialize, Serialize};
+use strata_core::{BlockError, ByteSize, DeviceRef, Result, Runtime};
 
-use strata_core::layer::{ChildCount, LayerArgs, LayerKind, StartPolicy};
+use strata_core::layer::{self, ChildCount, LayerArgs, LayerKind, StartPolicy};
 
 pub use policy::MemberState;
 pub use state::{Mirror, MirrorStats};
@@ -51,12 +52,8 @@ pub static KIND: LayerKind = LayerKind {
     kind: "mirror",
     about: "RAID-1 over n members with a write-intent bitmap and online resync",
     children: ChildCount::AtLeast(2),
-    options: &[
-        "region",
-        "metadata-size",
-        "bitmap-clear-ms",
-        "resync-concurrency",
-    ],
+    options: layer::field_names::<MirrorConfig>,
+    check: layer::check::<MirrorConfig>,
     tolerates_missing: |n| n.saturating_sub(1),
     build: |args| Box::pin(async move { build(args).await.map(|m| Arc::new(m) as DeviceRef) }),
 };
@@ -92,29 +89,48 @@ impl Default for MirrorOptions {
     }
 }
 
+/// A `[[layer]]` table of kind `mirror`; the defaults are [`MirrorOptions::default`]'s.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
+pub struct MirrorConfig {
+    /// Write-intent bitmap granularity; used at format only.
+    pub region: ByteSize,
+    /// Reserved at the start of every member; used at format only.
+    pub metadata_size: ByteSize,
+    pub bitmap_clear_ms: u64,
+    /// Copy requests in flight while resyncing (0 counts as 1).
+    pub resync_concurrency: u64,
+}
+
+impl Default for MirrorConfig {
+    fn default() -> Self {
+        let defaults = MirrorOptions::default();
+        MirrorConfig {
+            region: ByteSize(defaults.region),
+            metadata_size: ByteSize(defaults.metadata_size),
+            bitmap_clear_ms: defaults.bitmap_clear.as_millis() as u64,
+            resync_concurrency: defaults.resync_concurrency as u64,
+        }
+    }
+}
+
+impl MirrorConfig {
+    /// The settings a mirror opens with; the rest keep their defaults.
+    pub fn options(&self, start: StartPolicy) -> MirrorOptions {
+        MirrorOptions {
+            region: self.region.0,
+            metadata_size: self.metadata_size.0,
+            bitmap_clear: Duration::from_millis(self.bitmap_clear_ms),
+            resync_concurrency: self.resync_concurrency.max(1) as usize,
+            start,
+            ..MirrorOptions::default()
+        }
+    }
+}
+
 async fn build(args: LayerArgs) -> Result<Mirror> {
-    args.options.check_known(KIND.options)?;
-    let defaults = MirrorOptions::default();
-    let options = MirrorOptions {
-        region: args.options.size("region")?.unwrap_or(defaults.region),
-        metadata_size: args
-            .options
-            .size("metadata-size")?
-            .unwrap_or(defaults.metadata_size),
-        bitmap_clear: args
-            .options
-            .u64("bitmap-clear-ms")?
-            .map(Duration::from_millis)
-            .unwrap_or(defaults.bitmap_clear),
-        resync_concurrency: args
-            .options
-            .u64("resync-concurrency")?
-            .map(|n| n.max(1) as usize)
-            .unwrap_or(defaults.resync_concurrency),
-        copy_chunk: defaults.copy_chunk,
-        resync_checkpoint: defaults.resync_checkpoint,
-        start: args.start,
-    };
+    let config: MirrorConfig = args.options.parse()?;
+    let options = config.options(args.start);
     Mirror::open(
         args.name,
         args.child_names,

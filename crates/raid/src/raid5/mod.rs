@@ -50,26 +50,47 @@ use strata_core::{
 
 pub use layout::Layout;
 pub use members::{MemberState, META_BYTES};
-pub use open::{Settings, DEFAULT_CHUNK, DEFAULT_JOURNAL};
+pub use open::{default_journal, Settings, DEFAULT_CHUNK, DEFAULT_JOURNAL};
 
-use strata_core::layer::{ChildCount, LayerArgs, LayerKind};
+use serde::{Deserialize, Serialize};
+use strata_core::layer::{self, ChildCount, LayerArgs, LayerKind};
+use strata_core::ByteSize;
 
 pub static KIND: LayerKind = LayerKind {
     kind: "raid5",
     about: "distributed parity over ≥ 3 members (left-asymmetric), journaled, degraded, rebuild",
     children: ChildCount::AtLeast(3),
-    options: &["chunk", "journal", "journal-device"],
+    options: layer::field_names::<Raid5Config>,
+    check: layer::check::<Raid5Config>,
     tolerates_missing: |_| 1,
     build: |args| Box::pin(async move { build(args).await.map(|r| Arc::new(r) as DeviceRef) }),
 };
 
+/// A `[[layer]]` table of kind `raid5`. Chunk and journal are fixed at creation: absent,
+/// an array takes what it was created with, and a new one [`DEFAULT_CHUNK`] and
+/// [`default_journal`]; given, they must match what the array records. `describe` always
+/// gives both.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
+pub struct Raid5Config {
+    /// A power of two, at least 4 KiB.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub chunk: Option<ByteSize>,
+    /// Stripe journal bytes per member.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub journal: Option<ByteSize>,
+    /// The child (the last one) that holds every member's journal.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub journal_device: Option<String>,
+}
+
 async fn build(args: LayerArgs) -> Result<Raid5> {
-    args.options.check_known(KIND.options)?;
-    let journal_device = match args.options.text("journal-device")? {
+    let config: Raid5Config = args.options.parse()?;
+    let journal_device = match &config.journal_device {
         Some(child) => Some(
             args.child_names
                 .iter()
-                .position(|name| *name == child)
+                .position(|name| name == child)
                 .ok_or_else(|| {
                     BlockError::InvalidArgument(format!(
                         "raid5 {}: journal-device = \"{child}\" is not one of its children ({})",
@@ -89,13 +110,15 @@ async fn build(args: LayerArgs) -> Result<Raid5> {
         )));
     }
     let settings = Settings {
-        chunk: args.options.size("chunk")?,
-        journal: args.options.size("journal")?,
+        chunk: config.chunk.map(|c| c.0),
+        journal: config.journal.map(|j| j.0),
         journal_device,
         unsafe_skip_journal: false,
         start: args.start,
     };
-    Raid5::open(args.name, args.children, settings, args.runtime).await
+    let mut raid5 = Raid5::open(args.name, args.children, settings, args.runtime).await?;
+    raid5.journal_device_name = config.journal_device;
+    Ok(raid5)
 }
 
 /// Largest request accepted in one call.
@@ -103,6 +126,8 @@ const MAX_IO: u32 = 32 << 20;
 
 pub struct Raid5 {
     array: Arc<array::Array>,
+    /// The journal device's name in the configuration, for `describe`.
+    journal_device_name: Option<String>,
 }
 
 impl Raid5 {
@@ -129,7 +154,10 @@ impl Raid5 {
                 *task.activity.lock().unwrap() = None;
             }));
         }
-        Ok(Raid5 { array })
+        Ok(Raid5 {
+            array,
+            journal_device_name: None,
+        })
     }
 
     pub fn layout(&self) -> Layout {
@@ -215,6 +243,11 @@ impl Raid5 {
             }
             node.children.push(child);
         }
+        let mut config = Raid5Config {
+            chunk: Some(ByteSize(a.layout.chunk_bytes)),
+            journal: Some(ByteSize(a.record.lock().unwrap().journal_bytes)),
+            journal_device: None,
+        };
         if let Some(device) = &a.journal_device {
             let failed = a.journal_failed.lock().unwrap().clone();
             node.detail.push((
@@ -228,8 +261,16 @@ impl Raid5 {
             if a.journal_failed.lock().unwrap().is_some() {
                 child.health = Health::Failed;
             }
+            // A Raid5 opened directly (not from a configuration) knows its journal device
+            // only by what the device calls itself.
+            config.journal_device = Some(
+                self.journal_device_name
+                    .clone()
+                    .unwrap_or(child.name.clone()),
+            );
             node.children.push(child);
         }
+        node.config = layer::to_table(&config);
         node.activity = activity.filter(|_| node.health != Health::Ok);
         Ok(node)
     }

@@ -31,6 +31,12 @@ pub const OWNER: &str = "raid5";
 pub const DEFAULT_CHUNK: u64 = 64 << 10;
 pub const DEFAULT_JOURNAL: u64 = 4 << 20;
 
+/// The journal an array of `members` data members with `chunk`-byte chunks gets when the
+/// configuration names none: [`DEFAULT_JOURNAL`], or more if its largest record needs it.
+pub fn default_journal(members: usize, chunk: u64) -> u64 {
+    DEFAULT_JOURNAL.max(least_bytes(members as u64 * chunk + JBLOCK))
+}
+
 /// What the configuration asks for.
 #[derive(Clone, Debug, Default)]
 pub struct Settings {
@@ -355,7 +361,7 @@ async fn create(
     }
     // Two copies, each with room for the largest record (a header and n chunks).
     let least = least_bytes(n as u64 * chunk + JBLOCK);
-    let journal = settings.journal.unwrap_or(DEFAULT_JOURNAL.max(least));
+    let journal = settings.journal.unwrap_or(default_journal(n, chunk));
     if journal < least || !journal.is_multiple_of(JBLOCK) {
         return Err(invalid(&name, format!(
             "journal = {journal}: must be a multiple of 4 KiB and at least {least} bytes for {n} members of {chunk}-byte chunks"
