@@ -140,6 +140,18 @@ def put(h, data: bytes, offset: int, piece: int = 4 * MiB) -> None:
         h.pwrite(data[at:at + piece], offset + at)
 
 
+def write_flushed_and_stop(procs, workdir, config: Path, data: bytes) -> None:
+    """Serves `config`, writes `data` at 0 of export "vol" and flushes it, then stops cleanly.
+    The config lives in its data dir (see `write_config`), where the socket is."""
+    p = serve(procs, workdir, "--config", config, tag="first")
+    p.wait_ready()
+    h = connect(config.parent)
+    put(h, data, 0)
+    h.flush()
+    h.shutdown()
+    assert p.stop() == 0
+
+
 def get(h, length: int, offset: int, piece: int = 4 * MiB) -> bytes:
     return b"".join(h.pread(min(piece, length - at), offset + at) for at in range(0, length, piece))
 
@@ -221,23 +233,24 @@ def test_one_file_as_two_mirror_legs_is_refused(workdir, how):
 # ---- case 7: sizes, check, banner ----------------------------------------------------------
 
 
-def test_a_zero_size_disk_is_refused_with_its_field(workdir):
+def assert_disk_size_refused(workdir, size: str) -> None:
+    """Serving one disk of `size` is refused, naming the file, line and field, and creates no
+    file (not even an empty one)."""
     data_dir = workdir / "data"
-    config = write_config(data_dir, disk("d0", "disks/d0.img", size="0") + export("vol", "d0"))
+    config = write_config(data_dir, disk("d0", "disks/d0.img", size=size) + export("vol", "d0"))
     r = strata("serve", "--config", config, timeout=30)
     assert r.returncode != 0, r.stdout
     assert f"{config}: line 8, column" in r.stderr and "field `size`" in r.stderr, r.stderr
-    assert not (data_dir / "disks" / "d0.img").exists()
+    assert not (data_dir / "disks" / "d0.img").exists(), "a disk file was left behind"
+
+
+def test_a_zero_size_disk_is_refused_with_its_field(workdir):
+    assert_disk_size_refused(workdir, "0")
 
 
 def test_an_overflowing_size_creates_nothing_and_names_file_line_field(workdir):
-    data_dir = workdir / "data"
     # 8 EiB fits in a u64 but not in a file offset (off_t): no file system takes it.
-    config = write_config(data_dir, disk("d0", "disks/d0.img", size="8388608TiB") + export("vol", "d0"))
-    r = strata("serve", "--config", config, timeout=30)
-    assert r.returncode != 0, r.stdout
-    assert f"{config}: line 8, column" in r.stderr and "field `size`" in r.stderr, r.stderr
-    assert not (data_dir / "disks" / "d0.img").exists(), "a 0-byte file was left behind"
+    assert_disk_size_refused(workdir, "8388608TiB")
 
 
 def test_check_on_a_plain_file_says_it_is_not_a_strata_disk(workdir):
@@ -273,14 +286,8 @@ def test_the_banner_says_read_only_for_a_read_only_disk(procs, workdir):
 def test_a_vanished_mirror_leg_is_not_recreated(procs, workdir):
     data_dir = workdir / "data"
     config = mirror_config(data_dir, b="legs/b.img")
-    p = serve(procs, workdir, "--config", config, tag="first")
-    p.wait_ready()
     data = pattern_bytes(41, 8 * MiB)
-    h = connect(data_dir)
-    put(h, data, 0)
-    h.flush()
-    h.shutdown()
-    assert p.stop() == 0
+    write_flushed_and_stop(procs, workdir, config, data)
     # The leg's folder disappears (an unmounted mount point, a deleted member).
     (data_dir / "legs" / "b.img").unlink()
     (data_dir / "legs").rmdir()
@@ -570,14 +577,8 @@ def damage_older_superblock_copy(path: Path) -> None:
 def test_check_repair_of_a_mirror_repairs_all_members_together_or_nothing(procs, workdir):
     data_dir = workdir / "data"
     config = mirror_config(data_dir)
-    p = serve(procs, workdir, "--config", config, tag="first")
-    p.wait_ready()
     data = pattern_bytes(92, 2 * MiB)
-    h = connect(data_dir)
-    put(h, data, 0)
-    h.flush()
-    h.shutdown()
-    assert p.stop() == 0
+    write_flushed_and_stop(procs, workdir, config, data)
     a, b = data_dir / "disks" / "a.img", data_dir / "disks" / "b.img"
     damage_older_superblock_copy(a)
     r = strata("check", a)

@@ -5,31 +5,23 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
-use strata_core::layer::StartPolicy;
-use strata_core::{
-    async_trait, BlockDevice, Capabilities, Control, ControlReply, DeviceRef, Extent, Geometry,
-    Member, Result, TokioRuntime, WriteFlags, ZeroFlags,
-};
+use bytes::Bytes;
+use strata_core::{async_trait, BlockDevice, Control, DeviceRef, Result, WriteFlags};
+use strata_crash::testkit::{Intercepted, Interceptor, Request};
 use strata_crash::{sector_disk, CrashDisk, CrashGroup};
 use strata_raid::mirror::{MemberState, Mirror, MirrorOptions};
 use tokio::sync::Notify;
+
+mod common;
+use common::{fail_member, mirror_options, open_mirror, replace};
 
 const META: u64 = 128 << 10;
 const DATA: u64 = 1 << 20;
 const REGION: u64 = 64 << 10;
 
 fn options() -> MirrorOptions {
-    MirrorOptions {
-        region: REGION,
-        metadata_size: META,
-        // No cleaner timer: the only flushes are the ones the test issues.
-        bitmap_clear: Duration::ZERO,
-        resync_concurrency: 2,
-        copy_chunk: 16 << 10,
-        resync_checkpoint: 4 * REGION,
-        start: StartPolicy::FRESH,
-    }
+    // No cleaner timer: the only flushes are the ones the test issues.
+    mirror_options(META, REGION, Duration::ZERO)
 }
 
 /// Which request of a [`GatedDisk`] waits at the gate.
@@ -42,21 +34,24 @@ enum Gate {
 
 /// A disk whose next flush or data read, once armed, waits at a gate before it reaches the
 /// disk.
-struct GatedDisk {
-    disk: CrashDisk,
+type GatedDisk = Intercepted<Gates>;
+
+struct Gates {
     armed: Mutex<Option<Gate>>,
     entered: Notify,
     release: Notify,
 }
 
-impl GatedDisk {
-    fn new(disk: CrashDisk) -> Arc<GatedDisk> {
-        Arc::new(GatedDisk {
-            disk,
-            armed: Mutex::new(None),
-            entered: Notify::new(),
-            release: Notify::new(),
-        })
+impl Gates {
+    fn over(disk: &CrashDisk) -> Arc<GatedDisk> {
+        Intercepted::new(
+            Arc::new(disk.clone()),
+            Gates {
+                armed: Mutex::new(None),
+                entered: Notify::new(),
+                release: Notify::new(),
+            },
+        )
     }
 
     fn arm(&self, gate: Gate) {
@@ -82,46 +77,24 @@ impl GatedDisk {
 }
 
 #[async_trait]
-impl BlockDevice for GatedDisk {
-    fn geometry(&self) -> Geometry {
-        self.disk.geometry()
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        self.disk.capabilities()
-    }
-
-    async fn read(&self, offset: u64, len: usize) -> Result<BytesMut> {
-        if offset >= META {
-            self.pass(Gate::DataRead).await;
+impl Interceptor for Gates {
+    async fn before(&self, request: Request) -> Result<()> {
+        match request {
+            Request::Read { offset, .. } if offset >= META => self.pass(Gate::DataRead).await,
+            Request::Flush => self.pass(Gate::Flush).await,
+            _ => {}
         }
-        self.disk.read(offset, len).await
+        Ok(())
     }
+}
 
-    async fn write(&self, offset: u64, data: Bytes, flags: WriteFlags) -> Result<()> {
-        self.disk.write(offset, data, flags).await
-    }
-
-    async fn flush(&self) -> Result<()> {
-        self.pass(Gate::Flush).await;
-        self.disk.flush().await
-    }
-
-    async fn discard(&self, offset: u64, len: u64) -> Result<()> {
-        self.disk.discard(offset, len).await
-    }
-
-    async fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> {
-        self.disk.write_zeroes(offset, len, flags).await
-    }
-
-    async fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
-        self.disk.block_status(offset, len).await
-    }
-
-    async fn control(&self, request: Control) -> Result<ControlReply> {
-        self.disk.control(request).await
-    }
+/// A mirror `m` over `d0` and `d1` (one of them gated), opened fresh.
+async fn open_pair(d0: DeviceRef, d1: DeviceRef) -> Arc<Mirror> {
+    Arc::new(
+        open_mirror(vec![Some(d0), Some(d1)], options())
+            .await
+            .expect("open"),
+    )
 }
 
 /// A flush to a disk that has disappeared is in flight while the operator fails that member
@@ -136,22 +109,8 @@ async fn late_error_of_a_replaced_disk_does_not_fail_its_replacement() {
     let geometry = sector_disk(META + DATA);
     let d0 = group.disk(geometry);
     let d1 = group.disk(geometry);
-    let gated = GatedDisk::new(d1.clone());
-    let children = vec![
-        Some(Arc::new(d0.clone()) as DeviceRef),
-        Some(gated.clone() as DeviceRef),
-    ];
-    let mirror = Arc::new(
-        Mirror::open(
-            "m".into(),
-            vec!["d0".into(), "d1".into()],
-            children,
-            options(),
-            TokioRuntime::current(),
-        )
-        .await
-        .expect("open"),
-    );
+    let gated = Gates::over(&d1);
+    let mirror = open_pair(Arc::new(d0.clone()), gated.clone()).await;
     let data = Bytes::from(vec![0xa5u8; 8192]);
     mirror
         .write(4096, data.clone(), WriteFlags::default())
@@ -168,19 +127,10 @@ async fn late_error_of_a_replaced_disk_does_not_fail_its_replacement() {
     gated.entered.notified().await;
 
     // Meanwhile the operator fails d1 and replaces it; the replacement resyncs fully.
-    mirror
-        .control(Control::FailMember { index: 1 })
-        .await
-        .unwrap();
+    fail_member(&mirror, 1).await.unwrap();
     let r1 = group.disk(geometry);
     mirror
-        .control(Control::ReplaceMember {
-            index: 1,
-            member: Member {
-                name: "r1".into(),
-                device: Arc::new(r1.clone()),
-            },
-        })
+        .control(replace(1, "r1", Arc::new(r1.clone())))
         .await
         .unwrap();
     mirror.wait_resync().await;
@@ -199,8 +149,7 @@ async fn late_error_of_a_replaced_disk_does_not_fail_its_replacement() {
     );
 
     // r1 alone serves the data: failing d0 is allowed and reads still succeed.
-    mirror
-        .control(Control::FailMember { index: 0 })
+    fail_member(&mirror, 0)
         .await
         .expect("r1 is in sync, so d0 may be failed");
     assert_eq!(&mirror.read(4096, 8192).await.unwrap()[..], &data[..]);
@@ -229,22 +178,8 @@ async fn late_metadata_error_of_a_replaced_disk_keeps_its_replacement() {
     let geometry = sector_disk(META + DATA);
     let d0 = group.disk(geometry);
     let d1 = group.disk(geometry);
-    let gated = GatedDisk::new(d1.clone());
-    let children = vec![
-        Some(Arc::new(d0.clone()) as DeviceRef),
-        Some(gated.clone() as DeviceRef),
-    ];
-    let mirror = Arc::new(
-        Mirror::open(
-            "m".into(),
-            vec!["d0".into(), "d1".into()],
-            children,
-            options(),
-            TokioRuntime::current(),
-        )
-        .await
-        .expect("open"),
-    );
+    let gated = Gates::over(&d1);
+    let mirror = open_pair(Arc::new(d0.clone()), gated.clone()).await;
 
     // d1 vanishes; a write to a clean region commits its bit, and the commit's flush to d1
     // waits at the gate (holding the store's commit).
@@ -270,17 +205,7 @@ async fn late_metadata_error_of_a_replaced_disk_keeps_its_replacement() {
     let r1 = group.disk(geometry);
     let replacing = {
         let (mirror, r1) = (mirror.clone(), r1.clone());
-        tokio::spawn(async move {
-            mirror
-                .control(Control::ReplaceMember {
-                    index: 1,
-                    member: Member {
-                        name: "r1".into(),
-                        device: Arc::new(r1),
-                    },
-                })
-                .await
-        })
+        tokio::spawn(async move { mirror.control(replace(1, "r1", Arc::new(r1))).await })
     };
     until("r1 is in slot 1", || {
         mirror.member_states()[1] == MemberState::Resyncing { done: 0 }
@@ -300,8 +225,7 @@ async fn late_metadata_error_of_a_replaced_disk_keeps_its_replacement() {
     );
 
     // r1 alone must hold the metadata: with d0 failed, a write that sets a new bit commits.
-    mirror
-        .control(Control::FailMember { index: 0 })
+    fail_member(&mirror, 0)
         .await
         .expect("r1 is in sync, so d0 may be failed");
     mirror
@@ -326,61 +250,29 @@ async fn progress_of_a_replaced_resync_target_is_not_credited_to_its_replacement
     let geometry = sector_disk(META + DATA);
     let d0 = group.disk(geometry);
     let d1 = group.disk(geometry);
-    let gated = GatedDisk::new(d0.clone());
-    let children = vec![
-        Some(gated.clone() as DeviceRef),
-        Some(Arc::new(d1.clone()) as DeviceRef),
-    ];
-    let mirror = Arc::new(
-        Mirror::open(
-            "m".into(),
-            vec!["d0".into(), "d1".into()],
-            children,
-            options(),
-            TokioRuntime::current(),
-        )
-        .await
-        .expect("open"),
-    );
+    let gated = Gates::over(&d0);
+    let mirror = open_pair(gated.clone(), Arc::new(d1.clone())).await;
     let data = Bytes::from(vec![0x77u8; 8192]);
     mirror
         .write(4096, data.clone(), WriteFlags::default())
         .await
         .unwrap();
-    mirror
-        .control(Control::FailMember { index: 1 })
-        .await
-        .unwrap();
+    fail_member(&mirror, 1).await.unwrap();
 
     // r1 replaces d1; the resync's first read of region 0 from d0 waits at the gate.
     gated.arm(Gate::DataRead);
     let r1 = group.disk(geometry);
     mirror
-        .control(Control::ReplaceMember {
-            index: 1,
-            member: Member {
-                name: "r1".into(),
-                device: Arc::new(r1),
-            },
-        })
+        .control(replace(1, "r1", Arc::new(r1)))
         .await
         .unwrap();
     gated.entered.notified().await;
 
     // While region 0 is being copied onto r1, r1 is failed and r2 takes the slot.
-    mirror
-        .control(Control::FailMember { index: 1 })
-        .await
-        .unwrap();
+    fail_member(&mirror, 1).await.unwrap();
     let r2 = group.disk(geometry);
     mirror
-        .control(Control::ReplaceMember {
-            index: 1,
-            member: Member {
-                name: "r2".into(),
-                device: Arc::new(r2.clone()),
-            },
-        })
+        .control(replace(1, "r2", Arc::new(r2.clone())))
         .await
         .unwrap();
     gated.release.notify_one();
@@ -391,10 +283,7 @@ async fn progress_of_a_replaced_resync_target_is_not_credited_to_its_replacement
     );
 
     // r2 alone serves the acknowledged data in region 0.
-    mirror
-        .control(Control::FailMember { index: 0 })
-        .await
-        .unwrap();
+    fail_member(&mirror, 0).await.unwrap();
     assert!(
         mirror.read(4096, 8192).await.unwrap()[..] == data[..],
         "r2 went in sync without region 0"
