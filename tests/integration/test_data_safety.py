@@ -140,6 +140,17 @@ def put(h, data: bytes, offset: int, piece: int = 4 * MiB) -> None:
         h.pwrite(data[at:at + piece], offset + at)
 
 
+def serves_alone(data_dir: Path, export: str, fill: bytes) -> dict:
+    """Writes and flushes 4 KiB of `fill` at 0 of `export`, which must serve beside a refused
+    layer, and returns the status, whose only export it must be."""
+    with nbd_handle_uri(uri(data_dir, export)) as h:
+        h.pwrite(fill * 4096, 0)
+        h.flush()
+    st = status(data_dir)
+    assert [e["name"] for e in st["exports"]] == [export], st["exports"]
+    return st
+
+
 def write_flushed_and_stop(procs, workdir, config: Path, data: bytes) -> None:
     """Serves `config`, writes `data` at 0 of export "vol" and flushes it, then stops cleanly.
     The config lives in its data dir (see `write_config`), where the socket is."""
@@ -363,11 +374,7 @@ def test_a_refused_device_leaves_the_others_serving(procs, workdir):
     err = p.stderr()
     assert "ERROR" in err and "part" in err and "refusing to overwrite" in err, err
     assert f"strata check {data_dir / 'disks' / 'd1.img'}" in err, err
-    with nbd_handle_uri(uri(data_dir, "vol")) as h:
-        h.pwrite(b"x" * 4096, 0)
-        h.flush()
-    st = status(data_dir)
-    assert [e["name"] for e in st["exports"]] == ["vol"], st["exports"]
+    st = serves_alone(data_dir, "vol", b"x")
     refused = next(d for d in st["devices"] if d["name"] == "part")
     assert refused["health"] == "refused" and "refusing to overwrite" in json.dumps(refused), refused
     text = strata("status", "--data-dir", data_dir).stdout
@@ -638,11 +645,7 @@ def test_a_raid5_that_lost_two_members_is_refused_and_the_rest_serves(procs, wor
     assert f"strata check {data_dir / 'disks' / 'r0.img'}" in err, err
     for i in (1, 2):
         assert not (data_dir / "disks" / f"r{i}.img").exists(), "a vanished member was re-created"
-    with nbd_handle_uri(uri(data_dir, "plain")) as h:
-        h.pwrite(b"z" * 4096, 0)
-        h.flush()
-    st = status(data_dir)
-    assert [e["name"] for e in st["exports"]] == ["plain"], st["exports"]
+    st = serves_alone(data_dir, "plain", b"z")
     r5 = next(d for d in st["devices"] if d["name"] == "r5")
     assert r5["health"] == "refused" and [c["name"] for c in r5["children"]] == ["r0"], r5
     text = strata("status", "--data-dir", data_dir).stdout

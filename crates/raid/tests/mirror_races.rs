@@ -134,18 +134,14 @@ async fn late_error_of_a_replaced_disk_does_not_fail_its_replacement() {
         .await
         .unwrap();
     mirror.wait_resync().await;
-    assert_eq!(
-        mirror.member_states(),
-        vec![MemberState::InSync, MemberState::InSync]
-    );
+    assert_both_in_sync(&mirror, "the resync did not bring both members in sync");
 
     // Now the old disk's flush fails. d0 took the flush, so it succeeds, and r1 stays.
     gated.release.notify_one();
     flushing.await.unwrap().expect("flush: d0 took it");
-    assert_eq!(
-        mirror.member_states(),
-        vec![MemberState::InSync, MemberState::InSync],
-        "an error of the replaced disk d1 failed its replacement r1"
+    assert_both_in_sync(
+        &mirror,
+        "an error of the replaced disk d1 failed its replacement r1",
     );
 
     // r1 alone serves the data: failing d0 is allowed and reads still succeed.
@@ -153,6 +149,13 @@ async fn late_error_of_a_replaced_disk_does_not_fail_its_replacement() {
         .await
         .expect("r1 is in sync, so d0 may be failed");
     assert_eq!(&mirror.read(4096, 8192).await.unwrap()[..], &data[..]);
+}
+
+/// Both members are in sync; `why` says what went wrong if not.
+#[track_caller]
+fn assert_both_in_sync(mirror: &Mirror, why: &str) {
+    let states = mirror.member_states();
+    assert_eq!(states, [MemberState::InSync, MemberState::InSync], "{why}");
 }
 
 /// Polls (through the runtime, so spawned tasks run) until `done` holds; panics after 10 s.
@@ -218,10 +221,9 @@ async fn late_metadata_error_of_a_replaced_disk_keeps_its_replacement() {
     failing.await.unwrap().expect("fail d1");
     replacing.await.unwrap().expect("replace d1 with r1");
     mirror.wait_resync().await;
-    assert_eq!(
-        mirror.member_states(),
-        vec![MemberState::InSync, MemberState::InSync],
-        "a metadata error of the replaced disk d1 failed its replacement r1"
+    assert_both_in_sync(
+        &mirror,
+        "a metadata error of the replaced disk d1 failed its replacement r1",
     );
 
     // r1 alone must hold the metadata: with d0 failed, a write that sets a new bit commits.
@@ -277,10 +279,7 @@ async fn progress_of_a_replaced_resync_target_is_not_credited_to_its_replacement
         .unwrap();
     gated.release.notify_one();
     mirror.wait_resync().await;
-    assert_eq!(
-        mirror.member_states(),
-        vec![MemberState::InSync, MemberState::InSync]
-    );
+    assert_both_in_sync(&mirror, "the resync did not bring both members in sync");
 
     // r2 alone serves the acknowledged data in region 0.
     fail_member(&mirror, 0).await.unwrap();

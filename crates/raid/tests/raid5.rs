@@ -333,6 +333,14 @@ fn totals(devices: &[Arc<Counting>]) -> [u64; 4] {
     })
 }
 
+/// Writes `byte` over the whole stripe of `stripe` bytes at `offset`.
+async fn write_full_stripe(raid: &Raid5, offset: u64, stripe: u64, byte: u8) {
+    let data = Bytes::from(vec![byte; stripe as usize]);
+    raid.write(offset, data, WriteFlags::default())
+        .await
+        .unwrap();
+}
+
 const COUNTED_CHUNK: u64 = 64 << 10;
 const COUNTED_JOURNAL: u64 = 4 << 20;
 
@@ -372,13 +380,7 @@ async fn member_io_per_write_is_counted() {
     // A full, aligned stripe: no reads, every member written once, one intent record (in
     // two copies).
     let stripe = 3 * chunk;
-    raid.write(
-        5 * stripe,
-        Bytes::from(vec![2u8; stripe as usize]),
-        WriteFlags::default(),
-    )
-    .await
-    .unwrap();
+    write_full_stripe(&raid, 5 * stripe, stripe, 2).await;
     assert_eq!(totals(&counting), [0, 4, 2, 0]);
     // Group commit: 32 concurrent small writes to stripes whose parity is on one member
     // share journal writes.
@@ -439,13 +441,7 @@ async fn journal_device_takes_the_journal_writes() {
         );
     }
     let stripe = 3 * chunk;
-    raid.write(
-        7 * stripe,
-        Bytes::from(vec![9u8; stripe as usize]),
-        WriteFlags::default(),
-    )
-    .await
-    .unwrap();
+    write_full_stripe(&raid, 7 * stripe, stripe, 9).await;
     assert_eq!(totals(&counting), [0, 4, 0, 0]);
     assert_eq!(journal_device.take(), [0, 2, 0, 0]);
     raid.flush().await.unwrap();

@@ -75,6 +75,15 @@ async fn flat_seed(
     .await
 }
 
+/// `run` of the flat-device scenario with `concurrency` requests in flight over a volume
+/// committing its map in `mode`; every seed must reach a crash point.
+fn run_flat(run: &CrashRun, concurrency: usize, mode: MapCommit) {
+    let mut config = config();
+    config.concurrency = concurrency;
+    let summary = run.run_async(|seed| flat_seed(seed, config.clone(), mode, false));
+    assert!(summary.crash_points >= summary.iterations);
+}
+
 fn config() -> ScenarioConfig {
     let mut config = ScenarioConfig::new(vec![sector_disk(DISK)]);
     config.rounds = 4;
@@ -90,9 +99,7 @@ fn thin_volume_keeps_every_flushed_write_through_power_cuts() {
         replay: "cargo test -p strata-thin --test thin_crash thin_volume_keeps",
         default_iterations: 1500,
     };
-    let config = config();
-    let summary = run.run_async(|seed| flat_seed(seed, config.clone(), MapCommit::Batched, false));
-    assert!(summary.crash_points >= summary.iterations);
+    run_flat(&run, 1, MapCommit::Batched);
 }
 
 #[test]
@@ -102,10 +109,7 @@ fn thin_volume_with_concurrent_requests_survives_power_cuts() {
         replay: "cargo test -p strata-thin --test thin_crash concurrent",
         default_iterations: 500,
     };
-    let mut config = config();
-    config.concurrency = 4;
-    let summary = run.run_async(|seed| flat_seed(seed, config.clone(), MapCommit::Batched, false));
-    assert!(summary.crash_points >= summary.iterations);
+    run_flat(&run, 4, MapCommit::Batched);
 }
 
 /// The ordering bug every thin layer must not have: metadata committed before the data it
@@ -145,11 +149,7 @@ fn extent_mode_keeps_every_flushed_write_through_power_cuts() {
             replay: "cargo test -p strata-thin --test thin_crash extent_mode_keeps",
             default_iterations: iterations,
         };
-        let mut config = config();
-        config.concurrency = concurrency;
-        let summary =
-            run.run_async(|seed| flat_seed(seed, config.clone(), MapCommit::Extent, false));
-        assert!(summary.crash_points >= summary.iterations);
+        run_flat(&run, concurrency, MapCommit::Extent);
     }
 }
 
