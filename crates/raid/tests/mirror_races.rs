@@ -127,12 +127,7 @@ async fn late_error_of_a_replaced_disk_does_not_fail_its_replacement() {
     gated.entered.notified().await;
 
     // Meanwhile the operator fails d1 and replaces it; the replacement resyncs fully.
-    fail_member(&mirror, 1).await.unwrap();
-    let r1 = group.disk(geometry);
-    mirror
-        .control(replace(1, "r1", Arc::new(r1.clone())))
-        .await
-        .unwrap();
+    fail_and_replace(&mirror, "r1", &group).await;
     mirror.wait_resync().await;
     assert_both_in_sync(&mirror, "the resync did not bring both members in sync");
 
@@ -149,6 +144,13 @@ async fn late_error_of_a_replaced_disk_does_not_fail_its_replacement() {
         .await
         .expect("r1 is in sync, so d0 may be failed");
     assert_eq!(&mirror.read(4096, 8192).await.unwrap()[..], &data[..]);
+}
+
+/// Fails member 1 and replaces it with a fresh disk of `group` named `name`.
+async fn fail_and_replace(mirror: &Mirror, name: &str, group: &CrashGroup) {
+    fail_member(mirror, 1).await.unwrap();
+    let replacement = Arc::new(group.disk(sector_disk(META + DATA)));
+    mirror.control(replace(1, name, replacement)).await.unwrap();
 }
 
 /// Both members are in sync; `why` says what went wrong if not.
@@ -271,12 +273,7 @@ async fn progress_of_a_replaced_resync_target_is_not_credited_to_its_replacement
     gated.entered.notified().await;
 
     // While region 0 is being copied onto r1, r1 is failed and r2 takes the slot.
-    fail_member(&mirror, 1).await.unwrap();
-    let r2 = group.disk(geometry);
-    mirror
-        .control(replace(1, "r2", Arc::new(r2.clone())))
-        .await
-        .unwrap();
+    fail_and_replace(&mirror, "r2", &group).await;
     gated.release.notify_one();
     mirror.wait_resync().await;
     assert_both_in_sync(&mirror, "the resync did not bring both members in sync");

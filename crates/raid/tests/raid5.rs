@@ -398,6 +398,14 @@ async fn member_io_per_write_is_counted() {
     );
 }
 
+/// Opens `r5` over `devices` with `settings` (kept for a reopen).
+async fn open_with(devices: &[Option<DeviceRef>], settings: &Settings) -> Raid5 {
+    let runtime = TokioRuntime::current();
+    Raid5::open("r5".into(), devices.to_vec(), settings.clone(), runtime)
+        .await
+        .unwrap()
+}
+
 fn with_journal_device(chunk: u64, journal: u64, index: usize) -> Settings {
     Settings {
         journal_device: Some(index),
@@ -414,14 +422,7 @@ async fn journal_device_takes_the_journal_writes() {
     let journal_device = Counters::over_memory(4096 + 4 * journal, 0);
     devices.push(Some(journal_device.clone() as DeviceRef));
     let settings = with_journal_device(chunk, journal, 4);
-    let raid = Raid5::open(
-        "r5".into(),
-        devices.clone(),
-        settings.clone(),
-        TokioRuntime::current(),
-    )
-    .await
-    .unwrap();
+    let raid = open_with(&devices, &settings).await;
     totals(&counting);
     journal_device.take();
     let mut state = 0x2545_f491_4f6c_dd1du64;
@@ -539,14 +540,7 @@ async fn failed_members_journal_is_not_replayed_over_later_writes() {
         Arc::new(MemoryDevice::new(4096 + 3 * JOURNAL)) as DeviceRef
     ));
     let settings = with_journal_device(CHUNK, JOURNAL, 3);
-    let raid = Raid5::open(
-        "r5".into(),
-        devices.clone(),
-        settings.clone(),
-        TokioRuntime::current(),
-    )
-    .await
-    .unwrap();
+    let raid = open_with(&devices, &settings).await;
     let parity = raid.layout().parity_member(0);
     // A journaled small write to stripe 0, then its parity member fails, then a data-only
     // write to the same place.
