@@ -545,13 +545,7 @@ def test_check_repair_rewrites_nothing_when_clean(procs, workdir):
 def test_check_repair_refuses_one_member_of_a_mirror(procs, workdir):
     data_dir = workdir / "data"
     config = mirror_config(data_dir)
-    p = serve(procs, workdir, "--config", config)
-    p.wait_ready()
-    h = connect(data_dir)
-    put(h, pattern_bytes(91, 2 * MiB), 0)
-    h.flush()
-    h.shutdown()
-    assert p.stop() == 0
+    write_flushed_and_stop(procs, workdir, config, pattern_bytes(91, 2 * MiB))
     a, b = data_dir / "disks" / "a.img", data_dir / "disks" / "b.img"
     before = (a.read_bytes()[:2 * MiB], b.read_bytes()[:2 * MiB])
     r = strata("check", "--repair", b)

@@ -47,17 +47,23 @@ fn put(store: &MetaStore, map: ObjectId, index: u64) -> strata_core::Result<()> 
 }
 
 /// Commits `batches` batches of one transaction each and returns the durable image.
+/// What the fixture's disk keeps when the power fails now, its cache dropped (the crash's
+/// random choices seeded with `seed`).
+fn image_after_power_cut(fixture: &Fixture, seed: u64) -> DiskImage {
+    let mut rng = CrashRng::seed_from_u64(seed);
+    fixture
+        .group
+        .crash_with(CrashPolicy::DropAll, &mut rng)
+        .remove(0)
+}
+
 async fn with_batches(batches: u64) -> (Fixture, DiskImage) {
     let fixture = new_fixture().await;
     for i in 0..batches {
         put(&fixture.store, fixture.map, i).unwrap();
         fixture.store.commit().await.unwrap();
     }
-    let mut rng = CrashRng::seed_from_u64(1);
-    let image = fixture
-        .group
-        .crash_with(CrashPolicy::DropAll, &mut rng)
-        .remove(0);
+    let image = image_after_power_cut(&fixture, 1);
     (fixture, image)
 }
 
@@ -314,11 +320,7 @@ async fn two_valid_copies_that_differ_are_refused() {
     fixture.store.commit().await.unwrap();
     put(&fixture.store, fixture.map, 77).unwrap();
     fixture.store.commit().await.unwrap();
-    let mut rng = CrashRng::seed_from_u64(14);
-    let other = fixture
-        .group
-        .crash_with(CrashPolicy::DropAll, &mut rng)
-        .remove(0);
+    let other = image_after_power_cut(&fixture, 14);
     let mut mixed = image.clone();
     mixed.write(journal_block(1, 2), &other.read(journal_block(1, 2), 4096));
     assert_ne!(mixed, image, "the two stores' batch 2 must differ");
