@@ -88,13 +88,26 @@ impl Interceptor for Gates {
     }
 }
 
-/// A mirror `m` over `d0` and `d1` (one of them gated), opened fresh.
-async fn open_pair(d0: DeviceRef, d1: DeviceRef) -> Arc<Mirror> {
-    Arc::new(
-        open_mirror(vec![Some(d0), Some(d1)], options())
-            .await
-            .expect("open"),
-    )
+/// A fresh disk of `group`, sized for a member.
+fn member_disk(group: &CrashGroup) -> CrashDisk {
+    group.disk(sector_disk(META + DATA))
+}
+
+/// Two fresh disks `d0` and `d1` of one group, the one in slot `gated_slot` behind a gate,
+/// and mirror `m` over them.
+async fn gated_pair(
+    gated_slot: usize,
+) -> (CrashGroup, [CrashDisk; 2], Arc<GatedDisk>, Arc<Mirror>) {
+    let group = CrashGroup::new();
+    let disks = [member_disk(&group), member_disk(&group)];
+    let gated = Gates::over(&disks[gated_slot]);
+    let mut children: Vec<Option<DeviceRef>> = disks
+        .iter()
+        .map(|d| Some(Arc::new(d.clone()) as DeviceRef))
+        .collect();
+    children[gated_slot] = Some(gated.clone());
+    let mirror = Arc::new(open_mirror(children, options()).await.expect("open"));
+    (group, disks, gated, mirror)
 }
 
 /// A flush to a disk that has disappeared is in flight while the operator fails that member
@@ -105,12 +118,7 @@ async fn open_pair(d0: DeviceRef, d1: DeviceRef) -> Arc<Mirror> {
 /// metadata", resyncs stopped for want of a source).
 #[tokio::test(flavor = "current_thread")]
 async fn late_error_of_a_replaced_disk_does_not_fail_its_replacement() {
-    let group = CrashGroup::new();
-    let geometry = sector_disk(META + DATA);
-    let d0 = group.disk(geometry);
-    let d1 = group.disk(geometry);
-    let gated = Gates::over(&d1);
-    let mirror = open_pair(Arc::new(d0.clone()), gated.clone()).await;
+    let (group, [_, d1], gated, mirror) = gated_pair(1).await;
     let data = Bytes::from(vec![0xa5u8; 8192]);
     mirror
         .write(4096, data.clone(), WriteFlags::default())
@@ -149,7 +157,7 @@ async fn late_error_of_a_replaced_disk_does_not_fail_its_replacement() {
 /// Fails member 1 and replaces it with a fresh disk of `group` named `name`.
 async fn fail_and_replace(mirror: &Mirror, name: &str, group: &CrashGroup) {
     fail_member(mirror, 1).await.unwrap();
-    let replacement = Arc::new(group.disk(sector_disk(META + DATA)));
+    let replacement = Arc::new(member_disk(group));
     mirror.control(replace(1, name, replacement)).await.unwrap();
 }
 
@@ -179,12 +187,7 @@ async fn until(what: &str, done: impl Fn() -> bool) {
 /// hold the metadata" in `tests/mirror.rs`).
 #[tokio::test(flavor = "current_thread")]
 async fn late_metadata_error_of_a_replaced_disk_keeps_its_replacement() {
-    let group = CrashGroup::new();
-    let geometry = sector_disk(META + DATA);
-    let d0 = group.disk(geometry);
-    let d1 = group.disk(geometry);
-    let gated = Gates::over(&d1);
-    let mirror = open_pair(Arc::new(d0.clone()), gated.clone()).await;
+    let (group, [_, d1], gated, mirror) = gated_pair(1).await;
 
     // d1 vanishes; a write to a clean region commits its bit, and the commit's flush to d1
     // waits at the gate (holding the store's commit).
@@ -207,7 +210,7 @@ async fn late_metadata_error_of_a_replaced_disk_keeps_its_replacement() {
         mirror.member_states()[1] == MemberState::Faulty
     })
     .await;
-    let r1 = group.disk(geometry);
+    let r1 = member_disk(&group);
     let replacing = {
         let (mirror, r1) = (mirror.clone(), r1.clone());
         tokio::spawn(async move { mirror.control(replace(1, "r1", Arc::new(r1))).await })
@@ -250,12 +253,7 @@ async fn late_metadata_error_of_a_replaced_disk_keeps_its_replacement() {
 /// mirror had acknowledged.
 #[tokio::test(flavor = "current_thread")]
 async fn progress_of_a_replaced_resync_target_is_not_credited_to_its_replacement() {
-    let group = CrashGroup::new();
-    let geometry = sector_disk(META + DATA);
-    let d0 = group.disk(geometry);
-    let d1 = group.disk(geometry);
-    let gated = Gates::over(&d0);
-    let mirror = open_pair(gated.clone(), Arc::new(d1.clone())).await;
+    let (group, _, gated, mirror) = gated_pair(0).await;
     let data = Bytes::from(vec![0x77u8; 8192]);
     mirror
         .write(4096, data.clone(), WriteFlags::default())
@@ -265,7 +263,7 @@ async fn progress_of_a_replaced_resync_target_is_not_credited_to_its_replacement
 
     // r1 replaces d1; the resync's first read of region 0 from d0 waits at the gate.
     gated.arm(Gate::DataRead);
-    let r1 = group.disk(geometry);
+    let r1 = member_disk(&group);
     mirror
         .control(replace(1, "r1", Arc::new(r1)))
         .await
