@@ -140,6 +140,29 @@ def put(h, data: bytes, offset: int, piece: int = 4 * MiB) -> None:
         h.pwrite(data[at:at + piece], offset + at)
 
 
+def serves_alone(data_dir: Path, export: str, fill: bytes) -> dict:
+    """Writes and flushes 4 KiB of `fill` at 0 of `export`, which must serve beside a refused
+    layer, and returns the status, whose only export it must be."""
+    with nbd_handle_uri(uri(data_dir, export)) as h:
+        h.pwrite(fill * 4096, 0)
+        h.flush()
+    st = status(data_dir)
+    assert [e["name"] for e in st["exports"]] == [export], st["exports"]
+    return st
+
+
+def write_flushed_and_stop(procs, workdir, config: Path, data: bytes) -> None:
+    """Serves `config`, writes `data` at 0 of export "vol" and flushes it, then stops cleanly.
+    The config lives in its data dir (see `write_config`), where the socket is."""
+    p = serve(procs, workdir, "--config", config, tag="first")
+    p.wait_ready()
+    h = connect(config.parent)
+    put(h, data, 0)
+    h.flush()
+    h.shutdown()
+    assert p.stop() == 0
+
+
 def get(h, length: int, offset: int, piece: int = 4 * MiB) -> bytes:
     return b"".join(h.pread(min(piece, length - at), offset + at) for at in range(0, length, piece))
 
@@ -221,23 +244,24 @@ def test_one_file_as_two_mirror_legs_is_refused(workdir, how):
 # ---- case 7: sizes, check, banner ----------------------------------------------------------
 
 
-def test_a_zero_size_disk_is_refused_with_its_field(workdir):
+def assert_disk_size_refused(workdir, size: str) -> None:
+    """Serving one disk of `size` is refused, naming the file, line and field, and creates no
+    file (not even an empty one)."""
     data_dir = workdir / "data"
-    config = write_config(data_dir, disk("d0", "disks/d0.img", size="0") + export("vol", "d0"))
+    config = write_config(data_dir, disk("d0", "disks/d0.img", size=size) + export("vol", "d0"))
     r = strata("serve", "--config", config, timeout=30)
     assert r.returncode != 0, r.stdout
     assert f"{config}: line 8, column" in r.stderr and "field `size`" in r.stderr, r.stderr
-    assert not (data_dir / "disks" / "d0.img").exists()
+    assert not (data_dir / "disks" / "d0.img").exists(), "a disk file was left behind"
+
+
+def test_a_zero_size_disk_is_refused_with_its_field(workdir):
+    assert_disk_size_refused(workdir, "0")
 
 
 def test_an_overflowing_size_creates_nothing_and_names_file_line_field(workdir):
-    data_dir = workdir / "data"
     # 8 EiB fits in a u64 but not in a file offset (off_t): no file system takes it.
-    config = write_config(data_dir, disk("d0", "disks/d0.img", size="8388608TiB") + export("vol", "d0"))
-    r = strata("serve", "--config", config, timeout=30)
-    assert r.returncode != 0, r.stdout
-    assert f"{config}: line 8, column" in r.stderr and "field `size`" in r.stderr, r.stderr
-    assert not (data_dir / "disks" / "d0.img").exists(), "a 0-byte file was left behind"
+    assert_disk_size_refused(workdir, "8388608TiB")
 
 
 def test_check_on_a_plain_file_says_it_is_not_a_strata_disk(workdir):
@@ -273,14 +297,8 @@ def test_the_banner_says_read_only_for_a_read_only_disk(procs, workdir):
 def test_a_vanished_mirror_leg_is_not_recreated(procs, workdir):
     data_dir = workdir / "data"
     config = mirror_config(data_dir, b="legs/b.img")
-    p = serve(procs, workdir, "--config", config, tag="first")
-    p.wait_ready()
     data = pattern_bytes(41, 8 * MiB)
-    h = connect(data_dir)
-    put(h, data, 0)
-    h.flush()
-    h.shutdown()
-    assert p.stop() == 0
+    write_flushed_and_stop(procs, workdir, config, data)
     # The leg's folder disappears (an unmounted mount point, a deleted member).
     (data_dir / "legs" / "b.img").unlink()
     (data_dir / "legs").rmdir()
@@ -356,11 +374,7 @@ def test_a_refused_device_leaves_the_others_serving(procs, workdir):
     err = p.stderr()
     assert "ERROR" in err and "part" in err and "refusing to overwrite" in err, err
     assert f"strata check {data_dir / 'disks' / 'd1.img'}" in err, err
-    with nbd_handle_uri(uri(data_dir, "vol")) as h:
-        h.pwrite(b"x" * 4096, 0)
-        h.flush()
-    st = status(data_dir)
-    assert [e["name"] for e in st["exports"]] == ["vol"], st["exports"]
+    st = serves_alone(data_dir, "vol", b"x")
     refused = next(d for d in st["devices"] if d["name"] == "part")
     assert refused["health"] == "refused" and "refusing to overwrite" in json.dumps(refused), refused
     text = strata("status", "--data-dir", data_dir).stdout
@@ -531,13 +545,7 @@ def test_check_repair_rewrites_nothing_when_clean(procs, workdir):
 def test_check_repair_refuses_one_member_of_a_mirror(procs, workdir):
     data_dir = workdir / "data"
     config = mirror_config(data_dir)
-    p = serve(procs, workdir, "--config", config)
-    p.wait_ready()
-    h = connect(data_dir)
-    put(h, pattern_bytes(91, 2 * MiB), 0)
-    h.flush()
-    h.shutdown()
-    assert p.stop() == 0
+    write_flushed_and_stop(procs, workdir, config, pattern_bytes(91, 2 * MiB))
     a, b = data_dir / "disks" / "a.img", data_dir / "disks" / "b.img"
     before = (a.read_bytes()[:2 * MiB], b.read_bytes()[:2 * MiB])
     r = strata("check", "--repair", b)
@@ -570,14 +578,8 @@ def damage_older_superblock_copy(path: Path) -> None:
 def test_check_repair_of_a_mirror_repairs_all_members_together_or_nothing(procs, workdir):
     data_dir = workdir / "data"
     config = mirror_config(data_dir)
-    p = serve(procs, workdir, "--config", config, tag="first")
-    p.wait_ready()
     data = pattern_bytes(92, 2 * MiB)
-    h = connect(data_dir)
-    put(h, data, 0)
-    h.flush()
-    h.shutdown()
-    assert p.stop() == 0
+    write_flushed_and_stop(procs, workdir, config, data)
     a, b = data_dir / "disks" / "a.img", data_dir / "disks" / "b.img"
     damage_older_superblock_copy(a)
     r = strata("check", a)
@@ -637,11 +639,7 @@ def test_a_raid5_that_lost_two_members_is_refused_and_the_rest_serves(procs, wor
     assert f"strata check {data_dir / 'disks' / 'r0.img'}" in err, err
     for i in (1, 2):
         assert not (data_dir / "disks" / f"r{i}.img").exists(), "a vanished member was re-created"
-    with nbd_handle_uri(uri(data_dir, "plain")) as h:
-        h.pwrite(b"z" * 4096, 0)
-        h.flush()
-    st = status(data_dir)
-    assert [e["name"] for e in st["exports"]] == ["plain"], st["exports"]
+    st = serves_alone(data_dir, "plain", b"z")
     r5 = next(d for d in st["devices"] if d["name"] == "r5")
     assert r5["health"] == "refused" and [c["name"] for c in r5["children"]] == ["r0"], r5
     text = strata("status", "--data-dir", data_dir).stdout

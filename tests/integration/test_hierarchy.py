@@ -8,6 +8,7 @@ import json
 import re
 import subprocess
 import time
+from contextlib import contextmanager
 
 import pytest
 
@@ -29,17 +30,22 @@ def served_size(srv) -> int:
         return h.get_size()
 
 
-def generation(srv) -> int:
-    """The hierarchy generation the status reports on the disks under layers."""
+def status_nodes(srv):
+    """Every node of the status's device trees, parents before their children."""
     def walk(node):
         yield node
         for child in node.get("children", []):
             yield from walk(child)
     for root in srv.status()["devices"]:
-        for node in walk(root):
-            detail = dict(node["detail"])
-            if "hierarchy generation" in detail:
-                return int(detail["hierarchy generation"])
+        yield from walk(root)
+
+
+def generation(srv) -> int:
+    """The hierarchy generation the status reports on the disks under layers."""
+    for node in status_nodes(srv):
+        detail = dict(node["detail"])
+        if "hierarchy generation" in detail:
+            return int(detail["hierarchy generation"])
     raise AssertionError("no disk reports a hierarchy generation")
 
 
@@ -138,6 +144,23 @@ def test_assemble_refuses_foreign_disks_and_missing_members_a_layer_cannot_lose(
     assert proc.returncode != 0 and "d2" in err and "missing" in err, err
 
 
+@contextmanager
+def assembled_vol(srv, workdir, disks, name, degraded=False):
+    """`assemble`, connected to export "vol" until the block ends; yields the handle and the
+    data dir. The server must then stop cleanly."""
+    proc, data_dir = assemble(srv, workdir, disks, name, degraded)
+    try:
+        wait_ready(proc)
+        import nbd
+        h = nbd.NBD()
+        h.connect_uri(f"nbd+unix:///vol?socket={data_dir}/nbd.sock")
+        yield h, data_dir
+        h.shutdown()
+    finally:
+        proc.terminate()
+        assert proc.wait(30) == 0
+
+
 def put(h, data: bytes, offset: int, piece: int = 8 * MiB) -> None:
     for at in range(0, len(data), piece):
         h.pwrite(data[at:at + piece], offset + at)
@@ -148,14 +171,9 @@ def get(h, length: int, offset: int, piece: int = 8 * MiB) -> bytes:
 
 
 def layer_node(srv, name) -> dict:
-    def walk(node):
-        yield node
-        for child in node.get("children", []):
-            yield from walk(child)
-    for root in srv.status()["devices"]:
-        for node in walk(root):
-            if node["name"] == name:
-                return node
+    for node in status_nodes(srv):
+        if node["name"] == name:
+            return node
     raise AssertionError(f"no node {name} in status")
 
 
@@ -202,17 +220,8 @@ def test_mirror_member_fails_is_replaced_online_and_the_change_survives(server_f
         assert h.pread(len(more), 60 * MiB) == more
     srv.stop()
     # The new leg alone carries everything, and the hierarchy from its label.
-    proc, data_dir = assemble(srv, workdir, [new_disk], "leg", degraded=True)
-    try:
-        wait_ready(proc)
-        import nbd
-        h = nbd.NBD()
-        h.connect_uri(f"nbd+unix:///vol?socket={data_dir}/nbd.sock")
+    with assembled_vol(srv, workdir, [new_disk], "leg", degraded=True) as (h, _):
         assert get(h, len(data), 0) == data
-        h.shutdown()
-    finally:
-        proc.terminate()
-        assert proc.wait(30) == 0
     # The replaced disk left the hierarchy: it may not come back beside the new one.
     proc, _ = assemble(srv, workdir, [srv.disk_file("d0"), srv.disk_file("d1")], "stale")
     out, err = proc.communicate(timeout=30)
@@ -229,20 +238,12 @@ def test_assemble_serves_a_raid5_with_a_member_missing(server_factory, workdir):
         put(h, data, 5 * MiB)
         h.flush()
     srv.stop()
-    proc, data_dir = assemble(srv, workdir, [srv.disk_file("d0"), srv.disk_file("d2")], "degraded", degraded=True)
-    try:
-        wait_ready(proc)
-        import nbd
-        h = nbd.NBD()
-        h.connect_uri(f"nbd+unix:///vol?socket={data_dir}/nbd.sock")
+    survivors = [srv.disk_file("d0"), srv.disk_file("d2")]
+    with assembled_vol(srv, workdir, survivors, "degraded", degraded=True) as (h, data_dir):
         assert get(h, len(data), 5 * MiB) == data
-        h.shutdown()
         status = json.loads(strata("status", "--json", "--data-dir", data_dir).stdout)
         r5 = next(d for d in status["devices"] if d["name"] == "r5")
         assert r5["health"] == "degraded", r5
-    finally:
-        proc.terminate()
-        assert proc.wait(30) == 0
 
 
 def test_a_disk_holding_data_is_never_labelled_over(workdir):
@@ -284,14 +285,5 @@ def test_raid5_with_a_journal_device_survives_a_kill_and_assembles_only_with_it(
     proc, _ = assemble(srv, workdir, members, "without-journal")
     out, err = proc.communicate(timeout=30)
     assert proc.returncode != 0 and "journal device is missing" in err, err
-    proc, data_dir = assemble(srv, workdir, members + [srv.disk_file("j")], "with-journal")
-    try:
-        wait_ready(proc)
-        import nbd
-        h = nbd.NBD()
-        h.connect_uri(f"nbd+unix:///vol?socket={data_dir}/nbd.sock")
+    with assembled_vol(srv, workdir, members + [srv.disk_file("j")], "with-journal") as (h, _):
         assert get(h, len(data), 3 * MiB) == data
-        h.shutdown()
-    finally:
-        proc.terminate()
-        assert proc.wait(30) == 0

@@ -89,20 +89,14 @@ DISKS = ["d0", "d1", "d2"]
 
 # Written once; both the serve config and the sim stack below embed this very text.
 LAYERS = {
-    "stripe": """
+    kind: f"""
 [[layer]]
 name = "top"
-kind = "stripe"
+kind = "{kind}"
 children = ["d0", "d1", "d2"]
 chunk = "64KiB"
-""",
-    "raid5": """
-[[layer]]
-name = "top"
-kind = "raid5"
-children = ["d0", "d1", "d2"]
-chunk = "64KiB"
-""",
+"""
+    for kind in ("stripe", "raid5")
 }
 
 

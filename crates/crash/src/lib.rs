@@ -18,6 +18,8 @@
 //!   that should behave like a plain disk.
 //! - [`Damage`] and [`damaged_device_scenario`]: media damage after a completed flush; the
 //!   reopened stack must either refuse or serve every flushed write intact.
+//! - [`testkit`]: helpers the layers' tests share, such as a device that sees each request
+//!   before it goes down.
 //!
 //! See `docs/crash-harness.md` for the crash model, the model's rules and how to replay.
 
@@ -29,6 +31,7 @@ mod model;
 mod pattern;
 mod run;
 mod scenario;
+pub mod testkit;
 
 pub use damage::{Damage, DamageStats};
 pub use device::{CrashDisk, ENODEV};

@@ -2,15 +2,15 @@
 //! accepts a refusal or intact data and catches silent loss with a seed that replays.
 
 use std::future::{ready, Ready};
-use std::panic::catch_unwind;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use strata_core::{BlockError, DeviceRef, Geometry, Result};
 use strata_crash::rand::{RngExt, SeedableRng};
+use strata_crash::testkit::{block_on, panic_report};
 use strata_crash::{
-    damaged_device_scenario, open_disks, panic_message, sector_disk, CrashGroup, CrashPlan,
-    CrashRng, CrashRun, Damage, DiskImage, ScenarioConfig, DEFAULT_BASE_SEED,
+    damaged_device_scenario, open_disks, sector_disk, CrashGroup, CrashPlan, CrashRng, CrashRun,
+    Damage, DiskImage, ScenarioConfig, DEFAULT_BASE_SEED,
 };
 
 const DISK: u64 = 256 << 10;
@@ -19,13 +19,6 @@ fn config() -> ScenarioConfig {
     let mut config = ScenarioConfig::new(vec![sector_disk(DISK)]);
     config.ops_per_round = 20;
     config
-}
-
-fn block_on<T>(future: impl std::future::Future<Output = T>) -> T {
-    tokio::runtime::Builder::new_current_thread()
-        .build()
-        .unwrap()
-        .block_on(future)
 }
 
 #[test]
@@ -82,10 +75,10 @@ fn a_stack_that_serves_damaged_data_is_caught_as_silent_loss() {
         replay: "cargo test -p strata-crash --test damage",
         default_iterations: 50,
     };
-    let outcome = catch_unwind(std::panic::AssertUnwindSafe(|| {
-        run.run_plan(plan, scenario)
-    }));
-    let report = panic_message(&*outcome.expect_err("damaged data served must be caught"));
+    let report = panic_report(
+        || run.run_plan(plan, scenario),
+        "damaged data served must be caught",
+    );
     assert!(report.contains("silent loss"), "{report}");
     assert!(
         report.contains("damage: disk 0 [0, +262144): flipped 4 byte(s) at"),

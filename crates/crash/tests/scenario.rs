@@ -3,7 +3,6 @@
 
 use std::collections::BTreeMap;
 use std::future::{ready, Ready};
-use std::panic::catch_unwind;
 use std::sync::{Arc, Mutex};
 
 use bytes::{Bytes, BytesMut};
@@ -11,9 +10,10 @@ use strata_core::{
     async_trait, BlockDevice, Capabilities, Control, ControlReply, DeviceRef, Extent, Geometry,
     Result, WriteFlags, ZeroFlags,
 };
+use strata_crash::testkit::{block_on, panic_report};
 use strata_crash::{
-    flat_device_scenario, open_disks, panic_message, sector_disk, CrashGroup, CrashPlan, CrashRun,
-    DiskImage, ScenarioConfig, DEFAULT_BASE_SEED,
+    flat_device_scenario, open_disks, sector_disk, CrashGroup, CrashPlan, CrashRun, DiskImage,
+    ScenarioConfig, DEFAULT_BASE_SEED,
 };
 
 type Opened = Ready<Result<DeviceRef>>;
@@ -290,10 +290,10 @@ where
         first: DEFAULT_BASE_SEED,
         count: seeds,
     };
-    let outcome = catch_unwind(std::panic::AssertUnwindSafe(|| {
-        run("planted bug", seeds).run_plan(plan, &mut scenario)
-    }));
-    let report = panic_message(&*outcome.expect_err("the planted bug must be caught"));
+    let report = panic_report(
+        || run("planted bug", seeds).run_plan(plan, &mut scenario),
+        "the planted bug must be caught",
+    );
     let replay = report
         .split("replay: STRATA_CRASH_SEED=")
         .nth(1)
@@ -307,28 +307,22 @@ where
     report
 }
 
-fn block_on<T>(future: impl std::future::Future<Output = T>) -> T {
-    tokio::runtime::Builder::new_current_thread()
-        .build()
-        .unwrap()
-        .block_on(future)
-}
-
 fn one_disk() -> ScenarioConfig {
     ScenarioConfig::new(vec![sector_disk(256 << 10)])
 }
 
-#[test]
-fn a_layer_that_ignores_flush_is_caught() {
+/// The report of the first of `seeds` seeds that catches `bug` planted over one disk.
+fn caught_over_one_disk(seeds: u64, bug: Bug) -> String {
     let config = one_disk();
     let g = config.disks[0];
-    let report = caught(200, |seed| {
-        block_on(flat_device_scenario(
-            seed,
-            &config,
-            buggy(g, Bug::IgnoreFlush),
-        ))
-    });
+    caught(seeds, |seed| {
+        block_on(flat_device_scenario(seed, &config, buggy(g, bug)))
+    })
+}
+
+#[test]
+fn a_layer_that_ignores_flush_is_caught() {
+    let report = caught_over_one_disk(200, Bug::IgnoreFlush);
     assert!(
         report.contains("wrong data after the crash and reopen"),
         "{report}"
@@ -338,39 +332,19 @@ fn a_layer_that_ignores_flush_is_caught() {
 
 #[test]
 fn a_layer_that_drops_fua_is_caught() {
-    let config = one_disk();
-    let g = config.disks[0];
-    let report = caught(200, |seed| {
-        block_on(flat_device_scenario(seed, &config, buggy(g, Bug::DropFua)))
-    });
+    let report = caught_over_one_disk(200, Bug::DropFua);
     assert!(report.contains("completed with FUA, durable"), "{report}");
 }
 
 #[test]
 fn a_layer_that_writes_to_the_wrong_offset_is_caught() {
-    let config = one_disk();
-    let g = config.disks[0];
-    let report = caught(50, |seed| {
-        block_on(flat_device_scenario(
-            seed,
-            &config,
-            buggy(g, Bug::ShiftWrites),
-        ))
-    });
+    let report = caught_over_one_disk(50, Bug::ShiftWrites);
     assert!(report.contains("(misplaced)"), "{report}");
 }
 
 #[test]
 fn a_layer_that_returns_stale_data_is_caught() {
-    let config = one_disk();
-    let g = config.disks[0];
-    let report = caught(50, |seed| {
-        block_on(flat_device_scenario(
-            seed,
-            &config,
-            buggy(g, Bug::StaleReads),
-        ))
-    });
+    let report = caught_over_one_disk(50, Bug::StaleReads);
     assert!(report.contains("a read returned wrong data"), "{report}");
     assert!(
         report.contains("superseded (stale if read now)"),

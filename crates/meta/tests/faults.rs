@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use strata_core::{BlockError, DeviceRef};
 use strata_crash::rand::SeedableRng;
+use strata_crash::testkit::assert_refused;
 use strata_crash::{sector_disk, CrashDisk, CrashGroup, CrashPolicy, CrashRng, DiskImage};
 use strata_meta::{FormatOptions, Layout, MetaStore, ObjectId, StoreOptions, TxnClass};
 
@@ -46,17 +47,23 @@ fn put(store: &MetaStore, map: ObjectId, index: u64) -> strata_core::Result<()> 
 }
 
 /// Commits `batches` batches of one transaction each and returns the durable image.
+/// What the fixture's disk keeps when the power fails now, its cache dropped (the crash's
+/// random choices seeded with `seed`).
+fn image_after_power_cut(fixture: &Fixture, seed: u64) -> DiskImage {
+    let mut rng = CrashRng::seed_from_u64(seed);
+    fixture
+        .group
+        .crash_with(CrashPolicy::DropAll, &mut rng)
+        .remove(0)
+}
+
 async fn with_batches(batches: u64) -> (Fixture, DiskImage) {
     let fixture = new_fixture().await;
     for i in 0..batches {
         put(&fixture.store, fixture.map, i).unwrap();
         fixture.store.commit().await.unwrap();
     }
-    let mut rng = CrashRng::seed_from_u64(1);
-    let image = fixture
-        .group
-        .crash_with(CrashPolicy::DropAll, &mut rng)
-        .remove(0);
+    let image = image_after_power_cut(&fixture, 1);
     (fixture, image)
 }
 
@@ -96,13 +103,10 @@ async fn a_damaged_last_batch_is_a_torn_tail_but_a_damaged_middle_batch_is_an_er
     for copy in 0..2 {
         damaged.corrupt(journal_block(copy, 1) + 100, 8, &mut rng);
     }
-    let error = open(damaged)
-        .await
-        .err()
-        .expect("damage before later batches must not be ignored");
-    assert!(
-        error.to_string().contains("corrupted on the medium"),
-        "{error}"
+    assert_refused(
+        open(damaged).await,
+        "damage before later batches must not be ignored",
+        &["corrupted on the medium"],
     );
 }
 
@@ -116,11 +120,20 @@ async fn a_damaged_checkpoint_is_an_error() {
     let slot = layout().slot_offset(recovered.superblock.active_slot);
     let mut damaged = image;
     damaged.write(slot + 50, &[0xff; 4]);
-    let error = open(damaged)
+    assert_refused(
+        open(damaged).await,
+        "a damaged checkpoint must be reported",
+        &["checkpoint"],
+    );
+}
+
+/// The generation of the superblock copy the store on `disk` holds current.
+async fn superblock_generation(disk: &CrashDisk) -> u64 {
+    strata_meta::read_superblock(disk, 0)
         .await
-        .err()
-        .expect("a damaged checkpoint must be reported");
-    assert!(error.to_string().contains("checkpoint"), "{error}");
+        .unwrap()
+        .0
+        .generation
 }
 
 #[tokio::test]
@@ -166,47 +179,33 @@ async fn one_damaged_superblock_copy_is_survivable_unless_it_hides_newer_metadat
     let fixture = new_fixture().await;
     put(&fixture.store, fixture.map, 1).unwrap();
     fixture.store.checkpoint_now().await.unwrap();
-    let generation = strata_meta::read_superblock(&fixture.disk, 0)
-        .await
-        .unwrap()
-        .0
-        .generation;
+    let generation = superblock_generation(&fixture.disk).await;
     let mut damaged = fixture
         .group
         .crash_with(CrashPolicy::DropAll, &mut rng)
         .remove(0);
     damaged.write((generation % 2) * 4096 + 64, &[0xee; 16]);
-    let error = open(damaged)
-        .await
-        .err()
-        .expect("must not roll back a completed checkpoint silently");
-    assert!(
-        error.to_string().contains("would lose committed metadata"),
-        "{error}"
+    assert_refused(
+        open(damaged).await,
+        "must not roll back a completed checkpoint silently",
+        &["would lose committed metadata"],
     );
 
     // Once batches of the newer epoch exist, falling back would lose them: refuse.
     let fixture = new_fixture().await;
     put(&fixture.store, fixture.map, 1).unwrap();
     fixture.store.commit().await.unwrap();
-    let generation = strata_meta::read_superblock(&fixture.disk, 0)
-        .await
-        .unwrap()
-        .0
-        .generation;
+    let generation = superblock_generation(&fixture.disk).await;
     let image = fixture
         .group
         .crash_with(CrashPolicy::DropAll, &mut rng)
         .remove(0);
     let mut damaged = image;
     damaged.write((generation % 2) * 4096 + 64, &[0xee; 16]);
-    let error = open(damaged)
-        .await
-        .err()
-        .expect("must not roll back silently");
-    assert!(
-        error.to_string().contains("would lose committed metadata"),
-        "{error}"
+    assert_refused(
+        open(damaged).await,
+        "must not roll back silently",
+        &["would lose committed metadata"],
     );
 }
 
@@ -321,18 +320,14 @@ async fn two_valid_copies_that_differ_are_refused() {
     fixture.store.commit().await.unwrap();
     put(&fixture.store, fixture.map, 77).unwrap();
     fixture.store.commit().await.unwrap();
-    let mut rng = CrashRng::seed_from_u64(14);
-    let other = fixture
-        .group
-        .crash_with(CrashPolicy::DropAll, &mut rng)
-        .remove(0);
+    let other = image_after_power_cut(&fixture, 14);
     let mut mixed = image.clone();
     mixed.write(journal_block(1, 2), &other.read(journal_block(1, 2), 4096));
     assert_ne!(mixed, image, "the two stores' batch 2 must differ");
-    let error = open(mixed).await.err().expect("differing copies");
-    assert!(
-        error.to_string().contains("both valid but differ"),
-        "{error}"
+    assert_refused(
+        open(mixed).await,
+        "differing copies",
+        &["both valid but differ"],
     );
 }
 
@@ -392,10 +387,10 @@ async fn a_version_1_store_opens_under_its_rules_and_is_upgraded_by_its_first_ch
     assert_eq!(len, 3);
     let mut damaged = v1;
     damaged.corrupt(layout().journal_offset(1) + 100, 8, &mut rng);
-    let error = open(damaged).await.err().expect("damaged middle batch");
-    assert!(
-        error.to_string().contains("corrupted on the medium"),
-        "{error}"
+    assert_refused(
+        open(damaged).await,
+        "damaged middle batch",
+        &["corrupted on the medium"],
     );
 }
 

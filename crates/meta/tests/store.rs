@@ -31,6 +31,16 @@ fn put(store: &MetaStore, map: ObjectId, index: u64, value: u64) -> strata_core:
     })
 }
 
+/// Closes `store` and reopens it from `dev`: the state read back equals the state it had.
+async fn assert_reopens_the_same(store: Arc<MetaStore>, dev: DeviceRef) {
+    let expected = store.read(|state| state.clone());
+    drop(store);
+    let (store, _) = MetaStore::open(dev, 0, StoreOptions::new("t"))
+        .await
+        .unwrap();
+    store.read(|state| assert_eq!(*state, expected));
+}
+
 #[tokio::test]
 async fn committed_state_survives_reopen_and_uncommitted_does_not() {
     let dev = device(8 << 20);
@@ -77,12 +87,7 @@ async fn journal_overflow_checkpoints_and_everything_survives() {
     }
     let counters = store.counters().snapshot();
     assert!(counters.checkpoints >= 5, "{counters:?}");
-    let expected = store.read(|state| state.clone());
-    drop(store);
-    let (store, _) = MetaStore::open(dev, 0, StoreOptions::new("t"))
-        .await
-        .unwrap();
-    store.read(|state| assert_eq!(*state, expected));
+    assert_reopens_the_same(store, dev).await;
 }
 
 #[tokio::test]
@@ -126,12 +131,7 @@ async fn full_store_refuses_normal_work_but_reclaim_uses_the_reserve() {
     put(&store, map, 64 * 20_000, 1).unwrap();
     store.commit().await.unwrap();
     assert!(!store.space().low_space);
-    let expected = store.read(|state| state.clone());
-    drop(store);
-    let (store, _) = MetaStore::open(dev, 0, StoreOptions::new("t"))
-        .await
-        .unwrap();
-    store.read(|state| assert_eq!(*state, expected));
+    assert_reopens_the_same(store, dev).await;
 }
 
 #[tokio::test]

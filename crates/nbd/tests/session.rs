@@ -6,54 +6,33 @@ use std::time::Duration;
 
 use bytes::{BufMut, BytesMut};
 use strata_backend::MemoryDevice;
-use strata_core::{
-    async_trait, BlockDevice, Capabilities, Control, ControlReply, Extent, Geometry, Result,
-    WriteFlags, ZeroFlags,
-};
+use strata_core::{async_trait, BlockDevice, Result, WriteFlags};
+use strata_crash::testkit::{Intercepted, Interceptor, Request as DeviceRequest};
 use strata_nbd::proto::*;
 use strata_nbd::{Export, Exports, Limits, Server};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
 
 const SIZE: u64 = 1 << 20;
 
-/// A device that holds reads at offset 0 until told to go, to force out-of-order replies.
+/// Holds reads at offset 0 until told to go, to force out-of-order replies.
+#[derive(Default)]
 struct Gate {
-    inner: MemoryDevice,
     open: tokio::sync::Notify,
 }
 
 #[async_trait]
-impl BlockDevice for Gate {
-    fn geometry(&self) -> Geometry {
-        self.inner.geometry()
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-    async fn read(&self, offset: u64, len: usize) -> Result<BytesMut> {
-        if offset == 0 {
+impl Interceptor for Gate {
+    async fn before(&self, request: DeviceRequest) -> Result<()> {
+        if let DeviceRequest::Read { offset: 0, .. } = request {
             self.open.notified().await;
         }
-        self.inner.read(offset, len).await
+        Ok(())
     }
-    async fn write(&self, offset: u64, data: bytes::Bytes, flags: WriteFlags) -> Result<()> {
-        self.inner.write(offset, data, flags).await
-    }
-    async fn flush(&self) -> Result<()> {
-        self.inner.flush().await
-    }
-    async fn discard(&self, offset: u64, len: u64) -> Result<()> {
-        self.inner.discard(offset, len).await
-    }
-    async fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> {
-        self.inner.write_zeroes(offset, len, flags).await
-    }
-    async fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
-        self.inner.block_status(offset, len).await
-    }
-    async fn control(&self, request: Control) -> Result<ControlReply> {
-        self.inner.control(request).await
-    }
+}
+
+/// A memory device behind a [`Gate`].
+fn gated() -> Arc<Intercepted<Gate>> {
+    Intercepted::new(Arc::new(MemoryDevice::new(SIZE)), Gate::default())
 }
 
 fn exports_with(device: Arc<dyn BlockDevice>, read_only: bool) -> Arc<Exports> {
@@ -148,10 +127,7 @@ async fn simple_reply(client: &mut DuplexStream) -> (u32, u64) {
 
 #[tokio::test]
 async fn replies_come_back_out_of_order() {
-    let gate = Arc::new(Gate {
-        inner: MemoryDevice::new(SIZE),
-        open: Default::default(),
-    });
+    let gate = gated();
     let mut client = connect(
         exports_with(gate.clone(), false),
         Limits::default(),
@@ -381,10 +357,7 @@ async fn a_client_that_stops_reading_stops_being_read() {
 
 #[tokio::test]
 async fn disconnecting_an_export_answers_in_flight_requests_then_closes() {
-    let gate = Arc::new(Gate {
-        inner: MemoryDevice::new(SIZE),
-        open: Default::default(),
-    });
+    let gate = gated();
     let exports = exports_with(gate.clone(), false);
     let export = exports.lookup("vol").unwrap();
     let server = Server::new(exports.clone(), Limits::default());

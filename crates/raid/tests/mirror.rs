@@ -7,44 +7,24 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use strata_core::layer::StartPolicy;
-use strata_core::{
-    BlockDevice, Control, ControlReply, DeviceRef, Health, Member, Runtime, TokioRuntime,
-    WriteFlags, ZeroFlags,
-};
+use strata_core::{BlockDevice, Control, ControlReply, Health, Member, WriteFlags, ZeroFlags};
 use strata_crash::rand::{RngExt, SeedableRng};
 use strata_crash::{sector_disk, CrashDisk, CrashGroup, CrashRng};
 use strata_raid::mirror::{MemberState, Mirror, MirrorOptions};
+
+mod common;
+use common::{children, fail_member, mirror_options, open_mirror, replace};
 
 const META: u64 = 128 << 10;
 const DATA: u64 = 1 << 20;
 const REGION: u64 = 64 << 10;
 
 fn options() -> MirrorOptions {
-    MirrorOptions {
-        region: REGION,
-        metadata_size: META,
-        bitmap_clear: Duration::from_millis(2),
-        resync_concurrency: 2,
-        copy_chunk: 16 << 10,
-        resync_checkpoint: 4 * REGION,
-        start: StartPolicy::FRESH,
-    }
-}
-
-fn runtime() -> Arc<dyn Runtime> {
-    TokioRuntime::current()
+    mirror_options(META, REGION, Duration::from_millis(2))
 }
 
 async fn open(disks: &[CrashDisk]) -> Mirror {
-    let names = (0..disks.len()).map(|i| format!("d{i}")).collect();
-    let children = disks
-        .iter()
-        .map(|d| Some(Arc::new(d.clone()) as DeviceRef))
-        .collect();
-    Mirror::open("m".into(), names, children, options(), runtime())
-        .await
-        .expect("open")
+    open_mirror(children(disks), options()).await.expect("open")
 }
 
 fn data_area_equal(disks: &[&CrashDisk]) -> bool {
@@ -202,10 +182,7 @@ async fn run(seed: u64, n: usize) -> strata_raid::mirror::MirrorStats {
                         gone[victim] = true;
                     } else {
                         history.ops.push(format!("     FailMember {victim}"));
-                        mirror
-                            .control(Control::FailMember { index: victim })
-                            .await
-                            .expect("fail member");
+                        fail_member(&mirror, victim).await.expect("fail member");
                     }
                 }
             }
@@ -218,13 +195,11 @@ async fn run(seed: u64, n: usize) -> strata_raid::mirror::MirrorStats {
                         .ops
                         .push(format!("     ReplaceMember {index} with r{replacements}"));
                     mirror
-                        .control(Control::ReplaceMember {
+                        .control(replace(
                             index,
-                            member: Member {
-                                name: format!("r{replacements}"),
-                                device: Arc::new(fresh.clone()),
-                            },
-                        })
+                            &format!("r{replacements}"),
+                            Arc::new(fresh.clone()),
+                        ))
                         .await
                         .unwrap_or_else(|e| panic!("{context}: replace: {e}"));
                     disks[index] = fresh;
@@ -245,13 +220,7 @@ async fn run(seed: u64, n: usize) -> strata_raid::mirror::MirrorStats {
         };
         let fresh = group.disk(geometry);
         mirror
-            .control(Control::ReplaceMember {
-                index,
-                member: Member {
-                    name: "final".into(),
-                    device: Arc::new(fresh.clone()),
-                },
-            })
+            .control(replace(index, "final", Arc::new(fresh.clone())))
             .await
             .expect("replace");
         disks[index] = fresh;
@@ -293,22 +262,23 @@ fn assert_exercised(stats: &[strata_raid::mirror::MirrorStats]) {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn random_ops_with_failures_and_replacements_two_members() {
+/// Runs `seeds` over `n` members; across them, faults must have been exercised.
+async fn run_seeds(seeds: std::ops::Range<u64>, n: usize) {
     let mut stats = Vec::new();
-    for seed in 0..30 {
-        stats.push(run(seed, 2).await);
+    for seed in seeds {
+        stats.push(run(seed, n).await);
     }
     assert_exercised(&stats);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_ops_with_failures_and_replacements_two_members() {
+    run_seeds(0..30, 2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_ops_with_failures_and_replacements_three_members() {
-    let mut stats = Vec::new();
-    for seed in 100..130 {
-        stats.push(run(seed, 3).await);
-    }
-    assert_exercised(&stats);
+    run_seeds(100..130, 3).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -322,15 +292,9 @@ async fn reopen_keeps_data_and_membership() {
         .write(4096, data.clone(), WriteFlags::default())
         .await
         .unwrap();
-    mirror
-        .control(Control::FailMember { index: 1 })
-        .await
-        .unwrap();
+    fail_member(&mirror, 1).await.unwrap();
     // The last in-sync member cannot be failed.
-    assert!(mirror
-        .control(Control::FailMember { index: 0 })
-        .await
-        .is_err());
+    assert!(fail_member(&mirror, 0).await.is_err());
     mirror.flush().await.unwrap();
     drop(mirror);
     let mirror = open(&disks).await;

@@ -12,8 +12,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use strata_core::layer::StartPolicy;
-use strata_core::{BlockDevice, DeviceRef, Runtime, TokioRuntime, WriteFlags};
+use strata_core::{BlockDevice, DeviceRef, WriteFlags};
 use strata_crash::rand::{RngExt, SeedableRng};
 use strata_crash::{
     flat_device_scenario, open_disks, sector_disk, CrashDisk, CrashGroup, CrashRng, CrashRun,
@@ -21,34 +20,41 @@ use strata_crash::{
 };
 use strata_raid::mirror::{MemberState, Mirror, MirrorOptions};
 
+mod common;
+use common::{children, mirror_options, open_mirror};
+
 const META: u64 = 64 << 10;
 const DATA: u64 = 512 << 10;
 const REGION: u64 = 32 << 10;
 
 fn options() -> MirrorOptions {
-    MirrorOptions {
-        region: REGION,
-        metadata_size: META,
-        // Clean at every flush, with no timer: runs stay replayable from their seed.
-        bitmap_clear: Duration::ZERO,
-        resync_concurrency: 2,
-        copy_chunk: 16 << 10,
-        resync_checkpoint: 4 * REGION,
-        start: StartPolicy::FRESH,
-    }
+    // Clean at every flush, with no timer: runs stay replayable from their seed.
+    mirror_options(META, REGION, Duration::ZERO)
 }
 
-fn runtime() -> Arc<dyn Runtime> {
-    TokioRuntime::current()
+async fn open_over(disks: &[CrashDisk]) -> strata_core::Result<Mirror> {
+    open_mirror(children(disks), options()).await
 }
 
-async fn open_mirror(disks: &[CrashDisk]) -> strata_core::Result<Mirror> {
-    let names = (0..disks.len()).map(|i| format!("d{i}")).collect();
-    let children = disks
-        .iter()
-        .map(|d| Some(Arc::new(d.clone()) as DeviceRef))
+/// A mirror over `n` fresh crash disks of one group.
+async fn fresh_mirror(n: usize) -> Result<(CrashGroup, Vec<CrashDisk>, Mirror), String> {
+    let group = CrashGroup::new();
+    let disks: Vec<CrashDisk> = (0..n)
+        .map(|_| group.disk(sector_disk(META + DATA)))
         .collect();
-    Mirror::open("m".into(), names, children, options(), runtime()).await
+    let mirror = open_over(&disks).await.map_err(|e| e.to_string())?;
+    Ok((group, disks, mirror))
+}
+
+/// Disks made from what the crash left (carrying no faults), and the mirror reopened over
+/// them.
+async fn reopen(images: Vec<DiskImage>, seed: u64) -> Result<(Vec<CrashDisk>, Mirror), String> {
+    let group = CrashGroup::new();
+    let disks: Vec<CrashDisk> = images.into_iter().map(|i| group.disk_from(i)).collect();
+    let mirror = open_over(&disks)
+        .await
+        .map_err(|e| format!("seed {seed}: reopen: {e}"))?;
+    Ok((disks, mirror))
 }
 
 fn flat(n: usize, name: &'static str, replay: &'static str) {
@@ -66,7 +72,7 @@ fn flat(n: usize, name: &'static str, replay: &'static str) {
         async move {
             flat_device_scenario(seed, &config, |group, images| {
                 let disks = open_disks(group, &config.disks, images);
-                async move { Ok(Arc::new(open_mirror(&disks).await?) as DeviceRef) }
+                async move { Ok(Arc::new(open_over(&disks).await?) as DeviceRef) }
             })
             .await
         }
@@ -107,11 +113,7 @@ fn differing_regions(images: &[DiskImage]) -> BTreeSet<u64> {
 /// regions where the members' images differed).
 async fn bitmap_seed(seed: u64, n: usize) -> Result<(u64, u64, u64), String> {
     let mut rng = CrashRng::seed_from_u64(seed);
-    let group = CrashGroup::new();
-    let disks: Vec<CrashDisk> = (0..n)
-        .map(|_| group.disk(sector_disk(META + DATA)))
-        .collect();
-    let mirror = open_mirror(&disks).await.map_err(|e| e.to_string())?;
+    let (group, _disks, mirror) = fresh_mirror(n).await?;
     let crash_at = group.mutating_ops() + rng.random_range(0..200);
     group.arm_crash_at(crash_at);
     // Regions written since the start of the last flush that completed: the only ones whose
@@ -149,11 +151,7 @@ async fn bitmap_seed(seed: u64, n: usize) -> Result<(u64, u64, u64), String> {
     let images = group.crash(&mut rng);
     drop(mirror);
     let differ = differing_regions(&images);
-    let group = CrashGroup::new();
-    let disks: Vec<CrashDisk> = images.into_iter().map(|i| group.disk_from(i)).collect();
-    let mirror = open_mirror(&disks)
-        .await
-        .map_err(|e| format!("seed {seed}: reopen: {e}"))?;
+    let (disks, mirror) = reopen(images, seed).await?;
     let dirty: BTreeSet<u64> = mirror.dirty_region_list().into_iter().collect();
     if !dirty.is_subset(&written) {
         return Err(format!(
@@ -229,11 +227,7 @@ fn after_a_crash_only_dirty_regions_resync_three_members() {
 /// cut later and with the disk back, the member is still faulty and the data is intact.
 async fn member_failure_seed(seed: u64, n: usize) -> Result<CrashStats, String> {
     let mut rng = CrashRng::seed_from_u64(seed);
-    let group = CrashGroup::new();
-    let disks: Vec<CrashDisk> = (0..n)
-        .map(|_| group.disk(sector_disk(META + DATA)))
-        .collect();
-    let mirror = open_mirror(&disks).await.map_err(|e| e.to_string())?;
+    let (group, disks, mirror) = fresh_mirror(n).await?;
     let mut model = DeviceModel::new(DATA);
     let victim = rng.random_range(0..n);
     let fail_at = rng.random_range(0..60);
@@ -290,11 +284,7 @@ async fn member_failure_seed(seed: u64, n: usize) -> Result<CrashStats, String> 
     drop(mirror);
     model.crashed();
     // The disk comes back: images carry no faults.
-    let group = CrashGroup::new();
-    let disks: Vec<CrashDisk> = images.into_iter().map(|i| group.disk_from(i)).collect();
-    let mirror = open_mirror(&disks)
-        .await
-        .map_err(|e| format!("seed {seed}: reopen: {e}"))?;
+    let (_disks, mirror) = reopen(images, seed).await?;
     if marked && mirror.member_states()[victim] != MemberState::Faulty {
         return Err(format!(
             "seed {seed}: member {victim} was faulty before the crash and is {:?} after",
@@ -332,7 +322,7 @@ async fn resync_crash_seed(seed: u64) -> Result<bool, String> {
     let group = CrashGroup::new();
     let geometry = sector_disk(META + DATA);
     let mut disks: Vec<CrashDisk> = (0..2).map(|_| group.disk(geometry)).collect();
-    let mirror = open_mirror(&disks).await.map_err(|e| e.to_string())?;
+    let mirror = open_over(&disks).await.map_err(|e| e.to_string())?;
     let mut model = DeviceModel::new(DATA);
     // Fill the volume so the copy has something to get wrong.
     for r in 0..DATA / REGION {
@@ -385,11 +375,7 @@ async fn resync_crash_seed(seed: u64) -> Result<bool, String> {
     let images = group.crash(&mut rng);
     drop(mirror);
     model.crashed();
-    let group = CrashGroup::new();
-    let disks: Vec<CrashDisk> = images.into_iter().map(|i| group.disk_from(i)).collect();
-    let mirror = open_mirror(&disks)
-        .await
-        .map_err(|e| format!("seed {seed}: reopen: {e}"))?;
+    let (disks, mirror) = reopen(images, seed).await?;
     let resumed = matches!(
         mirror.member_states()[2],
         MemberState::Resyncing { done } if done > 0

@@ -5,31 +5,23 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
-use strata_core::layer::StartPolicy;
-use strata_core::{
-    async_trait, BlockDevice, Capabilities, Control, ControlReply, DeviceRef, Extent, Geometry,
-    Member, Result, TokioRuntime, WriteFlags, ZeroFlags,
-};
+use bytes::Bytes;
+use strata_core::{async_trait, BlockDevice, Control, DeviceRef, Result, WriteFlags};
+use strata_crash::testkit::{Intercepted, Interceptor, Request};
 use strata_crash::{sector_disk, CrashDisk, CrashGroup};
 use strata_raid::mirror::{MemberState, Mirror, MirrorOptions};
 use tokio::sync::Notify;
+
+mod common;
+use common::{fail_member, mirror_options, open_mirror, replace};
 
 const META: u64 = 128 << 10;
 const DATA: u64 = 1 << 20;
 const REGION: u64 = 64 << 10;
 
 fn options() -> MirrorOptions {
-    MirrorOptions {
-        region: REGION,
-        metadata_size: META,
-        // No cleaner timer: the only flushes are the ones the test issues.
-        bitmap_clear: Duration::ZERO,
-        resync_concurrency: 2,
-        copy_chunk: 16 << 10,
-        resync_checkpoint: 4 * REGION,
-        start: StartPolicy::FRESH,
-    }
+    // No cleaner timer: the only flushes are the ones the test issues.
+    mirror_options(META, REGION, Duration::ZERO)
 }
 
 /// Which request of a [`GatedDisk`] waits at the gate.
@@ -42,21 +34,24 @@ enum Gate {
 
 /// A disk whose next flush or data read, once armed, waits at a gate before it reaches the
 /// disk.
-struct GatedDisk {
-    disk: CrashDisk,
+type GatedDisk = Intercepted<Gates>;
+
+struct Gates {
     armed: Mutex<Option<Gate>>,
     entered: Notify,
     release: Notify,
 }
 
-impl GatedDisk {
-    fn new(disk: CrashDisk) -> Arc<GatedDisk> {
-        Arc::new(GatedDisk {
-            disk,
-            armed: Mutex::new(None),
-            entered: Notify::new(),
-            release: Notify::new(),
-        })
+impl Gates {
+    fn over(disk: &CrashDisk) -> Arc<GatedDisk> {
+        Intercepted::new(
+            Arc::new(disk.clone()),
+            Gates {
+                armed: Mutex::new(None),
+                entered: Notify::new(),
+                release: Notify::new(),
+            },
+        )
     }
 
     fn arm(&self, gate: Gate) {
@@ -82,46 +77,37 @@ impl GatedDisk {
 }
 
 #[async_trait]
-impl BlockDevice for GatedDisk {
-    fn geometry(&self) -> Geometry {
-        self.disk.geometry()
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        self.disk.capabilities()
-    }
-
-    async fn read(&self, offset: u64, len: usize) -> Result<BytesMut> {
-        if offset >= META {
-            self.pass(Gate::DataRead).await;
+impl Interceptor for Gates {
+    async fn before(&self, request: Request) -> Result<()> {
+        match request {
+            Request::Read { offset, .. } if offset >= META => self.pass(Gate::DataRead).await,
+            Request::Flush => self.pass(Gate::Flush).await,
+            _ => {}
         }
-        self.disk.read(offset, len).await
+        Ok(())
     }
+}
 
-    async fn write(&self, offset: u64, data: Bytes, flags: WriteFlags) -> Result<()> {
-        self.disk.write(offset, data, flags).await
-    }
+/// A fresh disk of `group`, sized for a member.
+fn member_disk(group: &CrashGroup) -> CrashDisk {
+    group.disk(sector_disk(META + DATA))
+}
 
-    async fn flush(&self) -> Result<()> {
-        self.pass(Gate::Flush).await;
-        self.disk.flush().await
-    }
-
-    async fn discard(&self, offset: u64, len: u64) -> Result<()> {
-        self.disk.discard(offset, len).await
-    }
-
-    async fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> {
-        self.disk.write_zeroes(offset, len, flags).await
-    }
-
-    async fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
-        self.disk.block_status(offset, len).await
-    }
-
-    async fn control(&self, request: Control) -> Result<ControlReply> {
-        self.disk.control(request).await
-    }
+/// Two fresh disks `d0` and `d1` of one group, the one in slot `gated_slot` behind a gate,
+/// and mirror `m` over them.
+async fn gated_pair(
+    gated_slot: usize,
+) -> (CrashGroup, [CrashDisk; 2], Arc<GatedDisk>, Arc<Mirror>) {
+    let group = CrashGroup::new();
+    let disks = [member_disk(&group), member_disk(&group)];
+    let gated = Gates::over(&disks[gated_slot]);
+    let mut children: Vec<Option<DeviceRef>> = disks
+        .iter()
+        .map(|d| Some(Arc::new(d.clone()) as DeviceRef))
+        .collect();
+    children[gated_slot] = Some(gated.clone());
+    let mirror = Arc::new(open_mirror(children, options()).await.expect("open"));
+    (group, disks, gated, mirror)
 }
 
 /// A flush to a disk that has disappeared is in flight while the operator fails that member
@@ -132,26 +118,7 @@ impl BlockDevice for GatedDisk {
 /// metadata", resyncs stopped for want of a source).
 #[tokio::test(flavor = "current_thread")]
 async fn late_error_of_a_replaced_disk_does_not_fail_its_replacement() {
-    let group = CrashGroup::new();
-    let geometry = sector_disk(META + DATA);
-    let d0 = group.disk(geometry);
-    let d1 = group.disk(geometry);
-    let gated = GatedDisk::new(d1.clone());
-    let children = vec![
-        Some(Arc::new(d0.clone()) as DeviceRef),
-        Some(gated.clone() as DeviceRef),
-    ];
-    let mirror = Arc::new(
-        Mirror::open(
-            "m".into(),
-            vec!["d0".into(), "d1".into()],
-            children,
-            options(),
-            TokioRuntime::current(),
-        )
-        .await
-        .expect("open"),
-    );
+    let (group, [_, d1], gated, mirror) = gated_pair(1).await;
     let data = Bytes::from(vec![0xa5u8; 8192]);
     mirror
         .write(4096, data.clone(), WriteFlags::default())
@@ -168,42 +135,37 @@ async fn late_error_of_a_replaced_disk_does_not_fail_its_replacement() {
     gated.entered.notified().await;
 
     // Meanwhile the operator fails d1 and replaces it; the replacement resyncs fully.
-    mirror
-        .control(Control::FailMember { index: 1 })
-        .await
-        .unwrap();
-    let r1 = group.disk(geometry);
-    mirror
-        .control(Control::ReplaceMember {
-            index: 1,
-            member: Member {
-                name: "r1".into(),
-                device: Arc::new(r1.clone()),
-            },
-        })
-        .await
-        .unwrap();
+    fail_and_replace(&mirror, "r1", &group).await;
     mirror.wait_resync().await;
-    assert_eq!(
-        mirror.member_states(),
-        vec![MemberState::InSync, MemberState::InSync]
-    );
+    assert_both_in_sync(&mirror, "the resync did not bring both members in sync");
 
     // Now the old disk's flush fails. d0 took the flush, so it succeeds, and r1 stays.
     gated.release.notify_one();
     flushing.await.unwrap().expect("flush: d0 took it");
-    assert_eq!(
-        mirror.member_states(),
-        vec![MemberState::InSync, MemberState::InSync],
-        "an error of the replaced disk d1 failed its replacement r1"
+    assert_both_in_sync(
+        &mirror,
+        "an error of the replaced disk d1 failed its replacement r1",
     );
 
     // r1 alone serves the data: failing d0 is allowed and reads still succeed.
-    mirror
-        .control(Control::FailMember { index: 0 })
+    fail_member(&mirror, 0)
         .await
         .expect("r1 is in sync, so d0 may be failed");
     assert_eq!(&mirror.read(4096, 8192).await.unwrap()[..], &data[..]);
+}
+
+/// Fails member 1 and replaces it with a fresh disk of `group` named `name`.
+async fn fail_and_replace(mirror: &Mirror, name: &str, group: &CrashGroup) {
+    fail_member(mirror, 1).await.unwrap();
+    let replacement = Arc::new(member_disk(group));
+    mirror.control(replace(1, name, replacement)).await.unwrap();
+}
+
+/// Both members are in sync; `why` says what went wrong if not.
+#[track_caller]
+fn assert_both_in_sync(mirror: &Mirror, why: &str) {
+    let states = mirror.member_states();
+    assert_eq!(states, [MemberState::InSync, MemberState::InSync], "{why}");
 }
 
 /// Polls (through the runtime, so spawned tasks run) until `done` holds; panics after 10 s.
@@ -225,26 +187,7 @@ async fn until(what: &str, done: impl Fn() -> bool) {
 /// hold the metadata" in `tests/mirror.rs`).
 #[tokio::test(flavor = "current_thread")]
 async fn late_metadata_error_of_a_replaced_disk_keeps_its_replacement() {
-    let group = CrashGroup::new();
-    let geometry = sector_disk(META + DATA);
-    let d0 = group.disk(geometry);
-    let d1 = group.disk(geometry);
-    let gated = GatedDisk::new(d1.clone());
-    let children = vec![
-        Some(Arc::new(d0.clone()) as DeviceRef),
-        Some(gated.clone() as DeviceRef),
-    ];
-    let mirror = Arc::new(
-        Mirror::open(
-            "m".into(),
-            vec!["d0".into(), "d1".into()],
-            children,
-            options(),
-            TokioRuntime::current(),
-        )
-        .await
-        .expect("open"),
-    );
+    let (group, [_, d1], gated, mirror) = gated_pair(1).await;
 
     // d1 vanishes; a write to a clean region commits its bit, and the commit's flush to d1
     // waits at the gate (holding the store's commit).
@@ -267,20 +210,10 @@ async fn late_metadata_error_of_a_replaced_disk_keeps_its_replacement() {
         mirror.member_states()[1] == MemberState::Faulty
     })
     .await;
-    let r1 = group.disk(geometry);
+    let r1 = member_disk(&group);
     let replacing = {
         let (mirror, r1) = (mirror.clone(), r1.clone());
-        tokio::spawn(async move {
-            mirror
-                .control(Control::ReplaceMember {
-                    index: 1,
-                    member: Member {
-                        name: "r1".into(),
-                        device: Arc::new(r1),
-                    },
-                })
-                .await
-        })
+        tokio::spawn(async move { mirror.control(replace(1, "r1", Arc::new(r1))).await })
     };
     until("r1 is in slot 1", || {
         mirror.member_states()[1] == MemberState::Resyncing { done: 0 }
@@ -293,15 +226,13 @@ async fn late_metadata_error_of_a_replaced_disk_keeps_its_replacement() {
     failing.await.unwrap().expect("fail d1");
     replacing.await.unwrap().expect("replace d1 with r1");
     mirror.wait_resync().await;
-    assert_eq!(
-        mirror.member_states(),
-        vec![MemberState::InSync, MemberState::InSync],
-        "a metadata error of the replaced disk d1 failed its replacement r1"
+    assert_both_in_sync(
+        &mirror,
+        "a metadata error of the replaced disk d1 failed its replacement r1",
     );
 
     // r1 alone must hold the metadata: with d0 failed, a write that sets a new bit commits.
-    mirror
-        .control(Control::FailMember { index: 0 })
+    fail_member(&mirror, 0)
         .await
         .expect("r1 is in sync, so d0 may be failed");
     mirror
@@ -322,79 +253,31 @@ async fn late_metadata_error_of_a_replaced_disk_keeps_its_replacement() {
 /// mirror had acknowledged.
 #[tokio::test(flavor = "current_thread")]
 async fn progress_of_a_replaced_resync_target_is_not_credited_to_its_replacement() {
-    let group = CrashGroup::new();
-    let geometry = sector_disk(META + DATA);
-    let d0 = group.disk(geometry);
-    let d1 = group.disk(geometry);
-    let gated = GatedDisk::new(d0.clone());
-    let children = vec![
-        Some(gated.clone() as DeviceRef),
-        Some(Arc::new(d1.clone()) as DeviceRef),
-    ];
-    let mirror = Arc::new(
-        Mirror::open(
-            "m".into(),
-            vec!["d0".into(), "d1".into()],
-            children,
-            options(),
-            TokioRuntime::current(),
-        )
-        .await
-        .expect("open"),
-    );
+    let (group, _, gated, mirror) = gated_pair(0).await;
     let data = Bytes::from(vec![0x77u8; 8192]);
     mirror
         .write(4096, data.clone(), WriteFlags::default())
         .await
         .unwrap();
-    mirror
-        .control(Control::FailMember { index: 1 })
-        .await
-        .unwrap();
+    fail_member(&mirror, 1).await.unwrap();
 
     // r1 replaces d1; the resync's first read of region 0 from d0 waits at the gate.
     gated.arm(Gate::DataRead);
-    let r1 = group.disk(geometry);
+    let r1 = member_disk(&group);
     mirror
-        .control(Control::ReplaceMember {
-            index: 1,
-            member: Member {
-                name: "r1".into(),
-                device: Arc::new(r1),
-            },
-        })
+        .control(replace(1, "r1", Arc::new(r1)))
         .await
         .unwrap();
     gated.entered.notified().await;
 
     // While region 0 is being copied onto r1, r1 is failed and r2 takes the slot.
-    mirror
-        .control(Control::FailMember { index: 1 })
-        .await
-        .unwrap();
-    let r2 = group.disk(geometry);
-    mirror
-        .control(Control::ReplaceMember {
-            index: 1,
-            member: Member {
-                name: "r2".into(),
-                device: Arc::new(r2.clone()),
-            },
-        })
-        .await
-        .unwrap();
+    fail_and_replace(&mirror, "r2", &group).await;
     gated.release.notify_one();
     mirror.wait_resync().await;
-    assert_eq!(
-        mirror.member_states(),
-        vec![MemberState::InSync, MemberState::InSync]
-    );
+    assert_both_in_sync(&mirror, "the resync did not bring both members in sync");
 
     // r2 alone serves the acknowledged data in region 0.
-    mirror
-        .control(Control::FailMember { index: 0 })
-        .await
-        .unwrap();
+    fail_member(&mirror, 0).await.unwrap();
     assert!(
         mirror.read(4096, 8192).await.unwrap()[..] == data[..],
         "r2 went in sync without region 0"

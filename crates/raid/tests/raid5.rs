@@ -6,15 +6,19 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use proptest::prelude::*;
 use strata_backend::MemoryDevice;
 use strata_core::layer::StartPolicy;
 use strata_core::{
-    async_trait, BlockDevice, Capabilities, Control, ControlReply, DeviceRef, Extent, Geometry,
-    Health, Member, Result, TokioRuntime, WriteFlags, ZeroFlags,
+    async_trait, BlockDevice, Control, ControlReply, DeviceRef, Health, Member, Result,
+    TokioRuntime, WriteFlags,
 };
+use strata_crash::testkit::{Intercepted, Interceptor, Request};
 use strata_raid::raid5::{Layout, Raid5, Settings, META_BYTES};
+
+mod common;
+use common::{fail_member, refused};
 
 const CHUNK: u64 = 4096;
 const JOURNAL: u64 = 64 << 10;
@@ -149,9 +153,7 @@ async fn scenario(n: usize, ops: Vec<Op>, fail_at: usize, victim: usize) {
     let victim = victim % n;
     for (i, op) in ops.iter().enumerate() {
         if i == fail_at % ops.len() {
-            raid.control(Control::FailMember { index: victim })
-                .await
-                .unwrap();
+            fail_member(&raid, victim).await.unwrap();
             assert_eq!(raid.health(), Health::Degraded);
             read_all(&raid, &model, "after the failure").await;
         }
@@ -202,14 +204,9 @@ async fn chunk_is_fixed_at_creation() {
         .map(|_| Some(Arc::new(MemoryDevice::new(size)) as DeviceRef))
         .collect();
     drop(open(&devices, CHUNK, JOURNAL).await.unwrap());
-    let error = open(&devices, 2 * CHUNK, JOURNAL)
-        .await
-        .err()
-        .expect("refused")
-        .to_string();
-    assert!(
-        error.contains("chunk = 8192") && error.contains("chunk = 4096"),
-        "{error}"
+    refused(
+        open(&devices, 2 * CHUNK, JOURNAL).await,
+        &["chunk = 8192", "chunk = 4096"],
     );
     let bad = Raid5::open(
         "x".into(),
@@ -248,8 +245,9 @@ async fn chunk_is_fixed_at_creation() {
 }
 
 /// Counts member I/O by region: metadata, journal, data.
-struct Counting {
-    inner: MemoryDevice,
+type Counting = Intercepted<Counters>;
+
+struct Counters {
     data_start: u64,
     data_reads: AtomicU64,
     data_writes: AtomicU64,
@@ -258,17 +256,19 @@ struct Counting {
     fail_writes: std::sync::atomic::AtomicBool,
 }
 
-impl Counting {
-    fn new(size: u64, data_start: u64) -> Arc<Counting> {
-        Arc::new(Counting {
-            inner: MemoryDevice::new(size),
-            data_start,
-            data_reads: AtomicU64::new(0),
-            data_writes: AtomicU64::new(0),
-            journal_writes: AtomicU64::new(0),
-            other: AtomicU64::new(0),
-            fail_writes: Default::default(),
-        })
+impl Counters {
+    fn over_memory(size: u64, data_start: u64) -> Arc<Counting> {
+        Intercepted::new(
+            Arc::new(MemoryDevice::new(size)),
+            Counters {
+                data_start,
+                data_reads: AtomicU64::new(0),
+                data_writes: AtomicU64::new(0),
+                journal_writes: AtomicU64::new(0),
+                other: AtomicU64::new(0),
+                fail_writes: Default::default(),
+            },
+        )
     }
 
     fn take(&self) -> [u64; 4] {
@@ -283,56 +283,47 @@ impl Counting {
 }
 
 #[async_trait]
-impl BlockDevice for Counting {
-    fn geometry(&self) -> Geometry {
-        self.inner.geometry()
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-    async fn read(&self, offset: u64, len: usize) -> Result<BytesMut> {
-        let counter = if offset >= self.data_start {
-            &self.data_reads
-        } else {
-            &self.other
-        };
-        counter.fetch_add(1, Ordering::SeqCst);
-        self.inner.read(offset, len).await
-    }
-    async fn write(&self, offset: u64, data: Bytes, flags: WriteFlags) -> Result<()> {
-        let counter = if offset >= self.data_start {
-            &self.data_writes
-        } else if offset >= META_BYTES {
-            &self.journal_writes
-        } else {
-            &self.other
-        };
-        counter.fetch_add(1, Ordering::SeqCst);
-        if self.fail_writes.load(Ordering::SeqCst) {
-            return Err(strata_core::BlockError::io(
-                "planted write failure",
-                std::io::Error::from_raw_os_error(5),
-            ));
+impl Interceptor for Counters {
+    async fn before(&self, request: Request) -> Result<()> {
+        match request {
+            Request::Read { offset, .. } => {
+                let counter = if offset >= self.data_start {
+                    &self.data_reads
+                } else {
+                    &self.other
+                };
+                counter.fetch_add(1, Ordering::SeqCst);
+            }
+            Request::Write { offset, .. } => {
+                let counter = if offset >= self.data_start {
+                    &self.data_writes
+                } else if offset >= META_BYTES {
+                    &self.journal_writes
+                } else {
+                    &self.other
+                };
+                counter.fetch_add(1, Ordering::SeqCst);
+                if self.fail_writes.load(Ordering::SeqCst) {
+                    return Err(strata_core::BlockError::io(
+                        "planted write failure",
+                        std::io::Error::from_raw_os_error(5),
+                    ));
+                }
+                // A real device completes later: let other requests run meanwhile.
+                tokio::task::yield_now().await;
+            }
+            _ => {}
         }
-        // A real device completes later: let other requests run meanwhile.
-        tokio::task::yield_now().await;
-        self.inner.write(offset, data, flags).await
+        Ok(())
     }
-    async fn flush(&self) -> Result<()> {
-        self.inner.flush().await
-    }
-    async fn discard(&self, offset: u64, len: u64) -> Result<()> {
-        self.inner.discard(offset, len).await
-    }
-    async fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> {
-        self.inner.write_zeroes(offset, len, flags).await
-    }
-    async fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
-        self.inner.block_status(offset, len).await
-    }
-    async fn control(&self, request: Control) -> Result<ControlReply> {
-        self.inner.control(request).await
-    }
+}
+
+/// One step of xorshift64: the same offsets on every run, no rand dependency.
+fn xorshift(state: &mut u64) -> u64 {
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    *state
 }
 
 fn totals(devices: &[Arc<Counting>]) -> [u64; 4] {
@@ -342,18 +333,37 @@ fn totals(devices: &[Arc<Counting>]) -> [u64; 4] {
     })
 }
 
-#[tokio::test]
-async fn member_io_per_write_is_counted() {
-    let chunk = 64 << 10;
-    let journal = 4 << 20;
-    let stripes = 160;
+/// Writes `byte` over the whole stripe of `stripe` bytes at `offset`.
+async fn write_full_stripe(raid: &Raid5, offset: u64, stripe: u64, byte: u8) {
+    let data = Bytes::from(vec![byte; stripe as usize]);
+    raid.write(offset, data, WriteFlags::default())
+        .await
+        .unwrap();
+}
+
+const COUNTED_CHUNK: u64 = 64 << 10;
+const COUNTED_JOURNAL: u64 = 4 << 20;
+
+/// Four counted members of 160 stripes of [`COUNTED_CHUNK`] after a [`COUNTED_JOURNAL`]
+/// journal, and the same as children.
+fn counted_members() -> (Vec<Arc<Counting>>, Vec<Option<DeviceRef>>) {
+    let (chunk, journal) = (COUNTED_CHUNK, COUNTED_JOURNAL);
     let data_start = (META_BYTES + journal).div_ceil(chunk) * chunk;
-    let size = member_size(chunk, journal, stripes);
-    let counting: Vec<Arc<Counting>> = (0..4).map(|_| Counting::new(size, data_start)).collect();
-    let devices: Vec<Option<DeviceRef>> = counting
+    let size = member_size(chunk, journal, 160);
+    let counting: Vec<Arc<Counting>> = (0..4)
+        .map(|_| Counters::over_memory(size, data_start))
+        .collect();
+    let devices = counting
         .iter()
         .map(|c| Some(c.clone() as DeviceRef))
         .collect();
+    (counting, devices)
+}
+
+#[tokio::test]
+async fn member_io_per_write_is_counted() {
+    let (chunk, journal) = (COUNTED_CHUNK, COUNTED_JOURNAL);
+    let (counting, devices) = counted_members();
     let raid = open(&devices, chunk, journal).await.unwrap();
     totals(&counting);
     // One 4 KiB write at an aligned offset: read old data + old parity, write both, and one
@@ -361,10 +371,7 @@ async fn member_io_per_write_is_counted() {
     // journal: two FUA writes, issued together (journal version 3).
     let mut state = 0x9e37_79b9_7f4a_7c15u64;
     for _ in 0..50 {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        let offset = state % (raid.geometry().size / 4096) * 4096;
+        let offset = xorshift(&mut state) % (raid.geometry().size / 4096) * 4096;
         raid.write(offset, Bytes::from(vec![1u8; 4096]), WriteFlags::default())
             .await
             .unwrap();
@@ -373,13 +380,7 @@ async fn member_io_per_write_is_counted() {
     // A full, aligned stripe: no reads, every member written once, one intent record (in
     // two copies).
     let stripe = 3 * chunk;
-    raid.write(
-        5 * stripe,
-        Bytes::from(vec![2u8; stripe as usize]),
-        WriteFlags::default(),
-    )
-    .await
-    .unwrap();
+    write_full_stripe(&raid, 5 * stripe, stripe, 2).await;
     assert_eq!(totals(&counting), [0, 4, 2, 0]);
     // Group commit: 32 concurrent small writes to stripes whose parity is on one member
     // share journal writes.
@@ -397,6 +398,14 @@ async fn member_io_per_write_is_counted() {
     );
 }
 
+/// Opens `r5` over `devices` with `settings` (kept for a reopen).
+async fn open_with(devices: &[Option<DeviceRef>], settings: &Settings) -> Raid5 {
+    let runtime = TokioRuntime::current();
+    Raid5::open("r5".into(), devices.to_vec(), settings.clone(), runtime)
+        .await
+        .unwrap()
+}
+
 fn with_journal_device(chunk: u64, journal: u64, index: usize) -> Settings {
     Settings {
         journal_device: Some(index),
@@ -408,36 +417,18 @@ fn with_journal_device(chunk: u64, journal: u64, index: usize) -> Settings {
 /// writes) and a full stripe its 4 writes; every journal record goes to the journal device.
 #[tokio::test]
 async fn journal_device_takes_the_journal_writes() {
-    let chunk = 64 << 10;
-    let journal = 4 << 20;
-    let stripes = 160;
-    let data_start = (META_BYTES + journal).div_ceil(chunk) * chunk;
-    let size = member_size(chunk, journal, stripes);
-    let counting: Vec<Arc<Counting>> = (0..4).map(|_| Counting::new(size, data_start)).collect();
-    let journal_device = Counting::new(4096 + 4 * journal, 0);
-    let mut devices: Vec<Option<DeviceRef>> = counting
-        .iter()
-        .map(|c| Some(c.clone() as DeviceRef))
-        .collect();
+    let (chunk, journal) = (COUNTED_CHUNK, COUNTED_JOURNAL);
+    let (counting, mut devices) = counted_members();
+    let journal_device = Counters::over_memory(4096 + 4 * journal, 0);
     devices.push(Some(journal_device.clone() as DeviceRef));
     let settings = with_journal_device(chunk, journal, 4);
-    let raid = Raid5::open(
-        "r5".into(),
-        devices.clone(),
-        settings.clone(),
-        TokioRuntime::current(),
-    )
-    .await
-    .unwrap();
+    let raid = open_with(&devices, &settings).await;
     totals(&counting);
     journal_device.take();
     let mut state = 0x2545_f491_4f6c_dd1du64;
     let mut written = Vec::new();
     for i in 0..50u8 {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        let offset = state % (raid.geometry().size / 4096) * 4096;
+        let offset = xorshift(&mut state) % (raid.geometry().size / 4096) * 4096;
         raid.write(offset, Bytes::from(vec![i; 4096]), WriteFlags::default())
             .await
             .unwrap();
@@ -451,13 +442,7 @@ async fn journal_device_takes_the_journal_writes() {
         );
     }
     let stripe = 3 * chunk;
-    raid.write(
-        7 * stripe,
-        Bytes::from(vec![9u8; stripe as usize]),
-        WriteFlags::default(),
-    )
-    .await
-    .unwrap();
+    write_full_stripe(&raid, 7 * stripe, stripe, 9).await;
     assert_eq!(totals(&counting), [0, 4, 0, 0]);
     assert_eq!(journal_device.take(), [0, 2, 0, 0]);
     raid.flush().await.unwrap();
@@ -555,14 +540,7 @@ async fn failed_members_journal_is_not_replayed_over_later_writes() {
         Arc::new(MemoryDevice::new(4096 + 3 * JOURNAL)) as DeviceRef
     ));
     let settings = with_journal_device(CHUNK, JOURNAL, 3);
-    let raid = Raid5::open(
-        "r5".into(),
-        devices.clone(),
-        settings.clone(),
-        TokioRuntime::current(),
-    )
-    .await
-    .unwrap();
+    let raid = open_with(&devices, &settings).await;
     let parity = raid.layout().parity_member(0);
     // A journaled small write to stripe 0, then its parity member fails, then a data-only
     // write to the same place.
@@ -570,9 +548,7 @@ async fn failed_members_journal_is_not_replayed_over_later_writes() {
         .await
         .unwrap();
     raid.flush().await.unwrap();
-    raid.control(Control::FailMember { index: parity })
-        .await
-        .unwrap();
+    fail_member(&raid, parity).await.unwrap();
     raid.write(0, Bytes::from(vec![2u8; 512]), WriteFlags::default())
         .await
         .unwrap();
@@ -592,7 +568,7 @@ async fn failed_journal_device_refuses_writes_and_keeps_reads() {
     let mut devices: Vec<Option<DeviceRef>> = (0..3)
         .map(|_| Some(Arc::new(MemoryDevice::new(size)) as DeviceRef))
         .collect();
-    let journal_device = Counting::new(4096 + 3 * JOURNAL, 0);
+    let journal_device = Counters::over_memory(4096 + 3 * JOURNAL, 0);
     devices.push(Some(journal_device.clone() as DeviceRef));
     let raid = Raid5::open(
         "r5".into(),
@@ -662,9 +638,7 @@ fn rebuild_resumes_after_restart() {
         raid.write(0, Bytes::from(model.clone()), WriteFlags::default())
             .await
             .unwrap();
-        raid.control(Control::FailMember { index: 1 })
-            .await
-            .unwrap();
+        fail_member(&raid, 1).await.unwrap();
         let degraded = vec![9u8; 3 * 4096];
         raid.write(4096, Bytes::from(degraded.clone()), WriteFlags::default())
             .await

@@ -7,21 +7,15 @@ use std::sync::Arc;
 use bytes::Bytes;
 use strata_backend::MemoryDevice;
 use strata_core::layer::StartPolicy;
-use strata_core::{BlockDevice, Control, DeviceRef, Health, TokioRuntime, WriteFlags};
+use strata_core::{BlockDevice, DeviceRef, Health, TokioRuntime, WriteFlags};
 use strata_raid::raid5::{MemberState, Raid5, Settings, META_BYTES};
+
+mod common;
+use common::{fail_member, refused, DEGRADED, RESTART};
 
 const CHUNK: u64 = 4096;
 const JOURNAL: u64 = 64 << 10;
 const MEMBER: u64 = META_BYTES + JOURNAL + 24 * CHUNK;
-
-const RESTART: StartPolicy = StartPolicy {
-    may_format: false,
-    allow_degraded: false,
-};
-const DEGRADED: StartPolicy = StartPolicy {
-    may_format: false,
-    allow_degraded: true,
-};
 
 fn disks(n: usize) -> Vec<DeviceRef> {
     (0..n)
@@ -59,19 +53,17 @@ async fn write(raid: &Raid5, byte: u8) {
     raid.flush().await.unwrap();
 }
 
-fn refused(result: strata_core::Result<Raid5>, words: &[&str]) {
-    let message = result.err().expect("refused").to_string();
-    for word in words {
-        assert!(message.contains(word), "{word:?} not in: {message}");
-    }
+/// Three members of an array created fresh, holding `byte` in its first 16 KiB, closed.
+async fn written_array(byte: u8) -> Vec<DeviceRef> {
+    let d = disks(3);
+    let raid = open(&all(&d), StartPolicy::FRESH).await.unwrap();
+    write(&raid, byte).await;
+    d
 }
 
 #[tokio::test]
 async fn damaged_metadata_on_every_member_is_refused_not_created_over() {
-    let d = disks(3);
-    let raid = open(&all(&d), StartPolicy::FRESH).await.unwrap();
-    write(&raid, 5).await;
-    drop(raid);
+    let d = written_array(5).await;
     // Both superblock copies of every member destroyed; the rest of the metadata survives.
     for disk in &d {
         disk.write(0, Bytes::from(vec![0xa5u8; 8192]), WriteFlags::default())
@@ -107,9 +99,7 @@ async fn failed_member_2() -> Vec<DeviceRef> {
     let d = disks(3);
     let raid = open(&all(&d), StartPolicy::FRESH).await.unwrap();
     write(&raid, 1).await;
-    raid.control(Control::FailMember { index: 2 })
-        .await
-        .unwrap();
+    fail_member(&raid, 2).await.unwrap();
     write(&raid, 2).await;
     drop(raid);
     d
@@ -135,10 +125,7 @@ async fn a_member_recorded_failed_stays_excluded() {
 
 #[tokio::test]
 async fn a_missing_working_member_needs_the_degraded_flag() {
-    let d = disks(3);
-    let raid = open(&all(&d), StartPolicy::FRESH).await.unwrap();
-    write(&raid, 3).await;
-    drop(raid);
+    let d = written_array(3).await;
     let before = images(&d).await;
     refused(
         open(&[Some(&d[0]), None, Some(&d[2])], RESTART).await,

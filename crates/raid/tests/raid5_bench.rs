@@ -37,21 +37,26 @@ fn limited(size: u64) -> DeviceRef {
     ))
 }
 
-/// MiB/s of sequential `bs` writes at queue depth `QD` for `SECONDS`.
-async fn write_rate(device: DeviceRef, bs: u64) -> f64 {
+/// Runs `QD` workers writing `bs` bytes for `SECONDS`; worker `w` takes each write's offset
+/// and fill byte from `offsets(w)`. Returns the writes done and the seconds they took.
+async fn writes_for<G>(device: DeviceRef, bs: u64, offsets: impl Fn(u64) -> G) -> (u64, f64)
+where
+    G: FnMut() -> (u64, u8) + Send + 'static,
+{
     let start = Instant::now();
-    let next = Arc::new(AtomicU64::new(0));
-    let slots = device.geometry().size / bs;
-    let workers = (0..QD).map(|_| {
+    let workers = (0..QD as u64).map(|w| {
         let device = device.clone();
-        let next = next.clone();
+        let mut next = offsets(w);
         tokio::spawn(async move {
             let mut done = 0u64;
             while start.elapsed() < Duration::from_secs(SECONDS) {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                let data = vec![i as u8; bs as usize];
+                let (offset, fill) = next();
                 device
-                    .write(i % slots * bs, data.into(), WriteFlags::default())
+                    .write(
+                        offset,
+                        vec![fill; bs as usize].into(),
+                        WriteFlags::default(),
+                    )
                     .await
                     .unwrap();
                 done += 1;
@@ -63,32 +68,57 @@ async fn write_rate(device: DeviceRef, bs: u64) -> f64 {
     for worker in workers.collect::<Vec<_>>() {
         writes += worker.await.unwrap();
     }
-    (writes * bs) as f64 / start.elapsed().as_secs_f64() / (1u64 << 20) as f64
+    (writes, start.elapsed().as_secs_f64())
+}
+
+/// MiB/s of sequential `bs` writes at queue depth `QD` for `SECONDS`.
+async fn write_rate(device: DeviceRef, bs: u64) -> f64 {
+    let next = Arc::new(AtomicU64::new(0));
+    let slots = device.geometry().size / bs;
+    let (writes, seconds) = writes_for(device, bs, |_| {
+        let next = next.clone();
+        move || {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            (i % slots * bs, i as u8)
+        }
+    })
+    .await;
+    (writes * bs) as f64 / seconds / (1u64 << 20) as f64
+}
+
+/// raid5 over four bandwidth-limited members, with the default (in-member) journal.
+async fn raid5_over_four_limited() -> DeviceRef {
+    let children = (0..4).map(|_| Some(limited(1 << 30))).collect();
+    let settings = Settings {
+        chunk: Some(CHUNK),
+        journal: None,
+        journal_device: None,
+        unsafe_skip_journal: false,
+        start: StartPolicy::FRESH,
+    };
+    let raid = Raid5::open("r5".into(), children, settings, TokioRuntime::current())
+        .await
+        .unwrap();
+    Arc::new(raid)
+}
+
+/// Runs a wall-clock benchmark on two worker threads.
+fn on_two_threads(bench: impl std::future::Future<Output = ()>) {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(bench);
 }
 
 #[test]
 #[ignore = "wall-clock benchmark"]
 fn full_stripe_writes_scale_over_bandwidth_limited_members() {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
+    on_two_threads(async {
         let stripe = 3 * CHUNK;
         let one = write_rate(limited(1 << 30), stripe).await;
-        let children = (0..4).map(|_| Some(limited(1 << 30))).collect();
-        let settings = Settings {
-            chunk: Some(CHUNK),
-            journal: None,
-            journal_device: None,
-            unsafe_skip_journal: false,
-            start: StartPolicy::FRESH,
-        };
-        let raid = Raid5::open("r5".into(), children, settings, TokioRuntime::current())
-            .await
-            .unwrap();
-        let raid = write_rate(Arc::new(raid), stripe).await;
+        let raid = write_rate(raid5_over_four_limited().await, stripe).await;
         let ratio = raid / one;
         eprintln!("one member {one:.0} MiB/s, raid5 over 4 {raid:.0} MiB/s: {ratio:.2}x");
         assert!(ratio >= 2.7, "full-stripe writes scale {ratio:.2}x < 2.7x");
@@ -97,33 +127,19 @@ fn full_stripe_writes_scale_over_bandwidth_limited_members() {
 
 /// IOPS of 4 KiB writes at random aligned offsets, queue depth `QD`, for `SECONDS`.
 async fn random_write_iops(device: DeviceRef) -> f64 {
-    let start = Instant::now();
     let slots = device.geometry().size / 4096;
-    let workers = (0..QD as u64).map(|w| {
-        let device = device.clone();
-        tokio::spawn(async move {
-            // A fixed LCG per worker: the same offsets on every run, no rand dependency.
-            let mut x = w.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-            let mut done = 0u64;
-            while start.elapsed() < Duration::from_secs(SECONDS) {
-                x = x
-                    .wrapping_mul(6_364_136_223_846_793_005)
-                    .wrapping_add(1_442_695_040_888_963_407);
-                let offset = (x >> 17) % slots * 4096;
-                device
-                    .write(offset, vec![x as u8; 4096].into(), WriteFlags::default())
-                    .await
-                    .unwrap();
-                done += 1;
-            }
-            done
-        })
-    });
-    let mut writes = 0;
-    for worker in workers.collect::<Vec<_>>() {
-        writes += worker.await.unwrap();
-    }
-    writes as f64 / start.elapsed().as_secs_f64()
+    let (writes, seconds) = writes_for(device, 4096, |w| {
+        // A fixed LCG per worker: the same offsets on every run, no rand dependency.
+        let mut x = w.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        move || {
+            x = x
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            ((x >> 17) % slots * 4096, x as u8)
+        }
+    })
+    .await;
+    writes as f64 / seconds
 }
 
 /// Small writes are where the stripe journal costs most (every one logs data and parity):
@@ -133,25 +149,9 @@ async fn random_write_iops(device: DeviceRef) -> f64 {
 #[test]
 #[ignore = "wall-clock benchmark"]
 fn small_random_writes_over_bandwidth_limited_members() {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
+    on_two_threads(async {
         let one = random_write_iops(limited(1 << 30)).await;
-        let children = (0..4).map(|_| Some(limited(1 << 30))).collect();
-        let settings = Settings {
-            chunk: Some(CHUNK),
-            journal: None,
-            journal_device: None,
-            unsafe_skip_journal: false,
-            start: StartPolicy::FRESH,
-        };
-        let raid = Raid5::open("r5".into(), children, settings, TokioRuntime::current())
-            .await
-            .unwrap();
-        let raid = random_write_iops(Arc::new(raid)).await;
+        let raid = random_write_iops(raid5_over_four_limited().await).await;
         eprintln!(
             "4 KiB random writes QD{QD}: one member {one:.0} IOPS, raid5 over 4 {raid:.0} IOPS"
         );

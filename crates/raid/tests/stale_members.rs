@@ -8,33 +8,21 @@ use std::time::Duration;
 use bytes::Bytes;
 use strata_backend::MemoryDevice;
 use strata_core::layer::StartPolicy;
-use strata_core::{BlockDevice, Control, DeviceRef, Member, TokioRuntime, WriteFlags};
+use strata_core::{BlockDevice, DeviceRef, WriteFlags};
 use strata_raid::mirror::{MemberState, Mirror, MirrorOptions};
+
+mod common;
+use common::{fail_member, mirror_options, open_mirror, refused, replace, DEGRADED, RESTART};
 
 const META: u64 = 128 << 10;
 const SIZE: u64 = META + (1 << 20);
 
 fn options(start: StartPolicy) -> MirrorOptions {
     MirrorOptions {
-        region: 64 << 10,
-        metadata_size: META,
-        bitmap_clear: Duration::from_millis(2),
-        resync_concurrency: 2,
-        copy_chunk: 16 << 10,
-        resync_checkpoint: 256 << 10,
         start,
+        ..mirror_options(META, 64 << 10, Duration::from_millis(2))
     }
 }
-
-/// Careful: what the server passes on an ordinary restart.
-const RESTART: StartPolicy = StartPolicy {
-    may_format: false,
-    allow_degraded: false,
-};
-const DEGRADED: StartPolicy = StartPolicy {
-    may_format: false,
-    allow_degraded: true,
-};
 
 fn disk() -> DeviceRef {
     Arc::new(MemoryDevice::new(SIZE))
@@ -42,14 +30,9 @@ fn disk() -> DeviceRef {
 
 /// Opens a mirror over slots `d0`, `d1`, … with the devices given (None = missing).
 async fn open(children: &[Option<&DeviceRef>], start: StartPolicy) -> strata_core::Result<Mirror> {
-    let names = (0..children.len()).map(|i| format!("d{i}")).collect();
-    let children = children.iter().map(|c| c.cloned()).collect();
-    Mirror::open(
-        "m".into(),
-        names,
-        children,
+    open_mirror(
+        children.iter().map(|c| c.cloned()).collect(),
         options(start),
-        TokioRuntime::current(),
     )
     .await
 }
@@ -73,10 +56,7 @@ async fn failed_b() -> (DeviceRef, DeviceRef) {
         .await
         .unwrap();
     write(&mirror, 0, 1).await;
-    mirror
-        .control(Control::FailMember { index: 1 })
-        .await
-        .unwrap();
+    fail_member(&mirror, 1).await.unwrap();
     write(&mirror, 0, 2).await;
     drop(mirror);
     (a, b)
@@ -95,12 +75,7 @@ async fn a_failed_member_never_wins_in_either_order() {
     // The same disks configured in swapped slots: a's copy records its own (new) slot as
     // faulty, which cannot happen in place, so the open is refused instead of serving b.
     let before = b.read(0, META as usize).await.unwrap();
-    let message = open(&[Some(&b), Some(&a)], RESTART)
-        .await
-        .err()
-        .expect("reordered children refused")
-        .to_string();
-    assert!(message.contains("reordered"), "{message}");
+    refused(open(&[Some(&b), Some(&a)], RESTART).await, &["reordered"]);
     assert_eq!(b.read(0, META as usize).await.unwrap(), before);
     // Assembled in the original order again, after b alone was refused: still a's data.
     assert!(open(&[None, Some(&b)], RESTART).await.is_err());
@@ -116,15 +91,7 @@ async fn a_failed_member_never_wins_in_either_order() {
 async fn a_stale_member_alone_needs_the_degraded_flag_and_then_is_a_split_brain() {
     let (a, b) = failed_b().await;
     let before = b.read(0, META as usize).await.unwrap();
-    let refused = open(&[None, Some(&b)], RESTART)
-        .await
-        .err()
-        .expect("refused");
-    let message = refused.to_string();
-    assert!(
-        message.contains("d0") && message.contains("degraded"),
-        "{message}"
-    );
+    refused(open(&[None, Some(&b)], RESTART).await, &["d0", "degraded"]);
     // The refused open wrote nothing on b.
     assert_eq!(b.read(0, META as usize).await.unwrap(), before);
     // With the flag it comes up, degraded, on b's (old) data: the operator asked for it.
@@ -169,14 +136,9 @@ async fn a_missing_in_sync_member_needs_the_degraded_flag() {
         .unwrap();
     write(&mirror, 0, 7).await;
     drop(mirror);
-    let message = open(&[Some(&a), None], RESTART)
-        .await
-        .err()
-        .expect("refused")
-        .to_string();
-    assert!(
-        message.contains("d1") && message.contains("--degraded"),
-        "{message}"
+    refused(
+        open(&[Some(&a), None], RESTART).await,
+        &["d1", "--degraded"],
     );
     let mirror = open(&[Some(&a), None], DEGRADED).await.unwrap();
     assert_eq!(
@@ -196,12 +158,10 @@ async fn a_missing_in_sync_member_needs_the_degraded_flag() {
 #[tokio::test]
 async fn blank_members_are_formatted_only_when_the_policy_allows() {
     let (a, b) = (disk(), disk());
-    let message = open(&[Some(&a), Some(&b)], RESTART)
-        .await
-        .err()
-        .expect("refused")
-        .to_string();
-    assert!(message.contains("strata serve --format"), "{message}");
+    refused(
+        open(&[Some(&a), Some(&b)], RESTART).await,
+        &["strata serve --format"],
+    );
     assert_eq!(
         a.read(0, META as usize).await.unwrap(),
         vec![0; META as usize]
@@ -220,16 +180,7 @@ async fn a_replaced_disk_configured_again_is_resynced_not_trusted() {
         .unwrap();
     write(&mirror, 0, 1).await;
     // b is replaced by c (b's copy stops at this point), c resyncs to in sync, writes go on.
-    mirror
-        .control(Control::ReplaceMember {
-            index: 1,
-            member: Member {
-                name: "c".into(),
-                device: c.clone(),
-            },
-        })
-        .await
-        .unwrap();
+    mirror.control(replace(1, "c", c.clone())).await.unwrap();
     mirror.wait_resync().await;
     assert_eq!(
         mirror.member_states(),

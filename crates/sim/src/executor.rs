@@ -621,8 +621,13 @@ mod tests {
             shuffle_ties: false,
             ..SimConfig::new(1)
         });
+        assert_eq!(wake_order(&sim, 5), vec![0, 1, 2, 3, 4]);
+    }
+
+    /// Spawns `tasks` tasks that all sleep until t = 10, and returns the order they woke in.
+    fn wake_order(sim: &Simulation, tasks: usize) -> Vec<usize> {
         let order = Arc::new(Mutex::new(Vec::new()));
-        for i in 0..5 {
+        for i in 0..tasks {
             let order = order.clone();
             let runtime = sim.handle();
             sim.spawn(async move {
@@ -631,26 +636,13 @@ mod tests {
             });
         }
         sim.block_on(sim.handle().sleep_until(20));
-        assert_eq!(*lock(&order), vec![0, 1, 2, 3, 4]);
+        let order = lock(&order).clone();
+        order
     }
 
     #[test]
     fn shuffled_ties_depend_on_the_seed_only() {
-        let run = |seed| {
-            let sim = Simulation::new(seed);
-            let order = Arc::new(Mutex::new(Vec::new()));
-            for i in 0..8 {
-                let order = order.clone();
-                let runtime = sim.handle();
-                sim.spawn(async move {
-                    runtime.sleep_until(10).await;
-                    lock(&order).push(i);
-                });
-            }
-            sim.block_on(sim.handle().sleep_until(20));
-            let order = lock(&order).clone();
-            order
-        };
+        let run = |seed| wake_order(&Simulation::new(seed), 8);
         assert_eq!(run(7), run(7));
         assert_ne!(run(7), run(8));
     }

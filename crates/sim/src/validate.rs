@@ -208,19 +208,26 @@ fn single_io_rows(
 ) -> f64 {
     let op = mean_random_service(params, RANDOM_IOS, 1);
     let revolution = Hdd::new(params.clone()).revolution() as f64;
-    rows.push(ValidationRow::new(
+    push_rows(
+        rows,
         &params.name,
-        "random 4 KiB read, QD 1 (1 OP), ms",
-        paper_ms,
-        op / 1e6,
-    ));
-    rows.push(ValidationRow::new(
-        &params.name,
-        "random I/Os per revolution, QD 1",
-        paper_per_rev,
-        revolution / op,
-    ));
+        &[
+            ("random 4 KiB read, QD 1 (1 OP), ms", paper_ms, op / 1e6),
+            (
+                "random I/Os per revolution, QD 1",
+                paper_per_rev,
+                revolution / op,
+            ),
+        ],
+    );
     op
+}
+
+/// One row for `model` per `(metric, paper value, simulated value)`.
+fn push_rows(rows: &mut Vec<ValidationRow>, model: &str, metrics: &[(&str, f64, f64)]) {
+    for &(metric, paper, simulated) in metrics {
+        rows.push(ValidationRow::new(model, metric, paper, simulated));
+    }
 }
 
 fn strand_rows(rows: &mut Vec<ValidationRow>, params: &HddParams, op: f64) {
@@ -233,49 +240,47 @@ fn strand_rows(rows: &mut Vec<ValidationRow>, params: &HddParams, op: f64) {
         queue_depth: 8,
     };
     let semi = mean_strand_time(params, semi_spec, STRAND_TRIALS, 3);
-    rows.push(ValidationRow::new(
+    push_rows(
+        rows,
         name,
-        "proximal strand D=8 span 100k, OP/request",
-        0.39,
-        deep / 8.0 / op,
-    ));
-    rows.push(ValidationRow::new(
-        name,
-        "proximal strand of 8 reads, ms",
-        17.1,
-        deep / 1e6,
-    ));
-    rows.push(ValidationRow::new(
-        name,
-        "semi-sequential strand D=8, OP/request",
-        0.23,
-        semi / 8.0 / op,
-    ));
-    rows.push(ValidationRow::new(
-        name,
-        "strand of 8: QD 1 -> 8 reduction, %",
-        32.0,
-        100.0 * (1.0 - deep / shallow),
-    ));
+        &[
+            (
+                "proximal strand D=8 span 100k, OP/request",
+                0.39,
+                deep / 8.0 / op,
+            ),
+            ("proximal strand of 8 reads, ms", 17.1, deep / 1e6),
+            (
+                "semi-sequential strand D=8, OP/request",
+                0.23,
+                semi / 8.0 / op,
+            ),
+            (
+                "strand of 8: QD 1 -> 8 reduction, %",
+                32.0,
+                100.0 * (1.0 - deep / shallow),
+            ),
+        ],
+    );
 }
 
 fn birthday_rows(rows: &mut Vec<ValidationRow>, params: &HddParams) {
     let revolution = Hdd::new(params.clone()).revolution();
     let bins = birthday::bins_per_track(revolution, birthday_switch_time(params));
     let model = format!("birthday model, B = {bins:.2} ({})", params.name);
-    rows.push(ValidationRow::new(
-        &model,
-        "P(no extra revolution), D=6",
-        0.02,
-        birthday::no_extra_revolution(6, bins),
-    ));
     let mode = birthday::most_likely_revolutions(8, bins);
-    rows.push(ValidationRow::new(
+    push_rows(
+        rows,
         &model,
-        "most likely revolutions, D=8",
-        3.0,
-        f64::from(mode),
-    ));
+        &[
+            (
+                "P(no extra revolution), D=6",
+                0.02,
+                birthday::no_extra_revolution(6, bins),
+            ),
+            ("most likely revolutions, D=8", 3.0, f64::from(mode)),
+        ],
+    );
 }
 
 /// Per-request cost in OP of strands the paper plots without quoting numbers (Figure 1's

@@ -315,17 +315,15 @@ fn every_validation_row_is_within_five_percent_of_the_paper() {
 fn sequential(params: HddParams, op: Op, count: u64, depth: u64) -> Nanos {
     let mut drive = Hdd::new(params);
     let mut done = Vec::new();
+    let request = |id| Request {
+        id,
+        op,
+        offset: id * IO,
+        len: IO,
+    };
     let (mut next, mut now) = (0u64, 0);
     while next < depth.min(count) {
-        drive.submit(
-            0,
-            Request {
-                id: next,
-                op,
-                offset: next * IO,
-                len: IO,
-            },
-        );
+        drive.submit(0, request(next));
         next += 1;
     }
     while let Some(at) = drive.next_completion() {
@@ -334,15 +332,7 @@ fn sequential(params: HddParams, op: Op, count: u64, depth: u64) -> Nanos {
         now = at;
         for _ in before..done.len() {
             if next < count {
-                drive.submit(
-                    at,
-                    Request {
-                        id: next,
-                        op,
-                        offset: next * IO,
-                        len: IO,
-                    },
-                );
+                drive.submit(at, request(next));
                 next += 1;
             }
         }

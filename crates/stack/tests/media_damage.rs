@@ -14,6 +14,7 @@ use strata_backend::MemoryDevice;
 use strata_core::layer::StartPolicy;
 use strata_core::{BlockDevice, Control, ControlReply, DeviceRef, TokioRuntime, WriteFlags};
 use strata_crash::rand::{RngExt, SeedableRng};
+use strata_crash::testkit::slot_names;
 use strata_crash::CrashRng;
 use strata_meta::BLOCK_SIZE;
 use strata_raid::mirror::{Mirror, MirrorOptions};
@@ -165,14 +166,14 @@ async fn open_mirror(disks: &[DeviceRef], start: StartPolicy) -> strata_core::Re
         resync_checkpoint: 64 << 10,
         start,
     };
-    let names = (0..disks.len()).map(|i| format!("d{i}")).collect();
     let children = disks.iter().map(|d| Some(d.clone())).collect();
+    let runtime = TokioRuntime::current();
     Mirror::open(
         "m".into(),
-        names,
+        slot_names(disks.len()),
         children,
         options,
-        TokioRuntime::current(),
+        runtime,
     )
     .await
 }

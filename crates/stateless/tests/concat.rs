@@ -9,66 +9,19 @@ use proptest::prelude::*;
 use strata_backend::MemoryDevice;
 use strata_core::{
     BlockDevice, BlockError, Control, ControlReply, DeviceRef, ExtentState, Member, WriteFlags,
-    ZeroFlags,
 };
+use strata_crash::testkit::block_on;
 use strata_crash::{sector_disk, CrashGroup};
 use strata_stateless::concat::Concat;
 
-#[derive(Clone, Debug)]
-enum Op {
-    /// Offsets and lengths are fractions of the device size, so they stay in range as it grows.
-    Write {
-        at: f64,
-        len: u64,
-        seed: u8,
-    },
-    Read {
-        at: f64,
-        len: u64,
-    },
-    Zero {
-        at: f64,
-        len: u64,
-    },
-    Discard {
-        at: f64,
-        len: u64,
-    },
-    Status {
-        at: f64,
-        len: u64,
-    },
-    Flush,
-    Grow {
-        size: u64,
-    },
-}
+mod common;
+use common::{apply, data, request, status_shape, Op};
 
 fn op() -> impl Strategy<Value = Op> {
-    let at = 0.0..1.0f64;
-    let len = 0u64..20_000;
     prop_oneof![
-        6 => (at.clone(), len.clone(), any::<u8>()).prop_map(|(at, len, seed)| Op::Write { at, len, seed }),
-        4 => (at.clone(), len.clone()).prop_map(|(at, len)| Op::Read { at, len }),
-        2 => (at.clone(), len.clone()).prop_map(|(at, len)| Op::Zero { at, len }),
-        2 => (at.clone(), len.clone()).prop_map(|(at, len)| Op::Discard { at, len }),
-        2 => (at, len).prop_map(|(at, len)| Op::Status { at, len }),
-        1 => Just(Op::Flush),
+        17 => request(20_000),
         1 => (512u64..30_000).prop_map(|size| Op::Grow { size }),
     ]
-}
-
-/// Bytes that name their position, so a misplaced byte cannot pass for the right one.
-fn data(seed: u8, offset: u64, len: u64) -> Vec<u8> {
-    (offset..offset + len)
-        .map(|i| (i.wrapping_mul(7) as u8) ^ seed.wrapping_mul(31) ^ 0x5a)
-        .collect()
-}
-
-/// Clamps a request to the device.
-fn place(size: u64, at: f64, len: u64) -> (u64, u64) {
-    let offset = ((size as f64 * at) as u64).min(size);
-    (offset, len.min(size - offset))
 }
 
 struct Harness {
@@ -102,54 +55,10 @@ impl Harness {
     }
 
     async fn apply(&mut self, op: &Op) {
-        let size = self.model.len() as u64;
-        let c = &self.concat;
         match *op {
-            Op::Write { at, len, seed } => {
-                let (offset, len) = place(size, at, len);
-                let bytes = data(seed, offset, len);
-                c.write(offset, Bytes::from(bytes.clone()), WriteFlags::default())
-                    .await
-                    .unwrap();
-                self.model[offset as usize..(offset + len) as usize].copy_from_slice(&bytes);
-            }
-            Op::Read { at, len } => {
-                let (offset, len) = place(size, at, len);
-                let got = c.read(offset, len as usize).await.unwrap();
-                let want = &self.model[offset as usize..(offset + len) as usize];
-                assert!(got[..] == *want, "read [{offset}, +{len}) differs");
-            }
-            Op::Zero { at, len } | Op::Discard { at, len } => {
-                let (offset, len) = place(size, at, len);
-                if matches!(op, Op::Zero { .. }) {
-                    c.write_zeroes(offset, len, ZeroFlags::default())
-                        .await
-                        .unwrap();
-                } else {
-                    // Memory children zero what they discard.
-                    c.discard(offset, len).await.unwrap();
-                }
-                self.model[offset as usize..(offset + len) as usize].fill(0);
-            }
-            Op::Status { at, len } => self.check_status(place(size, at, len)).await,
-            Op::Flush => c.flush().await.unwrap(),
-            Op::Grow { size: grow } => self.grow(grow).await,
+            Op::Grow { size } => self.grow(size).await,
+            _ => apply(&self.concat, &mut self.model, op).await,
         }
-    }
-
-    async fn check_status(&self, (offset, len): (u64, u64)) {
-        let extents = self.concat.block_status(offset, len).await.unwrap();
-        let mut pos = offset;
-        for extent in &extents {
-            assert_eq!(extent.offset, pos, "extents are contiguous from the start");
-            pos += extent.len;
-            let bytes = &self.model[extent.offset as usize..pos as usize];
-            if extent.state.reads_zero() {
-                assert!(bytes.iter().all(|&b| b == 0), "{extent:?} holds data");
-            }
-        }
-        assert!(pos <= offset + len);
-        assert!(len == 0 || pos > offset, "at least one byte is described");
     }
 
     async fn grow(&mut self, size: u64) {
@@ -181,10 +90,7 @@ impl Harness {
 }
 
 fn run(sizes: Vec<u64>, ops: Vec<Op>) {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
+    block_on(async {
         let mut harness = Harness::new(&sizes);
         for op in &ops {
             harness.apply(op).await;
@@ -228,10 +134,8 @@ async fn block_status_keeps_the_childrens_holes_in_place() {
     c.write(4096, Bytes::from(vec![1; 8192]), WriteFlags::default())
         .await
         .unwrap();
-    let extents = c.block_status(0, 16384).await.unwrap();
-    let shape: Vec<_> = extents.iter().map(|e| (e.offset, e.len, e.state)).collect();
     assert_eq!(
-        shape,
+        status_shape(c, 0, 16384).await,
         vec![
             (0, 4096, ExtentState::Hole),
             (4096, 8192, ExtentState::Data),

@@ -3,14 +3,13 @@
 //!
 //! Replay a crash seed: `STRATA_CRASH_SEED=<seed> cargo test -p strata-stateless --test crypt`.
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use bytes::Bytes;
 use proptest::prelude::*;
 use strata_backend::MemoryDevice;
-use strata_core::layer::{LayerArgs, OptionValue, Options, StartPolicy};
+use strata_core::layer::OptionValue;
 use strata_core::{
     BlockDevice, BlockError, Control, ControlReply, DeviceRef, ExtentState, TokioRuntime,
     WriteFlags, ZeroFlags,
@@ -19,6 +18,9 @@ use strata_crash::{
     flat_device_scenario, open_disks, sector_disk, CrashGroup, CrashRun, ScenarioConfig,
 };
 use strata_stateless::crypt::{self, Crypt};
+
+mod common;
+use common::{data, one_child_args};
 
 /// IEEE 1619 vectors 10-14: Key1 ‖ Key2.
 const KEY_HEX: &str = "27182818284590452353602874713526624977572470936999595749669676273141592653589793238462643383279502884197169399375105820974944592";
@@ -54,12 +56,6 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (at, sectors).prop_map(|(at, sectors)| Op::Discard { at, sectors }),
         1 => Just(Op::Flush),
     ]
-}
-
-fn data(seed: u8, offset: u64, len: u64) -> Vec<u8> {
-    (offset..offset + len)
-        .map(|i| (i.wrapping_mul(7) as u8) ^ seed.wrapping_mul(31) ^ 0x5a)
-        .collect()
 }
 
 /// A request of whole sectors, clamped to the device.
@@ -218,18 +214,7 @@ async fn build(
     dir: &std::path::Path,
     options: &[(&str, OptionValue)],
 ) -> strata_core::Result<DeviceRef> {
-    let values: BTreeMap<String, OptionValue> = options
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.clone()))
-        .collect();
-    let args = LayerArgs {
-        name: "secret".into(),
-        children: vec![Some(Arc::new(MemoryDevice::new(1 << 20)) as DeviceRef)],
-        child_names: vec!["d0".into()],
-        options: Options::new(values, dir.to_path_buf()),
-        runtime: TokioRuntime::current(),
-        start: StartPolicy::FRESH,
-    };
+    let args = one_child_args("secret", 1 << 20, options, dir, TokioRuntime::current());
     (crypt::KIND.build)(args).await
 }
 

@@ -3,50 +3,28 @@
 //!
 //! Every test runs on tokio's paused clock (`start_paused`), so it is exact and instant.
 
-use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::future::{join_all, try_join_all};
 use strata_backend::MemoryDevice;
-use strata_core::layer::{LayerArgs, OptionValue, Options, StartPolicy};
-use strata_core::{BlockDevice, BoxFuture, DeviceRef, Runtime, WriteFlags, ZeroFlags};
+use strata_core::layer::OptionValue;
+use strata_core::{BlockDevice, DeviceRef, Runtime, TokioRuntime, WriteFlags, ZeroFlags};
 use strata_stateless::delay::{self, Delay, DelayConfig};
 use strata_stateless::stripe::Stripe;
 use tokio::time::Instant;
 
+mod common;
+use common::one_child_args;
+
 const MIB: u64 = 1 << 20;
 
-/// A runtime whose `now` is tokio's clock, which the paused clock advances. (`TokioRuntime`
-/// reads the OS clock, which a paused test does not move, while sleeps run in virtual time.)
-struct PausedRuntime {
-    started: Instant,
-}
-
-impl Runtime for PausedRuntime {
-    fn now(&self) -> Duration {
-        self.started.elapsed()
-    }
-
-    fn sleep(&self, duration: Duration) -> BoxFuture<'static, ()> {
-        Box::pin(tokio::time::sleep(duration))
-    }
-
-    fn spawn(&self, task: BoxFuture<'static, ()>) {
-        tokio::spawn(task);
-    }
-
-    fn spawn_blocking(&self, work: Box<dyn FnOnce() + Send + 'static>) {
-        tokio::task::spawn_blocking(work);
-    }
-}
-
+/// The runtime of a `start_paused` test: `TokioRuntime` reads tokio's clock, which the paused
+/// clock advances, so sleeps and `now` both run in virtual time.
 fn paused() -> Arc<dyn Runtime> {
-    Arc::new(PausedRuntime {
-        started: Instant::now(),
-    })
+    TokioRuntime::current()
 }
 
 fn delayed(config: DelayConfig, runtime: Arc<dyn Runtime>) -> Delay {
@@ -175,18 +153,7 @@ async fn a_stripe_of_three_limited_members_reads_close_to_three_times_faster() {
 #[tokio::test(start_paused = true)]
 async fn options_parse_units_and_refuse_bare_numbers() {
     let build = |options: Vec<(&str, OptionValue)>| {
-        let values: BTreeMap<String, OptionValue> = options
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), v))
-            .collect();
-        let args = LayerArgs {
-            name: "slow".into(),
-            children: vec![Some(Arc::new(MemoryDevice::new(16 * MIB)) as DeviceRef)],
-            child_names: vec!["d0".into()],
-            options: Options::new(values, PathBuf::new()),
-            runtime: paused(),
-            start: StartPolicy::FRESH,
-        };
+        let args = one_child_args("slow", 16 * MIB, &options, Path::new(""), paused());
         (delay::KIND.build)(args)
     };
     let text = |s: &str| OptionValue::Text(s.into());

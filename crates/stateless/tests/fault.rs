@@ -1,18 +1,20 @@
 //! `fault`: listed ranges fail and change nothing, random errors follow the seed, a device
 //! that disappears fails everything, and layers above report the errors, never wrong data.
 
-use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::Path;
 use std::sync::Arc;
 
 use bytes::Bytes;
 use strata_backend::MemoryDevice;
-use strata_core::layer::{LayerArgs, OptionValue, Options, StartPolicy};
+use strata_core::layer::OptionValue;
 use strata_core::{
     BlockDevice, BlockError, Control, ControlReply, DeviceRef, Health, TokioRuntime, WriteFlags,
     ZeroFlags,
 };
 use strata_stateless::fault::{self, Fault, FaultConfig};
+
+mod common;
+use common::one_child_args;
 use strata_stateless::stripe::Stripe;
 
 fn is_eio(result: &strata_core::Result<impl std::fmt::Debug>) -> bool {
@@ -194,18 +196,13 @@ async fn a_stripe_over_a_faulty_member_reports_errors_not_wrong_data() {
 #[tokio::test]
 async fn options_build_the_layer_and_bad_ones_are_named() {
     let build = |options: Vec<(&str, OptionValue)>| {
-        let values: BTreeMap<String, OptionValue> = options
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), v))
-            .collect();
-        let args = LayerArgs {
-            name: "flaky".into(),
-            children: vec![Some(Arc::new(MemoryDevice::new(16 << 20)) as DeviceRef)],
-            child_names: vec!["d0".into()],
-            options: Options::new(values, PathBuf::new()),
-            runtime: TokioRuntime::current(),
-            start: StartPolicy::FRESH,
-        };
+        let args = one_child_args(
+            "flaky",
+            16 << 20,
+            &options,
+            Path::new(""),
+            TokioRuntime::current(),
+        );
         (fault::KIND.build)(args)
     };
     let text = |s: &str| OptionValue::Text(s.into());

@@ -9,96 +9,20 @@ use std::sync::Arc;
 use bytes::Bytes;
 use proptest::prelude::*;
 use strata_backend::MemoryDevice;
-use strata_core::{BlockDevice, BlockError, DeviceRef, ExtentState, WriteFlags, ZeroFlags};
+use strata_core::{BlockDevice, BlockError, DeviceRef, ExtentState, WriteFlags};
+use strata_crash::testkit::block_on;
 use strata_crash::{
     flat_device_scenario, open_disks, sector_disk, CrashGroup, CrashRun, ScenarioConfig,
 };
 use strata_stateless::stripe::{locate, Stripe};
 
-#[derive(Clone, Debug)]
-enum Op {
-    Write { at: f64, len: u64, seed: u8 },
-    Read { at: f64, len: u64 },
-    Zero { at: f64, len: u64 },
-    Discard { at: f64, len: u64 },
-    Status { at: f64, len: u64 },
-    Flush,
-}
-
-fn op() -> impl Strategy<Value = Op> {
-    let at = 0.0..1.0f64;
-    let len = 0u64..40_000;
-    prop_oneof![
-        6 => (at.clone(), len.clone(), any::<u8>()).prop_map(|(at, len, seed)| Op::Write { at, len, seed }),
-        4 => (at.clone(), len.clone()).prop_map(|(at, len)| Op::Read { at, len }),
-        2 => (at.clone(), len.clone()).prop_map(|(at, len)| Op::Zero { at, len }),
-        2 => (at.clone(), len.clone()).prop_map(|(at, len)| Op::Discard { at, len }),
-        2 => (at, len).prop_map(|(at, len)| Op::Status { at, len }),
-        1 => Just(Op::Flush),
-    ]
-}
-
-fn data(seed: u8, offset: u64, len: u64) -> Vec<u8> {
-    (offset..offset + len)
-        .map(|i| (i.wrapping_mul(7) as u8) ^ seed.wrapping_mul(31) ^ 0x5a)
-        .collect()
-}
-
-fn place(size: u64, at: f64, len: u64) -> (u64, u64) {
-    let offset = ((size as f64 * at) as u64).min(size);
-    (offset, len.min(size - offset))
-}
+mod common;
+use common::{apply, request, status_shape, Op};
 
 fn stripe_over(children: &[Arc<MemoryDevice>], chunk: u64) -> Stripe {
     let devices: Vec<DeviceRef> = children.iter().map(|c| c.clone() as DeviceRef).collect();
     let names = (0..children.len()).map(|i| format!("d{i}")).collect();
     Stripe::new("s".into(), devices, names, chunk).unwrap()
-}
-
-async fn apply(stripe: &Stripe, model: &mut [u8], op: &Op) {
-    let size = model.len() as u64;
-    match *op {
-        Op::Write { at, len, seed } => {
-            let (offset, len) = place(size, at, len);
-            let bytes = data(seed, offset, len);
-            stripe
-                .write(offset, Bytes::from(bytes.clone()), WriteFlags::default())
-                .await
-                .unwrap();
-            model[offset as usize..(offset + len) as usize].copy_from_slice(&bytes);
-        }
-        Op::Read { at, len } => {
-            let (offset, len) = place(size, at, len);
-            let got = stripe.read(offset, len as usize).await.unwrap();
-            let want = &model[offset as usize..(offset + len) as usize];
-            assert!(got[..] == *want, "read [{offset}, +{len}) differs");
-        }
-        Op::Zero { at, len } | Op::Discard { at, len } => {
-            let (offset, len) = place(size, at, len);
-            if matches!(op, Op::Zero { .. }) {
-                let flags = ZeroFlags::default();
-                stripe.write_zeroes(offset, len, flags).await.unwrap();
-            } else {
-                stripe.discard(offset, len).await.unwrap();
-            }
-            model[offset as usize..(offset + len) as usize].fill(0);
-        }
-        Op::Status { at, len } => {
-            let (offset, len) = place(size, at, len);
-            let extents = stripe.block_status(offset, len).await.unwrap();
-            let mut pos = offset;
-            for extent in &extents {
-                assert_eq!(extent.offset, pos, "contiguous from the start");
-                pos += extent.len;
-                let bytes = &model[extent.offset as usize..pos as usize];
-                if extent.state.reads_zero() {
-                    assert!(bytes.iter().all(|&b| b == 0), "{extent:?} holds data");
-                }
-            }
-            assert!(pos <= offset + len && (len == 0 || pos > offset));
-        }
-        Op::Flush => stripe.flush().await.unwrap(),
-    }
 }
 
 /// Every byte of the device sits where `locate` says, on the child it says.
@@ -115,10 +39,7 @@ async fn check_layout(children: &[Arc<MemoryDevice>], chunk: u64, model: &[u8]) 
 }
 
 fn run(sizes: Vec<u64>, chunk: u64, ops: Vec<Op>) {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
+    block_on(async {
         let children: Vec<_> = sizes
             .iter()
             .map(|&s| Arc::new(MemoryDevice::new(s)))
@@ -142,7 +63,7 @@ proptest! {
     fn stripe_matches_a_byte_array(
         sizes in prop::collection::vec(20_000u64..70_000, 2..5),
         chunk_shift in 12u32..15,
-        ops in prop::collection::vec(op(), 1..40),
+        ops in prop::collection::vec(request(40_000), 1..40),
     ) {
         run(sizes, 1 << chunk_shift, ops);
     }
@@ -181,10 +102,8 @@ async fn block_status_interleaves_the_childrens_answers() {
         .write(0, Bytes::from(vec![1; 4096]), WriteFlags::default())
         .await
         .unwrap();
-    let extents = stripe.block_status(0, 4 * 4096).await.unwrap();
-    let shape: Vec<_> = extents.iter().map(|e| (e.offset, e.len, e.state)).collect();
     assert_eq!(
-        shape,
+        status_shape(&stripe, 0, 4 * 4096).await,
         vec![
             (0, 4096, ExtentState::Hole),
             (4096, 4096, ExtentState::Data),

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use bytes::Bytes;
 use strata_backend::MemoryDevice;
 use strata_core::layer::StartPolicy;
-use strata_core::{BlockDevice, DeviceRef, TokioRuntime, WriteFlags};
-use strata_thin::{PoolOptions, PoolRuntime, ThinPool};
+use strata_core::{BlockDevice, DeviceRef, WriteFlags};
+use strata_thin::{PoolOptions, ThinPool};
 
 const EXTENT: u64 = 64 << 10;
 const META: u64 = 1 << 20;
@@ -18,18 +18,11 @@ const RESTART: StartPolicy = StartPolicy {
     allow_degraded: false,
 };
 
-fn options() -> PoolOptions {
-    PoolOptions {
-        extent_size: EXTENT,
-        metadata_size: Some(META),
-        start_mid: false,
-    }
-}
+mod common;
+use common::{pool_options, settings};
 
-fn settings() -> PoolRuntime {
-    let mut settings = PoolRuntime::new(TokioRuntime::current());
-    settings.commit_interval = None;
-    settings
+fn options() -> PoolOptions {
+    pool_options(EXTENT, META)
 }
 
 async fn open(child: &DeviceRef, start: StartPolicy) -> strata_core::Result<Arc<ThinPool>> {

@@ -11,27 +11,23 @@
 
 use std::sync::Arc;
 
-use strata_core::{BlockDevice, DeviceRef, TokioRuntime, WriteFlags};
+use strata_core::{BlockDevice, DeviceRef, WriteFlags};
 use strata_crash::rand::{RngExt, SeedableRng};
+use strata_crash::testkit::panic_report;
 use strata_crash::{
-    flat_device_scenario, open_disks, panic_message, sector_disk, CrashGroup, CrashPlan, CrashRng,
-    CrashRun, CrashStats, DeviceModel, DiskImage, ScenarioConfig,
+    flat_device_scenario, open_disks, sector_disk, CrashGroup, CrashPlan, CrashRng, CrashRun,
+    CrashStats, DeviceModel, DiskImage, ScenarioConfig,
 };
-use strata_thin::{check_state, MapCommit, PoolOptions, PoolRuntime, ThinPool, ThinVolume};
+use strata_thin::{check_state, MapCommit, ThinPool, ThinVolume};
+
+mod common;
+use common::{pool_options, settings};
 
 const EXTENT: u64 = 64 << 10;
 /// 1 MiB of metadata and 24 extents of data, for a 1 MiB (16-extent) volume: extents are
 /// freed and reused within a run.
 const DISK: u64 = (1 << 20) + 24 * EXTENT;
 const VOLUME: u64 = 1 << 20;
-
-async fn open_volume(
-    group: &CrashGroup,
-    images: Option<Vec<DiskImage>>,
-    planted_bug: bool,
-) -> strata_core::Result<DeviceRef> {
-    Ok(open_in_mode(group, images, planted_bug, MapCommit::Batched).await?)
-}
 
 async fn open_in_mode(
     group: &CrashGroup,
@@ -42,17 +38,12 @@ async fn open_in_mode(
     let fresh = images.is_none();
     let disk = open_disks(group, &[sector_disk(DISK)], images).remove(0);
     let child: DeviceRef = Arc::new(disk);
-    let mut settings = PoolRuntime::new(TokioRuntime::current());
-    settings.commit_interval = None;
+    let mut settings = settings();
     settings.unsafe_skip_data_barrier = planted_bug;
     settings.map_commit = mode;
     let pool = if fresh {
-        let options = PoolOptions {
-            extent_size: EXTENT,
-            metadata_size: Some(1 << 20),
-            start_mid: false,
-        };
-        let pool = ThinPool::format("pool", child, &options, settings).await?;
+        let pool =
+            ThinPool::format("pool", child, &pool_options(EXTENT, 1 << 20), settings).await?;
         pool.create_volume("v", VOLUME).await?;
         pool
     } else {
@@ -64,6 +55,33 @@ async fn open_in_mode(
         "pool invariants broken after reopen: {problems:?}"
     );
     Ok(pool.volume("v").expect("volume v"))
+}
+
+/// One seed of the flat-device scenario over a volume committing its map in `mode`, with the
+/// data barrier removed when `planted_bug`.
+async fn flat_seed(
+    seed: u64,
+    config: ScenarioConfig,
+    mode: MapCommit,
+    planted_bug: bool,
+) -> Result<CrashStats, String> {
+    flat_device_scenario(seed, &config, |group, images| {
+        let group = group.clone();
+        async move {
+            let volume = open_in_mode(&group, images, planted_bug, mode).await?;
+            Ok(volume as DeviceRef)
+        }
+    })
+    .await
+}
+
+/// `run` of the flat-device scenario with `concurrency` requests in flight over a volume
+/// committing its map in `mode`; every seed must reach a crash point.
+fn run_flat(run: &CrashRun, concurrency: usize, mode: MapCommit) {
+    let mut config = config();
+    config.concurrency = concurrency;
+    let summary = run.run_async(|seed| flat_seed(seed, config.clone(), mode, false));
+    assert!(summary.crash_points >= summary.iterations);
 }
 
 fn config() -> ScenarioConfig {
@@ -81,18 +99,7 @@ fn thin_volume_keeps_every_flushed_write_through_power_cuts() {
         replay: "cargo test -p strata-thin --test thin_crash thin_volume_keeps",
         default_iterations: 1500,
     };
-    let config = config();
-    let summary = run.run_async(|seed| {
-        let config = config.clone();
-        async move {
-            flat_device_scenario(seed, &config, |group, images| {
-                let group = group.clone();
-                async move { open_volume(&group, images, false).await }
-            })
-            .await
-        }
-    });
-    assert!(summary.crash_points >= summary.iterations);
+    run_flat(&run, 1, MapCommit::Batched);
 }
 
 #[test]
@@ -102,19 +109,7 @@ fn thin_volume_with_concurrent_requests_survives_power_cuts() {
         replay: "cargo test -p strata-thin --test thin_crash concurrent",
         default_iterations: 500,
     };
-    let mut config = config();
-    config.concurrency = 4;
-    let summary = run.run_async(|seed| {
-        let config = config.clone();
-        async move {
-            flat_device_scenario(seed, &config, |group, images| {
-                let group = group.clone();
-                async move { open_volume(&group, images, false).await }
-            })
-            .await
-        }
-    });
-    assert!(summary.crash_points >= summary.iterations);
+    run_flat(&run, 4, MapCommit::Batched);
 }
 
 /// The ordering bug every thin layer must not have: metadata committed before the data it
@@ -131,21 +126,14 @@ fn the_harness_catches_metadata_committed_before_its_data() {
         first: 0xBAD_0000,
         count: 400,
     };
-    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        run.run_plan_async(plan, |seed| {
-            let config = config.clone();
-            async move {
-                flat_device_scenario(seed, &config, |group, images| {
-                    let group = group.clone();
-                    async move { open_volume(&group, images, true).await }
-                })
-                .await
-                .map(|stats: CrashStats| stats)
-            }
-        })
-    }));
-    let payload = outcome.expect_err("400 seeds ran with the ordering bug planted and none failed");
-    let message = panic_message(&*payload);
+    let message = panic_report(
+        || {
+            run.run_plan_async(plan, |seed| {
+                flat_seed(seed, config.clone(), MapCommit::Batched, true)
+            })
+        },
+        "400 seeds ran with the ordering bug planted and none failed",
+    );
     assert!(message.contains("replay: STRATA_CRASH_SEED="), "{message}");
     assert!(message.contains("after the crash"), "{message}");
 }
@@ -161,22 +149,7 @@ fn extent_mode_keeps_every_flushed_write_through_power_cuts() {
             replay: "cargo test -p strata-thin --test thin_crash extent_mode_keeps",
             default_iterations: iterations,
         };
-        let mut config = config();
-        config.concurrency = concurrency;
-        let summary = run.run_async(|seed| {
-            let config = config.clone();
-            async move {
-                flat_device_scenario(seed, &config, |group, images| {
-                    let group = group.clone();
-                    async move {
-                        let volume = open_in_mode(&group, images, false, MapCommit::Extent).await?;
-                        Ok(volume as DeviceRef)
-                    }
-                })
-                .await
-            }
-        });
-        assert!(summary.crash_points >= summary.iterations);
+        run_flat(&run, concurrency, MapCommit::Extent);
     }
 }
 
@@ -204,12 +177,10 @@ fn the_hardening_check_fails_the_batched_mode() {
         first: 0xBA7C_0000,
         count: 200,
     };
-    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        run.run_plan_async(plan, |seed| hardening_scenario(seed, MapCommit::Batched))
-    }));
-    let payload =
-        outcome.expect_err("200 seeds held batched mode to extent mode's promise and none failed");
-    let message = panic_message(&*payload);
+    let message = panic_report(
+        || run.run_plan_async(plan, |seed| hardening_scenario(seed, MapCommit::Batched)),
+        "200 seeds held batched mode to extent mode's promise and none failed",
+    );
     assert!(
         message.contains("a hardened write did not survive the power cut"),
         "{message}"

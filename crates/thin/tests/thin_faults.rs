@@ -3,9 +3,12 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use strata_core::{BlockDevice, BlockError, DeviceRef, TokioRuntime, WriteFlags};
+use strata_core::{BlockDevice, BlockError, DeviceRef, WriteFlags};
 use strata_crash::{sector_disk, CrashDisk, CrashGroup};
-use strata_thin::{PoolOptions, PoolRuntime, ThinPool, ThinVolume};
+use strata_thin::{ThinPool, ThinVolume};
+
+mod common;
+use common::{pool_options, settings};
 
 const EXTENT: u64 = 64 << 10;
 const META: u64 = 1 << 20;
@@ -13,14 +16,8 @@ const META: u64 = 1 << 20;
 async fn volume() -> (CrashDisk, Arc<ThinVolume>) {
     let disk = CrashGroup::new().disk(sector_disk(META + 16 * EXTENT));
     let child: DeviceRef = Arc::new(disk.clone());
-    let mut settings = PoolRuntime::new(TokioRuntime::current());
-    settings.commit_interval = None;
-    let options = PoolOptions {
-        extent_size: EXTENT,
-        metadata_size: Some(META),
-        start_mid: false,
-    };
-    let pool = ThinPool::format("pool", child, &options, settings)
+    let settings = settings();
+    let pool = ThinPool::format("pool", child, &pool_options(EXTENT, META), settings)
         .await
         .unwrap();
     let volume = pool.create_volume("v", 1 << 20).await.unwrap();

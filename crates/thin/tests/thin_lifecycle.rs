@@ -7,30 +7,21 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use strata_backend::MemoryDevice;
-use strata_core::{BlockDevice, BlockError, DeviceRef, TokioRuntime, WriteFlags};
-use strata_thin::{check_state, PoolOptions, PoolRuntime, ThinPool, VolumeUsage};
+use strata_core::{BlockDevice, BlockError, DeviceRef, WriteFlags};
+use strata_crash::testkit::{block_on, Intercepted, Interceptor, Request};
+use strata_thin::{check_state, ThinPool, VolumeUsage};
+
+mod common;
+use common::{format_pool, pool_options, settings};
 
 const EXTENT: u64 = 64 << 10;
 const EXTENTS: u64 = 16;
 const KIB: u64 = 1024;
 
-fn settings() -> PoolRuntime {
-    let mut settings = PoolRuntime::new(TokioRuntime::current());
-    settings.commit_interval = None;
-    settings
-}
-
 /// 1 MiB of metadata and 16 extents of 64 KiB.
 async fn new_pool() -> (DeviceRef, Arc<ThinPool>) {
     let child: DeviceRef = Arc::new(MemoryDevice::new((1 << 20) + EXTENTS * EXTENT));
-    let options = PoolOptions {
-        extent_size: EXTENT,
-        metadata_size: Some(1 << 20),
-        start_mid: false,
-    };
-    let pool = ThinPool::format("pool", child.clone(), &options, settings())
-        .await
-        .unwrap();
+    let pool = format_pool(child.clone(), EXTENT, 1 << 20).await;
     (child, pool)
 }
 
@@ -405,12 +396,7 @@ async fn open_crash_pool(
     if !fresh {
         return Ok(ThinPool::open("pool", child, settings()).await?.0);
     }
-    let options = PoolOptions {
-        extent_size: EXTENT,
-        metadata_size: Some(1 << 20),
-        start_mid: false,
-    };
-    ThinPool::format("pool", child, &options, settings()).await
+    ThinPool::format("pool", child, &pool_options(EXTENT, 1 << 20), settings()).await
 }
 
 /// Power fails at every mutating I/O of a shrink and of a delete, with several random
@@ -547,20 +533,9 @@ fn place(size: u64, at: f64, sectors: u64) -> (u64, u64) {
 }
 
 fn run_steps(steps: Vec<Step>) {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
+    block_on(async {
         let child: DeviceRef = Arc::new(MemoryDevice::new((1 << 20) + 64 * EXTENT));
-        let options = PoolOptions {
-            extent_size: EXTENT,
-            metadata_size: Some(1 << 20),
-            start_mid: false,
-        };
-        let mut pool = ThinPool::format("pool", child.clone(), &options, settings())
-            .await
-            .unwrap();
+        let mut pool = format_pool(child.clone(), EXTENT, 1 << 20).await;
         let names = ["a", "b"];
         let mut model = Model::default();
         for name in names {
@@ -641,58 +616,22 @@ proptest::proptest! {
     }
 }
 
-/// A memory disk whose flushes can be held, to look at the pool while a commit is in flight.
+/// Holds flushes while `hold` is set, to look at the pool while a commit is in flight.
+#[derive(Default)]
 struct HeldFlush {
-    inner: MemoryDevice,
     hold: std::sync::atomic::AtomicBool,
     waiting: tokio::sync::Notify,
     release: tokio::sync::Notify,
 }
 
 #[strata_core::async_trait]
-impl BlockDevice for HeldFlush {
-    fn geometry(&self) -> strata_core::Geometry {
-        self.inner.geometry()
-    }
-    fn capabilities(&self) -> strata_core::Capabilities {
-        self.inner.capabilities()
-    }
-    async fn read(&self, offset: u64, len: usize) -> strata_core::Result<bytes::BytesMut> {
-        self.inner.read(offset, len).await
-    }
-    async fn write(&self, offset: u64, data: Bytes, flags: WriteFlags) -> strata_core::Result<()> {
-        self.inner.write(offset, data, flags).await
-    }
-    async fn flush(&self) -> strata_core::Result<()> {
-        if self.hold.load(std::sync::atomic::Ordering::SeqCst) {
+impl Interceptor for HeldFlush {
+    async fn before(&self, request: Request) -> strata_core::Result<()> {
+        if request == Request::Flush && self.hold.load(std::sync::atomic::Ordering::SeqCst) {
             self.waiting.notify_one();
             self.release.notified().await;
         }
-        self.inner.flush().await
-    }
-    async fn discard(&self, offset: u64, len: u64) -> strata_core::Result<()> {
-        self.inner.discard(offset, len).await
-    }
-    async fn write_zeroes(
-        &self,
-        offset: u64,
-        len: u64,
-        flags: strata_core::ZeroFlags,
-    ) -> strata_core::Result<()> {
-        self.inner.write_zeroes(offset, len, flags).await
-    }
-    async fn block_status(
-        &self,
-        offset: u64,
-        len: u64,
-    ) -> strata_core::Result<Vec<strata_core::Extent>> {
-        self.inner.block_status(offset, len).await
-    }
-    async fn control(
-        &self,
-        request: strata_core::Control,
-    ) -> strata_core::Result<strata_core::ControlReply> {
-        self.inner.control(request).await
+        Ok(())
     }
 }
 
@@ -700,21 +639,12 @@ impl BlockDevice for HeldFlush {
 /// is in flight waits for it instead of taking an extent whose free a crash could undo.
 #[tokio::test]
 async fn extents_freed_by_a_delete_are_not_reused_before_its_commit() {
-    let disk = Arc::new(HeldFlush {
-        inner: MemoryDevice::new((1 << 20) + EXTENTS * EXTENT),
-        hold: Default::default(),
-        waiting: Default::default(),
-        release: Default::default(),
-    });
+    let disk = Intercepted::new(
+        Arc::new(MemoryDevice::new((1 << 20) + EXTENTS * EXTENT)),
+        HeldFlush::default(),
+    );
     let child: DeviceRef = disk.clone();
-    let options = PoolOptions {
-        extent_size: EXTENT,
-        metadata_size: Some(1 << 20),
-        start_mid: false,
-    };
-    let pool = ThinPool::format("pool", child, &options, settings())
-        .await
-        .unwrap();
+    let pool = format_pool(child, EXTENT, 1 << 20).await;
     pool.create_volume("a", 8 * EXTENT).await.unwrap();
     pool.create_volume("b", EXTENTS * EXTENT).await.unwrap();
     let (a, b) = (pool.volume("a").unwrap(), pool.volume("b").unwrap());

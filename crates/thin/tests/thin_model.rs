@@ -6,10 +6,12 @@ use std::sync::Arc;
 use bytes::Bytes;
 use proptest::prelude::*;
 use strata_backend::MemoryDevice;
-use strata_core::{
-    BlockDevice, BlockError, DeviceRef, ExtentState, TokioRuntime, WriteFlags, ZeroFlags,
-};
-use strata_thin::{check_state, PoolOptions, PoolRuntime, ThinPool};
+use strata_core::{BlockDevice, BlockError, DeviceRef, ExtentState, WriteFlags, ZeroFlags};
+use strata_crash::testkit::block_on;
+use strata_thin::{check_state, PoolOptions, ThinPool};
+
+mod common;
+use common::{format_pool, settings};
 
 const EXTENT: u64 = 64 << 10;
 const VOLUME: u64 = 1 << 20;
@@ -59,12 +61,6 @@ fn sector_is(sector: &[u8], fill: u8) -> bool {
     sector.iter().all(|&b| b == fill)
 }
 
-fn settings() -> PoolRuntime {
-    let mut settings = PoolRuntime::new(TokioRuntime::current());
-    settings.commit_interval = None;
-    settings
-}
-
 async fn open(child: &DeviceRef) -> Arc<ThinPool> {
     ThinPool::open("pool", child.clone(), settings())
         .await
@@ -73,21 +69,10 @@ async fn open(child: &DeviceRef) -> Arc<ThinPool> {
 }
 
 fn run(ops: Vec<Op>) {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
+    block_on(async {
         // 1 MiB of metadata + 12 extents of data: two 1 MiB volumes over-commit it.
         let child: DeviceRef = Arc::new(MemoryDevice::new((1 << 20) + 12 * EXTENT));
-        let options = PoolOptions {
-            extent_size: EXTENT,
-            metadata_size: Some(1 << 20),
-            start_mid: false,
-        };
-        let mut pool = ThinPool::format("pool", child.clone(), &options, settings())
-            .await
-            .unwrap();
+        let mut pool = format_pool(child.clone(), EXTENT, 1 << 20).await;
         pool.create_volume("a", VOLUME).await.unwrap();
         pool.create_volume("b", VOLUME).await.unwrap();
         let mut models = vec![vec![0u8; VOLUME as usize]; 2];
@@ -252,14 +237,7 @@ async fn never_written_reads_zero_and_block_status_shows_holes() {
 #[tokio::test]
 async fn a_reused_extent_never_shows_its_old_content() {
     let child: DeviceRef = Arc::new(MemoryDevice::new((1 << 20) + EXTENT));
-    let options = PoolOptions {
-        extent_size: EXTENT,
-        metadata_size: Some(1 << 20),
-        start_mid: false,
-    };
-    let pool = ThinPool::format("pool", child, &options, settings())
-        .await
-        .unwrap();
+    let pool = format_pool(child, EXTENT, 1 << 20).await;
     assert_eq!(pool.extents(), 1);
     let a = pool.create_volume("a", VOLUME).await.unwrap();
     let b = pool.create_volume("b", VOLUME).await.unwrap();

@@ -5,9 +5,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use strata_core::{BlockDevice, BlockError, DeviceRef, TokioRuntime, WriteFlags, ZeroFlags};
+use strata_core::{BlockDevice, BlockError, DeviceRef, WriteFlags, ZeroFlags};
 use strata_crash::{sector_disk, CrashDisk, CrashGroup};
-use strata_thin::{LowWater, MapCommit, PoolOptions, PoolRuntime, ThinPool, ThinVolume, WhenFull};
+use strata_thin::{LowWater, MapCommit, PoolRuntime, ThinPool, ThinVolume, WhenFull};
+
+mod common;
+use common::{pool_options, settings};
 
 const EXTENT: u64 = 64 << 10;
 const META: u64 = 1 << 20;
@@ -26,15 +29,9 @@ struct Pool {
 async fn pool_with(configure: impl FnOnce(&mut PoolRuntime)) -> Pool {
     let disk = CrashGroup::new().disk(sector_disk(META + EXTENTS * EXTENT));
     let child: DeviceRef = Arc::new(disk.clone());
-    let mut settings = PoolRuntime::new(TokioRuntime::current());
-    settings.commit_interval = None;
+    let mut settings = settings();
     configure(&mut settings);
-    let options = PoolOptions {
-        extent_size: EXTENT,
-        metadata_size: Some(META),
-        start_mid: false,
-    };
-    let pool = ThinPool::format("pool", child, &options, settings)
+    let pool = ThinPool::format("pool", child, &pool_options(EXTENT, META), settings)
         .await
         .unwrap();
     assert_eq!(pool.extents(), EXTENTS);
@@ -277,25 +274,23 @@ async fn counts_per_volume_and_what_granule_liveness_frees() {
     assert_eq!(space.extents_allocated, 4);
     assert_eq!(space.granules_live, 3 * per_extent + 3);
     assert_eq!(space.extents_partly_dead, 1);
-    let a = &space.volumes[0];
+    // Per volume: name, extents allocated, granules live, extents partly dead.
+    let usage: Vec<_> = space
+        .volumes
+        .iter()
+        .map(|v| {
+            let name = v.name.as_str();
+            (
+                name,
+                v.extents_allocated,
+                v.granules_live,
+                v.extents_partly_dead,
+            )
+        })
+        .collect();
     assert_eq!(
-        (
-            a.name.as_str(),
-            a.extents_allocated,
-            a.granules_live,
-            a.extents_partly_dead
-        ),
-        ("a", 2, per_extent + 3, 1)
-    );
-    let b = &space.volumes[1];
-    assert_eq!(
-        (
-            b.name.as_str(),
-            b.extents_allocated,
-            b.granules_live,
-            b.extents_partly_dead
-        ),
-        ("b", 2, 2 * per_extent, 0)
+        usage,
+        [("a", 2, per_extent + 3, 1), ("b", 2, 2 * per_extent, 0)]
     );
     // b's first extent dies in two discards: per-granule liveness frees it, whole-extent
     // liveness would not have. b's second extent goes in one discard covering it: both free it.
@@ -430,16 +425,15 @@ async fn a_full_pool_grows_with_its_device() {
         device: device.clone(),
     };
     let concat = Arc::new(Concat::new("c".into(), vec![member("m0", &first)]).unwrap());
-    let mut settings = PoolRuntime::new(TokioRuntime::current());
-    settings.commit_interval = None;
-    let options = PoolOptions {
-        extent_size: EXTENT,
-        metadata_size: Some(META),
-        start_mid: false,
-    };
-    let pool = ThinPool::format("pool", concat.clone(), &options, settings.clone())
-        .await
-        .unwrap();
+    let settings = settings();
+    let pool = ThinPool::format(
+        "pool",
+        concat.clone(),
+        &pool_options(EXTENT, META),
+        settings.clone(),
+    )
+    .await
+    .unwrap();
     let volume = pool.create_volume("v", VOLUME).await.unwrap();
     for i in 0..4 {
         volume

@@ -1,0 +1,85 @@
+//! Helpers shared by the mirror and raid5 tests: the options they open with, opening over a
+//! list of children, the control requests they send and how they check a refusal.
+
+#![allow(dead_code)] // Each test crate uses a different subset.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use strata_core::layer::StartPolicy;
+use strata_core::{BlockDevice, Control, ControlReply, DeviceRef, Member, Result, TokioRuntime};
+use strata_crash::testkit::{assert_refused, slot_names};
+use strata_crash::CrashDisk;
+use strata_raid::mirror::{Mirror, MirrorOptions};
+
+/// Careful: what the server passes on an ordinary restart.
+pub const RESTART: StartPolicy = StartPolicy {
+    may_format: false,
+    allow_degraded: false,
+};
+
+/// A restart that may start with members missing (`--degraded`).
+pub const DEGRADED: StartPolicy = StartPolicy {
+    may_format: false,
+    allow_degraded: true,
+};
+
+/// Mirror options for tests: two resync workers copying 16 KiB at a time, progress
+/// checkpointed every four regions, started fresh.
+pub fn mirror_options(metadata_size: u64, region: u64, bitmap_clear: Duration) -> MirrorOptions {
+    MirrorOptions {
+        region,
+        metadata_size,
+        bitmap_clear,
+        resync_concurrency: 2,
+        copy_chunk: 16 << 10,
+        resync_checkpoint: 4 * region,
+        start: StartPolicy::FRESH,
+    }
+}
+
+/// Opens mirror `m` over slots `d0`, `d1`, … holding `children` (None = missing).
+pub async fn open_mirror(
+    children: Vec<Option<DeviceRef>>,
+    options: MirrorOptions,
+) -> Result<Mirror> {
+    let names = slot_names(children.len());
+    Mirror::open(
+        "m".into(),
+        names,
+        children,
+        options,
+        TokioRuntime::current(),
+    )
+    .await
+}
+
+/// Every crash disk as a present child.
+pub fn children(disks: &[CrashDisk]) -> Vec<Option<DeviceRef>> {
+    disks
+        .iter()
+        .map(|d| Some(Arc::new(d.clone()) as DeviceRef))
+        .collect()
+}
+
+/// Fails member `index` of a mirror or raid5, as `strata fail` does.
+pub async fn fail_member(array: &dyn BlockDevice, index: usize) -> Result<ControlReply> {
+    array.control(Control::FailMember { index }).await
+}
+
+/// The request that replaces member `index` with `device`, named `name`.
+pub fn replace(index: usize, name: &str, device: DeviceRef) -> Control {
+    Control::ReplaceMember {
+        index,
+        member: Member {
+            name: name.into(),
+            device,
+        },
+    }
+}
+
+/// Asserts that `result` is a refusal whose message names every one of `words`.
+#[track_caller]
+pub fn refused<T>(result: Result<T>, words: &[&str]) {
+    assert_refused(result, "refused", words);
+}
