@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import MiB, REPO, STRATA_BIN, Server, ServerSpec, close_handle, pattern_bytes, requires_strata, run
+from harness import MiB, REPO, STRATA_BIN, ensure_simulator, Server, ServerSpec, close_handle, pattern_bytes, requires_strata, run
 
 pytestmark = requires_strata()
 
@@ -27,6 +27,7 @@ needs_trace = pytest.mark.skipif(not TRACE.exists(), reason=f"no trace at {TRACE
 
 
 def sim(*args, check=True, timeout=120) -> subprocess.CompletedProcess:
+    ensure_simulator()
     return run([STRATA_BIN, "sim", *args], check=check, timeout=timeout, cwd=REPO)
 
 

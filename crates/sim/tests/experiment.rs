@@ -191,7 +191,7 @@ fn an_unknown_layer_kind_is_named_with_the_kinds() {
     );
     let error = parse_error(&text);
     assert!(
-        error.starts_with("layer r: unknown kind \"raid9\"") && error.contains("stripe"),
+        error.contains("field `kind`: unknown layer kind \"raid9\"") && error.contains("stripe"),
         "{error}"
     );
 }
@@ -212,7 +212,10 @@ children = [\"d1\", \"d2\"]
 {SMALL_WORKLOAD}"
     );
     let error = parse_error(&text);
-    assert_eq!(error, "\"d1\" is the child of two layers");
+    assert_eq!(
+        error,
+        "field `children`: \"d1\" is already a child of \"a\"; a device can have one parent"
+    );
 }
 
 #[test]

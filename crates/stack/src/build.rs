@@ -5,13 +5,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::registry::{self, LayerArgs, Options, StartPolicy};
 use anyhow::Context;
 use strata_backend::{FileDevice, FileOptions};
 use strata_core::{
     BlockDevice, Control, ControlReply, DeviceRef, Metered, MetricsRegistry, NodeStatus, Runtime,
 };
 use strata_nbd::{Export, Exports};
-use strata_stack::registry::{self, LayerArgs, Options, StartPolicy};
 use strata_stateless::delay::parse_duration;
 use strata_thin::{LowWater, MapCommit, PoolOptions, PoolRuntime, ThinPool, WhenFull};
 use tracing::{error, info};
@@ -294,7 +294,7 @@ pub async fn build(
             read_only: export.read_only,
         });
     }
-    crate::volume_cmd::export_unlisted_volumes(&stack, loaded);
+    crate::volumes::export_unlisted_volumes(&stack, loaded);
     if stack.exports.list().is_empty() {
         // Nothing to serve: a server that only reports refusals would look like success.
         let reasons: Vec<String> = stack

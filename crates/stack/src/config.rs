@@ -8,8 +8,9 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use toml::Spanned;
 
+pub use crate::graph::check_name;
 use crate::graph::{self, LayerConfig};
-use crate::size::ByteSize;
+use strata_core::ByteSize;
 
 /// The configuration `strata serve` uses when given none: one sparse file-backed disk
 /// exported as `default`, on a unix socket and on localhost.
@@ -369,21 +370,6 @@ fn validate(
         ));
     }
     Ok(())
-}
-
-pub fn check_name(name: &str) -> Result<(), String> {
-    let ok = !name.is_empty()
-        && name.len() <= 64
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
-    if ok {
-        Ok(())
-    } else {
-        Err(format!(
-            "{name:?} is not a valid name (1-64 characters: letters, digits, '-', '_', '.')"
-        ))
-    }
 }
 
 fn parse_listen(entry: &str) -> Result<ListenAddr, String> {

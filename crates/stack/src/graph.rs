@@ -9,8 +9,8 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ops::Range;
 
+use crate::registry::{self, ChildCount, OptionValue};
 use strata_core::ByteSize;
-use strata_stack::registry::{self, ChildCount, OptionValue};
 
 /// Options of a `thin-pool` layer (built apart from the registry: it defines volumes).
 pub const THIN_POOL_OPTIONS: &[&str] = &[
@@ -25,14 +25,14 @@ pub const THIN_POOL_OPTIONS: &[&str] = &[
     "grow-from",
 ];
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct VolumeConfig {
     pub name: String,
     pub size: u64,
 }
 
 /// One `[[layer]]` table.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct LayerConfig {
     pub name: String,
     pub kind: String,
@@ -89,9 +89,21 @@ fn option_value(value: &toml::Value) -> Option<OptionValue> {
 
 /// Parses one `[[layer]]` table.
 pub fn parse_layer(text: &str, table: &toml::Spanned<toml::Table>) -> Result<LayerConfig, Located> {
-    let span = table.span();
+    parse_layer_at(text, table.span(), table.get_ref())
+}
+
+/// Parses a `[[layer]]` table that has no text around it (the simulator's stack files are
+/// read as tables): errors carry the message only.
+pub fn layer_from_table(table: &toml::Table) -> Result<LayerConfig, String> {
+    parse_layer_at("", 0..0, table).map_err(|l| l.message)
+}
+
+fn parse_layer_at(
+    text: &str,
+    span: Range<usize>,
+    table: &toml::Table,
+) -> Result<LayerConfig, Located> {
     let at = |key: &str| key_offset(text, &span, key);
-    let table = table.get_ref();
     let string = |key: &str| -> Result<String, Located> {
         match table.get(key) {
             Some(toml::Value::String(s)) => Ok(s.clone()),
@@ -200,6 +212,23 @@ fn parse_volumes(value: &toml::Value) -> Result<Vec<VolumeConfig>, String> {
         .collect()
 }
 
+/// Names of disks, layers, exports and volumes: what a file name, a metric label and an NBD
+/// export name can all carry.
+pub fn check_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{name:?} is not a valid name (1-64 characters: letters, digits, '-', '_', '.')"
+        ))
+    }
+}
+
 /// Checks the layers against the disks and exports; returns the layers in build order
 /// (children before parents).
 pub fn validate(
@@ -210,12 +239,16 @@ pub fn validate(
 ) -> Result<Vec<usize>, Located> {
     let mut defined: HashMap<&str, usize> = HashMap::new();
     for (name, at) in disks {
-        defined.insert(name, *at);
+        if defined.insert(name, *at).is_some() {
+            return Err(located(
+                *at,
+                format!("field `name`: a disk named {name:?} is already defined"),
+            ));
+        }
     }
     for layer in layers {
         let at = key_offset(text, &layer.span, "name");
-        crate::config::check_name(&layer.name)
-            .map_err(|m| located(at, format!("field `name`: {m}")))?;
+        check_name(&layer.name).map_err(|m| located(at, format!("field `name`: {m}")))?;
         if defined.insert(&layer.name, at).is_some() {
             return Err(located(
                 at,

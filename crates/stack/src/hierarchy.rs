@@ -12,10 +12,10 @@
 use std::collections::{BTreeMap, HashSet};
 use std::fmt::Write as _;
 
+use crate::registry::OptionValue;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use strata_core::{BlockDevice, WriteFlags};
-use strata_stack::registry::OptionValue;
 
 use crate::config::Loaded;
 use crate::graph::LayerConfig;
