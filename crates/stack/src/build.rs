@@ -13,7 +13,9 @@ use strata_core::{
 };
 use strata_nbd::{Export, Exports};
 use strata_stateless::delay::parse_duration;
-use strata_thin::{LowWater, MapCommit, PoolOptions, PoolRuntime, ThinPool, WhenFull};
+use strata_thin::{
+    LowWater, MapCommit, PoolOptions, PoolRuntime, ThinPool, WhenFull, DEFAULT_EXTENT_SIZE,
+};
 use tracing::{error, info};
 
 use crate::config::{DiskConfig, Loaded};
@@ -614,10 +616,12 @@ async fn build_thin_pool(
         .with_context(|| format!("thin pool {name}: its disk {child_name} is missing"))?;
     let opts = layer_options(layer, loaded);
     let invalid = |e: strata_core::BlockError| anyhow::anyhow!("thin pool {name}: {e}");
-    let extent_size = opts.size("extent").map_err(invalid)?.unwrap_or(512 << 10);
-    if !extent_size.is_power_of_two() || !(64 << 10..=4 << 20).contains(&extent_size) {
-        anyhow::bail!("thin pool {name}: field `extent`: {extent_size} bytes is not a power of two from 64KiB to 4MiB");
-    }
+    let extent_size = opts
+        .size("extent")
+        .map_err(invalid)?
+        .unwrap_or(DEFAULT_EXTENT_SIZE);
+    strata_thin::check_extent_size(extent_size)
+        .map_err(|e| anyhow::anyhow!("thin pool {name}: field `extent`: {e}"))?;
     let options = PoolOptions {
         extent_size,
         metadata_size: opts.size("metadata-size").map_err(invalid)?,

@@ -43,6 +43,7 @@ description = "Strata default volume (thin)"
 pub struct Config {
     /// Where disks and sockets live; relative to the config file's folder.
     pub data_dir: Option<PathBuf>,
+    /// Where clients connect; [`DEFAULT_LISTEN`] when left out (an empty list is an error).
     #[serde(default = "default_listen")]
     pub listen: Vec<Spanned<String>>,
     #[serde(default = "default_admin")]
@@ -98,8 +99,15 @@ pub struct ExportConfig {
     pub description: String,
 }
 
+/// Where a config without `listen` serves: the embedded default's listeners.
+pub const DEFAULT_LISTEN: &[&str] = &["unix:nbd.sock", "tcp:127.0.0.1:10809"];
+
+/// `listen` left out: [`DEFAULT_LISTEN`] (spanning nothing: they are not in the text).
 fn default_listen() -> Vec<Spanned<String>> {
-    Vec::new()
+    DEFAULT_LISTEN
+        .iter()
+        .map(|addr| Spanned::new(0..0, addr.to_string()))
+        .collect()
 }
 
 fn default_admin() -> PathBuf {
@@ -422,6 +430,24 @@ mod tests {
         assert_eq!(loaded.listen.len(), 2);
         assert_eq!(loaded.data_dir, PathBuf::from("/base"));
         assert_eq!(loaded.listen[1], ListenAddr::Tcp("127.0.0.1:10809".into()));
+    }
+
+    #[test]
+    fn a_config_without_listen_serves_where_the_embedded_default_does() {
+        let text = "[[disk]]\nname = \"d0\"\npath = \"d0.img\"\n[[export]]\nname = \"e\"\ndevice = \"d0\"\n";
+        let loaded = load_str(text).unwrap();
+        let embedded = load_str(EMBEDDED_DEFAULT).unwrap();
+        assert_eq!(loaded.listen, embedded.listen);
+        assert_eq!(
+            loaded.listen,
+            [
+                ListenAddr::Unix(PathBuf::from("nbd.sock")),
+                ListenAddr::Tcp("127.0.0.1:10809".into())
+            ]
+        );
+        // Listing no listener at all is still refused: that is a mistake, not a default.
+        let err = load_str(&format!("listen = []\n{text}")).err().unwrap();
+        assert!(err.to_string().contains("field `listen` is empty"), "{err}");
     }
 
     #[test]

@@ -387,14 +387,9 @@ fn check_kind(text: &str, layer: &LayerConfig) -> Result<(), Located> {
         let extent = options
             .size("extent")
             .map_err(|e| located(key_offset(text, &layer.span, "extent"), e.to_string()))?;
-        if let Some(size) =
-            extent.filter(|s| !s.is_power_of_two() || !(64 << 10..=4 << 20).contains(s))
-        {
+        if let Some(Err(problem)) = extent.map(strata_thin::check_extent_size) {
             let at = key_offset(text, &layer.span, "extent");
-            return Err(located(
-                at,
-                format!("field `extent`: {size} bytes is not a power of two from 64KiB to 4MiB"),
-            ));
+            return Err(located(at, format!("field `extent`: {problem}")));
         }
     }
     if layer.kind != "thin-pool" && !layer.volumes.is_empty() {

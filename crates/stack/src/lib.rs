@@ -7,7 +7,7 @@
 //! Modules, one job each, lower ones never importing higher ones:
 //! `registry` (kinds) → `graph` (`[[layer]]` tables and the DAG checks) → `config` (the whole
 //! file, with located errors) → `hierarchy` (labels, assembly) → `build` (devices in graph
-//! order) → `reconfig` / `volumes` (online changes) → `control` (the running stack) →
+//! order) → `plan` (plan → apply → roll back) → `reconfig` / `volumes` (online changes, as plans) → `control` (the running stack) →
 //! `spares` (growth from spare disks). `check` verifies metadata offline.
 
 pub mod build;
@@ -16,6 +16,7 @@ pub mod config;
 pub mod control;
 pub mod graph;
 pub mod hierarchy;
+pub mod plan;
 pub mod reconfig;
 pub mod registry;
 pub mod spares;

@@ -15,15 +15,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
+use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use strata_core::{DeviceRef, Metered};
-use strata_nbd::Export;
+use strata_nbd::{Export, Exports, Server};
 use strata_thin::ThinPool;
 use toml_edit::{DocumentMut, Item};
 
 use crate::build::{Node, NodeKind, Stack};
 use crate::config::{self, Loaded};
 use crate::control::ControlPlane;
+use crate::plan::{Plan, Step};
+use crate::reconfig::{Applying, DetachNode, Reconfig, RecordConfig};
 use strata_core::ByteSize;
 
 /// How long `delete --force` waits for the clients it disconnects to go.
@@ -215,7 +218,7 @@ async fn create(
     volume: &str,
     size: u64,
 ) -> anyhow::Result<serde_json::Value> {
-    let reconfig = state.reconfig.lock().await;
+    let mut reconfig = state.reconfig.lock().await;
     let (pool_name, name) = split(volume)?;
     let pool = find_pool(state, pool_name)?;
     let full = format!("{pool_name}/{name}");
@@ -230,27 +233,19 @@ async fn create(
             other.description
         );
     }
-    pool.create_volume(name, size)
-        .await
-        .with_context(|| format!("volume {full}"))?;
-    let volume = pool
-        .open_volume(name)
-        .context("the volume vanished right after its creation")?;
-    let device: DeviceRef = Arc::new(Metered::new(
-        volume,
-        reconfig.metrics.device(&full),
-        reconfig.runtime.clone(),
-    ));
-    state
-        .nodes
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .push(Node {
-            name: full.clone(),
-            kind: NodeKind::Device(device.clone()),
-            label_disk: None,
+    let plan = Plan::new()
+        .then(CreateVolume {
+            pool: pool.clone(),
+            name: name.to_string(),
+            size,
+        })
+        .then(ExportVolume {
+            pool,
+            name: name.to_string(),
+            full: full.clone(),
+            exports: state.exports.clone(),
         });
-    state.exports.insert(volume_export(&full, device));
+    apply(state, &mut reconfig, plan).await?;
     Ok(done(format!(
         "created volume {full} of {} ({size} bytes), exported as {full:?}",
         ByteSize(size)
@@ -299,21 +294,22 @@ async fn resize(
             table.insert("size", toml_edit::Value::from(size as i64));
         }
     })?;
-    let edited = match edited {
-        Some(text) => Some((reconfig.reload(&text)?, text)),
-        None => None,
-    };
-    pool.resize_volume(name, size)
-        .await
-        .with_context(|| format!("volume {full}"))?;
+    let record = recording(&reconfig, edited)?;
+    let plan = Plan::new()
+        .then(ResizeVolume {
+            pool,
+            name: name.to_string(),
+            size,
+            old,
+        })
+        .then_some(record);
+    let recorded = apply(state, &mut reconfig, plan).await?;
     let mut summary = format!(
         "resized volume {full} from {} to {}",
         ByteSize(old),
         ByteSize(size)
     );
-    if let Some((loaded, text)) = edited {
-        let nodes = state.nodes();
-        let recorded = reconfig.record(&text, loaded, &nodes).await?;
+    if !recorded.is_empty() {
         summary.push_str(&format!("; {}", recorded.trim_start_matches("done; ")));
     }
     let clients: usize = node_device(state, &full)
@@ -359,16 +355,7 @@ async fn delete(
         .as_ref()
         .map(|d| exports_of(state, d))
         .unwrap_or_default();
-    let connected = |state: &ControlPlane| -> Vec<String> {
-        exports
-            .iter()
-            .filter_map(|e| match state.server.clients_of(e) {
-                0 => None,
-                n => Some(format!("{n} on export {:?}", e.name)),
-            })
-            .collect()
-    };
-    let busy = connected(state);
+    let busy = connected(&state.server, &exports);
     if !busy.is_empty() && !force {
         bail!(
             "volume {full} is in use: client(s) connected ({}); disconnect them, or pass \
@@ -376,74 +363,40 @@ async fn delete(
             busy.join(", ")
         );
     }
-    // Prepared and validated before anything changes.
-    let edited = edit_config_for_delete(&reconfig.loaded, pool_name, name)?;
-    let edited = match edited {
-        Some(text) => Some((reconfig.reload(&text)?, text)),
-        None => None,
-    };
-    for export in &exports {
-        state.exports.remove(&export.name);
-    }
-    let restore = |state: &ControlPlane| {
-        for export in &exports {
-            state.exports.insert(Export {
-                name: export.name.clone(),
-                description: export.description.clone(),
-                device: export.device.clone(),
-                read_only: export.read_only,
-            });
-        }
-    };
-    let mut closed = 0;
-    if force {
-        for export in &exports {
-            closed += state.server.clients_of(export);
-            let left = state.server.disconnect(export, DISCONNECT_TIMEOUT).await;
-            if left > 0 {
-                restore(state);
-                bail!(
-                    "volume {full}: {left} client(s) of export {:?} did not disconnect within \
-                     {DISCONNECT_TIMEOUT:?}; nothing deleted",
-                    export.name
-                );
-            }
-        }
+    // Prepared and validated before anything changes. The config is recorded before the
+    // volume is deleted: a crash between them leaves the volume in the pool, exported under
+    // its default name at the next start, rather than a config that would create it again.
+    let record = recording(
+        &reconfig,
+        edit_config_for_delete(&reconfig.loaded, pool_name, name)?,
+    )?;
+    let closed: usize = if force {
+        exports.iter().map(|e| state.server.clients_of(e)).sum()
     } else {
-        // A client may have connected between the check and the removal of the exports.
-        let busy = connected(state);
-        if !busy.is_empty() {
-            restore(state);
-            bail!(
-                "volume {full} is in use: client(s) connected ({}); nothing deleted",
-                busy.join(", ")
-            );
-        }
-    }
-    // The config first: a crash after it leaves the volume in the pool, exported under its
-    // default name at the next start, rather than a config that would create it again.
+        0
+    };
+    let plan = Plan::new()
+        .then(WithdrawExports {
+            exports: exports.clone(),
+            from: state.exports.clone(),
+        })
+        .then(Disconnect {
+            full: full.clone(),
+            exports: exports.clone(),
+            server: state.server.clone(),
+            force,
+        })
+        .then_some(record)
+        .then(DeleteVolume {
+            pool,
+            name: name.to_string(),
+        })
+        .then(DetachNode::new(full.clone()));
+    let recorded = apply(state, &mut reconfig, plan).await?;
     let mut summary = format!("deleted volume {full}");
-    if let Some((loaded, text)) = edited {
-        let nodes = state.nodes();
-        match reconfig.record(&text, loaded, &nodes).await {
-            Ok(recorded) => {
-                summary.push_str(&format!("; {}", recorded.trim_start_matches("done; ")))
-            }
-            Err(e) => {
-                restore(state);
-                return Err(e).with_context(|| format!("volume {full}: recording the config"));
-            }
-        }
+    if !recorded.is_empty() {
+        summary.push_str(&format!("; {}", recorded.trim_start_matches("done; ")));
     }
-    if let Err(e) = pool.delete_volume(name).await {
-        restore(state);
-        return Err(e).with_context(|| format!("volume {full}"));
-    }
-    state
-        .nodes
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .retain(|n| n.name != full);
     if !exports.is_empty() {
         let names: Vec<String> = exports.iter().map(|e| format!("{:?}", e.name)).collect();
         summary.push_str(&format!("; export {} removed", names.join(", ")));
@@ -598,5 +551,230 @@ pub fn export_unlisted_volumes(stack: &Stack, loaded: &Loaded) {
                 stack.exports.insert(volume_export(&full, device));
             }
         }
+    }
+}
+
+/// Runs a volume plan over the control plane's nodes (under the reconfiguration lock the
+/// caller holds); returns what recording the config said, if the plan recorded it.
+async fn apply<'a>(
+    plane: &ControlPlane,
+    reconfig: &'a mut Reconfig,
+    plan: Plan<Applying<'a>>,
+) -> anyhow::Result<String> {
+    let mut state = Applying::new(reconfig, plane.nodes());
+    let result = plan.apply(&mut state).await;
+    plane.set_nodes(state.nodes);
+    result.map(|()| state.summary)
+}
+
+/// The step that records an edited config, validated now, if there is an edit.
+fn recording(reconfig: &Reconfig, edited: Option<String>) -> anyhow::Result<Option<RecordConfig>> {
+    let Some(text) = edited else {
+        return Ok(None);
+    };
+    let source = reconfig
+        .loaded
+        .source
+        .as_ref()
+        .context("this server has no config file to record changes in")?;
+    let old =
+        std::fs::read_to_string(source).with_context(|| format!("reading {}", source.display()))?;
+    let loaded = reconfig.reload(&text)?;
+    Ok(Some(RecordConfig::new(old, text, loaded)))
+}
+
+/// Creates the volume in its pool; undone by deleting it (it holds nothing yet).
+struct CreateVolume {
+    pool: Arc<ThinPool>,
+    name: String,
+    size: u64,
+}
+
+#[async_trait]
+impl<'a> Step<Applying<'a>> for CreateVolume {
+    fn describe(&self) -> String {
+        format!("volume {}/{}", self.pool.name(), self.name)
+    }
+
+    async fn apply(&mut self, _: &mut Applying<'a>) -> anyhow::Result<()> {
+        self.pool.create_volume(&self.name, self.size).await?;
+        Ok(())
+    }
+
+    async fn undo(&mut self, _: &mut Applying<'a>) -> anyhow::Result<()> {
+        Ok(self.pool.delete_volume(&self.name).await?)
+    }
+}
+
+/// Opens a pool's volume as a node of the stack and exports it as `<pool>/<volume>`.
+struct ExportVolume {
+    pool: Arc<ThinPool>,
+    name: String,
+    full: String,
+    exports: Arc<Exports>,
+}
+
+#[async_trait]
+impl<'a> Step<Applying<'a>> for ExportVolume {
+    fn describe(&self) -> String {
+        format!("exporting volume {}", self.full)
+    }
+
+    async fn apply(&mut self, state: &mut Applying<'a>) -> anyhow::Result<()> {
+        let volume = self
+            .pool
+            .open_volume(&self.name)
+            .context("the volume vanished right after its creation")?;
+        let device: DeviceRef = Arc::new(Metered::new(
+            volume,
+            state.reconfig.metrics.device(&self.full),
+            state.reconfig.runtime.clone(),
+        ));
+        state.nodes.push(Node {
+            name: self.full.clone(),
+            kind: NodeKind::Device(device.clone()),
+            label_disk: None,
+        });
+        self.exports.insert(volume_export(&self.full, device));
+        Ok(())
+    }
+
+    async fn undo(&mut self, state: &mut Applying<'a>) -> anyhow::Result<()> {
+        self.exports.remove(&self.full);
+        state.nodes.retain(|n| n.name != self.full);
+        Ok(())
+    }
+}
+
+/// Resizes a volume; a grow is undone by shrinking back (nothing was stored past the old
+/// end yet that a client was told about), a shrink cannot be undone.
+struct ResizeVolume {
+    pool: Arc<ThinPool>,
+    name: String,
+    size: u64,
+    old: u64,
+}
+
+#[async_trait]
+impl<'a> Step<Applying<'a>> for ResizeVolume {
+    fn describe(&self) -> String {
+        format!("volume {}/{}", self.pool.name(), self.name)
+    }
+
+    async fn apply(&mut self, _: &mut Applying<'a>) -> anyhow::Result<()> {
+        Ok(self.pool.resize_volume(&self.name, self.size).await?)
+    }
+
+    async fn undo(&mut self, _: &mut Applying<'a>) -> anyhow::Result<()> {
+        Ok(self.pool.resize_volume(&self.name, self.old).await?)
+    }
+
+    fn reversible(&self) -> bool {
+        self.size >= self.old
+    }
+}
+
+/// Takes a volume's exports away, so that no new client connects; undone by putting them
+/// back.
+struct WithdrawExports {
+    exports: Vec<Arc<Export>>,
+    from: Arc<Exports>,
+}
+
+#[async_trait]
+impl<'a> Step<Applying<'a>> for WithdrawExports {
+    fn describe(&self) -> String {
+        "withdrawing the exports".to_string()
+    }
+
+    async fn apply(&mut self, _: &mut Applying<'a>) -> anyhow::Result<()> {
+        for export in &self.exports {
+            self.from.remove(&export.name);
+        }
+        Ok(())
+    }
+
+    async fn undo(&mut self, _: &mut Applying<'a>) -> anyhow::Result<()> {
+        for export in &self.exports {
+            self.from.insert(Export {
+                name: export.name.clone(),
+                description: export.description.clone(),
+                device: export.device.clone(),
+                read_only: export.read_only,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Makes sure no client still uses the withdrawn exports: with `force`, closes their
+/// connections; without, refuses if one connected between the check and the withdrawal.
+struct Disconnect {
+    full: String,
+    exports: Vec<Arc<Export>>,
+    server: Arc<Server>,
+    force: bool,
+}
+
+#[async_trait]
+impl<'a> Step<Applying<'a>> for Disconnect {
+    fn describe(&self) -> String {
+        format!("volume {}", self.full)
+    }
+
+    async fn apply(&mut self, _: &mut Applying<'a>) -> anyhow::Result<()> {
+        if self.force {
+            for export in &self.exports {
+                let left = self.server.disconnect(export, DISCONNECT_TIMEOUT).await;
+                if left > 0 {
+                    bail!(
+                        "{left} client(s) of export {:?} did not disconnect within \
+                         {DISCONNECT_TIMEOUT:?}; nothing deleted",
+                        export.name
+                    );
+                }
+            }
+            return Ok(());
+        }
+        let busy = connected(&self.server, &self.exports);
+        if !busy.is_empty() {
+            bail!(
+                "in use: client(s) connected ({}); nothing deleted",
+                busy.join(", ")
+            );
+        }
+        Ok(())
+    }
+}
+
+/// "N on export E" for each of `exports` that has clients.
+fn connected(server: &Server, exports: &[Arc<Export>]) -> Vec<String> {
+    exports
+        .iter()
+        .filter_map(|e| match server.clients_of(e) {
+            0 => None,
+            n => Some(format!("{n} on export {:?}", e.name)),
+        })
+        .collect()
+}
+
+/// Deletes the volume and its data: the point of no return.
+struct DeleteVolume {
+    pool: Arc<ThinPool>,
+    name: String,
+}
+
+#[async_trait]
+impl<'a> Step<Applying<'a>> for DeleteVolume {
+    fn describe(&self) -> String {
+        format!("volume {}/{}", self.pool.name(), self.name)
+    }
+
+    async fn apply(&mut self, _: &mut Applying<'a>) -> anyhow::Result<()> {
+        Ok(self.pool.delete_volume(&self.name).await?)
+    }
+
+    fn reversible(&self) -> bool {
+        false
     }
 }

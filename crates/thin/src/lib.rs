@@ -21,7 +21,9 @@ mod volume;
 pub use lifecycle::VolumeUsage;
 pub use map::GRANULE;
 pub use policy::{LowWater, MapCommit, WhenFull, DEFAULT_FULL_WAIT};
-pub use pool::{map_id, PoolOptions, PoolRuntime, ThinPool};
+pub use pool::{
+    check_extent_size, map_id, PoolOptions, PoolRuntime, ThinPool, DEFAULT_EXTENT_SIZE,
+};
 pub use records::check_state;
 pub use space::{PoolSpace, VolumeSpace};
 pub use volume::{ThinVolume, VolumeRef};
