@@ -450,6 +450,43 @@ mod tests {
         assert!(err.to_string().contains("field `listen` is empty"), "{err}");
     }
 
+    /// Two slices of one disk, the second starting at `second`.
+    fn two_slices(second: &str) -> String {
+        format!(
+            "[[disk]]\nname = \"d0\"\npath = \"d0.img\"\n\
+             [[layer]]\nname = \"low\"\nkind = \"slice\"\nchildren = [\"d0\"]\noffset = 0\nlength = \"1GiB\"\n\
+             [[layer]]\nname = \"high\"\nkind = \"slice\"\nchildren = [\"d0\"]\noffset = \"{second}\"\n\
+             [[export]]\nname = \"a\"\ndevice = \"low\"\n[[export]]\nname = \"b\"\ndevice = \"high\"\n"
+        )
+    }
+
+    #[test]
+    fn a_device_may_have_several_parents_using_disjoint_ranges() {
+        let loaded = load_str(&two_slices("1GiB")).unwrap();
+        assert_eq!(loaded.layers.len(), 2);
+        assert!(loaded.layers.iter().all(|l| l.children == ["d0"]));
+    }
+
+    #[test]
+    fn parents_using_overlapping_ranges_are_refused_with_the_ranges_named() {
+        let err = load_str(&two_slices("512MiB")).err().unwrap().to_string();
+        assert!(
+            err.contains("line 13")
+                && err.contains("\"d0\" is already a child of \"low\" (bytes 0B..1GiB)")
+                && err.contains("\"high\" uses bytes 512MiB..the end")
+                && err.contains("overlap"),
+            "{err}"
+        );
+        // A layer that uses all of its child leaves no room for another parent.
+        let text = two_slices("1GiB").replace(
+            "name = \"high\"\nkind = \"slice\"",
+            "name = \"high\"\nkind = \"concat\"",
+        );
+        let text = text.replace("offset = \"1GiB\"\n", "");
+        let err = load_str(&text).err().unwrap().to_string();
+        assert!(err.contains("\"high\" uses all of it"), "{err}");
+    }
+
     #[test]
     fn one_file_may_back_only_one_disk() {
         let text = |second: &str| {
@@ -576,7 +613,7 @@ mod tests {
     }
 
     #[test]
-    fn hierarchies_must_be_dags_with_one_parent_per_device() {
+    fn hierarchies_must_be_dags_whose_parents_do_not_overlap() {
         let disks = "listen = [\"unix:s\"]\n[[disk]]\nname = \"d0\"\npath = \"a\"\n[[disk]]\nname = \"d1\"\npath = \"b\"\n";
         let layer = |name: &str, kind: &str, children: &str| {
             format!("[[layer]]\nname = \"{name}\"\nkind = \"{kind}\"\nchildren = [{children}]\n")
@@ -614,7 +651,12 @@ mod tests {
             export("a")
         );
         let err = load_str(&two_parents).err().unwrap();
-        assert!(err.to_string().contains("one parent"), "{err}");
+        assert!(
+            err.to_string()
+                .contains("\"d0\" is already a child of \"a\" (all of it)")
+                && err.to_string().contains("the ranges overlap"),
+            "{err}"
+        );
 
         let internal = format!("{disks}{}{}", layer("a", "slice", "\"d0\""), export("d0"));
         let err = load_str(&internal).err().unwrap();

@@ -3,7 +3,8 @@
 //!
 //! Checks, each with the line of the offending field: names unique across disks and layers;
 //! a known kind; the right number of children for the kind; children that exist; no cycle;
-//! no device under two parents, and no device both under a layer and exported (writes that
+//! a device under several parents only where they use disjoint ranges of it (two slices of
+//! one disk; see [`used_range`]), and no device both under a layer and exported (writes that
 //! bypass a layer corrupt it); only top-level devices exported; options the kind knows.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -287,7 +288,9 @@ pub fn validate(
             ));
         }
     }
+    // The first parent of each device (for messages), and every range its parents use.
     let mut parent: HashMap<&str, &str> = HashMap::new();
+    let mut used: HashMap<&str, Vec<(&str, Used)>> = HashMap::new();
     for layer in layers {
         let at = key_offset(text, &layer.span, "children");
         for child in &layer.children {
@@ -302,11 +305,21 @@ pub fn validate(
                     format!("field `children`: no disk or layer named {child:?}"),
                 ));
             }
-            if let Some(other) = parent.insert(child, &layer.name) {
-                return Err(located(at, format!(
-                    "field `children`: {child:?} is already a child of {other:?}; a device can have one parent"
-                )));
+            let range = used_range(layer).map_err(|m| located(at, m))?;
+            let users = used.entry(child.as_str()).or_default();
+            if let Some((other, other_range)) = users.iter().find(|(_, r)| r.overlaps(&range)) {
+                return Err(located(
+                    at,
+                    format!(
+                    "field `children`: {child:?} is already a child of {other:?} ({other_range}), \
+                     and {:?} uses {range}: the ranges overlap (a device may have several \
+                     parents only where they use disjoint ranges of it)",
+                    layer.name
+                ),
+                ));
             }
+            users.push((layer.name.as_str(), range));
+            parent.entry(child.as_str()).or_insert(layer.name.as_str());
         }
     }
     let order = topological_order(text, layers)?;
@@ -399,6 +412,51 @@ fn check_kind(text: &str, layer: &LayerConfig) -> Result<(), Located> {
         ));
     }
     Ok(())
+}
+
+/// The bytes of its child a layer uses: `start..end`, `end` None for "to the end".
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Used {
+    pub start: u64,
+    pub end: Option<u64>,
+}
+
+impl Used {
+    fn overlaps(&self, other: &Used) -> bool {
+        let before = |a: &Used, b: &Used| a.end.is_some_and(|end| end <= b.start);
+        !before(self, other) && !before(other, self)
+    }
+}
+
+impl std::fmt::Display for Used {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.end {
+            Some(end) => write!(f, "bytes {}..{}", ByteSize(self.start), ByteSize(end)),
+            None if self.start == 0 => write!(f, "all of it"),
+            None => write!(f, "bytes {}..the end", ByteSize(self.start)),
+        }
+    }
+}
+
+/// What part of its child `layer` uses: a slice its window (`offset`, `length`), every
+/// other kind the whole device.
+pub fn used_range(layer: &LayerConfig) -> Result<Used, String> {
+    if layer.kind != "slice" {
+        return Ok(Used {
+            start: 0,
+            end: None,
+        });
+    }
+    let options = registry::Options::new(layer.options.clone(), Default::default());
+    let start = options
+        .size("offset")
+        .map_err(|e| e.to_string())?
+        .unwrap_or(0);
+    let length = options.size("length").map_err(|e| e.to_string())?;
+    Ok(Used {
+        start,
+        end: length.map(|length| start.saturating_add(length)),
+    })
 }
 
 /// Layers in an order where every child comes before its parent; a cycle is an error naming
