@@ -8,6 +8,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use strata_core::DeviceRef;
+use strata_stack::build;
 use strata_stack::graph::{self, LayerConfig};
 use strata_stack::registry::{self, LayerArgs, Options, StartPolicy};
 
@@ -23,6 +24,9 @@ pub struct DiskSpec {
     /// Model options (`queue = "fifo"`, `queue-depth = 8`, `link = "wan-17ms"` …), as given.
     pub options: toml::Table,
 }
+
+/// The kind whose layer is a pool of volumes rather than one device.
+const THIN_POOL: &str = "thin-pool";
 
 /// One `[[layer]]` table, parsed by the serve config's own parser.
 pub type LayerSpec = LayerConfig;
@@ -95,23 +99,33 @@ impl StackSpec {
             .collect()
     }
 
+    /// The devices: disks, layers, and each thin pool's volumes in place of the pool (a pool
+    /// is not a device).
+    fn devices(&self) -> Vec<String> {
+        let disks = self.disks.iter().map(|d| d.name.clone());
+        let layers = self.layers.iter().flat_map(|l| {
+            if l.kind == THIN_POOL {
+                l.volumes
+                    .iter()
+                    .map(|v| format!("{}/{}", l.name, v.name))
+                    .collect()
+            } else {
+                vec![l.name.clone()]
+            }
+        });
+        disks.chain(layers).collect()
+    }
+
     fn top_name(&self, used: &BTreeSet<String>) -> Result<String, String> {
+        let devices = self.devices();
         if let Some(top) = &self.top {
-            let known = self.disks.iter().any(|d| &d.name == top)
-                || self.layers.iter().any(|l| &l.name == top);
-            return if known {
+            return if devices.contains(top) {
                 Ok(top.clone())
             } else {
                 Err(format!("`top`: no device named {top:?}"))
             };
         }
-        let roots: Vec<&String> = self
-            .disks
-            .iter()
-            .map(|d| &d.name)
-            .chain(self.layers.iter().map(|l| &l.name))
-            .filter(|n| !used.contains(*n))
-            .collect();
+        let roots: Vec<&String> = devices.iter().filter(|n| !used.contains(*n)).collect();
         match roots.as_slice() {
             [one] => Ok((*one).clone()),
             _ => Err(format!(
@@ -146,6 +160,23 @@ impl StackSpec {
         }
         for index in self.check()? {
             let layer = &self.layers[index];
+            if layer.kind == THIN_POOL {
+                // Built by the same code as under `strata serve`; its volumes are the devices.
+                let child = built[&layer.children[0]].clone();
+                let pool = sim
+                    .block_on(build::open_thin_pool(
+                        layer,
+                        child,
+                        StartPolicy::FRESH,
+                        sim.runtime(),
+                    ))
+                    .map_err(|e| format!("{e:#}"))?;
+                for volume in pool.volume_names() {
+                    let device = pool.open_volume(&volume).expect("a listed volume opens");
+                    built.insert(format!("{}/{volume}", layer.name), Arc::new(device));
+                }
+                continue;
+            }
             let kind = registry::find(&layer.kind).ok_or_else(|| {
                 format!(
                     "layer {}: the simulator cannot build a {}",

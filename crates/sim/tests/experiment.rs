@@ -251,18 +251,23 @@ model = "cheetah-15k5-300g"
     );
 }
 
+/// A run that stores and verifies its data: `disks` Cheetahs d0…, a mixed uniform workload of
+/// `count` requests; the caller appends the layers.
+fn stored_run(seed: u64, disks: usize, count: u64) -> String {
+    let mut text = format!("seed = {seed}\nqueue-depth = 4\ndata = \"stored\"\n");
+    for i in 0..disks {
+        text.push_str(&format!(
+            "[[disk]]\nname = \"d{i}\"\nmodel = \"cheetah-15k5-300g\"\n"
+        ));
+    }
+    text + &format!("[workload]\nkind = \"uniform\"\nread_share = 0.5\ncount = {count}\n")
+}
+
 #[test]
 fn two_disjoint_slices_of_one_disk_rejoined_by_a_stripe_run_with_verified_data() {
     // A DAG, not a tree: d0 has two parents, which use disjoint halves of it.
-    let text = r#"
-seed = 11
-queue-depth = 4
-data = "stored"
-
-[[disk]]
-name = "d0"
-model = "cheetah-15k5-300g"
-
+    let text = stored_run(11, 1, 500)
+        + r#"
 [[layer]]
 name = "low"
 kind = "slice"
@@ -281,13 +286,8 @@ length = "1GiB"
 name = "both"
 kind = "stripe"
 children = ["low", "high"]
-
-[workload]
-kind = "uniform"
-read_share = 0.5
-count = 500
 "#;
-    let experiment = Experiment::parse(text, Path::new(".")).unwrap();
+    let experiment = Experiment::parse(&text, Path::new(".")).unwrap();
     let (report, output) = experiment.run().unwrap();
     assert_eq!(output.records.len(), 500);
     assert_eq!(report.read_mismatches, 0);
@@ -299,4 +299,19 @@ count = 500
             && error.contains("\"high\" uses bytes 512MiB..1536MiB"),
         "{error}"
     );
+}
+
+#[test]
+fn a_thin_pool_over_a_raid5_runs_in_virtual_time_with_verified_data() {
+    // The stack file's [[layer]] text is the one tests/integration/test_sim.py serves over NBD.
+    let stack = include_str!("../../../sim/thin-raid5-4-cheetah.toml");
+    let text = format!(
+        "seed = 7\nqueue-depth = 4\ndata = \"stored\"\n{stack}\n\
+         [workload]\nkind = \"uniform\"\nread_share = 0.5\ncount = 1000\n"
+    );
+    let experiment = Experiment::parse(&text, Path::new(".")).unwrap();
+    let (report, output) = experiment.run().unwrap();
+    assert_eq!(report.top, "pool/vol");
+    assert_eq!(output.records.len(), 1000);
+    assert_eq!(report.read_mismatches, 0);
 }

@@ -12,19 +12,10 @@ use std::ops::Range;
 
 use crate::registry::{self, ChildCount, OptionValue};
 use strata_core::ByteSize;
+use strata_thin::PoolConfig;
 
 /// Options of a `thin-pool` layer (built apart from the registry: it defines volumes).
-pub const THIN_POOL_OPTIONS: &[&str] = &[
-    "extent",
-    "metadata-size",
-    "start-mid",
-    "commit-interval-ms",
-    "map-commit",
-    "when-full",
-    "full-wait",
-    "low-water",
-    "grow-from",
-];
+pub use strata_thin::config::OPTIONS as THIN_POOL_OPTIONS;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct VolumeConfig {
@@ -76,6 +67,22 @@ pub fn key_offset(text: &str, span: &Range<usize>, key: &str) -> usize {
         at += line.len();
     }
     span.start
+}
+
+/// Options back as the TOML table they were written as (for kinds that parse a serde struct).
+pub fn options_table(options: &BTreeMap<String, OptionValue>) -> toml::Table {
+    options
+        .iter()
+        .map(|(key, value)| {
+            let value = match value {
+                OptionValue::Text(s) => toml::Value::String(s.clone()),
+                OptionValue::Integer(i) => toml::Value::Integer(*i),
+                OptionValue::Float(f) => toml::Value::Float(*f),
+                OptionValue::Bool(b) => toml::Value::Boolean(*b),
+            };
+            (key.clone(), value)
+        })
+        .collect()
 }
 
 fn option_value(value: &toml::Value) -> Option<OptionValue> {
@@ -396,14 +403,14 @@ fn check_kind(text: &str, layer: &LayerConfig) -> Result<(), Located> {
         ));
     }
     if layer.kind == "thin-pool" {
-        let options = registry::Options::new(layer.options.clone(), Default::default());
-        let extent = options
-            .size("extent")
-            .map_err(|e| located(key_offset(text, &layer.span, "extent"), e.to_string()))?;
-        if let Some(Err(problem)) = extent.map(strata_thin::check_extent_size) {
-            let at = key_offset(text, &layer.span, "extent");
-            return Err(located(at, format!("field `extent`: {problem}")));
-        }
+        PoolConfig::from_table(options_table(&layer.options)).map_err(|problem| {
+            // "field `KEY`: …" points at KEY; a type error the parser found, at the table.
+            let key = problem
+                .strip_prefix("field `")
+                .and_then(|rest| rest.split('`').next())
+                .unwrap_or("kind");
+            located(key_offset(text, &layer.span, key), problem)
+        })?;
     }
     if layer.kind != "thin-pool" && !layer.volumes.is_empty() {
         return Err(located(

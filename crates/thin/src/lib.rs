@@ -10,6 +10,7 @@
 //! - `lifecycle`: volumes resized and deleted at run time.
 
 mod alloc;
+pub mod config;
 mod lifecycle;
 mod map;
 mod policy;
@@ -18,6 +19,7 @@ mod records;
 mod space;
 mod volume;
 
+pub use config::PoolConfig;
 pub use lifecycle::VolumeUsage;
 pub use map::GRANULE;
 pub use policy::{LowWater, MapCommit, WhenFull, DEFAULT_FULL_WAIT};
