@@ -613,7 +613,7 @@ pub async fn open_thin_pool(
     let settings = config
         .settings(runtime.clone(), parse_duration)
         .map_err(invalid)?;
-    let pool = ThinPool::open_or_format(&name, child, &options, settings, start)
+    let pool = ThinPool::open_or_format(name, child, &options, settings, start)
         .await
         .with_context(|| format!("thin pool {name}: opening on {child_name}"))?;
     for volume in &layer.volumes {
