@@ -431,6 +431,20 @@ def _short_tmpdir() -> Path:
     return Path(tempfile.mkdtemp(prefix="strata-it-", dir="/tmp"))
 
 
+# `strata sim` runs this sibling executable (crates/sim), kept out of the serving binary.
+SIM_BIN = STRATA_BIN.parent / "strata-sim"
+
+
+def ensure_simulator():
+    """`strata sim` needs `strata-sim` next to the strata binary. `cargo build --release -p
+    strata` does not build it, so it is built here once when missing (test.sh builds both)."""
+    if SIM_BIN.exists():
+        return
+    if STRATA_BIN.parent != REPO / "target" / "release":
+        pytest.fail(f"{SIM_BIN} not found: build it next to $STRATA_BIN")
+    subprocess.run(["cargo", "build", "--release", "-p", "strata-sim"], cwd=REPO, check=True, timeout=1800)
+
+
 def requires_strata():
     return pytest.mark.skipif(SERVER_KIND != "strata", reason="needs the strata server")
 

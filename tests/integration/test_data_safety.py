@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import (MiB, STRATA_BIN, Disk, Export, Layer, ServerSpec, nbd_handle, pattern_bytes, requires_strata,
+from harness import (MiB, STRATA_BIN, ensure_simulator, Disk, Export, Layer, ServerSpec, nbd_handle, pattern_bytes, requires_strata,
                      run)
 
 pytestmark = requires_strata()
@@ -709,6 +709,7 @@ def test_a_full_file_system_under_a_thin_pool_fails_writes_and_loses_nothing_flu
 def test_client_commands_survive_a_closed_stdout():
     """`strata sim models | head -0`-like: the reader is gone before the first write. The
     command must finish its work and exit normally, not abort on EPIPE (panic = abort)."""
+    ensure_simulator()
     read_end, write_end = os.pipe()
     os.close(read_end)
     try:

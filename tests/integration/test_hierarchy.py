@@ -75,6 +75,42 @@ def test_slice_grows_online_and_the_change_survives_a_restart(server_factory):
         h.pwrite(data, 124 * MiB)
 
 
+def test_two_slices_share_one_disk_when_their_ranges_are_disjoint(server_factory):
+    """A DAG, not a tree: one disk under two slices that use disjoint halves of it. Each
+    export's writes land in its own half (after the 64 KiB label); a grow that would make
+    the halves overlap is refused with the ranges named, and nothing changes."""
+    half = 32 * MiB
+    spec = ServerSpec(disks=[Disk("d0", 64 * MiB + 64 * 1024)],
+                      layers=[Layer(name="low", kind="slice", children=["d0"],
+                                    options={"offset": 0, "length": "32MiB"}),
+                              Layer(name="high", kind="slice", children=["d0"],
+                                    options={"offset": "32MiB", "length": "32MiB"})],
+                      exports=[Export("low", "low"), Export("high", "high")])
+    srv = server_factory(spec)
+    low, high = pattern_bytes(21, MiB), pattern_bytes(22, MiB)
+    with nbd_handle(srv, export="low") as h:
+        assert h.get_size() == half
+        h.pwrite(low, 0)
+        h.flush()
+    with nbd_handle(srv, export="high") as h:
+        assert h.get_size() == half
+        h.pwrite(high, 0)
+        h.flush()
+    with nbd_handle(srv, export="low") as h:
+        assert h.pread(MiB, 0) == low
+    image = srv.data_dir / "disks" / "d0.img"
+    with open(image, "rb") as f:
+        f.seek(64 * 1024)
+        assert f.read(MiB) == low
+        f.seek(64 * 1024 + half)
+        assert f.read(MiB) == high
+    refused = strata("grow", "--data-dir", srv.data_dir, "low", "48MiB", check=False)
+    assert refused.returncode != 0, refused.stdout
+    assert "overlap" in refused.stderr and "bytes 0B..48MiB" in refused.stderr, refused.stderr
+    with nbd_handle(srv, export="low") as h:
+        assert h.get_size() == half
+
+
 def stripe_spec() -> ServerSpec:
     return ServerSpec(disks=[Disk(f"d{i}", 64 * MiB) for i in range(3)],
                       layers=[Layer(name="s", kind="stripe", children=["d0", "d1", "d2"], options={"chunk": "64KiB"})],

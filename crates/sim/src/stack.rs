@@ -8,7 +8,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 use strata_core::DeviceRef;
-use strata_stack::registry::{self, LayerArgs, OptionValue, Options, StartPolicy};
+use strata_stack::build;
+use strata_stack::graph::{self, LayerConfig};
+use strata_stack::registry::{self, LayerArgs, Options, StartPolicy};
 
 use crate::disk::{DataMode, SimDisk};
 use crate::executor::Simulation;
@@ -23,14 +25,11 @@ pub struct DiskSpec {
     pub options: toml::Table,
 }
 
-/// One `[[layer]]` table: the serve config's syntax (name, kind, children, options).
-#[derive(Clone, Debug, PartialEq)]
-pub struct LayerSpec {
-    pub name: String,
-    pub kind: String,
-    pub children: Vec<String>,
-    pub options: BTreeMap<String, OptionValue>,
-}
+/// The kind whose layer is a pool of volumes rather than one device.
+const THIN_POOL: &str = "thin-pool";
+
+/// One `[[layer]]` table, parsed by the serve config's own parser.
+pub type LayerSpec = LayerConfig;
 
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct StackSpec {
@@ -68,38 +67,8 @@ impl StackSpec {
             });
         }
         for (i, layer) in array_of_tables(table, "layer")?.iter().enumerate() {
-            let mut rest = layer.clone();
-            let name = take_string(&mut rest, "name").map_err(|e| format!("layer {i}: {e}"))?;
-            let kind = take_string(&mut rest, "kind").map_err(|e| format!("layer {name}: {e}"))?;
-            let children = match rest.remove("children") {
-                Some(toml::Value::Array(items)) => items
-                    .iter()
-                    .map(|v| v.as_str().map(str::to_string))
-                    .collect::<Option<Vec<_>>>()
-                    .ok_or_else(|| format!("layer {name}: `children` must be a list of names"))?,
-                _ => return Err(format!("layer {name}: needs `children`, a list of names")),
-            };
-            let mut options = BTreeMap::new();
-            for (key, value) in rest {
-                let value = match value {
-                    toml::Value::String(s) => OptionValue::Text(s),
-                    toml::Value::Integer(n) => OptionValue::Integer(n),
-                    toml::Value::Float(x) => OptionValue::Float(x),
-                    toml::Value::Boolean(b) => OptionValue::Bool(b),
-                    _ => {
-                        return Err(format!(
-                            "layer {name}: field `{key}` must be a string, number or boolean"
-                        ))
-                    }
-                };
-                options.insert(key, value);
-            }
-            spec.layers.push(LayerSpec {
-                name,
-                kind,
-                children,
-                options,
-            });
+            spec.layers
+                .push(graph::layer_from_table(layer).map_err(|e| format!("layer {i}: {e}"))?);
         }
         spec.top = match table.get("top") {
             None => None,
@@ -113,70 +82,50 @@ impl StackSpec {
         Ok(spec)
     }
 
-    /// Names unique, kinds known, children defined and used once, one top.
-    fn check(&self) -> Result<(), String> {
-        let mut names = BTreeSet::new();
-        for name in self
-            .disks
+    /// The serve config's checks (names, kinds, children, cycles: `strata_stack::graph`),
+    /// then one top; returns the layers in build order.
+    fn check(&self) -> Result<Vec<usize>, String> {
+        let disks: Vec<(String, usize)> = self.disks.iter().map(|d| (d.name.clone(), 0)).collect();
+        let order = graph::validate("", &disks, &self.layers, &[]).map_err(|l| l.message)?;
+        self.top_name(&self.used())?;
+        Ok(order)
+    }
+
+    /// Every device that is some layer's child.
+    fn used(&self) -> BTreeSet<String> {
+        self.layers
             .iter()
-            .map(|d| &d.name)
-            .chain(self.layers.iter().map(|l| &l.name))
-        {
-            if !names.insert(name.clone()) {
-                return Err(format!("two devices are named {name:?}"));
+            .flat_map(|l| l.children.iter().cloned())
+            .collect()
+    }
+
+    /// The devices: disks, layers, and each thin pool's volumes in place of the pool (a pool
+    /// is not a device).
+    fn devices(&self) -> Vec<String> {
+        let disks = self.disks.iter().map(|d| d.name.clone());
+        let layers = self.layers.iter().flat_map(|l| {
+            if l.kind == THIN_POOL {
+                l.volumes
+                    .iter()
+                    .map(|v| format!("{}/{}", l.name, v.name))
+                    .collect()
+            } else {
+                vec![l.name.clone()]
             }
-        }
-        let mut used = BTreeSet::new();
-        for layer in &self.layers {
-            let kind = registry::find(&layer.kind).ok_or_else(|| {
-                format!(
-                    "layer {}: unknown kind {:?} (the simulator builds: {})",
-                    layer.name,
-                    layer.kind,
-                    registry::KINDS
-                        .iter()
-                        .map(|k| k.kind)
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                )
-            })?;
-            if !kind.children.allows(layer.children.len()) {
-                return Err(format!(
-                    "layer {}: a {} takes {}",
-                    layer.name,
-                    layer.kind,
-                    kind.children.describe()
-                ));
-            }
-            for child in &layer.children {
-                if !names.contains(child) {
-                    return Err(format!("layer {}: no device named {child:?}", layer.name));
-                }
-                if !used.insert(child.clone()) {
-                    return Err(format!("{child:?} is the child of two layers"));
-                }
-            }
-        }
-        self.top_name(&used).map(|_| ())
+        });
+        disks.chain(layers).collect()
     }
 
     fn top_name(&self, used: &BTreeSet<String>) -> Result<String, String> {
+        let devices = self.devices();
         if let Some(top) = &self.top {
-            let known = self.disks.iter().any(|d| &d.name == top)
-                || self.layers.iter().any(|l| &l.name == top);
-            return if known {
+            return if devices.contains(top) {
                 Ok(top.clone())
             } else {
                 Err(format!("`top`: no device named {top:?}"))
             };
         }
-        let roots: Vec<&String> = self
-            .disks
-            .iter()
-            .map(|d| &d.name)
-            .chain(self.layers.iter().map(|l| &l.name))
-            .filter(|n| !used.contains(*n))
-            .collect();
+        let roots: Vec<&String> = devices.iter().filter(|n| !used.contains(*n)).collect();
         match roots.as_slice() {
             [one] => Ok((*one).clone()),
             _ => Err(format!(
@@ -209,14 +158,31 @@ impl StackSpec {
             built.insert(spec.name.clone(), disk.clone());
             disks.push(disk);
         }
-        let mut left: Vec<&LayerSpec> = self.layers.iter().collect();
-        while !left.is_empty() {
-            let ready = left
-                .iter()
-                .position(|l| l.children.iter().all(|c| built.contains_key(c)))
-                .ok_or("the layers form a cycle")?;
-            let layer = left.remove(ready);
-            let kind = registry::find(&layer.kind).expect("checked");
+        for index in self.check()? {
+            let layer = &self.layers[index];
+            if layer.kind == THIN_POOL {
+                // Built by the same code as under `strata serve`; its volumes are the devices.
+                let child = built[&layer.children[0]].clone();
+                let pool = sim
+                    .block_on(build::open_thin_pool(
+                        layer,
+                        child,
+                        StartPolicy::FRESH,
+                        sim.runtime(),
+                    ))
+                    .map_err(|e| format!("{e:#}"))?;
+                for volume in pool.volume_names() {
+                    let device = pool.open_volume(&volume).expect("a listed volume opens");
+                    built.insert(format!("{}/{volume}", layer.name), Arc::new(device));
+                }
+                continue;
+            }
+            let kind = registry::find(&layer.kind).ok_or_else(|| {
+                format!(
+                    "layer {}: the simulator cannot build a {}",
+                    layer.name, layer.kind
+                )
+            })?;
             let args = LayerArgs {
                 name: layer.name.clone(),
                 children: layer
@@ -234,12 +200,7 @@ impl StackSpec {
                 .map_err(|e| format!("layer {}: {e}", layer.name))?;
             built.insert(layer.name.clone(), device);
         }
-        let used: BTreeSet<String> = self
-            .layers
-            .iter()
-            .flat_map(|l| l.children.iter().cloned())
-            .collect();
-        let top_name = self.top_name(&used)?;
+        let top_name = self.top_name(&self.used())?;
         Ok(Stack {
             disks,
             top: built[&top_name].clone(),

@@ -9,46 +9,30 @@ use std::time::Instant;
 use anyhow::Context;
 use prometheus_client::registry::Registry;
 use serde::{Deserialize, Serialize};
-use strata_nbd::Server;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 use tokio::net::UnixListener;
 use tracing::{debug, warn};
 
-use crate::build::Node;
-use crate::reconfig::{Change, Reconfig};
+use strata_stack::build::NodeKind;
+use strata_stack::control::ControlPlane;
+use strata_stack::reconfig::Change;
+use strata_stack::volumes::VolumeRequest;
 
-/// Everything the admin interface reports on.
+/// Everything the admin interface reports on: the control plane, and what only the serving
+/// process knows (its listeners, its uptime, its metrics registry).
 pub struct AdminState {
     pub started: Instant,
     pub data_dir: String,
     pub listeners: Vec<String>,
-    pub server: Arc<Server>,
-    pub exports: Arc<strata_nbd::Exports>,
-    /// The stack's nodes; reconfiguration adds and removes some.
-    pub nodes: std::sync::Mutex<Vec<Node>>,
-    /// Devices that did not start (and everything above them), with why.
-    pub refused: Vec<crate::build::Refused>,
-    pub reconfig: tokio::sync::Mutex<Reconfig>,
+    pub plane: Arc<ControlPlane>,
     pub registry: Registry,
 }
 
-impl AdminState {
-    pub fn nodes(&self) -> Vec<Node> {
-        self.nodes.lock().unwrap_or_else(|p| p.into_inner()).clone()
-    }
+impl std::ops::Deref for AdminState {
+    type Target = ControlPlane;
 
-    /// Applies one reconfiguration, serialized with any other.
-    pub async fn change(&self, change: Change) -> anyhow::Result<String> {
-        let mut reconfig = self.reconfig.lock().await;
-        let mut nodes = self.nodes();
-        tracing::info!(?change, "reconfiguration requested");
-        let result = reconfig.apply(change, &mut nodes).await;
-        *self.nodes.lock().unwrap_or_else(|p| p.into_inner()) = nodes;
-        match &result {
-            Ok(summary) => tracing::info!(%summary, "reconfiguration done"),
-            Err(e) => tracing::warn!("reconfiguration refused: {e:#}"),
-        }
-        result
+    fn deref(&self) -> &ControlPlane {
+        &self.plane
     }
 }
 
@@ -59,7 +43,7 @@ pub enum AdminRequest {
     Metrics,
     Change(Change),
     /// `strata volume …`: thin volumes created, listed, resized, deleted.
-    Volume(crate::volume_cmd::VolumeRequest),
+    Volume(VolumeRequest),
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -129,7 +113,7 @@ async fn answer(stream: tokio::net::UnixStream, state: &AdminState) -> anyhow::R
             Err(e) => serde_json::to_string(&serde_json::json!({ "error": format!("{e:#}") }))?,
         },
         Ok(AdminRequest::Volume(request)) => {
-            match crate::volume_cmd::answer(state, request).await {
+            match strata_stack::volumes::answer(&state.plane, request).await {
                 Ok(reply) => serde_json::to_string(&reply)?,
                 Err(e) => serde_json::to_string(&serde_json::json!({ "error": format!("{e:#}") }))?,
             }
@@ -150,8 +134,8 @@ pub async fn status(state: &AdminState) -> Status {
         .nodes()
         .iter()
         .filter_map(|node| match &node.kind {
-            crate::build::NodeKind::Pool(pool) => Some((node.name.clone(), pool.volume_names())),
-            crate::build::NodeKind::Device(_) => None,
+            NodeKind::Pool(pool) => Some((node.name.clone(), pool.volume_names())),
+            NodeKind::Device(_) => None,
         })
         .flat_map(|(pool, volumes)| volumes.into_iter().map(move |v| format!("{pool}/{v}")))
         .collect();

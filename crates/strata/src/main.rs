@@ -18,18 +18,10 @@ macro_rules! outln {
 }
 
 mod admin;
-mod build;
-mod check;
-mod config;
-mod graph;
-mod hierarchy;
 mod metrics_http;
 mod pool_metrics;
-mod reconfig;
 mod serve;
-mod sim_cmd;
-mod size;
-mod spares;
+mod sim_forward;
 mod status;
 mod volume_cmd;
 
@@ -40,7 +32,8 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use crate::admin::AdminRequest;
-use crate::reconfig::Change;
+use strata_stack::check;
+use strata_stack::reconfig::Change;
 
 /// mimalloc returns freed request buffers to the OS within milliseconds; glibc's malloc kept
 /// ~70 MiB resident after a burst of 1 MiB requests (measured), over our idle budget.
@@ -162,10 +155,13 @@ enum Command {
         #[command(subcommand)]
         command: volume_cmd::VolumeCommand,
     },
-    /// The deterministic simulator: Strata's layers over modelled disks, in virtual time.
+    /// The deterministic simulator: Strata's layers over modelled disks, in virtual time
+    /// (runs the `strata-sim` executable installed next to this one).
+    #[command(disable_help_flag = true)]
     Sim {
-        #[command(subcommand)]
-        command: sim_cmd::SimCommand,
+        /// The simulator's command and its arguments (`strata sim --help` lists them).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<std::ffi::OsString>,
     },
 }
 
@@ -265,11 +261,13 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             layer,
             size,
         } => {
-            let size = size::ByteSize::parse(&size).map_err(anyhow::Error::msg)?.0;
+            let size = strata_core::ByteSize::parse(&size)
+                .map_err(anyhow::Error::msg)?
+                .0;
             change(&target, Change::Grow { layer, size })
         }
         Command::Volume { command } => volume_cmd::run(command),
-        Command::Sim { command } => sim_cmd::run(command),
+        Command::Sim { args } => return sim_forward::run(&args),
         Command::Metrics { target } => {
             let reply = admin::request(&target.socket(), &AdminRequest::Metrics)?;
             out!("{}", reply["metrics"].as_str().unwrap_or_default());

@@ -13,12 +13,14 @@ use tokio::net::{TcpListener, UnixListener};
 use tokio::signal::unix::{signal, SignalKind};
 use tracing::{error, info, warn};
 
+use strata_stack::build;
+use strata_stack::config::{self, ListenAddr, Loaded};
+use strata_stack::control::ControlPlane;
+use strata_stack::hierarchy;
+use strata_stack::reconfig::Reconfig;
+
 use crate::admin::{self, AdminState};
-use crate::build;
-use crate::config::{self, ListenAddr, Loaded};
-use crate::hierarchy;
 use crate::pool_metrics::PoolCollector;
-use crate::reconfig::Reconfig;
 
 /// How long shutdown waits for clients to take their last replies.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
@@ -179,20 +181,22 @@ pub async fn serve(loaded: Loaded, start: build::StartOptions) -> anyhow::Result
         started,
         data_dir: loaded.data_dir.display().to_string(),
         listeners: names.clone(),
-        server: server.clone(),
-        exports: stack.exports.clone(),
-        nodes: std::sync::Mutex::new(stack.nodes),
-        refused: stack.refused,
-        reconfig: tokio::sync::Mutex::new(Reconfig {
-            loaded: loaded.clone(),
-            runtime,
-            metrics: metrics.clone(),
+        plane: Arc::new(ControlPlane {
+            server: server.clone(),
+            exports: stack.exports.clone(),
+            nodes: std::sync::Mutex::new(stack.nodes),
+            refused: stack.refused,
+            reconfig: tokio::sync::Mutex::new(Reconfig {
+                loaded: loaded.clone(),
+                runtime,
+                metrics: metrics.clone(),
+            }),
         }),
         registry,
     });
     tokio::spawn(admin::run(admin_listener, state.clone()));
     if loaded.layers.iter().any(|l| !l.grow_from.is_empty()) {
-        tokio::spawn(crate::spares::grow_pools(state.clone()));
+        tokio::spawn(strata_stack::spares::grow_pools(state.plane.clone()));
     }
     if let Some(addr) = &metrics_addr {
         let listener = TcpListener::bind(addr)
@@ -273,7 +277,7 @@ fn print_welcome(loaded: &Loaded, state: &AdminState, admin: &Path, metrics: Opt
         loaded.data_dir.display()
     );
     for export in state.exports.list() {
-        let size = crate::size::ByteSize(export.device.geometry().size);
+        let size = strata_core::ByteSize(export.device.geometry().size);
         // A read-only disk makes a read-only export whatever the export says.
         let mode = if export.read_only || export.device.capabilities().read_only {
             "read-only"

@@ -4,7 +4,7 @@ use std::fmt::Write;
 
 use serde_json::Value;
 
-use crate::size::ByteSize;
+use strata_core::ByteSize;
 
 pub fn render(status: &Value) -> String {
     let mut out = String::new();

@@ -10,6 +10,7 @@
 //! - `lifecycle`: volumes resized and deleted at run time.
 
 mod alloc;
+pub mod config;
 mod lifecycle;
 mod map;
 mod policy;
@@ -18,10 +19,13 @@ mod records;
 mod space;
 mod volume;
 
+pub use config::PoolConfig;
 pub use lifecycle::VolumeUsage;
 pub use map::GRANULE;
 pub use policy::{LowWater, MapCommit, WhenFull, DEFAULT_FULL_WAIT};
-pub use pool::{map_id, PoolOptions, PoolRuntime, ThinPool};
+pub use pool::{
+    check_extent_size, map_id, PoolOptions, PoolRuntime, ThinPool, DEFAULT_EXTENT_SIZE,
+};
 pub use records::check_state;
 pub use space::{PoolSpace, VolumeSpace};
 pub use volume::{ThinVolume, VolumeRef};

@@ -126,6 +126,22 @@ pub struct ThinPool {
     spares_left: AtomicU64,
 }
 
+/// The extent size a pool gets when its config names none.
+pub const DEFAULT_EXTENT_SIZE: u64 = 512 << 10;
+
+/// The one rule for extent sizes (config checks, build and format all ask it): a power of
+/// two from 64 KiB (smaller extents make the map outgrow its metadata region) to 4 MiB
+/// (larger ones make the first write to an extent copy too much).
+pub fn check_extent_size(bytes: u64) -> std::result::Result<(), String> {
+    if bytes.is_power_of_two() && (64 << 10..=4 << 20).contains(&bytes) {
+        Ok(())
+    } else {
+        Err(format!(
+            "{bytes} bytes is not a power of two from 64KiB to 4MiB"
+        ))
+    }
+}
+
 impl ThinPool {
     /// Formats `child` as an empty pool.
     pub async fn format(
@@ -135,11 +151,8 @@ impl ThinPool {
         settings: PoolRuntime,
     ) -> Result<Arc<ThinPool>> {
         let extent_size = options.extent_size;
-        if !extent_size.is_power_of_two() || !(64 << 10..=4 << 20).contains(&extent_size) {
-            return Err(BlockError::InvalidArgument(format!(
-                "extent size {extent_size} is not a power of two from 64 KiB to 4 MiB"
-            )));
-        }
+        check_extent_size(extent_size)
+            .map_err(|e| BlockError::InvalidArgument(format!("field `extent`: {e}")))?;
         let size = child.geometry().size;
         let (metadata, _) = metadata_bytes(size, options);
         let data_start = metadata.next_multiple_of(extent_size);

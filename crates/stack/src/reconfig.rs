@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{bail, Context};
+use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use strata_backend::{FileDevice, FileOptions};
 use strata_core::{Control, ControlReply, DeviceRef, Member, Metered, MetricsRegistry, Runtime};
@@ -24,6 +25,7 @@ use toml_edit::{value, Array, DocumentMut, Item, Table};
 use crate::build::{Node, NodeKind};
 use crate::config::{self, Loaded};
 use crate::hierarchy::{self, Labelled};
+use crate::plan::{Plan, Step};
 
 /// A change an administrator asks for.
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -179,7 +181,7 @@ impl Reconfig {
             .context("this server has no config file to record changes in")
     }
 
-    pub(crate) fn reload(&self, text: &str) -> anyhow::Result<Loaded> {
+    pub fn reload(&self, text: &str) -> anyhow::Result<Loaded> {
         let source = self.source()?;
         let mut loaded = config::load(
             text,
@@ -235,10 +237,26 @@ impl Reconfig {
         bail!("cannot tell what size the new member should be")
     }
 
-    /// Applies one change; returns the new nodes list and a summary for the operator.
+    /// Applies one change (updating `nodes`); returns a summary for the operator.
     pub async fn apply(&mut self, change: Change, nodes: &mut Vec<Node>) -> anyhow::Result<String> {
+        let plan = self.plan(&change, nodes)?;
+        let mut state = Applying {
+            reconfig: self,
+            nodes: std::mem::take(nodes),
+            attached: None,
+            summary: String::new(),
+        };
+        let result = plan.apply(&mut state).await;
+        *nodes = state.nodes;
+        result.map(|()| state.summary)
+    }
+
+    /// The steps of a change, prepared and validated (the edited config loads) before
+    /// anything is touched: attach the new disk, tell the layer (the point of no return),
+    /// drop the member it replaced, record the config and relabel.
+    fn plan<'a>(&self, change: &Change, nodes: &[Node]) -> anyhow::Result<Plan<Applying<'a>>> {
         let text = std::fs::read_to_string(self.source()?)?;
-        let (layer_name, doc, new_disk) = match &change {
+        let (layer_name, doc, new_disk) = match change {
             Change::Replace {
                 layer,
                 member,
@@ -256,11 +274,7 @@ impl Reconfig {
                 add_disk(&mut doc, &name, path, size);
                 let old = self.loaded.layers[index].children[at].clone();
                 remove_disk(&mut doc, &old);
-                (
-                    layer.clone(),
-                    doc,
-                    Some((name, path.clone(), size, Some(at))),
-                )
+                (layer.clone(), doc, Some((name, path.clone(), size)))
             }
             Change::AddMember { layer, path, name } => {
                 let index = layer_index(&self.loaded, layer)?;
@@ -271,7 +285,7 @@ impl Reconfig {
                     Ok(())
                 })?;
                 add_disk(&mut doc, &name, path, size);
-                (layer.clone(), doc, Some((name, path.clone(), size, None)))
+                (layer.clone(), doc, Some((name, path.clone(), size)))
             }
             Change::GrowPool { pool } => {
                 let index = layer_index(&self.loaded, pool)?;
@@ -299,7 +313,7 @@ impl Reconfig {
                 // Recorded as written in `grow-from` (relative to the data folder, like every
                 // disk path); opened resolved.
                 add_disk(&mut doc, &name, Path::new(spare), size);
-                (concat, doc, Some((name, path, size, None)))
+                (concat, doc, Some((name, path, size)))
             }
             Change::FailMember { layer, .. } => (layer.clone(), text.parse()?, None),
             Change::Grow { layer, size } => {
@@ -312,66 +326,34 @@ impl Reconfig {
         };
         let new_text = doc.to_string();
         let loaded = self.reload(&new_text)?;
-        let layer_device = nodes
+        let device = nodes
             .iter()
             .find(|n| n.name == layer_name)
             .and_then(|n| n.device().cloned())
             .with_context(|| format!("layer {layer_name:?} is not a device this server built"))?;
-        let control = match (&change, &new_disk) {
-            (Change::Replace { .. }, Some((name, path, size, Some(at)))) => {
-                let (disk, device) = self.labelled(name, path, *size).await?;
-                nodes.push(Node {
-                    name: name.clone(),
-                    kind: NodeKind::Device(device.clone()),
-                    label_disk: Some(disk),
-                });
-                Control::ReplaceMember {
-                    index: *at,
-                    member: Member {
-                        name: name.clone(),
-                        device,
-                    },
-                }
+        let index = layer_index(&self.loaded, &layer_name)?;
+        let children = &self.loaded.layers[index].children;
+        let (order, replaced) = match change {
+            Change::Replace { member, .. } => {
+                let at = member_index(children, member)?;
+                (Order::ReplaceMember(at), Some(children[at].clone()))
             }
-            (
-                Change::AddMember { .. } | Change::GrowPool { .. },
-                Some((name, path, size, None)),
-            ) => {
-                let (disk, device) = self.labelled(name, path, *size).await?;
-                nodes.push(Node {
-                    name: name.clone(),
-                    kind: NodeKind::Device(device.clone()),
-                    label_disk: Some(disk),
-                });
-                Control::AddMember(Member {
-                    name: name.clone(),
-                    device,
-                })
+            Change::AddMember { .. } | Change::GrowPool { .. } => (Order::AddMember, None),
+            Change::FailMember { member, .. } => {
+                (Order::FailMember(member_index(children, member)?), None)
             }
-            (Change::FailMember { member, .. }, _) => {
-                let index = layer_index(&self.loaded, &layer_name)?;
-                Control::FailMember {
-                    index: member_index(&self.loaded.layers[index].children, member)?,
-                }
-            }
-            (Change::Grow { size, .. }, _) => Control::Grow { size: *size },
-            _ => unreachable!("every change was prepared above"),
+            Change::Grow { size, .. } => (Order::Grow(*size), None),
         };
-        match layer_device.control(control).await {
-            Ok(ControlReply::Done) => {}
-            Ok(other) => bail!("layer {layer_name} answered {other:?}"),
-            Err(e) => {
-                if let Some((name, ..)) = &new_disk {
-                    nodes.retain(|n| &n.name != name);
-                }
-                return Err(e).with_context(|| format!("layer {layer_name}"));
-            }
-        }
-        if let Change::Replace { member, .. } = &change {
-            let old = member.clone();
-            nodes.retain(|n| n.name != old);
-        }
-        self.record(&new_text, loaded, nodes).await
+        let attach = new_disk.map(|(name, path, size)| AttachDisk { name, path, size });
+        Ok(Plan::new()
+            .then_some(attach)
+            .then(TellLayer {
+                layer: layer_name,
+                device,
+                order,
+            })
+            .then_some(replaced.map(DetachNode::new))
+            .then(RecordConfig::new(text, new_text, loaded)))
     }
 
     /// Opens a new member, refusing one that holds data (before the layer is told anything).
@@ -396,7 +378,7 @@ impl Reconfig {
     }
 
     /// Writes the config file (atomically) and relabels the hierarchy's disks.
-    pub(crate) async fn record(
+    pub async fn record(
         &mut self,
         text: &str,
         loaded: Loaded,
@@ -421,5 +403,197 @@ impl Reconfig {
             "done; {} updated, hierarchy generation {generation}",
             source.display()
         ))
+    }
+}
+
+/// What the steps of a change work on: the reconfiguration state (behind its lock), the
+/// server's nodes, the disk a step attached, and the summary for the operator.
+pub struct Applying<'a> {
+    pub reconfig: &'a mut Reconfig,
+    pub nodes: Vec<Node>,
+    attached: Option<DeviceRef>,
+    pub summary: String,
+}
+
+impl<'a> Applying<'a> {
+    pub fn new(reconfig: &'a mut Reconfig, nodes: Vec<Node>) -> Self {
+        Applying {
+            reconfig,
+            nodes,
+            attached: None,
+            summary: String::new(),
+        }
+    }
+}
+
+/// Opens the new disk of a change (refusing one that holds data) and labels it in.
+struct AttachDisk {
+    name: String,
+    path: PathBuf,
+    size: u64,
+}
+
+#[async_trait]
+impl<'a> Step<Applying<'a>> for AttachDisk {
+    fn describe(&self) -> String {
+        format!("attaching disk {} ({})", self.name, self.path.display())
+    }
+
+    async fn apply(&mut self, state: &mut Applying<'a>) -> anyhow::Result<()> {
+        let (disk, device) = state
+            .reconfig
+            .labelled(&self.name, &self.path, self.size)
+            .await?;
+        state.nodes.push(Node {
+            name: self.name.clone(),
+            kind: NodeKind::Device(device.clone()),
+            label_disk: Some(disk),
+        });
+        state.attached = Some(device);
+        Ok(())
+    }
+
+    async fn undo(&mut self, state: &mut Applying<'a>) -> anyhow::Result<()> {
+        state.nodes.retain(|n| n.name != self.name);
+        state.attached = None;
+        Ok(())
+    }
+}
+
+/// What a layer is told; the member, where there is one, is the disk attached before.
+enum Order {
+    ReplaceMember(usize),
+    AddMember,
+    FailMember(usize),
+    Grow(u64),
+}
+
+/// Tells the layer (`Control`). A layer that keeps state records its new shape durably, so
+/// this is the point of no return.
+struct TellLayer {
+    layer: String,
+    device: DeviceRef,
+    order: Order,
+}
+
+#[async_trait]
+impl<'a> Step<Applying<'a>> for TellLayer {
+    fn describe(&self) -> String {
+        format!("layer {}", self.layer)
+    }
+
+    async fn apply(&mut self, state: &mut Applying<'a>) -> anyhow::Result<()> {
+        let member = || -> anyhow::Result<Member> {
+            let device = state
+                .attached
+                .clone()
+                .context("no disk was attached for the layer")?;
+            let name = state
+                .nodes
+                .iter()
+                .find(|n| n.device().is_some_and(|d| Arc::ptr_eq(d, &device)))
+                .map(|n| n.name.clone())
+                .unwrap_or_default();
+            Ok(Member { name, device })
+        };
+        let control = match self.order {
+            Order::ReplaceMember(index) => Control::ReplaceMember {
+                index,
+                member: member()?,
+            },
+            Order::AddMember => Control::AddMember(member()?),
+            Order::FailMember(index) => Control::FailMember { index },
+            Order::Grow(size) => Control::Grow { size },
+        };
+        match self.device.control(control).await? {
+            ControlReply::Done => Ok(()),
+            other => bail!("answered {other:?}"),
+        }
+    }
+
+    fn reversible(&self) -> bool {
+        false
+    }
+}
+
+/// Drops a node the server no longer uses (the member a replace took out).
+pub struct DetachNode {
+    name: String,
+    detached: Option<Node>,
+}
+
+impl DetachNode {
+    pub fn new(name: String) -> Self {
+        DetachNode {
+            name,
+            detached: None,
+        }
+    }
+}
+
+#[async_trait]
+impl<'a> Step<Applying<'a>> for DetachNode {
+    fn describe(&self) -> String {
+        format!("detaching {}", self.name)
+    }
+
+    async fn apply(&mut self, state: &mut Applying<'a>) -> anyhow::Result<()> {
+        if let Some(at) = state.nodes.iter().position(|n| n.name == self.name) {
+            self.detached = Some(state.nodes.remove(at));
+        }
+        Ok(())
+    }
+
+    async fn undo(&mut self, state: &mut Applying<'a>) -> anyhow::Result<()> {
+        state.nodes.extend(self.detached.take());
+        Ok(())
+    }
+}
+
+/// Writes the edited config file (atomically) and relabels the hierarchy's disks; undone by
+/// recording the text it replaced (a label generation later).
+pub struct RecordConfig {
+    old_text: String,
+    old_loaded: Option<Loaded>,
+    text: String,
+    loaded: Option<Loaded>,
+}
+
+impl RecordConfig {
+    /// `old_text` is the file as it is now; `loaded` is `text` loaded (validated).
+    pub fn new(old_text: String, text: String, loaded: Loaded) -> Self {
+        RecordConfig {
+            old_text,
+            old_loaded: None,
+            text,
+            loaded: Some(loaded),
+        }
+    }
+}
+
+#[async_trait]
+impl<'a> Step<Applying<'a>> for RecordConfig {
+    fn describe(&self) -> String {
+        "recording the config".to_string()
+    }
+
+    async fn apply(&mut self, state: &mut Applying<'a>) -> anyhow::Result<()> {
+        let loaded = self.loaded.take().context("recorded twice")?;
+        let previous = state.reconfig.loaded.clone();
+        state.summary = state
+            .reconfig
+            .record(&self.text, loaded, &state.nodes)
+            .await?;
+        self.old_loaded = Some(previous);
+        Ok(())
+    }
+
+    async fn undo(&mut self, state: &mut Applying<'a>) -> anyhow::Result<()> {
+        let old = self.old_loaded.take().context("nothing recorded")?;
+        state
+            .reconfig
+            .record(&self.old_text, old, &state.nodes)
+            .await
+            .map(|_| ())
     }
 }

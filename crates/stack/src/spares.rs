@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use strata_thin::ThinPool;
 
-use crate::admin::AdminState;
 use crate::build::NodeKind;
+use crate::control::ControlPlane;
 use crate::reconfig::Change;
 
 /// How often pools are looked at. Allocation at full speed fills about a GiB per second, so
@@ -23,7 +23,7 @@ use crate::reconfig::Change;
 const LOOK_EVERY: Duration = Duration::from_secs(1);
 
 /// Runs for the life of the server.
-pub async fn grow_pools(state: Arc<AdminState>) {
+pub async fn grow_pools(state: Arc<ControlPlane>) {
     // A spare that could not be added is not tried again (its error is logged once); an
     // operator fixes it and restarts, or removes it from the list.
     let mut refused: BTreeSet<(String, String)> = BTreeSet::new();
@@ -65,7 +65,7 @@ pub async fn grow_pools(state: Arc<AdminState>) {
 }
 
 /// Every thin pool the server built that has `grow-from` configured, with its spares left.
-async fn pools_with_spares(state: &AdminState) -> Vec<(Arc<ThinPool>, Vec<String>)> {
+async fn pools_with_spares(state: &ControlPlane) -> Vec<(Arc<ThinPool>, Vec<String>)> {
     let configured: Vec<(String, Vec<String>)> = {
         let reconfig = state.reconfig.lock().await;
         reconfig

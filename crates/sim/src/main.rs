@@ -1,15 +1,57 @@
-//! `strata sim …`: the deterministic simulator from the command line (see docs/simulator.md).
+//! `strata-sim` (also run as `strata sim …`): the deterministic simulator from the command
+//! line (see docs/simulator.md). A binary of its own so that the serving binary does not
+//! carry the simulator's models, plots and trace readers (see docs/architecture.md).
 
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 
 use anyhow::{bail, Context};
-use clap::Subcommand;
+use clap::{Parser, Subcommand};
 use strata_sim::experiment::{self, Experiment};
 use strata_sim::validate;
 use strata_sim::workload::{TraceFormat, WorkloadSpec};
 
+/// `print!` that drops what a closed pipe cannot take (`strata sim models | head`): `print!`
+/// panics on EPIPE, and a panic aborts.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        let _ = write!(std::io::stdout().lock(), $($arg)*);
+    }};
+}
+
+/// `println!` that drops what a closed pipe cannot take; see [`out!`].
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        let _ = writeln!(std::io::stdout().lock(), $($arg)*);
+    }};
+}
+
+#[derive(Parser)]
+#[command(
+    name = "strata sim",
+    bin_name = "strata sim",
+    version,
+    about = "The deterministic simulator: Strata's layers over modelled disks, in virtual time"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: SimCommand,
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse().command) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // Not eprintln!: it panics when stderr is a closed pipe, and panics abort.
+            let _ = writeln!(std::io::stderr(), "strata: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 #[derive(Subcommand)]
-pub enum SimCommand {
+enum SimCommand {
     /// Check the disk models against the papers' figures (one row per check).
     ValidateDisk {
         /// Print JSON instead of a table.
@@ -58,7 +100,7 @@ pub enum SimCommand {
     Models,
 }
 
-pub fn run(command: SimCommand) -> anyhow::Result<()> {
+fn run(command: SimCommand) -> anyhow::Result<()> {
     match command {
         SimCommand::ValidateDisk { json } => {
             let rows = validate::validate_disk();

@@ -3,17 +3,16 @@
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
+use crate::registry::{self, LayerArgs, Options, StartPolicy};
 use anyhow::Context;
 use strata_backend::{FileDevice, FileOptions};
 use strata_core::{
     BlockDevice, Control, ControlReply, DeviceRef, Metered, MetricsRegistry, NodeStatus, Runtime,
 };
 use strata_nbd::{Export, Exports};
-use strata_stack::registry::{self, LayerArgs, Options, StartPolicy};
 use strata_stateless::delay::parse_duration;
-use strata_thin::{LowWater, MapCommit, PoolOptions, PoolRuntime, ThinPool, WhenFull};
+use strata_thin::{PoolConfig, ThinPool};
 use tracing::{error, info};
 
 use crate::config::{DiskConfig, Loaded};
@@ -262,7 +261,7 @@ pub async fn build(
         }
         let policy = start_policy(loaded, &layer.name, &stack.fresh, start);
         let built = if layer.kind == "thin-pool" {
-            build_thin_pool(&mut stack, layer, loaded, policy, runtime.clone(), metrics).await
+            build_thin_pool(&mut stack, layer, policy, runtime.clone(), metrics).await
         } else {
             build_layer(&mut stack, layer, loaded, policy, runtime.clone(), metrics).await
         };
@@ -294,7 +293,7 @@ pub async fn build(
             read_only: export.read_only,
         });
     }
-    crate::volume_cmd::export_unlisted_volumes(&stack, loaded);
+    crate::volumes::export_unlisted_volumes(&stack, loaded);
     if stack.exports.list().is_empty() {
         // Nothing to serve: a server that only reports refusals would look like success.
         let reasons: Vec<String> = stack
@@ -597,53 +596,24 @@ async fn build_layer(
     Ok(())
 }
 
-/// Opens (or formats, the first time) a thin pool and creates its configured volumes.
-async fn build_thin_pool(
-    stack: &mut Stack,
+/// Opens (or formats, the first time) a thin pool over `child` and creates the volumes its
+/// `[[layer]]` lists that it does not have. The simulator builds its pools with this too.
+pub async fn open_thin_pool(
     layer: &LayerConfig,
-    loaded: &Loaded,
+    child: DeviceRef,
     start: StartPolicy,
     runtime: Arc<dyn Runtime>,
-    metrics: &MetricsRegistry,
-) -> anyhow::Result<()> {
-    let name = layer.name.clone();
+) -> anyhow::Result<Arc<ThinPool>> {
+    let name = &layer.name;
     let child_name = &layer.children[0];
-    // Why it is missing is added by the caller, with the other members'.
-    let child = stack
-        .device(child_name)
-        .with_context(|| format!("thin pool {name}: its disk {child_name} is missing"))?;
-    let opts = layer_options(layer, loaded);
-    let invalid = |e: strata_core::BlockError| anyhow::anyhow!("thin pool {name}: {e}");
-    let extent_size = opts.size("extent").map_err(invalid)?.unwrap_or(512 << 10);
-    if !extent_size.is_power_of_two() || !(64 << 10..=4 << 20).contains(&extent_size) {
-        anyhow::bail!("thin pool {name}: field `extent`: {extent_size} bytes is not a power of two from 64KiB to 4MiB");
-    }
-    let options = PoolOptions {
-        extent_size,
-        metadata_size: opts.size("metadata-size").map_err(invalid)?,
-        start_mid: opts.bool("start-mid").map_err(invalid)?.unwrap_or(false),
-    };
-    let mut settings = PoolRuntime::new(runtime.clone());
-    if let Some(ms) = opts.u64("commit-interval-ms").map_err(invalid)? {
-        settings.commit_interval = Some(Duration::from_millis(ms.max(1)));
-    }
-    let field =
-        |key: &str, problem: String| anyhow::anyhow!("thin pool {name}: field `{key}`: {problem}");
-    if let Some(mode) = opts.text("map-commit").map_err(invalid)? {
-        settings.map_commit = MapCommit::parse(&mode).map_err(|e| field("map-commit", e))?;
-    }
-    let full_wait = opts
-        .text("full-wait")
-        .map_err(invalid)?
-        .map(|text| parse_duration(&text).map_err(|e| field("full-wait", e)))
-        .transpose()?;
-    let when_full = opts.text("when-full").map_err(invalid)?;
-    settings.when_full = WhenFull::parse(when_full.as_deref(), full_wait)
-        .map_err(|e| anyhow::anyhow!("thin pool {name}: {e}"))?;
-    if let Some(mark) = opts.text("low-water").map_err(invalid)? {
-        settings.low_water = LowWater::parse(&mark).map_err(|e| field("low-water", e))?;
-    }
-    let pool = ThinPool::open_or_format(&name, child, &options, settings, start)
+    let invalid = |e: String| anyhow::anyhow!("thin pool {name}: {e}");
+    let config =
+        PoolConfig::from_table(crate::graph::options_table(&layer.options)).map_err(invalid)?;
+    let options = config.pool_options();
+    let settings = config
+        .settings(runtime.clone(), parse_duration)
+        .map_err(invalid)?;
+    let pool = ThinPool::open_or_format(name, child, &options, settings, start)
         .await
         .with_context(|| format!("thin pool {name}: opening on {child_name}"))?;
     for volume in &layer.volumes {
@@ -654,6 +624,24 @@ async fn build_thin_pool(
                 .with_context(|| format!("thin pool {name}: creating volume {volume_name}"))?;
         }
     }
+    Ok(pool)
+}
+
+/// Builds a thin pool and its volumes as nodes of the stack.
+async fn build_thin_pool(
+    stack: &mut Stack,
+    layer: &LayerConfig,
+    start: StartPolicy,
+    runtime: Arc<dyn Runtime>,
+    metrics: &MetricsRegistry,
+) -> anyhow::Result<()> {
+    let name = layer.name.clone();
+    let child_name = &layer.children[0];
+    // Why it is missing is added by the caller, with the other members'.
+    let child = stack
+        .device(child_name)
+        .with_context(|| format!("thin pool {name}: its disk {child_name} is missing"))?;
+    let pool = open_thin_pool(layer, child, start, runtime.clone()).await?;
     stack.nodes.push(Node {
         name: name.clone(),
         kind: NodeKind::Pool(pool.clone()),

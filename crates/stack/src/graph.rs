@@ -3,36 +3,28 @@
 //!
 //! Checks, each with the line of the offending field: names unique across disks and layers;
 //! a known kind; the right number of children for the kind; children that exist; no cycle;
-//! no device under two parents, and no device both under a layer and exported (writes that
+//! a device under several parents only where they use disjoint ranges of it (two slices of
+//! one disk; see [`used_range`]), and no device both under a layer and exported (writes that
 //! bypass a layer corrupt it); only top-level devices exported; options the kind knows.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ops::Range;
 
+use crate::registry::{self, ChildCount, OptionValue};
 use strata_core::ByteSize;
-use strata_stack::registry::{self, ChildCount, OptionValue};
+use strata_thin::PoolConfig;
 
 /// Options of a `thin-pool` layer (built apart from the registry: it defines volumes).
-pub const THIN_POOL_OPTIONS: &[&str] = &[
-    "extent",
-    "metadata-size",
-    "start-mid",
-    "commit-interval-ms",
-    "map-commit",
-    "when-full",
-    "full-wait",
-    "low-water",
-    "grow-from",
-];
+pub use strata_thin::config::OPTIONS as THIN_POOL_OPTIONS;
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct VolumeConfig {
     pub name: String,
     pub size: u64,
 }
 
 /// One `[[layer]]` table.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct LayerConfig {
     pub name: String,
     pub kind: String,
@@ -77,6 +69,22 @@ pub fn key_offset(text: &str, span: &Range<usize>, key: &str) -> usize {
     span.start
 }
 
+/// Options back as the TOML table they were written as (for kinds that parse a serde struct).
+pub fn options_table(options: &BTreeMap<String, OptionValue>) -> toml::Table {
+    options
+        .iter()
+        .map(|(key, value)| {
+            let value = match value {
+                OptionValue::Text(s) => toml::Value::String(s.clone()),
+                OptionValue::Integer(i) => toml::Value::Integer(*i),
+                OptionValue::Float(f) => toml::Value::Float(*f),
+                OptionValue::Bool(b) => toml::Value::Boolean(*b),
+            };
+            (key.clone(), value)
+        })
+        .collect()
+}
+
 fn option_value(value: &toml::Value) -> Option<OptionValue> {
     Some(match value {
         toml::Value::String(s) => OptionValue::Text(s.clone()),
@@ -89,9 +97,21 @@ fn option_value(value: &toml::Value) -> Option<OptionValue> {
 
 /// Parses one `[[layer]]` table.
 pub fn parse_layer(text: &str, table: &toml::Spanned<toml::Table>) -> Result<LayerConfig, Located> {
-    let span = table.span();
+    parse_layer_at(text, table.span(), table.get_ref())
+}
+
+/// Parses a `[[layer]]` table that has no text around it (the simulator's stack files are
+/// read as tables): errors carry the message only.
+pub fn layer_from_table(table: &toml::Table) -> Result<LayerConfig, String> {
+    parse_layer_at("", 0..0, table).map_err(|l| l.message)
+}
+
+fn parse_layer_at(
+    text: &str,
+    span: Range<usize>,
+    table: &toml::Table,
+) -> Result<LayerConfig, Located> {
     let at = |key: &str| key_offset(text, &span, key);
-    let table = table.get_ref();
     let string = |key: &str| -> Result<String, Located> {
         match table.get(key) {
             Some(toml::Value::String(s)) => Ok(s.clone()),
@@ -200,6 +220,23 @@ fn parse_volumes(value: &toml::Value) -> Result<Vec<VolumeConfig>, String> {
         .collect()
 }
 
+/// Names of disks, layers, exports and volumes: what a file name, a metric label and an NBD
+/// export name can all carry.
+pub fn check_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{name:?} is not a valid name (1-64 characters: letters, digits, '-', '_', '.')"
+        ))
+    }
+}
+
 /// Checks the layers against the disks and exports; returns the layers in build order
 /// (children before parents).
 pub fn validate(
@@ -210,12 +247,16 @@ pub fn validate(
 ) -> Result<Vec<usize>, Located> {
     let mut defined: HashMap<&str, usize> = HashMap::new();
     for (name, at) in disks {
-        defined.insert(name, *at);
+        if defined.insert(name, *at).is_some() {
+            return Err(located(
+                *at,
+                format!("field `name`: a disk named {name:?} is already defined"),
+            ));
+        }
     }
     for layer in layers {
         let at = key_offset(text, &layer.span, "name");
-        crate::config::check_name(&layer.name)
-            .map_err(|m| located(at, format!("field `name`: {m}")))?;
+        check_name(&layer.name).map_err(|m| located(at, format!("field `name`: {m}")))?;
         if defined.insert(&layer.name, at).is_some() {
             return Err(located(
                 at,
@@ -254,7 +295,9 @@ pub fn validate(
             ));
         }
     }
+    // The first parent of each device (for messages), and every range its parents use.
     let mut parent: HashMap<&str, &str> = HashMap::new();
+    let mut used: HashMap<&str, Vec<(&str, Used)>> = HashMap::new();
     for layer in layers {
         let at = key_offset(text, &layer.span, "children");
         for child in &layer.children {
@@ -269,11 +312,21 @@ pub fn validate(
                     format!("field `children`: no disk or layer named {child:?}"),
                 ));
             }
-            if let Some(other) = parent.insert(child, &layer.name) {
-                return Err(located(at, format!(
-                    "field `children`: {child:?} is already a child of {other:?}; a device can have one parent"
-                )));
+            let range = used_range(layer).map_err(|m| located(at, m))?;
+            let users = used.entry(child.as_str()).or_default();
+            if let Some((other, other_range)) = users.iter().find(|(_, r)| r.overlaps(&range)) {
+                return Err(located(
+                    at,
+                    format!(
+                    "field `children`: {child:?} is already a child of {other:?} ({other_range}), \
+                     and {:?} uses {range}: the ranges overlap (a device may have several \
+                     parents only where they use disjoint ranges of it)",
+                    layer.name
+                ),
+                ));
             }
+            users.push((layer.name.as_str(), range));
+            parent.entry(child.as_str()).or_insert(layer.name.as_str());
         }
     }
     let order = topological_order(text, layers)?;
@@ -350,19 +403,14 @@ fn check_kind(text: &str, layer: &LayerConfig) -> Result<(), Located> {
         ));
     }
     if layer.kind == "thin-pool" {
-        let options = registry::Options::new(layer.options.clone(), Default::default());
-        let extent = options
-            .size("extent")
-            .map_err(|e| located(key_offset(text, &layer.span, "extent"), e.to_string()))?;
-        if let Some(size) =
-            extent.filter(|s| !s.is_power_of_two() || !(64 << 10..=4 << 20).contains(s))
-        {
-            let at = key_offset(text, &layer.span, "extent");
-            return Err(located(
-                at,
-                format!("field `extent`: {size} bytes is not a power of two from 64KiB to 4MiB"),
-            ));
-        }
+        PoolConfig::from_table(options_table(&layer.options)).map_err(|problem| {
+            // "field `KEY`: …" points at KEY; a type error the parser found, at the table.
+            let key = problem
+                .strip_prefix("field `")
+                .and_then(|rest| rest.split('`').next())
+                .unwrap_or("kind");
+            located(key_offset(text, &layer.span, key), problem)
+        })?;
     }
     if layer.kind != "thin-pool" && !layer.volumes.is_empty() {
         return Err(located(
@@ -371,6 +419,51 @@ fn check_kind(text: &str, layer: &LayerConfig) -> Result<(), Located> {
         ));
     }
     Ok(())
+}
+
+/// The bytes of its child a layer uses: `start..end`, `end` None for "to the end".
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Used {
+    pub start: u64,
+    pub end: Option<u64>,
+}
+
+impl Used {
+    fn overlaps(&self, other: &Used) -> bool {
+        let before = |a: &Used, b: &Used| a.end.is_some_and(|end| end <= b.start);
+        !before(self, other) && !before(other, self)
+    }
+}
+
+impl std::fmt::Display for Used {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.end {
+            Some(end) => write!(f, "bytes {}..{}", ByteSize(self.start), ByteSize(end)),
+            None if self.start == 0 => write!(f, "all of it"),
+            None => write!(f, "bytes {}..the end", ByteSize(self.start)),
+        }
+    }
+}
+
+/// What part of its child `layer` uses: a slice its window (`offset`, `length`), every
+/// other kind the whole device.
+pub fn used_range(layer: &LayerConfig) -> Result<Used, String> {
+    if layer.kind != "slice" {
+        return Ok(Used {
+            start: 0,
+            end: None,
+        });
+    }
+    let options = registry::Options::new(layer.options.clone(), Default::default());
+    let start = options
+        .size("offset")
+        .map_err(|e| e.to_string())?
+        .unwrap_or(0);
+    let length = options.size("length").map_err(|e| e.to_string())?;
+    Ok(Used {
+        start,
+        end: length.map(|length| start.saturating_add(length)),
+    })
 }
 
 /// Layers in an order where every child comes before its parent; a cycle is an error naming

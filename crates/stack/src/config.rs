@@ -8,8 +8,9 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use toml::Spanned;
 
+pub use crate::graph::check_name;
 use crate::graph::{self, LayerConfig};
-use crate::size::ByteSize;
+use strata_core::ByteSize;
 
 /// The configuration `strata serve` uses when given none: one sparse file-backed disk
 /// exported as `default`, on a unix socket and on localhost.
@@ -42,6 +43,7 @@ description = "Strata default volume (thin)"
 pub struct Config {
     /// Where disks and sockets live; relative to the config file's folder.
     pub data_dir: Option<PathBuf>,
+    /// Where clients connect; [`DEFAULT_LISTEN`] when left out (an empty list is an error).
     #[serde(default = "default_listen")]
     pub listen: Vec<Spanned<String>>,
     #[serde(default = "default_admin")]
@@ -97,8 +99,15 @@ pub struct ExportConfig {
     pub description: String,
 }
 
+/// Where a config without `listen` serves: the embedded default's listeners.
+pub const DEFAULT_LISTEN: &[&str] = &["unix:nbd.sock", "tcp:127.0.0.1:10809"];
+
+/// `listen` left out: [`DEFAULT_LISTEN`] (spanning nothing: they are not in the text).
 fn default_listen() -> Vec<Spanned<String>> {
-    Vec::new()
+    DEFAULT_LISTEN
+        .iter()
+        .map(|addr| Spanned::new(0..0, addr.to_string()))
+        .collect()
 }
 
 fn default_admin() -> PathBuf {
@@ -371,21 +380,6 @@ fn validate(
     Ok(())
 }
 
-pub fn check_name(name: &str) -> Result<(), String> {
-    let ok = !name.is_empty()
-        && name.len() <= 64
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
-    if ok {
-        Ok(())
-    } else {
-        Err(format!(
-            "{name:?} is not a valid name (1-64 characters: letters, digits, '-', '_', '.')"
-        ))
-    }
-}
-
 fn parse_listen(entry: &str) -> Result<ListenAddr, String> {
     if let Some(path) = entry.strip_prefix("unix:") {
         if path.is_empty() {
@@ -436,6 +430,61 @@ mod tests {
         assert_eq!(loaded.listen.len(), 2);
         assert_eq!(loaded.data_dir, PathBuf::from("/base"));
         assert_eq!(loaded.listen[1], ListenAddr::Tcp("127.0.0.1:10809".into()));
+    }
+
+    #[test]
+    fn a_config_without_listen_serves_where_the_embedded_default_does() {
+        let text = "[[disk]]\nname = \"d0\"\npath = \"d0.img\"\n[[export]]\nname = \"e\"\ndevice = \"d0\"\n";
+        let loaded = load_str(text).unwrap();
+        let embedded = load_str(EMBEDDED_DEFAULT).unwrap();
+        assert_eq!(loaded.listen, embedded.listen);
+        assert_eq!(
+            loaded.listen,
+            [
+                ListenAddr::Unix(PathBuf::from("nbd.sock")),
+                ListenAddr::Tcp("127.0.0.1:10809".into())
+            ]
+        );
+        // Listing no listener at all is still refused: that is a mistake, not a default.
+        let err = load_str(&format!("listen = []\n{text}")).err().unwrap();
+        assert!(err.to_string().contains("field `listen` is empty"), "{err}");
+    }
+
+    /// Two slices of one disk, the second starting at `second`.
+    fn two_slices(second: &str) -> String {
+        format!(
+            "[[disk]]\nname = \"d0\"\npath = \"d0.img\"\n\
+             [[layer]]\nname = \"low\"\nkind = \"slice\"\nchildren = [\"d0\"]\noffset = 0\nlength = \"1GiB\"\n\
+             [[layer]]\nname = \"high\"\nkind = \"slice\"\nchildren = [\"d0\"]\noffset = \"{second}\"\n\
+             [[export]]\nname = \"a\"\ndevice = \"low\"\n[[export]]\nname = \"b\"\ndevice = \"high\"\n"
+        )
+    }
+
+    #[test]
+    fn a_device_may_have_several_parents_using_disjoint_ranges() {
+        let loaded = load_str(&two_slices("1GiB")).unwrap();
+        assert_eq!(loaded.layers.len(), 2);
+        assert!(loaded.layers.iter().all(|l| l.children == ["d0"]));
+    }
+
+    #[test]
+    fn parents_using_overlapping_ranges_are_refused_with_the_ranges_named() {
+        let err = load_str(&two_slices("512MiB")).err().unwrap().to_string();
+        assert!(
+            err.contains("line 13")
+                && err.contains("\"d0\" is already a child of \"low\" (bytes 0B..1GiB)")
+                && err.contains("\"high\" uses bytes 512MiB..the end")
+                && err.contains("overlap"),
+            "{err}"
+        );
+        // A layer that uses all of its child leaves no room for another parent.
+        let text = two_slices("1GiB").replace(
+            "name = \"high\"\nkind = \"slice\"",
+            "name = \"high\"\nkind = \"concat\"",
+        );
+        let text = text.replace("offset = \"1GiB\"\n", "");
+        let err = load_str(&text).err().unwrap().to_string();
+        assert!(err.contains("\"high\" uses all of it"), "{err}");
     }
 
     #[test]
@@ -564,7 +613,7 @@ mod tests {
     }
 
     #[test]
-    fn hierarchies_must_be_dags_with_one_parent_per_device() {
+    fn hierarchies_must_be_dags_whose_parents_do_not_overlap() {
         let disks = "listen = [\"unix:s\"]\n[[disk]]\nname = \"d0\"\npath = \"a\"\n[[disk]]\nname = \"d1\"\npath = \"b\"\n";
         let layer = |name: &str, kind: &str, children: &str| {
             format!("[[layer]]\nname = \"{name}\"\nkind = \"{kind}\"\nchildren = [{children}]\n")
@@ -602,7 +651,12 @@ mod tests {
             export("a")
         );
         let err = load_str(&two_parents).err().unwrap();
-        assert!(err.to_string().contains("one parent"), "{err}");
+        assert!(
+            err.to_string()
+                .contains("\"d0\" is already a child of \"a\" (all of it)")
+                && err.to_string().contains("the ranges overlap"),
+            "{err}"
+        );
 
         let internal = format!("{disks}{}{}", layer("a", "slice", "\"d0\""), export("d0"));
         let err = load_str(&internal).err().unwrap();

@@ -11,11 +11,12 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::fmt::Write as _;
+use std::path::Path;
 
+use crate::registry::OptionValue;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use strata_core::{BlockDevice, WriteFlags};
-use strata_stack::registry::OptionValue;
 
 use crate::config::Loaded;
 use crate::graph::LayerConfig;
@@ -161,7 +162,22 @@ fn option_text(value: &OptionValue) -> String {
     }
 }
 
-fn render_layer(out: &mut String, layer: &LayerConfig) {
+/// An option's value as the label records it. A file an option names (`key-file`: any
+/// `…-file`) is recorded as the absolute path it resolved to here: a relative path resolves
+/// against the data folder, which differs when the stack is assembled elsewhere, and must
+/// still name the same file.
+fn label_option(key: &str, value: &OptionValue, data_dir: &Path) -> String {
+    match value {
+        OptionValue::Text(path) if key.ends_with("-file") && Path::new(path).is_relative() => {
+            let resolved = data_dir.join(path);
+            let absolute = std::path::absolute(&resolved).unwrap_or(resolved);
+            toml_string(&absolute.display().to_string())
+        }
+        other => option_text(other),
+    }
+}
+
+fn render_layer(out: &mut String, layer: &LayerConfig, data_dir: &Path) {
     let children: Vec<String> = layer.children.iter().map(|c| toml_string(c)).collect();
     let _ = writeln!(
         out,
@@ -171,7 +187,7 @@ fn render_layer(out: &mut String, layer: &LayerConfig) {
     );
     let _ = writeln!(out, "children = [{}]", children.join(", "));
     for (key, value) in &layer.options {
-        let _ = writeln!(out, "{key} = {}", option_text(value));
+        let _ = writeln!(out, "{key} = {}", label_option(key, value, data_dir));
     }
     if !layer.volumes.is_empty() {
         let volumes: Vec<String> = layer
@@ -198,7 +214,7 @@ pub fn render_hierarchy(loaded: &Loaded) -> String {
         );
     }
     for &index in &loaded.build_order {
-        render_layer(&mut out, &loaded.layers[index]);
+        render_layer(&mut out, &loaded.layers[index], &loaded.data_dir);
     }
     for export in &loaded.config.exports {
         let _ = writeln!(
@@ -544,6 +560,41 @@ impl BlockDevice for Labelled {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A crypt's key file named relative to the data folder opens the same file when the
+    /// stack is assembled from its labels into another data folder.
+    #[test]
+    fn a_key_file_in_a_label_resolves_to_the_same_file_when_assembled_elsewhere() {
+        let text = "[[disk]]\nname = \"d0\"\npath = \"d0.img\"\n\
+                    [[layer]]\nname = \"secret\"\nkind = \"crypt\"\nchildren = [\"d0\"]\n\
+                    key-file = \"keys/enc.key\"\n\
+                    [[export]]\nname = \"e\"\ndevice = \"secret\"\n";
+        let started = crate::config::load(text, "t.toml", Path::new("/srv/first"), None).unwrap();
+        let key_file = |loaded: &Loaded| {
+            let options = crate::registry::Options::new(
+                loaded.layers[0].options.clone(),
+                loaded.data_dir.clone(),
+            );
+            options.base.join(options.text("key-file").unwrap().unwrap())
+        };
+        assert_eq!(key_file(&started), Path::new("/srv/first/keys/enc.key"));
+        let label = Label {
+            uuid: uuid_text([1; 16]),
+            generation: 1,
+            member: "d0".into(),
+            hierarchy: render_hierarchy(&started),
+        };
+        let assembly = assemble(vec![(std::path::PathBuf::from("/dev/d0"), Some(label))]).unwrap();
+        let assembled_text = assembled_config(&assembly).unwrap();
+        let assembled = crate::config::load(
+            &assembled_text,
+            "assembled.toml",
+            Path::new("."),
+            Some(Path::new("/srv/elsewhere")),
+        )
+        .unwrap();
+        assert_eq!(key_file(&assembled), key_file(&started));
+    }
 
     #[test]
     fn label_copies_round_trip_and_reject_damage() {

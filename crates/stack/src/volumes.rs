@@ -1,0 +1,780 @@
+//! Thin volumes created, listed, resized and deleted while serving (`strata volume …`).
+//!
+//! The pool's metadata is the source of truth: a volume exists when its pool says so, and at
+//! start every volume the config neither exports nor puts under a layer is exported as
+//! `<pool>/<volume>`. So `create` needs no config edit; `delete` of a volume the config lists
+//! removes it from the config too (or the next start would create it again, empty), and
+//! `resize` of a listed volume keeps the config's size truthful.
+//!
+//! NBD has no way to tell a connected client that its export changed size: clients see a
+//! resize when they reconnect. A shrink takes effect at once for them all the same: past the
+//! new end their requests fail.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use strata_core::{DeviceRef, Metered};
+use strata_nbd::{Export, Exports, Server};
+use strata_thin::ThinPool;
+use toml_edit::{DocumentMut, Item};
+
+use crate::build::{Node, NodeKind, Stack};
+use crate::config::{self, Loaded};
+use crate::control::ControlPlane;
+use crate::plan::{Plan, Step};
+use crate::reconfig::{Applying, DetachNode, Reconfig, RecordConfig};
+use strata_core::ByteSize;
+
+/// How long `delete --force` waits for the clients it disconnects to go.
+const DISCONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A volume request on the admin socket.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(tag = "op", rename_all = "kebab-case")]
+pub enum VolumeRequest {
+    Create {
+        volume: String,
+        size: u64,
+    },
+    List,
+    Resize {
+        volume: String,
+        size: u64,
+        /// The operator agrees that data past the new end is discarded.
+        shrink: bool,
+    },
+    Delete {
+        volume: String,
+        /// Close the connections of clients using it instead of refusing.
+        force: bool,
+    },
+}
+
+/// One pool in `strata volume list`.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct PoolListing {
+    pub pool: String,
+    pub extent_size: u64,
+    /// Physical data space.
+    pub data_bytes: u64,
+    pub allocated_bytes: u64,
+    /// Sum of the volumes' virtual sizes.
+    pub volume_bytes: u64,
+    /// volume_bytes / data_bytes: above 1 the pool is over-committed.
+    pub overcommit: f64,
+    pub volumes: Vec<VolumeListing>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct VolumeListing {
+    pub volume: String,
+    pub size: u64,
+    pub allocated_bytes: u64,
+    pub exports: Vec<String>,
+    pub clients: usize,
+}
+
+/// Answers a volume request; the reply is `{"done": summary}` or `{"pools": [...]}`.
+pub async fn answer(
+    state: &ControlPlane,
+    request: VolumeRequest,
+) -> anyhow::Result<serde_json::Value> {
+    tracing::info!(?request, "volume request");
+    let result = match request {
+        VolumeRequest::List => Ok(serde_json::json!({ "pools": list(state) })),
+        VolumeRequest::Create { volume, size } => create(state, &volume, size).await,
+        VolumeRequest::Resize {
+            volume,
+            size,
+            shrink,
+        } => resize(state, &volume, size, shrink).await,
+        VolumeRequest::Delete { volume, force } => delete(state, &volume, force).await,
+    };
+    match &result {
+        Ok(reply) => {
+            if let Some(summary) = reply["done"].as_str() {
+                tracing::info!("{summary}");
+            }
+        }
+        Err(e) => tracing::warn!("volume request refused: {e:#}"),
+    }
+    result
+}
+
+fn done(summary: String) -> serde_json::Value {
+    serde_json::json!({ "done": summary })
+}
+
+/// `POOL/NAME` split in two.
+fn split(volume: &str) -> anyhow::Result<(&str, &str)> {
+    match volume.split_once('/') {
+        Some((pool, name)) if !pool.is_empty() && !name.is_empty() => Ok((pool, name)),
+        _ => bail!("{volume:?}: name a volume as POOL/NAME"),
+    }
+}
+
+fn find_pool(state: &ControlPlane, pool: &str) -> anyhow::Result<Arc<ThinPool>> {
+    let nodes = state.nodes();
+    match nodes.iter().find(|n| n.name == pool) {
+        Some(Node {
+            kind: NodeKind::Pool(found),
+            ..
+        }) => Ok(found.clone()),
+        Some(_) => bail!("{pool:?} is not a thin pool"),
+        None => {
+            let pools: Vec<&str> = nodes
+                .iter()
+                .filter(|n| matches!(n.kind, NodeKind::Pool(_)))
+                .map(|n| n.name.as_str())
+                .collect();
+            if pools.is_empty() {
+                bail!("no thin pool named {pool:?} (this server has no thin pools)")
+            }
+            bail!("no thin pool named {pool:?} (pools: {})", pools.join(", "))
+        }
+    }
+}
+
+fn check_size(full: &str, size: u64) -> anyhow::Result<()> {
+    if size == 0 || !size.is_multiple_of(512) {
+        bail!("volume {full}: size {size} bytes is not a positive multiple of 512");
+    }
+    if size > i64::MAX as u64 {
+        bail!("volume {full}: size {size} bytes is too large");
+    }
+    Ok(())
+}
+
+/// The layer whose child the volume is, if any: changing it under that layer is refused.
+fn parent_layer(loaded: &Loaded, full: &str) -> Option<String> {
+    loaded
+        .layers
+        .iter()
+        .find(|l| l.children.iter().any(|c| c == full))
+        .map(|l| l.name.clone())
+}
+
+fn node_device(state: &ControlPlane, full: &str) -> Option<DeviceRef> {
+    state
+        .nodes()
+        .iter()
+        .find(|n| n.name == full)
+        .and_then(|n| n.device().cloned())
+}
+
+/// The exports that serve `device`, under any name.
+fn exports_of(state: &ControlPlane, device: &DeviceRef) -> Vec<Arc<Export>> {
+    state
+        .exports
+        .list()
+        .into_iter()
+        .filter(|e| Arc::ptr_eq(&e.device, device))
+        .collect()
+}
+
+fn list(state: &ControlPlane) -> Vec<PoolListing> {
+    let nodes = state.nodes();
+    let mut pools = Vec::new();
+    for node in &nodes {
+        let NodeKind::Pool(pool) = &node.kind else {
+            continue;
+        };
+        let extent_size = pool.extent_size();
+        let mut volumes = Vec::new();
+        for usage in pool.volume_usage() {
+            let full = format!("{}/{}", node.name, usage.name);
+            let exports = node_device(state, &full)
+                .map(|device| exports_of(state, &device))
+                .unwrap_or_default();
+            volumes.push(VolumeListing {
+                volume: usage.name,
+                size: usage.size,
+                allocated_bytes: usage.mapped_extents * extent_size,
+                clients: exports.iter().map(|e| state.server.clients_of(e)).sum(),
+                exports: exports.iter().map(|e| e.name.clone()).collect(),
+            });
+        }
+        let data_bytes = pool.data_bytes();
+        let volume_bytes: u64 = volumes.iter().map(|v| v.size).sum();
+        pools.push(PoolListing {
+            pool: node.name.clone(),
+            extent_size,
+            data_bytes,
+            allocated_bytes: pool.allocated_extents() * extent_size,
+            volume_bytes,
+            overcommit: volume_bytes as f64 / data_bytes as f64,
+            volumes,
+        });
+    }
+    pools
+}
+
+async fn create(
+    state: &ControlPlane,
+    volume: &str,
+    size: u64,
+) -> anyhow::Result<serde_json::Value> {
+    let mut reconfig = state.reconfig.lock().await;
+    let (pool_name, name) = split(volume)?;
+    let pool = find_pool(state, pool_name)?;
+    let full = format!("{pool_name}/{name}");
+    config::check_name(name).map_err(|e| anyhow::anyhow!("volume {full}: {e}"))?;
+    check_size(&full, size)?;
+    if pool.volume_size(name).is_some() {
+        bail!("volume {full} exists");
+    }
+    if let Some(other) = state.exports.lookup(&full) {
+        bail!(
+            "volume {full}: an export of that name exists already ({})",
+            other.description
+        );
+    }
+    let plan = Plan::new()
+        .then(CreateVolume {
+            pool: pool.clone(),
+            name: name.to_string(),
+            size,
+        })
+        .then(ExportVolume {
+            pool,
+            name: name.to_string(),
+            full: full.clone(),
+            exports: state.exports.clone(),
+        });
+    apply(state, &mut reconfig, plan).await?;
+    Ok(done(format!(
+        "created volume {full} of {} ({size} bytes), exported as {full:?}",
+        ByteSize(size)
+    )))
+}
+
+fn volume_export(full: &str, device: DeviceRef) -> Export {
+    Export {
+        name: full.to_string(),
+        description: format!("thin volume {full}"),
+        device,
+        read_only: false,
+    }
+}
+
+async fn resize(
+    state: &ControlPlane,
+    volume: &str,
+    size: u64,
+    shrink: bool,
+) -> anyhow::Result<serde_json::Value> {
+    let mut reconfig = state.reconfig.lock().await;
+    let (pool_name, name) = split(volume)?;
+    let pool = find_pool(state, pool_name)?;
+    let full = format!("{pool_name}/{name}");
+    let old = pool
+        .volume_size(name)
+        .with_context(|| format!("no volume {full} in pool {pool_name}"))?;
+    check_size(&full, size)?;
+    if let Some(layer) = parent_layer(&reconfig.loaded, &full) {
+        bail!(
+            "volume {full} is under layer {layer:?}, which does not follow a resize of its child"
+        );
+    }
+    if size < old && !shrink {
+        bail!(
+            "volume {full}: {} → {} is a shrink, which discards everything stored past {}; \
+             pass --shrink to confirm",
+            ByteSize(old),
+            ByteSize(size),
+            ByteSize(size)
+        );
+    }
+    let edited = edit_listed_volume(&reconfig.loaded, pool_name, name, |volumes, at| {
+        if let Some(table) = volumes.get_mut(at).and_then(|v| v.as_inline_table_mut()) {
+            table.insert("size", toml_edit::Value::from(size as i64));
+        }
+    })?;
+    let record = recording(&reconfig, edited)?;
+    let plan = Plan::new()
+        .then(ResizeVolume {
+            pool,
+            name: name.to_string(),
+            size,
+            old,
+        })
+        .then_some(record);
+    let recorded = apply(state, &mut reconfig, plan).await?;
+    let mut summary = format!(
+        "resized volume {full} from {} to {}",
+        ByteSize(old),
+        ByteSize(size)
+    );
+    if !recorded.is_empty() {
+        summary.push_str(&format!("; {}", recorded.trim_start_matches("done; ")));
+    }
+    let clients: usize = node_device(state, &full)
+        .map(|device| {
+            exports_of(state, &device)
+                .iter()
+                .map(|e| state.server.clients_of(e))
+                .sum()
+        })
+        .unwrap_or(0);
+    if clients > 0 {
+        summary.push_str(&format!(
+            "; {clients} connected client(s) keep seeing {} until they reconnect (NBD cannot \
+             announce a new size){}",
+            ByteSize(old),
+            if size < old {
+                ", and their requests past the new end fail"
+            } else {
+                ""
+            }
+        ));
+    }
+    Ok(done(summary))
+}
+
+async fn delete(
+    state: &ControlPlane,
+    volume: &str,
+    force: bool,
+) -> anyhow::Result<serde_json::Value> {
+    let mut reconfig = state.reconfig.lock().await;
+    let (pool_name, name) = split(volume)?;
+    let pool = find_pool(state, pool_name)?;
+    let full = format!("{pool_name}/{name}");
+    if pool.volume_size(name).is_none() {
+        bail!("no volume {full} in pool {pool_name}");
+    }
+    if let Some(layer) = parent_layer(&reconfig.loaded, &full) {
+        bail!("volume {full} is under layer {layer:?}: remove that layer from the config first");
+    }
+    let device = node_device(state, &full);
+    let exports = device
+        .as_ref()
+        .map(|d| exports_of(state, d))
+        .unwrap_or_default();
+    let busy = connected(&state.server, &exports);
+    if !busy.is_empty() && !force {
+        bail!(
+            "volume {full} is in use: client(s) connected ({}); disconnect them, or pass \
+             --force to close their connections",
+            busy.join(", ")
+        );
+    }
+    // Prepared and validated before anything changes. The config is recorded before the
+    // volume is deleted: a crash between them leaves the volume in the pool, exported under
+    // its default name at the next start, rather than a config that would create it again.
+    let record = recording(
+        &reconfig,
+        edit_config_for_delete(&reconfig.loaded, pool_name, name)?,
+    )?;
+    let closed: usize = if force {
+        exports.iter().map(|e| state.server.clients_of(e)).sum()
+    } else {
+        0
+    };
+    let plan = Plan::new()
+        .then(WithdrawExports {
+            exports: exports.clone(),
+            from: state.exports.clone(),
+        })
+        .then(Disconnect {
+            full: full.clone(),
+            exports: exports.clone(),
+            server: state.server.clone(),
+            force,
+        })
+        .then_some(record)
+        .then(DeleteVolume {
+            pool,
+            name: name.to_string(),
+        })
+        .then(DetachNode::new(full.clone()));
+    let recorded = apply(state, &mut reconfig, plan).await?;
+    let mut summary = format!("deleted volume {full}");
+    if !recorded.is_empty() {
+        summary.push_str(&format!("; {}", recorded.trim_start_matches("done; ")));
+    }
+    if !exports.is_empty() {
+        let names: Vec<String> = exports.iter().map(|e| format!("{:?}", e.name)).collect();
+        summary.push_str(&format!("; export {} removed", names.join(", ")));
+    }
+    if closed > 0 {
+        summary.push_str(&format!(
+            "; {closed} client connection(s) closed after their in-flight requests were \
+             answered (their further I/O fails)"
+        ));
+    }
+    Ok(done(summary))
+}
+
+fn config_text(loaded: &Loaded) -> anyhow::Result<Option<(PathBuf, DocumentMut)>> {
+    let Some(source) = &loaded.source else {
+        return Ok(None);
+    };
+    let text =
+        std::fs::read_to_string(source).with_context(|| format!("reading {}", source.display()))?;
+    let doc: DocumentMut = text
+        .parse()
+        .with_context(|| format!("parsing {} for editing", source.display()))?;
+    Ok(Some((source.clone(), doc)))
+}
+
+/// Applies `edit` to the pool's `volumes` array at the volume's entry, if the config lists
+/// it; returns the new text, or None when there is nothing to change.
+fn edit_listed_volume(
+    loaded: &Loaded,
+    pool: &str,
+    name: &str,
+    edit: impl FnOnce(&mut toml_edit::Array, usize),
+) -> anyhow::Result<Option<String>> {
+    let listed = loaded
+        .layers
+        .iter()
+        .any(|l| l.name == pool && l.volumes.iter().any(|v| v.name == name));
+    if !listed {
+        return Ok(None);
+    }
+    let Some((source, mut doc)) = config_text(loaded)? else {
+        return Ok(None);
+    };
+    let volumes = doc
+        .get_mut("layer")
+        .and_then(Item::as_array_of_tables_mut)
+        .and_then(|layers| {
+            layers
+                .iter_mut()
+                .find(|t| t.get("name").and_then(|n| n.as_str()) == Some(pool))
+        })
+        .and_then(|t| t.get_mut("volumes"))
+        .and_then(Item::as_array_mut)
+        .with_context(|| {
+            format!(
+                "{}: no `volumes` list in the [[layer]] {pool:?}",
+                source.display()
+            )
+        })?;
+    let at = volumes
+        .iter()
+        .position(|v| {
+            v.as_inline_table()
+                .and_then(|t| t.get("name"))
+                .and_then(|n| n.as_str())
+                == Some(name)
+        })
+        .with_context(|| {
+            format!(
+                "{}: volume {name:?} is not in the `volumes` of {pool:?}",
+                source.display()
+            )
+        })?;
+    edit(volumes, at);
+    Ok(Some(doc.to_string()))
+}
+
+/// The config without the volume: out of its pool's `volumes`, and without the `[[export]]`
+/// tables that serve it. None when the config mentions it nowhere.
+fn edit_config_for_delete(
+    loaded: &Loaded,
+    pool: &str,
+    name: &str,
+) -> anyhow::Result<Option<String>> {
+    let full = format!("{pool}/{name}");
+    let exported = loaded
+        .config
+        .exports
+        .iter()
+        .any(|e| e.device.get_ref() == &full);
+    let text = edit_listed_volume(loaded, pool, name, |volumes, at| {
+        volumes.remove(at);
+        // The next entry's leading space was a separator after the one removed.
+        if let (0, Some(first)) = (at, volumes.get_mut(0)) {
+            first.decor_mut().set_prefix("");
+        }
+    })?;
+    if !exported {
+        return Ok(text);
+    }
+    let mut doc: DocumentMut = match text {
+        Some(text) => text.parse()?,
+        None => match config_text(loaded)? {
+            Some((_, doc)) => doc,
+            None => return Ok(None),
+        },
+    };
+    if let Some(exports) = doc.get_mut("export").and_then(Item::as_array_of_tables_mut) {
+        exports.retain(|t| t.get("device").and_then(|d| d.as_str()) != Some(full.as_str()));
+        if exports.is_empty() {
+            doc.remove("export");
+        }
+    }
+    let mut text = doc.to_string();
+    if !text.ends_with('\n') {
+        text.push('\n');
+    }
+    Ok(Some(text))
+}
+
+/// At start: exports every volume the config neither exports nor puts under a layer (the
+/// volumes made with `strata volume create`, or listed without an export) as
+/// `<pool>/<volume>`.
+pub fn export_unlisted_volumes(stack: &Stack, loaded: &Loaded) {
+    let used: std::collections::HashSet<&str> = loaded
+        .config
+        .exports
+        .iter()
+        .map(|e| e.device.get_ref().as_str())
+        .chain(
+            loaded
+                .layers
+                .iter()
+                .flat_map(|l| l.children.iter().map(String::as_str)),
+        )
+        .collect();
+    for node in &stack.nodes {
+        let NodeKind::Pool(pool) = &node.kind else {
+            continue;
+        };
+        for volume in pool.volume_names() {
+            let full = format!("{}/{volume}", node.name);
+            if used.contains(full.as_str()) || stack.exports.lookup(&full).is_some() {
+                continue;
+            }
+            let device = stack
+                .nodes
+                .iter()
+                .find(|n| n.name == full)
+                .and_then(|n| n.device().cloned());
+            if let Some(device) = device {
+                stack.exports.insert(volume_export(&full, device));
+            }
+        }
+    }
+}
+
+/// Runs a volume plan over the control plane's nodes (under the reconfiguration lock the
+/// caller holds); returns what recording the config said, if the plan recorded it.
+async fn apply<'a>(
+    plane: &ControlPlane,
+    reconfig: &'a mut Reconfig,
+    plan: Plan<Applying<'a>>,
+) -> anyhow::Result<String> {
+    let mut state = Applying::new(reconfig, plane.nodes());
+    let result = plan.apply(&mut state).await;
+    plane.set_nodes(state.nodes);
+    result.map(|()| state.summary)
+}
+
+/// The step that records an edited config, validated now, if there is an edit.
+fn recording(reconfig: &Reconfig, edited: Option<String>) -> anyhow::Result<Option<RecordConfig>> {
+    let Some(text) = edited else {
+        return Ok(None);
+    };
+    let source = reconfig
+        .loaded
+        .source
+        .as_ref()
+        .context("this server has no config file to record changes in")?;
+    let old =
+        std::fs::read_to_string(source).with_context(|| format!("reading {}", source.display()))?;
+    let loaded = reconfig.reload(&text)?;
+    Ok(Some(RecordConfig::new(old, text, loaded)))
+}
+
+/// Creates the volume in its pool; undone by deleting it (it holds nothing yet).
+struct CreateVolume {
+    pool: Arc<ThinPool>,
+    name: String,
+    size: u64,
+}
+
+#[async_trait]
+impl<'a> Step<Applying<'a>> for CreateVolume {
+    fn describe(&self) -> String {
+        format!("volume {}/{}", self.pool.name(), self.name)
+    }
+
+    async fn apply(&mut self, _: &mut Applying<'a>) -> anyhow::Result<()> {
+        self.pool.create_volume(&self.name, self.size).await?;
+        Ok(())
+    }
+
+    async fn undo(&mut self, _: &mut Applying<'a>) -> anyhow::Result<()> {
+        Ok(self.pool.delete_volume(&self.name).await?)
+    }
+}
+
+/// Opens a pool's volume as a node of the stack and exports it as `<pool>/<volume>`.
+struct ExportVolume {
+    pool: Arc<ThinPool>,
+    name: String,
+    full: String,
+    exports: Arc<Exports>,
+}
+
+#[async_trait]
+impl<'a> Step<Applying<'a>> for ExportVolume {
+    fn describe(&self) -> String {
+        format!("exporting volume {}", self.full)
+    }
+
+    async fn apply(&mut self, state: &mut Applying<'a>) -> anyhow::Result<()> {
+        let volume = self
+            .pool
+            .open_volume(&self.name)
+            .context("the volume vanished right after its creation")?;
+        let device: DeviceRef = Arc::new(Metered::new(
+            volume,
+            state.reconfig.metrics.device(&self.full),
+            state.reconfig.runtime.clone(),
+        ));
+        state.nodes.push(Node {
+            name: self.full.clone(),
+            kind: NodeKind::Device(device.clone()),
+            label_disk: None,
+        });
+        self.exports.insert(volume_export(&self.full, device));
+        Ok(())
+    }
+
+    async fn undo(&mut self, state: &mut Applying<'a>) -> anyhow::Result<()> {
+        self.exports.remove(&self.full);
+        state.nodes.retain(|n| n.name != self.full);
+        Ok(())
+    }
+}
+
+/// Resizes a volume; a grow is undone by shrinking back (nothing was stored past the old
+/// end yet that a client was told about), a shrink cannot be undone.
+struct ResizeVolume {
+    pool: Arc<ThinPool>,
+    name: String,
+    size: u64,
+    old: u64,
+}
+
+#[async_trait]
+impl<'a> Step<Applying<'a>> for ResizeVolume {
+    fn describe(&self) -> String {
+        format!("volume {}/{}", self.pool.name(), self.name)
+    }
+
+    async fn apply(&mut self, _: &mut Applying<'a>) -> anyhow::Result<()> {
+        Ok(self.pool.resize_volume(&self.name, self.size).await?)
+    }
+
+    async fn undo(&mut self, _: &mut Applying<'a>) -> anyhow::Result<()> {
+        Ok(self.pool.resize_volume(&self.name, self.old).await?)
+    }
+
+    fn reversible(&self) -> bool {
+        self.size >= self.old
+    }
+}
+
+/// Takes a volume's exports away, so that no new client connects; undone by putting them
+/// back.
+struct WithdrawExports {
+    exports: Vec<Arc<Export>>,
+    from: Arc<Exports>,
+}
+
+#[async_trait]
+impl<'a> Step<Applying<'a>> for WithdrawExports {
+    fn describe(&self) -> String {
+        "withdrawing the exports".to_string()
+    }
+
+    async fn apply(&mut self, _: &mut Applying<'a>) -> anyhow::Result<()> {
+        for export in &self.exports {
+            self.from.remove(&export.name);
+        }
+        Ok(())
+    }
+
+    async fn undo(&mut self, _: &mut Applying<'a>) -> anyhow::Result<()> {
+        for export in &self.exports {
+            self.from.insert(Export {
+                name: export.name.clone(),
+                description: export.description.clone(),
+                device: export.device.clone(),
+                read_only: export.read_only,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Makes sure no client still uses the withdrawn exports: with `force`, closes their
+/// connections; without, refuses if one connected between the check and the withdrawal.
+struct Disconnect {
+    full: String,
+    exports: Vec<Arc<Export>>,
+    server: Arc<Server>,
+    force: bool,
+}
+
+#[async_trait]
+impl<'a> Step<Applying<'a>> for Disconnect {
+    fn describe(&self) -> String {
+        format!("volume {}", self.full)
+    }
+
+    async fn apply(&mut self, _: &mut Applying<'a>) -> anyhow::Result<()> {
+        if self.force {
+            for export in &self.exports {
+                let left = self.server.disconnect(export, DISCONNECT_TIMEOUT).await;
+                if left > 0 {
+                    bail!(
+                        "{left} client(s) of export {:?} did not disconnect within \
+                         {DISCONNECT_TIMEOUT:?}; nothing deleted",
+                        export.name
+                    );
+                }
+            }
+            return Ok(());
+        }
+        let busy = connected(&self.server, &self.exports);
+        if !busy.is_empty() {
+            bail!(
+                "in use: client(s) connected ({}); nothing deleted",
+                busy.join(", ")
+            );
+        }
+        Ok(())
+    }
+}
+
+/// "N on export E" for each of `exports` that has clients.
+fn connected(server: &Server, exports: &[Arc<Export>]) -> Vec<String> {
+    exports
+        .iter()
+        .filter_map(|e| match server.clients_of(e) {
+            0 => None,
+            n => Some(format!("{n} on export {:?}", e.name)),
+        })
+        .collect()
+}
+
+/// Deletes the volume and its data: the point of no return.
+struct DeleteVolume {
+    pool: Arc<ThinPool>,
+    name: String,
+}
+
+#[async_trait]
+impl<'a> Step<Applying<'a>> for DeleteVolume {
+    fn describe(&self) -> String {
+        format!("volume {}/{}", self.pool.name(), self.name)
+    }
+
+    async fn apply(&mut self, _: &mut Applying<'a>) -> anyhow::Result<()> {
+        Ok(self.pool.delete_volume(&self.name).await?)
+    }
+
+    fn reversible(&self) -> bool {
+        false
+    }
+}

@@ -1,0 +1,142 @@
+//! A thin pool's `[[layer]]` options, typed: one serde struct (unknown fields refused, sizes
+//! parsed once, defaults here), turned into the pool's format options and runtime settings.
+//! `volumes` and `grow-from` are the stack's business (it creates the volumes and holds the
+//! spares) and are not options of the pool.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Deserialize;
+use strata_core::{ByteSize, Runtime};
+
+use crate::pool::{check_extent_size, PoolOptions, PoolRuntime, DEFAULT_EXTENT_SIZE};
+use crate::{LowWater, MapCommit, WhenFull};
+
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct PoolConfig {
+    /// Allocation unit (default 512 KiB; see [`check_extent_size`]).
+    pub extent: Option<ByteSize>,
+    pub metadata_size: Option<ByteSize>,
+    #[serde(default)]
+    pub start_mid: bool,
+    pub commit_interval_ms: Option<u64>,
+    pub map_commit: Option<String>,
+    pub when_full: Option<String>,
+    pub full_wait: Option<String>,
+    pub low_water: Option<String>,
+}
+
+/// The option names, for the config checks' "known: …" list.
+pub const OPTIONS: &[&str] = &[
+    "extent",
+    "metadata-size",
+    "start-mid",
+    "commit-interval-ms",
+    "map-commit",
+    "when-full",
+    "full-wait",
+    "low-water",
+];
+
+/// A field and what is wrong with it.
+fn field(key: &str, problem: impl std::fmt::Display) -> String {
+    format!("field `{key}`: {problem}")
+}
+
+impl PoolConfig {
+    /// Parses the options as the config gave them (a TOML table).
+    pub fn from_table(table: toml::Table) -> Result<PoolConfig, String> {
+        let config: PoolConfig = toml::Value::Table(table)
+            .try_into()
+            .map_err(|e: toml::de::Error| e.message().to_string())?;
+        config.check()?;
+        Ok(config)
+    }
+
+    /// What the types cannot say: the extent size rule, the policies' syntax.
+    pub fn check(&self) -> Result<(), String> {
+        check_extent_size(self.extent_size()).map_err(|e| field("extent", e))?;
+        if let Some(mode) = &self.map_commit {
+            MapCommit::parse(mode).map_err(|e| field("map-commit", e))?;
+        }
+        if let Some(mark) = &self.low_water {
+            LowWater::parse(mark).map_err(|e| field("low-water", e))?;
+        }
+        Ok(())
+    }
+
+    pub fn extent_size(&self) -> u64 {
+        self.extent.map_or(DEFAULT_EXTENT_SIZE, |s| s.0)
+    }
+
+    /// How the pool is formatted.
+    pub fn pool_options(&self) -> PoolOptions {
+        PoolOptions {
+            extent_size: self.extent_size(),
+            metadata_size: self.metadata_size.map(|s| s.0),
+            start_mid: self.start_mid,
+        }
+    }
+
+    /// How the pool runs. `parse_duration` reads `full-wait` ("30s") the way the other
+    /// layers' durations are read.
+    pub fn settings(
+        &self,
+        runtime: Arc<dyn Runtime>,
+        parse_duration: fn(&str) -> Result<Duration, String>,
+    ) -> Result<PoolRuntime, String> {
+        let mut settings = PoolRuntime::new(runtime);
+        if let Some(ms) = self.commit_interval_ms {
+            settings.commit_interval = Some(Duration::from_millis(ms.max(1)));
+        }
+        if let Some(mode) = &self.map_commit {
+            settings.map_commit = MapCommit::parse(mode).map_err(|e| field("map-commit", e))?;
+        }
+        let full_wait = self
+            .full_wait
+            .as_deref()
+            .map(|text| parse_duration(text).map_err(|e| field("full-wait", e)))
+            .transpose()?;
+        settings.when_full = WhenFull::parse(self.when_full.as_deref(), full_wait)?;
+        if let Some(mark) = &self.low_water {
+            settings.low_water = LowWater::parse(mark).map_err(|e| field("low-water", e))?;
+        }
+        Ok(settings)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<PoolConfig, String> {
+        PoolConfig::from_table(text.parse().unwrap())
+    }
+
+    #[test]
+    fn options_are_typed_with_their_defaults_in_one_place() {
+        let config =
+            parse("extent = \"1MiB\"\nstart-mid = true\ncommit-interval-ms = 5\n").unwrap();
+        assert_eq!(config.extent_size(), 1 << 20);
+        assert!(config.pool_options().start_mid);
+        let default = parse("").unwrap();
+        assert_eq!(default.extent_size(), DEFAULT_EXTENT_SIZE);
+        assert_eq!(default.pool_options().metadata_size, None);
+        let names: Vec<&str> = OPTIONS.to_vec();
+        assert_eq!(names.len(), 8);
+    }
+
+    #[test]
+    fn unknown_fields_and_bad_extents_are_refused_by_name() {
+        let error = parse("extnet = \"1MiB\"\n").unwrap_err();
+        assert!(error.contains("extnet"), "{error}");
+        let error = parse("extent = \"96KiB\"\n").unwrap_err();
+        assert!(
+            error.starts_with("field `extent`: 98304 bytes is not a power of two"),
+            "{error}"
+        );
+        let error = parse("low-water = \"lots\"\n").unwrap_err();
+        assert!(error.starts_with("field `low-water`"), "{error}");
+    }
+}
