@@ -5,6 +5,7 @@ pub mod blank;
 mod device;
 mod error;
 mod extent;
+pub mod filter;
 mod geometry;
 pub mod layer;
 mod runtime;
@@ -12,11 +13,12 @@ mod size;
 mod stats;
 
 pub use device::{
-    Activity, BlockDevice, Control, ControlReply, DeviceRef, Health, Member, NodeStatus,
-    WriteFlags, ZeroFlags,
+    all_data, refuse, write_zeroes_by_writing, Activity, BlockDevice, Control, ControlReply,
+    DeviceRef, Health, Member, NodeStatus, WriteFlags, ZeroFlags, ZERO_PIECE,
 };
 pub use error::{errno, BlockError, Result};
 pub use extent::{push_extent, Extent, ExtentState};
+pub use filter::Filter;
 pub use geometry::{Capabilities, Geometry};
 pub use runtime::{run_blocking, BoxFuture, Runtime, TokioRuntime};
 pub use size::ByteSize;

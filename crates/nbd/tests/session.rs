@@ -6,10 +6,7 @@ use std::time::Duration;
 
 use bytes::{BufMut, BytesMut};
 use strata_backend::MemoryDevice;
-use strata_core::{
-    async_trait, BlockDevice, Capabilities, Control, ControlReply, Extent, Geometry, Result,
-    WriteFlags, ZeroFlags,
-};
+use strata_core::{async_trait, BlockDevice, DeviceRef, Filter, Result, WriteFlags};
 use strata_nbd::proto::*;
 use strata_nbd::{Export, Exports, Limits, Server};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
@@ -18,41 +15,20 @@ const SIZE: u64 = 1 << 20;
 
 /// A device that holds reads at offset 0 until told to go, to force out-of-order replies.
 struct Gate {
-    inner: MemoryDevice,
+    inner: DeviceRef,
     open: tokio::sync::Notify,
 }
 
 #[async_trait]
-impl BlockDevice for Gate {
-    fn geometry(&self) -> Geometry {
-        self.inner.geometry()
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
+impl Filter for Gate {
+    fn next(&self) -> &DeviceRef {
+        &self.inner
     }
     async fn read(&self, offset: u64, len: usize) -> Result<BytesMut> {
         if offset == 0 {
             self.open.notified().await;
         }
         self.inner.read(offset, len).await
-    }
-    async fn write(&self, offset: u64, data: bytes::Bytes, flags: WriteFlags) -> Result<()> {
-        self.inner.write(offset, data, flags).await
-    }
-    async fn flush(&self) -> Result<()> {
-        self.inner.flush().await
-    }
-    async fn discard(&self, offset: u64, len: u64) -> Result<()> {
-        self.inner.discard(offset, len).await
-    }
-    async fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> {
-        self.inner.write_zeroes(offset, len, flags).await
-    }
-    async fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
-        self.inner.block_status(offset, len).await
-    }
-    async fn control(&self, request: Control) -> Result<ControlReply> {
-        self.inner.control(request).await
     }
 }
 
@@ -149,7 +125,7 @@ async fn simple_reply(client: &mut DuplexStream) -> (u32, u64) {
 #[tokio::test]
 async fn replies_come_back_out_of_order() {
     let gate = Arc::new(Gate {
-        inner: MemoryDevice::new(SIZE),
+        inner: Arc::new(MemoryDevice::new(SIZE)),
         open: Default::default(),
     });
     let mut client = connect(
@@ -382,7 +358,7 @@ async fn a_client_that_stops_reading_stops_being_read() {
 #[tokio::test]
 async fn disconnecting_an_export_answers_in_flight_requests_then_closes() {
     let gate = Arc::new(Gate {
-        inner: MemoryDevice::new(SIZE),
+        inner: Arc::new(MemoryDevice::new(SIZE)),
         open: Default::default(),
     });
     let exports = exports_with(gate.clone(), false);

@@ -8,8 +8,7 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use strata_core::layer::StartPolicy;
 use strata_core::{
-    async_trait, BlockDevice, Capabilities, Control, ControlReply, DeviceRef, Extent, Geometry,
-    Member, Result, TokioRuntime, WriteFlags, ZeroFlags,
+    async_trait, BlockDevice, Control, DeviceRef, Member, Result, TokioRuntime, WriteFlags,
 };
 use strata_crash::{sector_disk, CrashDisk, CrashGroup};
 use strata_raid::mirror::{MemberState, Mirror, MirrorOptions};
@@ -43,7 +42,7 @@ enum Gate {
 /// A disk whose next flush or data read, once armed, waits at a gate before it reaches the
 /// disk.
 struct GatedDisk {
-    disk: CrashDisk,
+    disk: DeviceRef,
     armed: Mutex<Option<Gate>>,
     entered: Notify,
     release: Notify,
@@ -52,7 +51,7 @@ struct GatedDisk {
 impl GatedDisk {
     fn new(disk: CrashDisk) -> Arc<GatedDisk> {
         Arc::new(GatedDisk {
-            disk,
+            disk: Arc::new(disk),
             armed: Mutex::new(None),
             entered: Notify::new(),
             release: Notify::new(),
@@ -82,13 +81,9 @@ impl GatedDisk {
 }
 
 #[async_trait]
-impl BlockDevice for GatedDisk {
-    fn geometry(&self) -> Geometry {
-        self.disk.geometry()
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        self.disk.capabilities()
+impl strata_core::Filter for GatedDisk {
+    fn next(&self) -> &DeviceRef {
+        &self.disk
     }
 
     async fn read(&self, offset: u64, len: usize) -> Result<BytesMut> {
@@ -97,30 +92,9 @@ impl BlockDevice for GatedDisk {
         }
         self.disk.read(offset, len).await
     }
-
-    async fn write(&self, offset: u64, data: Bytes, flags: WriteFlags) -> Result<()> {
-        self.disk.write(offset, data, flags).await
-    }
-
     async fn flush(&self) -> Result<()> {
         self.pass(Gate::Flush).await;
         self.disk.flush().await
-    }
-
-    async fn discard(&self, offset: u64, len: u64) -> Result<()> {
-        self.disk.discard(offset, len).await
-    }
-
-    async fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> {
-        self.disk.write_zeroes(offset, len, flags).await
-    }
-
-    async fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
-        self.disk.block_status(offset, len).await
-    }
-
-    async fn control(&self, request: Control) -> Result<ControlReply> {
-        self.disk.control(request).await
     }
 }
 

@@ -11,8 +11,8 @@ use proptest::prelude::*;
 use strata_backend::MemoryDevice;
 use strata_core::layer::StartPolicy;
 use strata_core::{
-    async_trait, BlockDevice, Capabilities, Control, ControlReply, DeviceRef, Extent, Geometry,
-    Health, Member, Result, TokioRuntime, WriteFlags, ZeroFlags,
+    async_trait, BlockDevice, Control, ControlReply, DeviceRef, Health, Member, Result,
+    TokioRuntime, WriteFlags,
 };
 use strata_raid::raid5::{Layout, Raid5, Settings, META_BYTES};
 
@@ -249,7 +249,7 @@ async fn chunk_is_fixed_at_creation() {
 
 /// Counts member I/O by region: metadata, journal, data.
 struct Counting {
-    inner: MemoryDevice,
+    inner: DeviceRef,
     data_start: u64,
     data_reads: AtomicU64,
     data_writes: AtomicU64,
@@ -261,7 +261,7 @@ struct Counting {
 impl Counting {
     fn new(size: u64, data_start: u64) -> Arc<Counting> {
         Arc::new(Counting {
-            inner: MemoryDevice::new(size),
+            inner: Arc::new(MemoryDevice::new(size)),
             data_start,
             data_reads: AtomicU64::new(0),
             data_writes: AtomicU64::new(0),
@@ -283,13 +283,11 @@ impl Counting {
 }
 
 #[async_trait]
-impl BlockDevice for Counting {
-    fn geometry(&self) -> Geometry {
-        self.inner.geometry()
+impl strata_core::Filter for Counting {
+    fn next(&self) -> &DeviceRef {
+        &self.inner
     }
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
+
     async fn read(&self, offset: u64, len: usize) -> Result<BytesMut> {
         let counter = if offset >= self.data_start {
             &self.data_reads
@@ -317,21 +315,6 @@ impl BlockDevice for Counting {
         // A real device completes later: let other requests run meanwhile.
         tokio::task::yield_now().await;
         self.inner.write(offset, data, flags).await
-    }
-    async fn flush(&self) -> Result<()> {
-        self.inner.flush().await
-    }
-    async fn discard(&self, offset: u64, len: u64) -> Result<()> {
-        self.inner.discard(offset, len).await
-    }
-    async fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> {
-        self.inner.write_zeroes(offset, len, flags).await
-    }
-    async fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
-        self.inner.block_status(offset, len).await
-    }
-    async fn control(&self, request: Control) -> Result<ControlReply> {
-        self.inner.control(request).await
     }
 }
 

@@ -23,8 +23,8 @@ use std::task::{Context, Poll, Waker};
 
 use bytes::{Bytes, BytesMut};
 use strata_core::{
-    async_trait, BlockDevice, BlockError, Capabilities, Control, ControlReply, Extent, ExtentState,
-    Geometry, NodeStatus, Result, WriteFlags, ZeroFlags,
+    async_trait, BlockDevice, BlockError, Capabilities, Control, ControlReply, Geometry,
+    NodeStatus, Result, WriteFlags, ZeroFlags,
 };
 
 use crate::executor::{EventSource, IdMap, SimRuntime, Simulation};
@@ -413,15 +413,6 @@ impl BlockDevice for SimDisk {
             at += piece;
         }
         Ok(())
-    }
-
-    async fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
-        self.geometry.check_range(offset, len)?;
-        Ok(vec![Extent {
-            offset,
-            len,
-            state: ExtentState::Data,
-        }])
     }
 
     async fn control(&self, request: Control) -> Result<ControlReply> {

@@ -643,56 +643,24 @@ proptest::proptest! {
 
 /// A memory disk whose flushes can be held, to look at the pool while a commit is in flight.
 struct HeldFlush {
-    inner: MemoryDevice,
+    inner: DeviceRef,
     hold: std::sync::atomic::AtomicBool,
     waiting: tokio::sync::Notify,
     release: tokio::sync::Notify,
 }
 
 #[strata_core::async_trait]
-impl BlockDevice for HeldFlush {
-    fn geometry(&self) -> strata_core::Geometry {
-        self.inner.geometry()
+impl strata_core::Filter for HeldFlush {
+    fn next(&self) -> &DeviceRef {
+        &self.inner
     }
-    fn capabilities(&self) -> strata_core::Capabilities {
-        self.inner.capabilities()
-    }
-    async fn read(&self, offset: u64, len: usize) -> strata_core::Result<bytes::BytesMut> {
-        self.inner.read(offset, len).await
-    }
-    async fn write(&self, offset: u64, data: Bytes, flags: WriteFlags) -> strata_core::Result<()> {
-        self.inner.write(offset, data, flags).await
-    }
+
     async fn flush(&self) -> strata_core::Result<()> {
         if self.hold.load(std::sync::atomic::Ordering::SeqCst) {
             self.waiting.notify_one();
             self.release.notified().await;
         }
         self.inner.flush().await
-    }
-    async fn discard(&self, offset: u64, len: u64) -> strata_core::Result<()> {
-        self.inner.discard(offset, len).await
-    }
-    async fn write_zeroes(
-        &self,
-        offset: u64,
-        len: u64,
-        flags: strata_core::ZeroFlags,
-    ) -> strata_core::Result<()> {
-        self.inner.write_zeroes(offset, len, flags).await
-    }
-    async fn block_status(
-        &self,
-        offset: u64,
-        len: u64,
-    ) -> strata_core::Result<Vec<strata_core::Extent>> {
-        self.inner.block_status(offset, len).await
-    }
-    async fn control(
-        &self,
-        request: strata_core::Control,
-    ) -> strata_core::Result<strata_core::ControlReply> {
-        self.inner.control(request).await
     }
 }
 
@@ -701,7 +669,7 @@ impl BlockDevice for HeldFlush {
 #[tokio::test]
 async fn extents_freed_by_a_delete_are_not_reused_before_its_commit() {
     let disk = Arc::new(HeldFlush {
-        inner: MemoryDevice::new((1 << 20) + EXTENTS * EXTENT),
+        inner: Arc::new(MemoryDevice::new((1 << 20) + EXTENTS * EXTENT)),
         hold: Default::default(),
         waiting: Default::default(),
         release: Default::default(),
