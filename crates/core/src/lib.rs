@@ -8,9 +8,11 @@ mod extent;
 pub mod filter;
 mod geometry;
 pub mod layer;
+pub mod pages;
 mod runtime;
 mod size;
 mod stats;
+mod striped;
 
 pub use device::{
     all_data, refuse, write_zeroes_by_writing, Activity, BlockDevice, Control, ControlReply,
@@ -20,9 +22,11 @@ pub use error::{errno, BlockError, Result};
 pub use extent::{push_extent, Extent, ExtentState};
 pub use filter::Filter;
 pub use geometry::{Capabilities, Geometry};
+pub use pages::PageStore;
 pub use runtime::{run_blocking, BoxFuture, Runtime, TokioRuntime};
 pub use size::ByteSize;
 pub use stats::{DeviceStats, Metered, MetricsRegistry, Op, OpSnapshot, StatsSnapshot};
+pub use striped::StripedLocks;
 
 /// Re-exported so that implementors use the same version of the attribute macro.
 pub use async_trait::async_trait;

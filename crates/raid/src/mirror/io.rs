@@ -122,11 +122,7 @@ impl Inner {
             return Ok(());
         }
         let range = regions_of(offset, len, self.region);
-        let stripes = self.stripes(range.clone());
-        let mut guards = Vec::with_capacity(stripes.len());
-        for s in stripes {
-            guards.push(self.stripe(s).read().await);
-        }
+        let _shared = self.region_locks().read_range(range.clone()).await;
         let _inflight = self.begin_write(range).await?;
         self.write_members(what, offset, op).await
     }
@@ -177,11 +173,7 @@ impl Inner {
     /// the regions' exclusive locks and re-reads there, so no concurrent write is undone.
     async fn repair(&self, offset: u64, len: usize, good: usize, failed: &[usize]) -> Result<()> {
         let range = regions_of(offset, len as u64, self.region);
-        let stripes = self.stripes(range);
-        let mut guards = Vec::with_capacity(stripes.len());
-        for s in stripes {
-            guards.push(self.stripe(s).write().await);
-        }
+        let _exclusive = self.region_locks().write_range(range).await;
         let snapshot = self.snapshot();
         let Some(source) = snapshot[good].0.clone() else {
             return Ok(());

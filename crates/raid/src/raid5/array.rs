@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use futures_util::future::join_all;
-use strata_core::{Activity, BlockError, DeviceRef, Result, Runtime, WriteFlags};
+use strata_core::{Activity, BlockError, DeviceRef, Result, Runtime, StripedLocks, WriteFlags};
 use strata_meta::{MetaStore, ObjectId, TxnClass};
 
 use super::journal::{Appended, Journal, Record, MAX_DONE};
@@ -55,7 +55,9 @@ pub struct Array {
     pub journal_device: Option<DeviceRef>,
     /// Why the journal device stopped working; writes are refused from then on.
     pub journal_failed: Mutex<Option<String>>,
-    pub locks: Vec<tokio::sync::Mutex<()>>,
+    /// Stripe locks, taken exclusively: an update, a reconstructing read or a rebuild of a
+    /// stripe runs alone in it.
+    pub locks: StripedLocks,
     pub gate: tokio::sync::RwLock<()>,
     pub fail_lock: tokio::sync::Mutex<()>,
     pub full: Mutex<FullWrites>,
@@ -72,8 +74,9 @@ pub struct Array {
 }
 
 impl Array {
-    pub fn stripe_lock(&self, stripe: u64) -> &tokio::sync::Mutex<()> {
-        &self.locks[(stripe % STRIPE_LOCKS as u64) as usize]
+    /// Takes `stripe`'s lock (exclusive).
+    pub async fn lock_stripe(&self, stripe: u64) -> tokio::sync::RwLockWriteGuard<'_, ()> {
+        self.locks.write(stripe).await
     }
 
     pub async fn m_read(

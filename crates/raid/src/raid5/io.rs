@@ -72,7 +72,7 @@ impl Array {
         fua: bool,
     ) -> Result<Step> {
         let _gate = self.gate.read().await;
-        let _lock = self.stripe_lock(stripe).lock().await;
+        let _lock = self.lock_stripe(stripe).await;
         let failed = self.members.unusable(stripe)?;
         if let Some(f) = failed {
             if !self.members.lock()[f].durable {
@@ -228,7 +228,7 @@ impl Array {
         // Reconstructing reads the whole stripe, so it must not see half an update.
         let _lock = match failed {
             Some(_) => {
-                let lock = self.stripe_lock(stripe).lock().await;
+                let lock = self.lock_stripe(stripe).await;
                 failed = self.members.unusable(stripe)?;
                 Some(lock)
             }

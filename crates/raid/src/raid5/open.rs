@@ -13,7 +13,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use strata_core::{BlockError, DeviceRef, Result, Runtime, WriteFlags};
+use strata_core::{BlockError, DeviceRef, Result, Runtime, StripedLocks, WriteFlags};
 use strata_meta::{FormatOptions, MetaStore, Recovered, StoreOptions, TxnClass};
 
 use super::array::{Array, FullWrites, STRIPE_LOCKS};
@@ -522,9 +522,7 @@ fn build(
         journals,
         journal_device,
         journal_failed: Mutex::new(None),
-        locks: (0..STRIPE_LOCKS)
-            .map(|_| tokio::sync::Mutex::new(()))
-            .collect(),
+        locks: StripedLocks::new(STRIPE_LOCKS),
         gate: tokio::sync::RwLock::new(()),
         fail_lock: tokio::sync::Mutex::new(()),
         full: Mutex::new(FullWrites::default()),
