@@ -9,6 +9,7 @@ pub mod filter;
 mod geometry;
 pub mod layer;
 pub mod pages;
+pub mod poison;
 mod runtime;
 mod size;
 mod stats;

@@ -285,12 +285,7 @@ impl ThinPool {
         head: u64,
         settings: PoolRuntime,
     ) -> Result<Arc<ThinPool>> {
-        let corrupt = |problem: String| {
-            BlockError::io(
-                format!("thin pool {name}: {problem}"),
-                std::io::Error::new(std::io::ErrorKind::InvalidData, "bad thin pool metadata"),
-            )
-        };
+        let corrupt = |problem: String| BlockError::Corrupt(format!("thin pool {name}: {problem}"));
         let (ids, record, volume_records) = store
             .read(|state| -> std::result::Result<_, String> {
                 let ids = PoolIds::find(state)?;

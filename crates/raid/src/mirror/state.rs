@@ -169,7 +169,7 @@ impl Mirror {
         })?;
         for (i, (child, state)) in children.iter().zip(&states).enumerate() {
             if let (Some(device), true) = (child, state.receives_writes()) {
-                opened.fanout.add(i, device.clone());
+                opened.fanout.replicas().add(i, device.clone());
             }
         }
         store.checkpoint_now().await?;
@@ -343,7 +343,7 @@ impl Inner {
     pub async fn commit(&self) -> Result<()> {
         loop {
             self.store.commit().await?;
-            let dropped = self.fanout.take_dropped();
+            let dropped = self.fanout.replicas().take_dropped();
             if dropped.is_empty() {
                 return Ok(());
             }
@@ -373,7 +373,7 @@ impl Inner {
         tracing::error!(mirror = %self.name, member = %slot.name, %why, "member is faulty");
         slot.state = MemberState::Faulty;
         if let Some(current) = &slot.device {
-            self.fanout.remove(index, current);
+            self.fanout.replicas().remove(index, current);
         }
         let encoded = MemberState::Faulty.encode();
         self.store.transact(TxnClass::Normal, |_, txn| {

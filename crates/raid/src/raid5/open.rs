@@ -23,7 +23,7 @@ use super::journal::{
     Journal, JBLOCK,
 };
 use super::layout::Layout;
-use super::members::{Member, MemberState, Members, MirrorDevice, META_BYTES};
+use super::members::{metadata_device, Member, MemberState, Members, META_BYTES};
 use super::record::{ArrayRecord, BLOB, LOST};
 use strata_core::layer::StartPolicy;
 
@@ -148,7 +148,7 @@ pub async fn assemble(
     }
     let members = Members::new(children, states);
     let (store, _) =
-        MetaStore::open(MirrorDevice::new(members.clone()), 0, store_options(&name)).await?;
+        MetaStore::open(metadata_device(members.clone()), 0, store_options(&name)).await?;
     let array = Arc::new(build(
         name,
         members,
@@ -418,7 +418,7 @@ async fn create(
         children,
         (0..n).map(|_| member(MemberState::Active)).collect(),
     );
-    let mirror = MirrorDevice::new(members.clone());
+    let mirror = metadata_device(members.clone());
     let format = FormatOptions::new(OWNER);
     let store = MetaStore::format(mirror, 0, META_BYTES, format, store_options(&name)).await?;
     let record = ArrayRecord {
