@@ -11,7 +11,7 @@ use std::sync::atomic::Ordering;
 use bytes::{Bytes, BytesMut};
 use futures_util::future::join_all;
 use strata_core::{
-    async_trait, BlockDevice, BlockError, BoxFuture, Capabilities, Control, ControlReply,
+    async_trait, poison, BlockDevice, BlockError, BoxFuture, Capabilities, Control, ControlReply,
     DeviceRef, Extent, ExtentState, Geometry, Result, WriteFlags, ZeroFlags,
 };
 use strata_meta::TxnClass;
@@ -49,7 +49,7 @@ impl Inner {
         };
         let now = self.runtime.now();
         let newest_set = {
-            let mut regions = self.regions.lock().unwrap();
+            let mut regions = poison::check(self.regions.lock(), &self.name, "the region table")?;
             let mut to_set = Vec::new();
             let mut newest_set = None;
             for r in range.clone() {
@@ -133,7 +133,7 @@ impl Inner {
         let snapshot = self.snapshot();
         let states: Vec<MemberState> = snapshot.iter().map(|(_, s)| *s).collect();
         let pinned = {
-            let regions = self.regions.lock().unwrap();
+            let regions = poison::check(self.regions.lock(), &self.name, "the region table")?;
             let range = regions_of(offset, len as u64, self.region);
             regions
                 .needs_sync
