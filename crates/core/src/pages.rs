@@ -264,7 +264,7 @@ mod tests {
         (range(), any::<u8>(), 0..4usize).prop_map(|((offset, len), seed, density)| {
             let byte = |i: usize| match density {
                 0 => 0,
-                1 => u8::from(i % 997 == 0) * seed.max(1),
+                1 => u8::from(i.is_multiple_of(997)) * seed.max(1),
                 _ => (i as u8).wrapping_mul(31).wrapping_add(seed),
             };
             (offset, (0..len as usize).map(byte).collect())
