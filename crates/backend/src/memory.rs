@@ -4,74 +4,22 @@
 //! disk: it is cheap to create, holds only the pages ever written, and reports those pages as
 //! data and everything else as holes, which exercises block-status paths as a real file would.
 
-use std::collections::BTreeMap;
 use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
 use strata_core::{
-    async_trait, push_extent, BlockDevice, BlockError, Capabilities, Control, ControlReply, Extent,
-    ExtentState, Geometry, Health, NodeStatus, Result, WriteFlags, ZeroFlags,
+    async_trait, BlockDevice, BlockError, Capabilities, Control, ControlReply, Extent, Geometry,
+    Health, NodeStatus, PageStore, Result, WriteFlags, ZeroFlags,
 };
 
-/// Allocation granularity. Independent of `min_io`: a byte-addressable device still allocates
-/// whole pages, and a device demanding 4 KiB I/O simply never touches part of one.
-const PAGE: u64 = 4096;
-
-type Page = Box<[u8; PAGE as usize]>;
+#[cfg(test)]
+use strata_core::ExtentState;
 
 /// A sparse in-memory block device. Pages never written read as zeros and cost nothing.
 pub struct MemoryDevice {
     geometry: Geometry,
-    /// Page index → contents. A BTreeMap so block_status can walk only the present pages of
-    /// a range instead of probing every index in it.
-    pages: RwLock<BTreeMap<u64, Page>>,
-}
-
-/// The part of one page a request covers.
-struct Segment {
-    /// Page index.
-    index: u64,
-    /// Offset of the segment inside the page.
-    start: usize,
-    len: usize,
-    /// Offset of the segment inside the request.
-    done: usize,
-}
-
-impl Segment {
-    fn in_page(&self) -> std::ops::Range<usize> {
-        self.start..self.start + self.len
-    }
-
-    fn in_request(&self) -> std::ops::Range<usize> {
-        self.done..self.done + self.len
-    }
-
-    fn is_whole_page(&self) -> bool {
-        self.len as u64 == PAGE
-    }
-}
-
-/// Splits `[offset, offset + len)` at page boundaries. The caller has checked the range, so
-/// `offset + len` does not overflow.
-fn segments(offset: u64, len: u64) -> impl Iterator<Item = Segment> {
-    let end = offset + len;
-    let mut pos = offset;
-    std::iter::from_fn(move || {
-        if pos >= end {
-            return None;
-        }
-        let within = pos % PAGE;
-        let len = (PAGE - within).min(end - pos);
-        let segment = Segment {
-            index: pos / PAGE,
-            start: within as usize,
-            len: len as usize,
-            done: (pos - offset) as usize,
-        };
-        pos += len;
-        Some(segment)
-    })
+    /// 4 KiB pages (allocation granularity, independent of `min_io`).
+    pages: RwLock<PageStore>,
 }
 
 impl MemoryDevice {
@@ -84,40 +32,23 @@ impl MemoryDevice {
     pub fn with_geometry(geometry: Geometry) -> Self {
         MemoryDevice {
             geometry,
-            pages: RwLock::new(BTreeMap::new()),
+            pages: RwLock::new(PageStore::new()),
         }
     }
 
     /// Bytes currently held in memory.
     pub fn allocated_bytes(&self) -> u64 {
-        self.pages_read().len() as u64 * PAGE
+        self.pages_read().allocated_bytes()
     }
 
     // A writer that panicked mid-copy leaves at worst a torn write, which the device contract
     // already allows after a crash, so a poisoned lock is safe to keep using.
-    fn pages_read(&self) -> RwLockReadGuard<'_, BTreeMap<u64, Page>> {
+    fn pages_read(&self) -> RwLockReadGuard<'_, PageStore> {
         self.pages.read().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn pages_write(&self) -> RwLockWriteGuard<'_, BTreeMap<u64, Page>> {
+    fn pages_write(&self) -> RwLockWriteGuard<'_, PageStore> {
         self.pages.write().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Frees the pages the range covers entirely and zeros the parts of the others it covers.
-    fn zero_range(&self, offset: u64, len: u64) {
-        let mut pages = self.pages_write();
-        for segment in segments(offset, len) {
-            if segment.is_whole_page() {
-                pages.remove(&segment.index);
-            } else if let Some(page) = pages.get_mut(&segment.index) {
-                page[segment.in_page()].fill(0);
-                // A page that is now all zeros is indistinguishable from a hole; free it so that
-                // block_status reports it as one.
-                if page.iter().all(|&byte| byte == 0) {
-                    pages.remove(&segment.index);
-                }
-            }
-        }
     }
 }
 
@@ -144,14 +75,7 @@ impl BlockDevice for MemoryDevice {
     async fn read(&self, offset: u64, len: usize) -> Result<BytesMut> {
         self.geometry.check_range(offset, len as u64)?;
         let mut buf = BytesMut::with_capacity(len);
-        let pages = self.pages_read();
-        for segment in segments(offset, len as u64) {
-            debug_assert_eq!(buf.len(), segment.in_request().start);
-            match pages.get(&segment.index) {
-                Some(page) => buf.extend_from_slice(&page[segment.in_page()]),
-                None => buf.put_bytes(0, segment.len),
-            }
-        }
+        self.pages_read().read_append(offset, len, &mut buf);
         debug_assert_eq!(buf.len(), len);
         Ok(buf)
     }
@@ -159,13 +83,7 @@ impl BlockDevice for MemoryDevice {
     async fn write(&self, offset: u64, data: Bytes, _flags: WriteFlags) -> Result<()> {
         // Memory is as durable as it gets the moment the copy is done, so FUA needs nothing.
         self.geometry.check_range(offset, data.len() as u64)?;
-        let mut pages = self.pages_write();
-        for segment in segments(offset, data.len() as u64) {
-            let page = pages
-                .entry(segment.index)
-                .or_insert_with(|| Box::new([0; PAGE as usize]));
-            page[segment.in_page()].copy_from_slice(&data[segment.in_request()]);
-        }
+        self.pages_write().write(offset, &data);
         Ok(())
     }
 
@@ -175,7 +93,7 @@ impl BlockDevice for MemoryDevice {
 
     async fn discard(&self, offset: u64, len: u64) -> Result<()> {
         self.geometry.check_range(offset, len)?;
-        self.zero_range(offset, len);
+        self.pages_write().zero(offset, len);
         Ok(())
     }
 
@@ -183,34 +101,13 @@ impl BlockDevice for MemoryDevice {
         // Freeing pages is both the fastest way and a trim; doing it regardless of may_trim is
         // fine here because a later write re-allocates without ever failing for space.
         self.geometry.check_range(offset, len)?;
-        self.zero_range(offset, len);
+        self.pages_write().zero(offset, len);
         Ok(())
     }
 
     async fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
         self.geometry.check_range(offset, len)?;
-        let mut extents = Vec::new();
-        if len == 0 {
-            return Ok(extents);
-        }
-        let end = offset + len;
-        let mut pos = offset;
-        let pages = self.pages_read();
-        for &index in pages
-            .range(offset / PAGE..=(end - 1) / PAGE)
-            .map(|(index, _)| index)
-        {
-            let data_start = (index * PAGE).max(offset);
-            let data_end = (index * PAGE + PAGE).min(end);
-            push_extent(&mut extents, extent(pos, data_start, ExtentState::Hole));
-            push_extent(
-                &mut extents,
-                extent(data_start, data_end, ExtentState::Data),
-            );
-            pos = data_end;
-        }
-        push_extent(&mut extents, extent(pos, end, ExtentState::Hole));
-        Ok(extents)
+        Ok(self.pages_read().extents(offset, len))
     }
 
     async fn control(&self, request: Control) -> Result<ControlReply> {
@@ -228,14 +125,6 @@ impl BlockDevice for MemoryDevice {
             })),
             _ => Err(BlockError::Unsupported("control verb on a memory device")),
         }
-    }
-}
-
-fn extent(start: u64, end: u64, state: ExtentState) -> Extent {
-    Extent {
-        offset: start,
-        len: end - start,
-        state,
     }
 }
 

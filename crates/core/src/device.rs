@@ -6,7 +6,7 @@ use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
 use serde::Serialize;
 
-use crate::{Capabilities, Extent, Geometry, Result};
+use crate::{Capabilities, Extent, ExtentState, Geometry, Result};
 
 /// Flags on a write.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -54,6 +54,19 @@ pub enum Control {
     FailMember { index: usize },
     /// Grow the device to `size` bytes (children must already have the room).
     Grow { size: u64 },
+}
+
+impl Control {
+    /// The verb's name, for refusals and logs ("add-member").
+    pub fn verb(&self) -> &'static str {
+        match self {
+            Control::Describe => "describe",
+            Control::AddMember(_) => "add-member",
+            Control::ReplaceMember { .. } => "replace-member",
+            Control::FailMember { .. } => "fail-member",
+            Control::Grow { .. } => "grow",
+        }
+    }
 }
 
 /// The answer to a [`Control`] call.
@@ -168,16 +181,88 @@ pub trait BlockDevice: Send + Sync {
 
     /// Tells the device the range is no longer needed. Afterwards the range reads as zeros or
     /// as its old contents; callers that need zeros use `write_zeroes`.
-    async fn discard(&self, offset: u64, len: u64) -> Result<()>;
+    ///
+    /// Default: checks the range and keeps the old contents. Discard is a hint and the contract
+    /// lets the range keep its bytes, so ignoring it is an honest answer, not a refusal; a
+    /// device that can give space back overrides this (and says so in `capabilities`).
+    async fn discard(&self, offset: u64, len: u64) -> Result<()> {
+        self.geometry().check_range(offset, len)
+    }
 
     /// Makes the range read as zeros.
-    async fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()>;
+    ///
+    /// Default: writes zero buffers in pieces of at most `max_io` (and at most
+    /// [`ZERO_PIECE`]), with FUA when `flags.fua`, in order. It is never cheaper than writing
+    /// zeros, so `flags.fast` is refused with `Unsupported`; `may_trim` is ignored (allowed).
+    async fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> {
+        write_zeroes_by_writing(self, offset, len, flags).await
+    }
 
     /// Describes allocation from `offset`, covering at least one byte and at most `len`.
     /// Extents are contiguous, start at `offset`, and never extend past `offset + len`.
-    async fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>>;
+    ///
+    /// Default: checks the range and answers that all of it is data (one extent; none for an
+    /// empty range), which is always true of a device that does not track allocation.
+    async fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
+        self.geometry().check_range(offset, len)?;
+        Ok(all_data(offset, len))
+    }
 
-    async fn control(&self, request: Control) -> Result<ControlReply>;
+    /// Default: knows no verb; refuses each with `Unsupported` naming it.
+    async fn control(&self, request: Control) -> Result<ControlReply> {
+        Err(refuse(&request))
+    }
+}
+
+/// The largest zero buffer the default `write_zeroes` allocates (it is shared by its pieces).
+pub const ZERO_PIECE: u64 = 1 << 20;
+
+/// `[offset, offset + len)` as one data extent (none when empty).
+pub fn all_data(offset: u64, len: u64) -> Vec<Extent> {
+    if len == 0 {
+        return Vec::new();
+    }
+    vec![Extent {
+        offset,
+        len,
+        state: ExtentState::Data,
+    }]
+}
+
+/// The answer to a control verb a device does not know.
+pub fn refuse(request: &Control) -> crate::BlockError {
+    crate::BlockError::Unsupported(request.verb())
+}
+
+/// `write_zeroes` done with ordinary writes of zeros (the trait's default, usable by a device
+/// that overrides `write_zeroes` only for some flags).
+pub async fn write_zeroes_by_writing<D: BlockDevice + ?Sized>(
+    device: &D,
+    offset: u64,
+    len: u64,
+    flags: ZeroFlags,
+) -> Result<()> {
+    let geometry = device.geometry();
+    geometry.check_range(offset, len)?;
+    if flags.fast {
+        return Err(crate::BlockError::Unsupported(
+            "fast zeroing (this device writes zeros)",
+        ));
+    }
+    let align = u64::from(geometry.min_io.max(1));
+    // A multiple of min_io, at least one block, within max_io when max_io allows it.
+    let piece = (u64::from(geometry.max_io).min(ZERO_PIECE) / align).max(1) * align;
+    let zeros = Bytes::from(vec![0u8; piece.min(len) as usize]);
+    let write_flags = WriteFlags { fua: flags.fua };
+    let mut done = 0;
+    while done < len {
+        let n = piece.min(len - done);
+        device
+            .write(offset + done, zeros.slice(..n as usize), write_flags)
+            .await?;
+        done += n;
+    }
+    Ok(())
 }
 
 /// Devices are shared by the exports and connections that use them.
@@ -220,5 +305,131 @@ impl<T: BlockDevice + ?Sized> BlockDevice for Arc<T> {
 
     async fn control(&self, request: Control) -> Result<ControlReply> {
         (**self).control(request).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::BlockError;
+
+    /// A device that writes only what the trait requires and records its writes.
+    struct Minimal {
+        geometry: Geometry,
+        writes: Mutex<Vec<(u64, usize, bool, bool)>>,
+    }
+
+    impl Minimal {
+        fn new(min_io: u32, max_io: u32) -> Minimal {
+            Minimal {
+                geometry: Geometry {
+                    min_io,
+                    max_io,
+                    ..Geometry::byte_addressable(8 << 20)
+                },
+                writes: Mutex::new(Vec::new()),
+            }
+        }
+    }
+
+    #[async_trait]
+    impl BlockDevice for Minimal {
+        fn geometry(&self) -> Geometry {
+            self.geometry
+        }
+        fn capabilities(&self) -> Capabilities {
+            Capabilities::default()
+        }
+        async fn read(&self, _offset: u64, len: usize) -> Result<BytesMut> {
+            Ok(BytesMut::zeroed(len))
+        }
+        async fn write(&self, offset: u64, data: Bytes, flags: WriteFlags) -> Result<()> {
+            self.geometry.check_range(offset, data.len() as u64)?;
+            let zeros = data.iter().all(|&b| b == 0);
+            self.writes
+                .lock()
+                .unwrap()
+                .push((offset, data.len(), flags.fua, zeros));
+            Ok(())
+        }
+        async fn flush(&self) -> Result<()> {
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn write_zeroes_defaults_to_aligned_zero_writes_within_max_io_with_fua() {
+        let device = Minimal::new(512, 3 * 512 + 100);
+        let flags = ZeroFlags {
+            fua: true,
+            ..ZeroFlags::default()
+        };
+        device.write_zeroes(1024, 4 * 512, flags).await.unwrap();
+        let writes = device.writes.lock().unwrap().clone();
+        assert_eq!(
+            writes,
+            vec![(1024, 1536, true, true), (2560, 512, true, true)]
+        );
+        // Big ranges go in ZERO_PIECE pieces when max_io allows more.
+        let big = Minimal::new(1, 32 << 20);
+        big.write_zeroes(0, 3 * ZERO_PIECE - 1, ZeroFlags::default())
+            .await
+            .unwrap();
+        let sizes: Vec<usize> = big.writes.lock().unwrap().iter().map(|w| w.1).collect();
+        assert_eq!(
+            sizes,
+            vec![
+                ZERO_PIECE as usize,
+                ZERO_PIECE as usize,
+                ZERO_PIECE as usize - 1
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn write_zeroes_default_refuses_fast_and_bad_ranges_before_writing() {
+        let device = Minimal::new(512, 1 << 20);
+        let fast = ZeroFlags {
+            fast: true,
+            ..ZeroFlags::default()
+        };
+        assert!(matches!(
+            device.write_zeroes(0, 512, fast).await,
+            Err(BlockError::Unsupported(_))
+        ));
+        assert!(matches!(
+            device.write_zeroes(0, 100, ZeroFlags::default()).await,
+            Err(BlockError::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            device
+                .write_zeroes(8 << 20, 512, ZeroFlags::default())
+                .await,
+            Err(BlockError::OutOfRange { .. })
+        ));
+        assert!(device.writes.lock().unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn the_other_defaults_answer_all_data_keep_contents_and_refuse_verbs_by_name() {
+        let device = Minimal::new(512, 1 << 20);
+        assert_eq!(
+            device.block_status(512, 1024).await.unwrap(),
+            vec![Extent {
+                offset: 512,
+                len: 1024,
+                state: ExtentState::Data
+            }]
+        );
+        assert!(device.block_status(0, 0).await.unwrap().is_empty());
+        assert!(device.block_status(8 << 20, 512).await.is_err());
+        device.discard(0, 512).await.unwrap();
+        assert!(device.discard(0, 100).await.is_err());
+        assert!(device.writes.lock().unwrap().is_empty());
+        let refused = device.control(Control::Grow { size: 1 }).await.unwrap_err();
+        assert!(matches!(refused, BlockError::Unsupported("grow")));
+        assert!(refused.to_string().contains("grow"));
     }
 }

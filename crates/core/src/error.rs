@@ -31,6 +31,14 @@ pub enum BlockError {
     /// The device is shutting down and accepts no new work.
     #[error("device is shutting down")]
     Shutdown,
+    /// Stored structures are damaged: metadata that fails its checksum or its checks, a
+    /// journal that cannot be replayed. Not the request's fault, and retrying will not help.
+    #[error("damaged: {0}")]
+    Corrupt(String),
+    /// A lock inside the device was poisoned by a panic: the device's in-memory state may be
+    /// half-updated, so it refuses the request rather than serve from it.
+    #[error("device {device} is broken: a task panicked while it held {what}; restart to recover")]
+    Poisoned { device: String, what: &'static str },
     /// The medium failed. The source keeps the OS error for the log.
     #[error("I/O error: {context}")]
     Io {
@@ -41,6 +49,41 @@ pub enum BlockError {
 }
 
 impl BlockError {
+    /// The same kind of failure told again with new `context`, for a device that remembers a
+    /// failure and refuses later calls with it (a full device stays ENOSPC, not EIO). An OS
+    /// error keeps its code; a kind without a message keeps the kind alone.
+    pub fn recur(&self, context: impl Into<String>) -> BlockError {
+        let context = context.into();
+        match self {
+            BlockError::InvalidArgument(_) => BlockError::InvalidArgument(context),
+            BlockError::OutOfRange { offset, len, size } => BlockError::OutOfRange {
+                offset: *offset,
+                len: *len,
+                size: *size,
+            },
+            BlockError::TooLarge { len, max } => BlockError::TooLarge {
+                len: *len,
+                max: *max,
+            },
+            BlockError::NoSpace => BlockError::NoSpace,
+            BlockError::ReadOnly => BlockError::ReadOnly,
+            BlockError::Unsupported(what) => BlockError::Unsupported(what),
+            BlockError::Shutdown => BlockError::Shutdown,
+            BlockError::Corrupt(_) => BlockError::Corrupt(context),
+            BlockError::Poisoned { device, what } => BlockError::Poisoned {
+                device: device.clone(),
+                what,
+            },
+            BlockError::Io { source, .. } => {
+                let source = match source.raw_os_error() {
+                    Some(code) => io::Error::from_raw_os_error(code),
+                    None => io::Error::new(source.kind(), source.to_string()),
+                };
+                BlockError::Io { context, source }
+            }
+        }
+    }
+
     /// Wraps an OS error with what we were doing when it happened.
     pub fn io(context: impl Into<String>, source: io::Error) -> Self {
         BlockError::Io {
@@ -59,6 +102,11 @@ impl BlockError {
             BlockError::ReadOnly => errno::EPERM,
             BlockError::Unsupported(_) => errno::ENOTSUP,
             BlockError::Shutdown => errno::ESHUTDOWN,
+            // The NBD protocol has no errno for damaged data (no EBADMSG or EUCLEAN on the
+            // wire); EIO is what a disk answers for an unreadable sector, and what clients
+            // treat as "this data cannot be had".
+            BlockError::Corrupt(_) => errno::EIO,
+            BlockError::Poisoned { .. } => errno::EIO,
             BlockError::Io { source, .. } => match source.raw_os_error() {
                 Some(code) if code == errno::ENOSPC as i32 => errno::ENOSPC,
                 Some(code) if code == errno::EDQUOT => errno::ENOSPC,
@@ -105,6 +153,33 @@ mod tests {
         assert_eq!(BlockError::ReadOnly.errno(), 1);
         assert_eq!(BlockError::Unsupported("x").errno(), 95);
         assert_eq!(BlockError::Shutdown.errno(), 108);
+        assert_eq!(BlockError::Corrupt("x".into()).errno(), 5);
+        let poisoned = BlockError::Poisoned {
+            device: "m0".into(),
+            what: "the member table",
+        };
+        assert_eq!(poisoned.errno(), 5);
+        assert!(poisoned.to_string().contains("m0"));
+    }
+
+    #[test]
+    fn a_recurring_failure_keeps_its_kind_and_takes_the_new_context() {
+        let full = BlockError::io("write", io::Error::from_raw_os_error(28));
+        let again = full.recur("store failed earlier");
+        assert_eq!(again.errno(), errno::ENOSPC);
+        assert!(again.to_string().contains("store failed earlier"));
+        assert!(matches!(
+            BlockError::NoSpace.recur("x"),
+            BlockError::NoSpace
+        ));
+        let damaged = BlockError::Corrupt("old".into()).recur("new");
+        assert!(matches!(&damaged, BlockError::Corrupt(m) if m == "new"));
+        let other = BlockError::io("read", io::Error::other("boom")).recur("later");
+        assert_eq!(other.errno(), errno::EIO);
+        assert!(matches!(
+            BlockError::ReadOnly.recur("x").errno(),
+            errno::EPERM
+        ));
     }
 
     #[test]

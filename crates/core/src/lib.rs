@@ -5,23 +5,30 @@ pub mod blank;
 mod device;
 mod error;
 mod extent;
+pub mod filter;
 mod geometry;
 pub mod layer;
 mod layer_config;
+pub mod pages;
+pub mod poison;
 mod runtime;
 mod size;
 mod stats;
+mod striped;
 
 pub use device::{
-    Activity, BlockDevice, Control, ControlReply, DeviceRef, Health, Member, NodeStatus,
-    WriteFlags, ZeroFlags,
+    all_data, refuse, write_zeroes_by_writing, Activity, BlockDevice, Control, ControlReply,
+    DeviceRef, Health, Member, NodeStatus, WriteFlags, ZeroFlags, ZERO_PIECE,
 };
 pub use error::{errno, BlockError, Result};
 pub use extent::{push_extent, Extent, ExtentState};
+pub use filter::Filter;
 pub use geometry::{Capabilities, Geometry};
+pub use pages::PageStore;
 pub use runtime::{run_blocking, BoxFuture, Runtime, TokioRuntime};
 pub use size::ByteSize;
 pub use stats::{DeviceStats, Metered, MetricsRegistry, Op, OpSnapshot, StatsSnapshot};
+pub use striped::StripedLocks;
 
 /// Re-exported so that implementors use the same version of the attribute macro.
 pub use async_trait::async_trait;

@@ -5,66 +5,22 @@
 //! copies (`Arc`) until one of them writes (copy-on-write through `Arc::make_mut`). Content
 //! equality ignores the representation: an absent page equals a present page of zeros.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::fmt;
-use std::sync::Arc;
 
 use rand::RngExt;
-use strata_core::{push_extent, Extent, ExtentState, Geometry};
+use strata_core::{Extent, Geometry, PageStore};
 
 use crate::CrashRng;
 
 /// Page size of an image. Independent of the disk's `min_io` and sector size.
-pub const PAGE: usize = 4096;
-const PAGE_U64: u64 = PAGE as u64;
-
-type Page = Arc<[u8; PAGE]>;
+pub use strata_core::pages::PAGE;
 
 /// Sparse disk content: 4 KiB pages, absent = zeros. Cloning shares the pages.
 #[derive(Clone)]
 pub struct DiskImage {
     geometry: Geometry,
-    pages: BTreeMap<u64, Page>,
-}
-
-/// The part of one page a byte range covers.
-struct Segment {
-    index: u64,
-    /// Offset inside the page.
-    start: usize,
-    len: usize,
-    /// Offset inside the range.
-    done: usize,
-}
-
-impl Segment {
-    fn in_page(&self) -> std::ops::Range<usize> {
-        self.start..self.start + self.len
-    }
-
-    fn in_range(&self) -> std::ops::Range<usize> {
-        self.done..self.done + self.len
-    }
-}
-
-fn segments(offset: u64, len: u64) -> impl Iterator<Item = Segment> {
-    let end = offset + len;
-    let mut pos = offset;
-    std::iter::from_fn(move || {
-        if pos >= end {
-            return None;
-        }
-        let within = pos % PAGE_U64;
-        let len = (PAGE_U64 - within).min(end - pos);
-        let segment = Segment {
-            index: pos / PAGE_U64,
-            start: within as usize,
-            len: len as usize,
-            done: (pos - offset) as usize,
-        };
-        pos += len;
-        Some(segment)
-    })
+    pages: PageStore,
 }
 
 impl DiskImage {
@@ -72,7 +28,7 @@ impl DiskImage {
     pub fn zeroed(geometry: Geometry) -> Self {
         DiskImage {
             geometry,
-            pages: BTreeMap::new(),
+            pages: PageStore::new(),
         }
     }
 
@@ -107,98 +63,43 @@ impl DiskImage {
     /// Fills `out` with the bytes at `offset`.
     pub fn read_into(&self, offset: u64, out: &mut [u8]) {
         self.assert_inside(offset, out.len() as u64);
-        for segment in segments(offset, out.len() as u64) {
-            let dest = &mut out[segment.in_range()];
-            match self.pages.get(&segment.index) {
-                Some(page) => dest.copy_from_slice(&page[segment.in_page()]),
-                None => dest.fill(0),
-            }
-        }
+        self.pages.read_into(offset, out);
     }
 
     /// Overwrites `[offset, offset + data.len())` with `data`.
     pub fn write(&mut self, offset: u64, data: &[u8]) {
         self.assert_inside(offset, data.len() as u64);
-        for segment in segments(offset, data.len() as u64) {
-            let page = self
-                .pages
-                .entry(segment.index)
-                .or_insert_with(|| Arc::new([0; PAGE]));
-            Arc::make_mut(page)[segment.in_page()].copy_from_slice(&data[segment.in_range()]);
-        }
+        self.pages.write(offset, data);
     }
 
     /// Makes `[offset, offset + len)` read as zeros, freeing pages that end up all zeros.
     pub fn zero(&mut self, offset: u64, len: u64) {
         self.assert_inside(offset, len);
-        for segment in segments(offset, len) {
-            if segment.len == PAGE {
-                self.pages.remove(&segment.index);
-            } else if let Some(page) = self.pages.get_mut(&segment.index) {
-                let page = Arc::make_mut(page);
-                page[segment.in_page()].fill(0);
-                if page.iter().all(|&byte| byte == 0) {
-                    self.pages.remove(&segment.index);
-                }
-            }
-        }
+        self.pages.zero(offset, len);
     }
 
     /// Whether every byte of the range is zero.
     pub fn is_zero(&self, offset: u64, len: u64) -> bool {
         self.assert_inside(offset, len);
-        segments(offset, len).all(|segment| match self.pages.get(&segment.index) {
-            Some(page) => page[segment.in_page()].iter().all(|&byte| byte == 0),
-            None => true,
-        })
+        self.pages.is_zero(offset, len)
     }
 
     /// Whether `[offset, offset + len)` holds the same bytes in both images (without copying).
     pub fn range_eq(&self, other: &DiskImage, offset: u64, len: u64) -> bool {
         self.assert_inside(offset, len);
         other.assert_inside(offset, len);
-        let zero = [0u8; PAGE];
-        segments(offset, len).all(|segment| {
-            let mine = self.pages.get(&segment.index).map_or(&zero, |page| &**page);
-            let theirs = other
-                .pages
-                .get(&segment.index)
-                .map_or(&zero, |page| &**page);
-            mine[segment.in_page()] == theirs[segment.in_page()]
-        })
+        self.pages.range_eq(&other.pages, offset, len)
     }
 
     /// Bytes held by present pages.
     pub fn allocated_bytes(&self) -> u64 {
-        self.pages.len() as u64 * PAGE_U64
+        self.pages.allocated_bytes()
     }
 
     /// Allocation of `[offset, offset + len)`: present pages as `Data`, the rest as `Hole`.
     pub fn extents(&self, offset: u64, len: u64) -> Vec<Extent> {
         self.assert_inside(offset, len);
-        let mut extents = Vec::new();
-        if len == 0 {
-            return extents;
-        }
-        let end = offset + len;
-        let mut pos = offset;
-        for &index in self
-            .pages
-            .range(offset / PAGE_U64..=(end - 1) / PAGE_U64)
-            .map(|(i, _)| i)
-        {
-            let data_start = (index * PAGE_U64).max(offset);
-            let data_end = (index * PAGE_U64 + PAGE_U64).min(end);
-            push_extent(&mut extents, extent(pos, data_start, ExtentState::Hole));
-            push_extent(
-                &mut extents,
-                extent(data_start, data_end, ExtentState::Data),
-            );
-            pos = data_end;
-        }
-        push_extent(&mut extents, extent(pos, end, ExtentState::Hole));
-        debug_assert_eq!(extents.iter().map(|e| e.len).sum::<u64>(), len);
-        extents
+        self.pages.extents(offset, len)
     }
 
     /// Damages `[offset, offset + len)` on purpose, for tests of checksums and metadata
@@ -258,31 +159,9 @@ impl DiskImage {
     }
 }
 
-fn extent(start: u64, end: u64, state: ExtentState) -> Extent {
-    Extent {
-        offset: start,
-        len: end - start,
-        state,
-    }
-}
-
 impl PartialEq for DiskImage {
     fn eq(&self, other: &Self) -> bool {
-        if self.geometry != other.geometry {
-            return false;
-        }
-        let zero = [0u8; PAGE];
-        let indexes: BTreeSet<u64> = self
-            .pages
-            .keys()
-            .chain(other.pages.keys())
-            .copied()
-            .collect();
-        indexes.into_iter().all(|index| {
-            let mine = self.pages.get(&index).map_or(&zero, |page| &**page);
-            let theirs = other.pages.get(&index).map_or(&zero, |page| &**page);
-            mine == theirs
-        })
+        self.geometry == other.geometry && self.pages.content_eq(&other.pages)
     }
 }
 
@@ -292,7 +171,7 @@ impl fmt::Debug for DiskImage {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DiskImage")
             .field("size", &self.geometry.size)
-            .field("pages", &self.pages.len())
+            .field("pages", &self.pages.allocated_pages())
             .finish()
     }
 }
@@ -301,6 +180,7 @@ impl fmt::Debug for DiskImage {
 mod tests {
     use super::*;
     use rand::SeedableRng;
+    use strata_core::ExtentState;
 
     fn image(size: u64) -> DiskImage {
         DiskImage::zeroed(Geometry::byte_addressable(size))

@@ -10,10 +10,7 @@ use std::ops::Deref;
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
-use strata_core::{
-    async_trait, BlockDevice, Capabilities, Control, ControlReply, DeviceRef, Extent, Geometry,
-    Result, WriteFlags, ZeroFlags,
-};
+use strata_core::{async_trait, DeviceRef, Filter, Result, WriteFlags, ZeroFlags};
 
 /// The child names `d0`, `d1`, … that tests give an array's `n` slots.
 pub fn slot_names(n: usize) -> Vec<String> {
@@ -76,6 +73,7 @@ pub trait Interceptor: Send + Sync {
 
 /// `inner` with an [`Interceptor`] in front of its reads, writes, flushes, discards and
 /// zeroings; geometry, capabilities, block status and control pass straight through.
+/// Call it through `BlockDevice` (a `DeviceRef`): see [`Filter`].
 pub struct Intercepted<I> {
     inner: DeviceRef,
     interceptor: I,
@@ -96,14 +94,11 @@ impl<I> Deref for Intercepted<I> {
     }
 }
 
+/// Forwarding comes from [`Filter`]; only the intercepted requests are written out.
 #[async_trait]
-impl<I: Interceptor> BlockDevice for Intercepted<I> {
-    fn geometry(&self) -> Geometry {
-        self.inner.geometry()
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
+impl<I: Interceptor> Filter for Intercepted<I> {
+    fn next(&self) -> &DeviceRef {
+        &self.inner
     }
 
     async fn read(&self, offset: u64, len: usize) -> Result<BytesMut> {
@@ -139,13 +134,5 @@ impl<I: Interceptor> BlockDevice for Intercepted<I> {
             .before(Request::WriteZeroes { offset, len })
             .await?;
         self.inner.write_zeroes(offset, len, flags).await
-    }
-
-    async fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
-        self.inner.block_status(offset, len).await
-    }
-
-    async fn control(&self, request: Control) -> Result<ControlReply> {
-        self.inner.control(request).await
     }
 }

@@ -205,13 +205,9 @@ struct Buggy {
 }
 
 #[async_trait]
-impl BlockDevice for Buggy {
-    fn geometry(&self) -> Geometry {
-        self.disk.geometry()
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        self.disk.capabilities()
+impl strata_core::Filter for Buggy {
+    fn next(&self) -> &DeviceRef {
+        &self.disk
     }
 
     async fn read(&self, offset: u64, len: usize) -> Result<BytesMut> {
@@ -228,7 +224,6 @@ impl BlockDevice for Buggy {
         }
         Ok(fresh)
     }
-
     async fn write(&self, offset: u64, data: Bytes, mut flags: WriteFlags) -> Result<()> {
         let mut offset = offset;
         match self.bug {
@@ -238,31 +233,17 @@ impl BlockDevice for Buggy {
         }
         self.disk.write(offset, data, flags).await
     }
-
     async fn flush(&self) -> Result<()> {
         if self.bug == Bug::IgnoreFlush {
             return Ok(());
         }
         self.disk.flush().await
     }
-
-    async fn discard(&self, offset: u64, len: u64) -> Result<()> {
-        self.disk.discard(offset, len).await
-    }
-
     async fn write_zeroes(&self, offset: u64, len: u64, mut flags: ZeroFlags) -> Result<()> {
         if self.bug == Bug::DropFua {
             flags.fua = false;
         }
         self.disk.write_zeroes(offset, len, flags).await
-    }
-
-    async fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
-        self.disk.block_status(offset, len).await
-    }
-
-    async fn control(&self, request: Control) -> Result<ControlReply> {
-        self.disk.control(request).await
     }
 }
 

@@ -15,6 +15,7 @@ mod journal;
 mod layout;
 mod objects;
 mod recovery;
+mod replica;
 mod state;
 mod stats;
 mod store;
@@ -26,6 +27,7 @@ pub use objects::{
     Bitmap, Table, BITMAP_PAGE_BITS, MAX_VALUE_SIZE, PAGE_OVERHEAD, TABLE_PAGE_ENTRIES,
 };
 pub use recovery::{read_superblock, recover, JournalEnd, Recovered, RecoveryError};
+pub use replica::{write_copies, Replicas, ReplicatedDevice};
 pub use state::{ObjectId, ObjectKind, State, MAX_BITS_PER_OP, MAX_BLOB_SIZE, MAX_NAME_LEN};
 pub use stats::{CountersSnapshot, MetaCounters, SpaceReport};
 pub use store::{random_uuid, FormatOptions, MetaStore, StoreOptions, Txn, TxnClass};

@@ -75,10 +75,7 @@ impl From<RecoveryError> for BlockError {
     fn from(error: RecoveryError) -> Self {
         match error {
             RecoveryError::Io(error) => error,
-            other => BlockError::io(
-                format!("metadata recovery: {other}"),
-                std::io::Error::new(std::io::ErrorKind::InvalidData, other.to_string()),
-            ),
+            other => BlockError::Corrupt(format!("metadata recovery: {other}")),
         }
     }
 }

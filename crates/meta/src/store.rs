@@ -155,7 +155,8 @@ struct Shared {
     next_txn: u64,
     /// Every transaction numbered below this is durable.
     durable_txn: u64,
-    failed: Option<String>,
+    /// The failure that stopped the store; later calls fail with the same kind.
+    failed: Option<Failure>,
     low_space: bool,
 }
 
@@ -345,8 +346,8 @@ impl MetaStore {
         build: impl FnOnce(&State, &mut Txn) -> Result<R>,
     ) -> Result<R> {
         let mut shared = self.write_shared();
-        if let Some(reason) = &shared.failed {
-            return Err(failed_error(&self.options.name, reason));
+        if let Some(failure) = &shared.failed {
+            return Err(failure.refusal(&self.options.name));
         }
         let mut txn = Txn {
             ops: Vec::new(),
@@ -405,8 +406,8 @@ impl MetaStore {
         loop {
             {
                 let shared = self.read_shared();
-                if let Some(reason) = &shared.failed {
-                    return Err(failed_error(&self.options.name, reason));
+                if let Some(failure) = &shared.failed {
+                    return Err(failure.refusal(&self.options.name));
                 }
                 if shared.durable_txn >= target {
                     return Ok(());
@@ -474,7 +475,7 @@ impl MetaStore {
             }
             Err(error) => {
                 tracing::error!(store = %self.options.name, %error, "metadata commit failed; the store is now failed");
-                shared.failed = Some(error.to_string());
+                shared.failed = Some(Failure::of(&error));
                 Err(error)
             }
         }
@@ -506,14 +507,9 @@ impl MetaStore {
         // second costs one more concurrent write, not one more round trip, and the commit is
         // acknowledged only once every copy is durable, which is what lets recovery read a
         // batch with one valid copy as "completed, then damaged or torn", never as lost.
-        let writes = (0..superblock.journal_copies()).map(|copy| {
-            let offset = superblock.journal_copy_offset(copy, committer.journal_block);
-            self.device
-                .write(offset, unit.clone(), WriteFlags { fua: true })
-        });
-        for result in futures_util::future::join_all(writes).await {
-            result?;
-        }
+        let offsets = (0..superblock.journal_copies())
+            .map(|copy| superblock.journal_copy_offset(copy, committer.journal_block));
+        crate::write_copies(&*self.device, offsets, unit).await?;
         committer.journal_block += blocks;
         committer.batch_seq += 1;
         self.counters.batch(blocks);
@@ -604,7 +600,7 @@ impl MetaStore {
                 Ok(())
             }
             Err(error) => {
-                shared.failed = Some(error.to_string());
+                shared.failed = Some(Failure::of(&error));
                 Err(error)
             }
         }
@@ -639,7 +635,7 @@ impl MetaStore {
             reserve_bytes: self.reserve_bytes(),
             low_water_bytes: self.low_water_bytes,
             low_space: shared.low_space,
-            failed: shared.failed.clone(),
+            failed: shared.failed.as_ref().map(|f| f.reason.clone()),
         }
     }
 
@@ -686,11 +682,28 @@ fn apply_all(state: &mut State, ops: &[Op], limit: u64) -> Result<()> {
     Err(error)
 }
 
-fn failed_error(name: &str, reason: &str) -> BlockError {
-    BlockError::io(
-        format!("metadata store {name} failed earlier ({reason}); reopen to recover"),
-        std::io::Error::other("metadata store failed"),
-    )
+/// Why a store stopped: what happened, and the error whose kind later refusals keep.
+struct Failure {
+    reason: String,
+    kind: BlockError,
+}
+
+impl Failure {
+    fn of(error: &BlockError) -> Failure {
+        Failure {
+            reason: error.to_string(),
+            kind: error.recur(String::new()),
+        }
+    }
+
+    /// The refusal of a call to the failed store: the kind of the failure that stopped it
+    /// (a full device stays ENOSPC for the client, a medium error EIO), with what happened.
+    fn refusal(&self, name: &str) -> BlockError {
+        self.kind.recur(format!(
+            "metadata store {name} failed earlier ({}); reopen to recover",
+            self.reason
+        ))
+    }
 }
 
 /// 64 random bits from the OS, by way of the standard library's randomly keyed hasher.

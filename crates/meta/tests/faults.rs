@@ -21,7 +21,17 @@ struct Fixture {
 async fn new_fixture() -> Fixture {
     let group = CrashGroup::new();
     let disk = group.disk(sector_disk(DISK));
-    let device: DeviceRef = Arc::new(disk.clone());
+    let (store, map) = format_with_map(Arc::new(disk.clone())).await;
+    Fixture {
+        group,
+        disk,
+        store,
+        map,
+    }
+}
+
+/// A store formatted on `device` with one committed table, "map".
+async fn format_with_map(device: DeviceRef) -> (Arc<MetaStore>, ObjectId) {
     let mut format = FormatOptions::new("faults");
     format.first_generation = Some(500);
     let store = MetaStore::format(device, 0, REGION, format, StoreOptions::new("f"))
@@ -31,12 +41,7 @@ async fn new_fixture() -> Fixture {
         .transact(TxnClass::Normal, |_, txn| Ok(txn.create_table("map", 8)))
         .unwrap();
     store.commit().await.unwrap();
-    Fixture {
-        group,
-        disk,
-        store,
-        map,
-    }
+    (store, map)
 }
 
 fn put(store: &MetaStore, map: ObjectId, index: u64) -> strata_core::Result<()> {
@@ -396,4 +401,69 @@ async fn a_version_1_store_opens_under_its_rules_and_is_upgraded_by_its_first_ch
 
 fn strata_meta_map(store: &MetaStore) -> ObjectId {
     store.read(|s| s.id("map").unwrap())
+}
+
+/// A disk that answers writes with "no space" once told to (a thin volume under the store
+/// whose pool filled up).
+struct FillsUp {
+    disk: DeviceRef,
+    full: std::sync::atomic::AtomicBool,
+}
+
+#[strata_core::async_trait]
+impl strata_core::Filter for FillsUp {
+    fn next(&self) -> &DeviceRef {
+        &self.disk
+    }
+
+    async fn write(
+        &self,
+        offset: u64,
+        data: strata_core::bytes::Bytes,
+        flags: strata_core::WriteFlags,
+    ) -> strata_core::Result<()> {
+        if self.full.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(BlockError::NoSpace);
+        }
+        self.disk.write(offset, data, flags).await
+    }
+}
+
+/// A store stopped by a full device keeps answering "no space" (ENOSPC for an NBD client),
+/// not a generic I/O error, on every later call; a medium error stays EIO.
+#[tokio::test]
+async fn a_failed_store_keeps_the_kind_of_the_failure_that_stopped_it() {
+    let group = CrashGroup::new();
+    let disk = Arc::new(FillsUp {
+        disk: Arc::new(group.disk(sector_disk(DISK))),
+        full: Default::default(),
+    });
+    let (store, map) = format_with_map(disk.clone()).await;
+    disk.full.store(true, std::sync::atomic::Ordering::SeqCst);
+    put(&store, map, 1).unwrap();
+    let error = store.commit().await.unwrap_err();
+    assert!(matches!(error, BlockError::NoSpace), "{error:?}");
+    let refused = put(&store, map, 2).unwrap_err();
+    assert_eq!(refused.errno(), strata_core::errno::ENOSPC, "{refused:?}");
+    assert!(matches!(refused, BlockError::NoSpace), "{refused:?}");
+    let again = store.commit().await;
+    // Nothing new to commit is fine; a commit with work pending is refused the same way.
+    if let Err(again) = again {
+        assert_eq!(again.errno(), strata_core::errno::ENOSPC, "{again:?}");
+    }
+
+    // A medium error stays an I/O error, and says what happened first.
+    let fixture = new_fixture().await;
+    fixture
+        .disk
+        .fail_writes(layout().journal_offset(0), layout().journal_blocks * 4096);
+    put(&fixture.store, fixture.map, 2).unwrap();
+    fixture.store.commit().await.unwrap_err();
+    let refused = put(&fixture.store, fixture.map, 3).unwrap_err();
+    assert_eq!(refused.errno(), strata_core::errno::EIO, "{refused:?}");
+    assert!(refused.to_string().contains("failed earlier"), "{refused}");
+    assert!(
+        refused.to_string().contains("injected") || refused.to_string().contains("write"),
+        "{refused}"
+    );
 }

@@ -15,7 +15,7 @@
 //! [`DataMode::TimingOnly`] nothing is stored (reads return zeros), so trace replays over
 //! hundreds of GB allocate nothing in proportion to the address space.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -23,8 +23,8 @@ use std::task::{Context, Poll, Waker};
 
 use bytes::{Bytes, BytesMut};
 use strata_core::{
-    async_trait, BlockDevice, BlockError, Capabilities, Control, ControlReply, Extent, ExtentState,
-    Geometry, NodeStatus, Result, WriteFlags, ZeroFlags,
+    async_trait, BlockDevice, BlockError, Capabilities, Control, ControlReply, Geometry,
+    NodeStatus, PageStore, Result, WriteFlags, ZeroFlags,
 };
 
 use crate::executor::{EventSource, IdMap, SimRuntime, Simulation};
@@ -177,7 +177,7 @@ pub struct SimDisk {
     geometry: Geometry,
     device: Arc<Device>,
     clock: SimRuntime,
-    pages: Option<Mutex<BTreeMap<u64, Box<[u8]>>>>,
+    pages: Option<Mutex<PageStore>>,
 }
 
 impl SimDisk {
@@ -216,7 +216,7 @@ impl SimDisk {
             },
             device,
             clock: sim.handle(),
-            pages: (mode == DataMode::Stored).then(|| Mutex::new(BTreeMap::new())),
+            pages: (mode == DataMode::Stored).then(|| Mutex::new(PageStore::new())),
         })
     }
 
@@ -245,7 +245,7 @@ impl SimDisk {
     pub fn stored_pages(&self) -> usize {
         self.pages
             .as_ref()
-            .map_or(0, |pages| pages.lock().unwrap().len())
+            .map_or(0, |pages| pages.lock().unwrap().allocated_pages())
     }
 
     /// Submits one request to the model now and waits for it to complete.
@@ -296,52 +296,20 @@ impl SimDisk {
 
     fn copy_out(&self, offset: u64, out: &mut [u8]) {
         let Some(pages) = &self.pages else { return };
-        let pages = pages.lock().unwrap();
-        let end = offset + out.len() as u64;
-        for (&index, page) in pages.range(offset / PAGE..end.div_ceil(PAGE)) {
-            let (from, to) = overlap(index, offset, end);
-            let page_start = index * PAGE;
-            out[(from - offset) as usize..(to - offset) as usize]
-                .copy_from_slice(&page[(from - page_start) as usize..(to - page_start) as usize]);
-        }
+        pages.lock().unwrap().read_into(offset, out);
     }
 
-    /// Stores `data` at `offset`; `None` stores zeros. Pages that become all zeros are
-    /// dropped so that zeroing gives memory back.
+    /// Stores `data` at `offset`; `None` stores zeros. Zeros written into holes allocate
+    /// nothing, and pages that become all zeros through zeroing are dropped, so that zeroing
+    /// gives memory back.
     fn copy_in(&self, offset: u64, len: u64, data: Option<&[u8]>) {
         let Some(pages) = &self.pages else { return };
         let mut pages = pages.lock().unwrap();
-        let end = offset + len;
-        for index in offset / PAGE..end.div_ceil(PAGE) {
-            let (from, to) = overlap(index, offset, end);
-            let page_start = index * PAGE;
-            let source = data.map(|d| &d[(from - offset) as usize..(to - offset) as usize]);
-            let range = (from - page_start) as usize..(to - page_start) as usize;
-            match (source, pages.get_mut(&index)) {
-                (None, None) => {}
-                (None, Some(page)) => {
-                    page[range].fill(0);
-                    if page.iter().all(|&b| b == 0) {
-                        pages.remove(&index);
-                    }
-                }
-                (Some(bytes), Some(page)) => page[range].copy_from_slice(bytes),
-                (Some(bytes), None) => {
-                    if bytes.iter().any(|&b| b != 0) {
-                        let mut page = vec![0u8; PAGE as usize].into_boxed_slice();
-                        page[range].copy_from_slice(bytes);
-                        pages.insert(index, page);
-                    }
-                }
-            }
+        match data {
+            Some(data) => pages.write_sparse(offset, data),
+            None => pages.zero(offset, len),
         }
     }
-}
-
-/// The part of page `index` inside `[offset, end)`, in device bytes.
-fn overlap(index: u64, offset: u64, end: u64) -> (u64, u64) {
-    let page_start = index * PAGE;
-    (offset.max(page_start), end.min(page_start + PAGE))
 }
 
 #[async_trait]
@@ -413,15 +381,6 @@ impl BlockDevice for SimDisk {
             at += piece;
         }
         Ok(())
-    }
-
-    async fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
-        self.geometry.check_range(offset, len)?;
-        Ok(vec![Extent {
-            offset,
-            len,
-            state: ExtentState::Data,
-        }])
     }
 
     async fn control(&self, request: Control) -> Result<ControlReply> {

@@ -575,7 +575,9 @@ mod tests {
                 loaded.layers[0].options.clone(),
                 loaded.data_dir.clone(),
             );
-            options.base.join(options.text("key-file").unwrap().unwrap())
+            options
+                .base
+                .join(options.text("key-file").unwrap().unwrap())
         };
         assert_eq!(key_file(&started), Path::new("/srv/first/keys/enc.key"));
         let label = Label {

@@ -44,8 +44,8 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use futures_util::future::join;
 use strata_core::{
-    async_trait, BlockDevice, BlockError, ByteSize, Capabilities, Control, ControlReply, DeviceRef,
-    Extent, Geometry, NodeStatus, Result, Runtime, WriteFlags, ZeroFlags,
+    async_trait, BlockDevice, BlockError, ByteSize, Control, ControlReply, DeviceRef, Filter,
+    NodeStatus, Result, Runtime, WriteFlags, ZeroFlags,
 };
 
 use serde::{Deserialize, Serialize};
@@ -307,23 +307,21 @@ impl Delay {
 }
 
 #[async_trait]
-impl BlockDevice for Delay {
-    fn geometry(&self) -> Geometry {
-        self.child.geometry()
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        self.child.capabilities()
+impl Filter for Delay {
+    fn next(&self) -> &DeviceRef {
+        &self.child
     }
 
     async fn read(&self, offset: u64, len: usize) -> Result<BytesMut> {
-        self.geometry().check_range(offset, len as u64)?;
+        self.child.geometry().check_range(offset, len as u64)?;
         let op = self.child.read(offset, len);
         self.delayed(self.config.read_latency, len as u64, op).await
     }
 
     async fn write(&self, offset: u64, data: Bytes, flags: WriteFlags) -> Result<()> {
-        self.geometry().check_range(offset, data.len() as u64)?;
+        self.child
+            .geometry()
+            .check_range(offset, data.len() as u64)?;
         let bytes = data.len() as u64;
         let op = self.child.write(offset, data, flags);
         self.delayed(self.config.write_latency, bytes, op).await
@@ -335,19 +333,15 @@ impl BlockDevice for Delay {
     }
 
     async fn discard(&self, offset: u64, len: u64) -> Result<()> {
-        self.geometry().check_range(offset, len)?;
+        self.child.geometry().check_range(offset, len)?;
         let op = self.child.discard(offset, len);
         self.delayed(self.config.write_latency, 0, op).await
     }
 
     async fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> {
-        self.geometry().check_range(offset, len)?;
+        self.child.geometry().check_range(offset, len)?;
         let op = self.child.write_zeroes(offset, len, flags);
         self.delayed(self.config.write_latency, 0, op).await
-    }
-
-    async fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
-        self.child.block_status(offset, len).await
     }
 
     async fn control(&self, request: Control) -> Result<ControlReply> {
@@ -357,7 +351,7 @@ impl BlockDevice for Delay {
                 else {
                     return Err(BlockError::Unsupported("describe"));
                 };
-                let mut node = NodeStatus::new(&self.name, "delay", self.geometry().size);
+                let mut node = NodeStatus::new(&self.name, "delay", self.child.geometry().size);
                 node.health = child.health;
                 node.detail = vec![
                     (

@@ -34,8 +34,8 @@ use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 use strata_core::{
-    async_trait, errno, BlockDevice, BlockError, ByteSize, Capabilities, Control, ControlReply,
-    DeviceRef, Extent, Geometry, Health, NodeStatus, Result, WriteFlags, ZeroFlags,
+    async_trait, errno, BlockDevice, BlockError, ByteSize, Control, ControlReply, DeviceRef,
+    Extent, Filter, Health, NodeStatus, Result, WriteFlags, ZeroFlags,
 };
 
 use serde::{Deserialize, Serialize};
@@ -208,23 +208,21 @@ impl Fault {
 }
 
 #[async_trait]
-impl BlockDevice for Fault {
-    fn geometry(&self) -> Geometry {
-        self.child.geometry()
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        self.child.capabilities()
+impl Filter for Fault {
+    fn next(&self) -> &DeviceRef {
+        &self.child
     }
 
     async fn read(&self, offset: u64, len: usize) -> Result<BytesMut> {
-        self.geometry().check_range(offset, len as u64)?;
+        self.child.geometry().check_range(offset, len as u64)?;
         self.check("read", &self.config.fail_read, offset, len as u64)?;
         self.child.read(offset, len).await
     }
 
     async fn write(&self, offset: u64, data: Bytes, flags: WriteFlags) -> Result<()> {
-        self.geometry().check_range(offset, data.len() as u64)?;
+        self.child
+            .geometry()
+            .check_range(offset, data.len() as u64)?;
         self.check("write", &self.config.fail_write, offset, data.len() as u64)?;
         self.child.write(offset, data, flags).await
     }
@@ -235,19 +233,19 @@ impl BlockDevice for Fault {
     }
 
     async fn discard(&self, offset: u64, len: u64) -> Result<()> {
-        self.geometry().check_range(offset, len)?;
+        self.child.geometry().check_range(offset, len)?;
         self.check("discard", &self.config.fail_write, offset, len)?;
         self.child.discard(offset, len).await
     }
 
     async fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> {
-        self.geometry().check_range(offset, len)?;
+        self.child.geometry().check_range(offset, len)?;
         self.check("write_zeroes", &self.config.fail_write, offset, len)?;
         self.child.write_zeroes(offset, len, flags).await
     }
 
     async fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
-        self.geometry().check_range(offset, len)?;
+        self.child.geometry().check_range(offset, len)?;
         if self.is_gone() {
             return Err(self.error("block_status error: the device is gone".into()));
         }
@@ -261,7 +259,7 @@ impl BlockDevice for Fault {
                 else {
                     return Err(BlockError::Unsupported("describe"));
                 };
-                let mut node = NodeStatus::new(&self.name, "fault", self.geometry().size);
+                let mut node = NodeStatus::new(&self.name, "fault", self.child.geometry().size);
                 node.health = if self.is_gone() {
                     Health::Failed
                 } else {

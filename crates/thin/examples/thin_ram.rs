@@ -17,8 +17,8 @@ use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 use strata_core::{
-    async_trait, BlockDevice, Capabilities, Control, ControlReply, Extent, ExtentState, Geometry,
-    NodeStatus, Result, TokioRuntime, WriteFlags, ZeroFlags,
+    async_trait, BlockDevice, Capabilities, Control, ControlReply, Geometry, NodeStatus, Result,
+    TokioRuntime, WriteFlags, ZeroFlags,
 };
 use strata_meta::{PAGE_OVERHEAD, TABLE_PAGE_ENTRIES};
 use strata_thin::{PoolOptions, PoolRuntime, ThinPool};
@@ -60,20 +60,8 @@ impl BlockDevice for NullDevice {
         Ok(())
     }
 
-    async fn discard(&self, _offset: u64, _len: u64) -> Result<()> {
-        Ok(())
-    }
-
     async fn write_zeroes(&self, _offset: u64, _len: u64, _flags: ZeroFlags) -> Result<()> {
         Ok(())
-    }
-
-    async fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
-        Ok(vec![Extent {
-            offset,
-            len,
-            state: ExtentState::Data,
-        }])
     }
 
     async fn control(&self, request: Control) -> Result<ControlReply> {

@@ -166,11 +166,7 @@ impl ThinPool {
     /// Takes every lock stripe, in order, so that no I/O of any volume is inside one. I/O
     /// holds one stripe at a time, so taking them in order cannot deadlock.
     async fn quiesce(&self) -> Vec<tokio::sync::RwLockWriteGuard<'_, ()>> {
-        let mut guards = Vec::with_capacity(self.locks.len());
-        for lock in &self.locks {
-            guards.push(lock.write().await);
-        }
-        guards
+        self.locks.write_all().await
     }
 
     /// Runs a transaction that may free extents (it pushes them on the list it is given).

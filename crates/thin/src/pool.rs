@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use strata_core::{
-    BlockError, Control, ControlReply, DeviceRef, Health, NodeStatus, Result, Runtime,
+    BlockError, Control, ControlReply, DeviceRef, Health, NodeStatus, Result, Runtime, StripedLocks,
 };
 use strata_meta::{FormatOptions, MetaStore, ObjectId, Recovered, StoreOptions, TxnClass};
 
@@ -121,7 +121,7 @@ pub struct ThinPool {
     /// path reads it without the `volumes` lock; 0 once deleted (ids are never reused, and
     /// a deleted volume's cell, 16 bytes, stays).
     sizes: Mutex<BTreeMap<u32, Arc<AtomicU64>>>,
-    pub(super) locks: Vec<tokio::sync::RwLock<()>>,
+    pub(super) locks: StripedLocks,
     /// Spare devices the server holds to grow this pool with (`grow-from`); reported only.
     spares_left: AtomicU64,
 }
@@ -298,12 +298,7 @@ impl ThinPool {
         head: u64,
         settings: PoolRuntime,
     ) -> Result<Arc<ThinPool>> {
-        let corrupt = |problem: String| {
-            BlockError::io(
-                format!("thin pool {name}: {problem}"),
-                std::io::Error::new(std::io::ErrorKind::InvalidData, "bad thin pool metadata"),
-            )
-        };
+        let corrupt = |problem: String| BlockError::Corrupt(format!("thin pool {name}: {problem}"));
         let (ids, record, volume_records) = store
             .read(|state| -> std::result::Result<_, String> {
                 let ids = PoolIds::find(state)?;
@@ -334,9 +329,7 @@ impl ThinPool {
             space_watch: SpaceWatch::new(settings.low_water),
             volumes: Mutex::new(BTreeMap::new()),
             sizes: Mutex::new(BTreeMap::new()),
-            locks: (0..LOCK_STRIPES)
-                .map(|_| tokio::sync::RwLock::new(()))
-                .collect(),
+            locks: StripedLocks::new(LOCK_STRIPES),
             spares_left: AtomicU64::new(0),
         });
         for volume in volume_records {
@@ -510,11 +503,10 @@ impl ThinPool {
         self.volumes_lock().keys().cloned().collect()
     }
 
-    /// The lock stripe for one virtual extent of one volume.
-    pub(crate) fn lock(&self, volume: u32, extent: u64) -> &tokio::sync::RwLock<()> {
-        let hash = (volume as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)
-            ^ extent.wrapping_mul(0xff51_afd7_ed55_8ccd);
-        &self.locks[(hash >> 32) as usize % LOCK_STRIPES]
+    /// The extent locks: I/O to a virtual extent shares its stripe, a mapping change or a
+    /// reclaim holds it exclusive; key with [`lock_key`].
+    pub(crate) fn extent_locks(&self) -> &StripedLocks {
+        &self.locks
     }
 
     /// Byte offset of a physical extent on the child.
@@ -814,4 +806,12 @@ fn store_options(name: &str, settings: &PoolRuntime) -> StoreOptions {
 /// The object id of a volume's map, for tests and tools.
 pub fn map_id(pool: &ThinPool, volume: u32) -> Option<ObjectId> {
     pool.store.read(|state| state.id(&map_name(volume)))
+}
+
+/// The key of one virtual extent of one volume in the extent lock table (a hash, so that the
+/// same extent of different volumes does not always share a stripe).
+pub(crate) fn lock_key(volume: u32, extent: u64) -> u64 {
+    let hash = (volume as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        ^ extent.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    hash >> 32
 }

@@ -18,7 +18,7 @@ use strata_meta::{ObjectId, State, TxnClass};
 
 use super::map::{pieces, runs, Piece, GRANULE};
 use super::policy::MapCommit;
-use super::pool::ThinPool;
+use super::pool::{lock_key, ThinPool};
 use super::records::VolumeRecord;
 
 pub struct ThinVolume {
@@ -81,7 +81,7 @@ impl ThinVolume {
     }
 
     async fn read_piece(&self, piece: Piece, out: &mut BytesMut) -> Result<()> {
-        let _shared = self.pool.lock(self.record.id, piece.extent).read().await;
+        let _shared = self.extent_lock().read(self.lock_key(&piece)).await;
         let Some(located) = self.locate(&piece) else {
             out.resize(out.len() + piece.len as usize, 0);
             return Ok(());
@@ -106,9 +106,9 @@ impl ThinVolume {
 
     /// Writes one piece. Returns whether it published metadata (a mapping or liveness).
     async fn write_piece(&self, piece: Piece, data: Bytes, fua: bool) -> Result<bool> {
-        let lock = self.pool.lock(self.record.id, piece.extent);
+        let key = self.lock_key(&piece);
         {
-            let _shared = lock.read().await;
+            let _shared = self.extent_lock().read(key).await;
             self.pool.check_live(self.live_size(), &piece)?;
             if let Some(located) = self.locate(&piece) {
                 if located.runs.iter().all(|(_, live)| *live) {
@@ -127,7 +127,7 @@ impl ThinVolume {
         // (`when-full = "wait"`), and the discard or delete that frees it needs the stripes.
         let mut reserved = None;
         loop {
-            let exclusive = lock.write().await;
+            let exclusive = self.extent_lock().write(key).await;
             if let Err(error) = self.pool.check_live(self.live_size(), &piece) {
                 if let Some(phys) = reserved {
                     self.pool.release_reservation(phys);
@@ -216,7 +216,7 @@ impl ThinVolume {
     /// Kills the whole granules of a piece and frees its extent once nothing in it is live.
     /// With `zero`, the partial granules at its edges are overwritten with zeros.
     async fn reclaim_piece(&self, piece: Piece, zero: bool) -> Result<()> {
-        let _exclusive = self.pool.lock(self.record.id, piece.extent).write().await;
+        let _exclusive = self.extent_lock().write(self.lock_key(&piece)).await;
         let Some(located) = self.locate(&piece) else {
             return Ok(());
         };
@@ -446,6 +446,16 @@ impl BlockDevice for ThinVolume {
 }
 
 impl ThinVolume {
+    /// The pool's extent locks (see [`ThinPool::extent_locks`]).
+    fn extent_lock(&self) -> &strata_core::StripedLocks {
+        self.pool.extent_locks()
+    }
+
+    /// This volume's key for `piece`'s extent in the pool's lock table.
+    fn lock_key(&self, piece: &Piece) -> u64 {
+        lock_key(self.record.id, piece.extent)
+    }
+
     /// NO_HOLE zeroing: real zeros, allocated like any write.
     async fn write_zero_data(&self, offset: u64, len: u64, fua: bool) -> Result<()> {
         let chunk = self.extent_size().min(1 << 20);

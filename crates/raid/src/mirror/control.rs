@@ -111,7 +111,7 @@ impl Inner {
                 txn.set(self.ids.members, index as u64, &state.encode());
                 Ok(())
             })?;
-            self.fanout.add(index, member.device.clone());
+            self.fanout.replicas().add(index, member.device.clone());
             index
         };
         self.store.checkpoint_now().await?;

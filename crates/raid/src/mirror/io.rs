@@ -11,7 +11,7 @@ use std::sync::atomic::Ordering;
 use bytes::{Bytes, BytesMut};
 use futures_util::future::join_all;
 use strata_core::{
-    async_trait, BlockDevice, BlockError, BoxFuture, Capabilities, Control, ControlReply,
+    async_trait, poison, BlockDevice, BlockError, BoxFuture, Capabilities, Control, ControlReply,
     DeviceRef, Extent, ExtentState, Geometry, Result, WriteFlags, ZeroFlags,
 };
 use strata_meta::TxnClass;
@@ -49,7 +49,7 @@ impl Inner {
         };
         let now = self.runtime.now();
         let newest_set = {
-            let mut regions = self.regions.lock().unwrap();
+            let mut regions = poison::check(self.regions.lock(), &self.name, "the region table")?;
             let mut to_set = Vec::new();
             let mut newest_set = None;
             for r in range.clone() {
@@ -122,11 +122,7 @@ impl Inner {
             return Ok(());
         }
         let range = regions_of(offset, len, self.region);
-        let stripes = self.stripes(range.clone());
-        let mut guards = Vec::with_capacity(stripes.len());
-        for s in stripes {
-            guards.push(self.stripe(s).read().await);
-        }
+        let _shared = self.region_locks().read_range(range.clone()).await;
         let _inflight = self.begin_write(range).await?;
         self.write_members(what, offset, op).await
     }
@@ -137,7 +133,7 @@ impl Inner {
         let snapshot = self.snapshot();
         let states: Vec<MemberState> = snapshot.iter().map(|(_, s)| *s).collect();
         let pinned = {
-            let regions = self.regions.lock().unwrap();
+            let regions = poison::check(self.regions.lock(), &self.name, "the region table")?;
             let range = regions_of(offset, len as u64, self.region);
             regions
                 .needs_sync
@@ -177,11 +173,7 @@ impl Inner {
     /// the regions' exclusive locks and re-reads there, so no concurrent write is undone.
     async fn repair(&self, offset: u64, len: usize, good: usize, failed: &[usize]) -> Result<()> {
         let range = regions_of(offset, len as u64, self.region);
-        let stripes = self.stripes(range);
-        let mut guards = Vec::with_capacity(stripes.len());
-        for s in stripes {
-            guards.push(self.stripe(s).write().await);
-        }
+        let _exclusive = self.region_locks().write_range(range).await;
         let snapshot = self.snapshot();
         let Some(source) = snapshot[good].0.clone() else {
             return Ok(());

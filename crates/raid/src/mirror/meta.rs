@@ -5,7 +5,7 @@
 //! open. So all copies receive the same writes and differ only where a crash or a failing
 //! member cut one short. A member that fails a metadata write is dropped from the fanout (the
 //! store carries on with the others, so losing a member never fails the mirror's metadata)
-//! and reported through [`MetaFanout::take_dropped`]; the mirror then marks it faulty.
+//! and reported through [`MetaMembers::take_dropped`]; the mirror then marks it faulty.
 //!
 //! At open every present member's copy is recovered on its own (read only), the winner and
 //! the membership are decided from those views (`policy::choose_copy`, `assemble_states`),
@@ -14,13 +14,10 @@
 
 use std::sync::{Arc, Mutex};
 
-use bytes::{Bytes, BytesMut};
-use futures_util::future::join_all;
-use strata_core::{
-    async_trait, BlockDevice, BlockError, Capabilities, Control, ControlReply, DeviceRef, Extent,
-    Geometry, Result, WriteFlags, ZeroFlags,
+use strata_core::{BlockDevice, BlockError, DeviceRef, Geometry, Result};
+use strata_meta::{
+    FormatOptions, MetaStore, ObjectId, RecoveryError, Replicas, ReplicatedDevice, StoreOptions,
 };
-use strata_meta::{FormatOptions, MetaStore, ObjectId, RecoveryError, StoreOptions};
 
 use super::policy::{
     assemble_states, choose_copy, CopyChoice, CopyView, MemberState, MirrorRecord,
@@ -46,8 +43,34 @@ pub struct Ids {
 }
 
 /// The metadata regions of the non-faulty members, as one device.
-pub struct MetaFanout {
-    geometry: Geometry,
+pub type MetaFanout = ReplicatedDevice<MetaMembers>;
+
+/// A fanout over `targets` (member index, device), reading from `read_from` first.
+pub fn fanout(
+    region_len: u64,
+    min_io: u32,
+    targets: Vec<(usize, DeviceRef)>,
+    read_from: usize,
+) -> Arc<MetaFanout> {
+    let geometry = Geometry {
+        size: region_len,
+        min_io: min_io.max(512),
+        logical_block: 512,
+        physical_block: 4096,
+        preferred_io: 4096,
+        max_io: 32 << 20,
+    };
+    let members = MetaMembers {
+        targets: Mutex::new(targets),
+        read_from: Mutex::new(read_from),
+        dropped: Mutex::new(Vec::new()),
+    };
+    Arc::new(ReplicatedDevice::new(geometry, members))
+}
+
+/// The members holding the mirror's metadata: a member that fails a write is dropped at once
+/// and reported through [`MetaMembers::take_dropped`].
+pub struct MetaMembers {
     targets: Mutex<Vec<(usize, DeviceRef)>>,
     /// Member whose copy reads come from (the winner at open).
     read_from: Mutex<usize>,
@@ -56,29 +79,8 @@ pub struct MetaFanout {
     dropped: Mutex<Vec<(usize, DeviceRef, String)>>,
 }
 
-impl MetaFanout {
-    pub fn new(
-        region_len: u64,
-        min_io: u32,
-        targets: Vec<(usize, DeviceRef)>,
-        read_from: usize,
-    ) -> Self {
-        MetaFanout {
-            geometry: Geometry {
-                size: region_len,
-                min_io: min_io.max(512),
-                logical_block: 512,
-                physical_block: 4096,
-                preferred_io: 4096,
-                max_io: 32 << 20,
-            },
-            targets: Mutex::new(targets),
-            read_from: Mutex::new(read_from),
-            dropped: Mutex::new(Vec::new()),
-        }
-    }
-
-    fn targets(&self) -> Vec<(usize, DeviceRef)> {
+impl MetaMembers {
+    fn current(&self) -> Vec<(usize, DeviceRef)> {
         self.targets.lock().unwrap().clone()
     }
 
@@ -101,100 +103,38 @@ impl MetaFanout {
     pub fn take_dropped(&self) -> Vec<(usize, DeviceRef, String)> {
         std::mem::take(&mut *self.dropped.lock().unwrap())
     }
-
-    /// Runs `op` on every target; drops the ones that fail. Fails only if all fail.
-    async fn fan<F>(&self, what: &'static str, op: F) -> Result<()>
-    where
-        F: Fn(DeviceRef) -> strata_core::BoxFuture<'static, Result<()>>,
-    {
-        let targets = self.targets();
-        if targets.is_empty() {
-            return Err(BlockError::io(
-                format!("mirror metadata {what}"),
-                std::io::Error::other("no member left to hold the metadata"),
-            ));
-        }
-        let results = join_all(targets.iter().map(|(_, d)| op(d.clone()))).await;
-        let mut first_error = None;
-        let mut ok = 0;
-        for ((index, device), result) in targets.iter().zip(results) {
-            match result {
-                Ok(()) => ok += 1,
-                Err(error) => {
-                    tracing::error!(member = index, %error, "mirror metadata {what} failed on a member; dropping it");
-                    self.remove(*index, device);
-                    self.dropped
-                        .lock()
-                        .unwrap()
-                        .push((*index, device.clone(), error.to_string()));
-                    first_error.get_or_insert(error);
-                }
-            }
-        }
-        match (ok, first_error) {
-            (0, Some(error)) => Err(error),
-            _ => Ok(()),
-        }
-    }
 }
 
-#[async_trait]
-impl BlockDevice for MetaFanout {
-    fn geometry(&self) -> Geometry {
-        self.geometry
+impl Replicas for MetaMembers {
+    fn targets(&self) -> Vec<(usize, DeviceRef)> {
+        self.current()
     }
 
-    fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            flush: true,
-            fua: true,
-            ..Capabilities::default()
-        }
-    }
-
-    async fn read(&self, offset: u64, len: usize) -> Result<BytesMut> {
-        self.geometry.check_range(offset, len as u64)?;
+    fn sources(&self) -> Vec<(usize, DeviceRef)> {
         let first = *self.read_from.lock().unwrap();
-        let mut targets = self.targets();
+        let mut targets = self.current();
         targets.sort_by_key(|(i, _)| *i != first);
-        let mut last = None;
-        for (_, device) in targets {
-            match device.read(offset, len).await {
-                Ok(data) => return Ok(data),
-                Err(error) => last = Some(error),
-            }
+        targets
+    }
+
+    fn failed(&self, member: usize, device: &DeviceRef, what: &'static str, error: &BlockError) {
+        tracing::error!(member, %error, "mirror metadata {what} failed on a member; dropping it");
+        self.remove(member, device);
+        self.dropped
+            .lock()
+            .unwrap()
+            .push((member, device.clone(), error.to_string()));
+    }
+
+    fn none_left(&self, what: &'static str, first: Option<BlockError>) -> BlockError {
+        match (what, first) {
+            (_, Some(error)) => error,
+            ("read", None) => BlockError::Unsupported("mirror metadata: no member"),
+            (_, None) => BlockError::io(
+                format!("mirror metadata {what}"),
+                std::io::Error::other("no member left to hold the metadata"),
+            ),
         }
-        Err(last.unwrap_or(BlockError::Unsupported("mirror metadata: no member")))
-    }
-
-    async fn write(&self, offset: u64, data: Bytes, flags: WriteFlags) -> Result<()> {
-        self.geometry.check_range(offset, data.len() as u64)?;
-        self.fan("write", |d| {
-            let data = data.clone();
-            Box::pin(async move { d.write(offset, data, flags).await })
-        })
-        .await
-    }
-
-    async fn flush(&self) -> Result<()> {
-        self.fan("flush", |d| Box::pin(async move { d.flush().await }))
-            .await
-    }
-
-    async fn discard(&self, _offset: u64, _len: u64) -> Result<()> {
-        Err(BlockError::Unsupported("mirror metadata: discard"))
-    }
-
-    async fn write_zeroes(&self, _offset: u64, _len: u64, _flags: ZeroFlags) -> Result<()> {
-        Err(BlockError::Unsupported("mirror metadata: write_zeroes"))
-    }
-
-    async fn block_status(&self, _offset: u64, _len: u64) -> Result<Vec<Extent>> {
-        Err(BlockError::Unsupported("mirror metadata: block_status"))
-    }
-
-    async fn control(&self, _request: Control) -> Result<ControlReply> {
-        Err(BlockError::Unsupported("mirror metadata: control"))
     }
 }
 
@@ -303,7 +243,7 @@ pub async fn open_or_format(
                 .enumerate()
                 .map(|(i, c)| (i, c.clone().expect("format needs every member")))
                 .collect();
-            let fanout = Arc::new(MetaFanout::new(plan.metadata_size, min_io, targets, 0));
+            let fanout = fanout(plan.metadata_size, min_io, targets, 0);
             let store = MetaStore::format(
                 fanout.clone(),
                 0,
@@ -392,12 +332,7 @@ pub async fn open_or_format(
                 recovered.superblock.layout.region_blocks * strata_meta::BLOCK_SIZE as u64;
             // Only the members the assembly keeps get the rewrite (added by the caller once
             // the membership is recorded), so start with the winner alone.
-            let fanout = Arc::new(MetaFanout::new(
-                region_len,
-                min_io,
-                vec![(winner, source)],
-                winner,
-            ));
+            let fanout = fanout(region_len, min_io, vec![(winner, source)], winner);
             let (store, _) = MetaStore::open(fanout.clone(), 0, store_options).await?;
             let (ids, record, _) = store.read(state_of).map_err(refuse)?;
             Ok(Opened {

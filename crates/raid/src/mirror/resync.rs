@@ -250,7 +250,7 @@ impl Inner {
     /// Another in-sync member stands in for a source that fails a read; a target that fails
     /// a write is faulty.
     async fn copy_region(&self, r: u64, source: usize, targets: &[usize]) -> Result<()> {
-        let _lock = self.lock_for(r).write().await;
+        let _lock = self.region_locks().write(r).await;
         if let Some(track) = self.regions.lock().unwrap().track.get_mut(&r) {
             track.generation += 1;
         }

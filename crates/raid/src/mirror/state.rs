@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use strata_core::{Activity, BlockError, DeviceRef, Geometry, Result};
+use strata_core::{Activity, BlockError, DeviceRef, Geometry, Result, StripedLocks};
 use strata_meta::{MetaStore, TxnClass};
 
 use super::meta::{self, same_device, FormatPlan, Ids, MetaFanout};
@@ -18,7 +18,7 @@ use super::policy::{MemberState, MirrorRecord};
 use super::{invalid, MirrorOptions, RuntimeRef};
 
 /// Region lock stripes: enough that unrelated regions rarely share one.
-const STRIPES: u64 = 256;
+const STRIPES: usize = 256;
 
 pub(super) struct Slot {
     pub name: String,
@@ -74,7 +74,7 @@ pub(super) struct Inner {
     pub geometry: Geometry,
     pub slots: RwLock<Vec<Slot>>,
     pub regions: Mutex<Regions>,
-    locks: Vec<tokio::sync::RwLock<()>>,
+    locks: StripedLocks,
     pub turn: AtomicUsize,
     pub resync: Mutex<ResyncControl>,
     pub counters: Counters,
@@ -169,7 +169,7 @@ impl Mirror {
         })?;
         for (i, (child, state)) in children.iter().zip(&states).enumerate() {
             if let (Some(device), true) = (child, state.receives_writes()) {
-                opened.fanout.add(i, device.clone());
+                opened.fanout.replicas().add(i, device.clone());
             }
         }
         store.checkpoint_now().await?;
@@ -224,7 +224,7 @@ impl Mirror {
             },
             slots: RwLock::new(slots),
             regions: Mutex::new(regions),
-            locks: (0..STRIPES).map(|_| tokio::sync::RwLock::new(())).collect(),
+            locks: StripedLocks::new(STRIPES),
             turn: AtomicUsize::new(0),
             resync: Mutex::new(ResyncControl::default()),
             counters,
@@ -325,24 +325,10 @@ impl Inner {
             .collect()
     }
 
-    pub fn lock_for(&self, region: u64) -> &tokio::sync::RwLock<()> {
-        &self.locks[(region % STRIPES) as usize]
-    }
-
-    /// The stripes of regions `range`, ascending and without repeats (the order every taker
-    /// uses, so that no two requests deadlock).
-    pub fn stripes(&self, range: std::ops::Range<u64>) -> Vec<usize> {
-        let mut stripes: Vec<usize> = range
-            .take(STRIPES as usize)
-            .map(|r| (r % STRIPES) as usize)
-            .collect();
-        stripes.sort_unstable();
-        stripes.dedup();
-        stripes
-    }
-
-    pub fn stripe(&self, index: usize) -> &tokio::sync::RwLock<()> {
-        &self.locks[index]
+    /// The region locks (striped): writes share them, a resync copy or a read repair holds
+    /// them exclusive.
+    pub fn region_locks(&self) -> &StripedLocks {
+        &self.locks
     }
 
     pub fn dirty_bits(&self) -> u64 {
@@ -357,7 +343,7 @@ impl Inner {
     pub async fn commit(&self) -> Result<()> {
         loop {
             self.store.commit().await?;
-            let dropped = self.fanout.take_dropped();
+            let dropped = self.fanout.replicas().take_dropped();
             if dropped.is_empty() {
                 return Ok(());
             }
@@ -387,7 +373,7 @@ impl Inner {
         tracing::error!(mirror = %self.name, member = %slot.name, %why, "member is faulty");
         slot.state = MemberState::Faulty;
         if let Some(current) = &slot.device {
-            self.fanout.remove(index, current);
+            self.fanout.replicas().remove(index, current);
         }
         let encoded = MemberState::Faulty.encode();
         self.store.transact(TxnClass::Normal, |_, txn| {

@@ -8,11 +8,13 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::Bytes;
 use futures_util::future::join_all;
-use strata_core::{Activity, BlockError, DeviceRef, Result, Runtime, WriteFlags};
+use strata_core::{
+    poison, Activity, BlockError, DeviceRef, Result, Runtime, StripedLocks, WriteFlags,
+};
 use strata_meta::{MetaStore, ObjectId, TxnClass};
 
 use super::journal::{Appended, Journal, Record, MAX_DONE};
@@ -55,7 +57,9 @@ pub struct Array {
     pub journal_device: Option<DeviceRef>,
     /// Why the journal device stopped working; writes are refused from then on.
     pub journal_failed: Mutex<Option<String>>,
-    pub locks: Vec<tokio::sync::Mutex<()>>,
+    /// Stripe locks, taken exclusively: an update, a reconstructing read or a rebuild of a
+    /// stripe runs alone in it.
+    pub locks: StripedLocks,
     pub gate: tokio::sync::RwLock<()>,
     pub fail_lock: tokio::sync::Mutex<()>,
     pub full: Mutex<FullWrites>,
@@ -72,8 +76,20 @@ pub struct Array {
 }
 
 impl Array {
-    pub fn stripe_lock(&self, stripe: u64) -> &tokio::sync::Mutex<()> {
-        &self.locks[(stripe % STRIPE_LOCKS as u64) as usize]
+    /// The full-stripe writes table, or a failure of the array if a panic poisoned it (on the
+    /// request path, so a client gets an error, not a crashed server).
+    pub fn full_writes(&self) -> Result<MutexGuard<'_, FullWrites>> {
+        poison::check(self.full.lock(), &self.name, "the full-stripe write table")
+    }
+
+    /// The table of chunks lost in a crash while degraded (request path, as `full_writes`).
+    pub fn lost_chunks(&self) -> Result<MutexGuard<'_, BTreeMap<u64, usize>>> {
+        poison::check(self.lost.lock(), &self.name, "the lost-chunk table")
+    }
+
+    /// Takes `stripe`'s lock (exclusive).
+    pub async fn lock_stripe(&self, stripe: u64) -> tokio::sync::RwLockWriteGuard<'_, ()> {
+        self.locks.write(stripe).await
     }
 
     pub async fn m_read(
@@ -120,7 +136,9 @@ impl Array {
     /// start, since nothing would close its write hole.
     pub fn check_writable(&self) -> Result<()> {
         self.check_alive()?;
-        if let Some(reason) = self.journal_failed.lock().unwrap().as_ref() {
+        let journal_failed =
+            poison::check(self.journal_failed.lock(), &self.name, "the journal state")?;
+        if let Some(reason) = journal_failed.as_ref() {
             return Err(self.journal_device_error(reason));
         }
         Ok(())

@@ -72,7 +72,7 @@ impl Array {
         fua: bool,
     ) -> Result<Step> {
         let _gate = self.gate.read().await;
-        let _lock = self.stripe_lock(stripe).lock().await;
+        let _lock = self.lock_stripe(stripe).await;
         let failed = self.members.unusable(stripe)?;
         if let Some(f) = failed {
             if !self.members.lock()[f].durable {
@@ -92,12 +92,12 @@ impl Array {
         );
         // A partial update after an unflushed full-stripe write of this stripe: make that
         // write durable first, so the stripe's old state is consistent (see the doc).
-        let full_dirty = self.full.lock().unwrap().dirty.contains_key(&stripe);
+        let full_dirty = self.full_writes()?.dirty.contains_key(&stripe);
         if plan.kind != WriteKind::FullStripe && full_dirty {
             if let Some(member) = self.flush_members().await? {
                 return Ok(Step::Failed(member));
             }
-            self.full.lock().unwrap().dirty.remove(&stripe);
+            self.full_writes()?.dirty.remove(&stripe);
         }
         let reads = plan
             .reads
@@ -163,7 +163,7 @@ impl Array {
         intent: Option<(usize, u64, u64)>,
         fua: bool,
     ) -> Result<Step> {
-        let lost = self.lost.lock().unwrap().get(&stripe).copied();
+        let lost = self.lost_chunks()?.get(&stripe).copied();
         if let Some(member) = lost {
             let whole = plan
                 .pieces
@@ -228,7 +228,7 @@ impl Array {
         // Reconstructing reads the whole stripe, so it must not see half an update.
         let _lock = match failed {
             Some(_) => {
-                let lock = self.stripe_lock(stripe).lock().await;
+                let lock = self.lock_stripe(stripe).await;
                 failed = self.members.unusable(stripe)?;
                 Some(lock)
             }
@@ -243,7 +243,7 @@ impl Array {
             out.len() as u64,
             failed,
         );
-        if let Some(&member) = self.lost.lock().unwrap().get(&stripe) {
+        if let Some(&member) = self.lost_chunks()?.get(&stripe) {
             if parts.iter().any(|p| p.member == member) {
                 return Err(Array::io_error(format!(
                     "raid5 {}: chunk of member {member} in stripe {stripe} was lost in a crash \
@@ -282,7 +282,7 @@ impl Array {
     /// flush covered, then any metadata not yet committed.
     pub async fn flush(&self) -> Result<()> {
         self.check_alive()?;
-        let completed = std::mem::take(&mut self.full.lock().unwrap().completed);
+        let completed = std::mem::take(&mut self.full_writes()?.completed);
         self.flush_all().await?;
         self.log_done(completed).await?;
         if self.store.uncommitted() > 0 {

@@ -718,14 +718,7 @@ impl Journal {
             // Both copies at once (the cost of the second is one more concurrent write, not a
             // second round trip), and durable only when both are: an acknowledged record
             // then survives any fault that spares one copy.
-            let [one, two] = self.offsets(first);
-            let fua = WriteFlags { fua: true };
-            let (a, b) = futures_util::future::join(
-                device.write(one, bytes.clone(), fua),
-                device.write(two, bytes, fua),
-            )
-            .await;
-            let written = a.and(b);
+            let written = strata_meta::write_copies(&**device, self.offsets(first), bytes).await;
             let mut state = self.lock();
             state.lanes[lane].writing = false;
             match written {

@@ -8,12 +8,8 @@
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
-use bytes::{Bytes, BytesMut};
-use futures_util::future::join_all;
-use strata_core::{
-    async_trait, BlockDevice, BlockError, Capabilities, Control, ControlReply, DeviceRef, Extent,
-    ExtentState, Geometry, Result, WriteFlags, ZeroFlags,
-};
+use strata_core::{BlockError, DeviceRef, Geometry, Result};
+use strata_meta::{Replicas, ReplicatedDevice};
 
 /// Bytes at the start of every member for the metadata store (256 blocks of 4 KiB).
 pub const META_BYTES: u64 = 1 << 20;
@@ -176,109 +172,49 @@ fn usable(member: &Member, stripe: u64) -> bool {
     }
 }
 
-/// The metadata region of every member as one device: writes go to every member that is not
-/// failed, reads come from the first active one. A member whose write fails is marked failed
-/// in memory (the array records it durably afterwards); the write succeeds if one copy took it.
-pub struct MirrorDevice {
+/// raid5's members as holders of the metadata copies: writes go to every member that is not
+/// failed, reads come from the active ones in order. A member whose write fails is marked
+/// failed in memory (the array records it durably afterwards); the write succeeds if one copy
+/// took it.
+pub struct MetadataCopies {
     members: Arc<Members>,
 }
 
-impl MirrorDevice {
-    pub fn new(members: Arc<Members>) -> Arc<MirrorDevice> {
-        Arc::new(MirrorDevice { members })
-    }
+/// The metadata region of every member as one device.
+pub type MirrorDevice = ReplicatedDevice<MetadataCopies>;
 
-    async fn each(
-        &self,
-        what: &str,
-        op: impl Fn(DeviceRef) -> strata_core::BoxFuture<'static, Result<()>>,
-    ) -> Result<()> {
-        let _gate = self.members.copy_gate.read().await;
-        let targets = self.members.metadata_targets();
-        let results = join_all(targets.iter().map(|(_, d)| op(d.clone()))).await;
-        let mut ok = 0;
-        for ((m, _), result) in targets.iter().zip(results) {
-            match result {
-                Ok(()) => ok += 1,
-                Err(error) => {
-                    tracing::error!(member = m, %error, "raid5: metadata {what} failed; member marked failed");
-                    self.members.mark_failed(*m);
-                }
-            }
-        }
-        if ok == 0 {
-            return Err(array_failed("metadata write"));
-        }
-        Ok(())
-    }
+/// The metadata device of `members`.
+pub fn metadata_device(members: Arc<Members>) -> Arc<MirrorDevice> {
+    let geometry = Geometry {
+        min_io: 4096,
+        ..Geometry::byte_addressable(META_BYTES)
+    };
+    Arc::new(ReplicatedDevice::new(geometry, MetadataCopies { members }))
 }
 
-#[async_trait]
-impl BlockDevice for MirrorDevice {
-    fn geometry(&self) -> Geometry {
-        Geometry {
-            min_io: 4096,
-            ..Geometry::byte_addressable(META_BYTES)
+impl Replicas for MetadataCopies {
+    fn targets(&self) -> Vec<(usize, DeviceRef)> {
+        self.members.metadata_targets()
+    }
+
+    fn sources(&self) -> Vec<(usize, DeviceRef)> {
+        self.members.read_sources()
+    }
+
+    fn failed(&self, member: usize, _device: &DeviceRef, what: &'static str, error: &BlockError) {
+        tracing::error!(member, %error, "raid5: metadata {what} failed; member marked failed");
+        self.members.mark_failed(member);
+    }
+
+    fn none_left(&self, what: &'static str, first: Option<BlockError>) -> BlockError {
+        match (what, first) {
+            ("read", Some(error)) => error,
+            ("read", None) => array_failed("metadata read"),
+            _ => array_failed("metadata write"),
         }
     }
 
-    fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            flush: true,
-            fua: true,
-            ..Capabilities::default()
-        }
-    }
-
-    async fn read(&self, offset: u64, len: usize) -> Result<BytesMut> {
-        self.geometry().check_range(offset, len as u64)?;
-        let mut last = None;
-        for (m, device) in self.members.read_sources() {
-            match device.read(offset, len).await {
-                Ok(bytes) => return Ok(bytes),
-                Err(error) => {
-                    tracing::error!(member = m, %error, "raid5: metadata read failed");
-                    last = Some(error);
-                }
-            }
-        }
-        Err(last.unwrap_or_else(|| array_failed("metadata read")))
-    }
-
-    async fn write(&self, offset: u64, data: Bytes, flags: WriteFlags) -> Result<()> {
-        self.geometry().check_range(offset, data.len() as u64)?;
-        self.each("write", |d| {
-            let data = data.clone();
-            Box::pin(async move { d.write(offset, data, flags).await })
-        })
-        .await
-    }
-
-    async fn flush(&self) -> Result<()> {
-        self.each("flush", |d| Box::pin(async move { d.flush().await }))
-            .await
-    }
-
-    async fn discard(&self, _offset: u64, _len: u64) -> Result<()> {
-        Ok(())
-    }
-
-    async fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> {
-        let zeros = Bytes::from(vec![0u8; len as usize]);
-        self.write(offset, zeros, WriteFlags { fua: flags.fua })
-            .await
-    }
-
-    async fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
-        self.geometry().check_range(offset, len)?;
-        Ok(vec![Extent {
-            offset,
-            len,
-            state: ExtentState::Data,
-        }])
-    }
-
-    async fn control(&self, _request: Control) -> Result<ControlReply> {
-        Err(BlockError::Unsupported("raid5 metadata mirror: control"))
+    fn write_gate(&self) -> Option<&tokio::sync::RwLock<()>> {
+        Some(&self.members.copy_gate)
     }
 }

@@ -13,7 +13,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use strata_core::{BlockError, DeviceRef, Result, Runtime, WriteFlags};
+use strata_core::{BlockError, DeviceRef, Result, Runtime, StripedLocks, WriteFlags};
 use strata_meta::{FormatOptions, MetaStore, Recovered, StoreOptions, TxnClass};
 
 use super::array::{Array, FullWrites, STRIPE_LOCKS};
@@ -23,7 +23,7 @@ use super::journal::{
     Journal, JBLOCK,
 };
 use super::layout::Layout;
-use super::members::{Member, MemberState, Members, MirrorDevice, META_BYTES};
+use super::members::{metadata_device, Member, MemberState, Members, META_BYTES};
 use super::record::{ArrayRecord, BLOB, LOST};
 use strata_core::layer::StartPolicy;
 
@@ -154,7 +154,7 @@ pub async fn assemble(
     }
     let members = Members::new(children, states);
     let (store, _) =
-        MetaStore::open(MirrorDevice::new(members.clone()), 0, store_options(&name)).await?;
+        MetaStore::open(metadata_device(members.clone()), 0, store_options(&name)).await?;
     let array = Arc::new(build(
         name,
         members,
@@ -424,7 +424,7 @@ async fn create(
         children,
         (0..n).map(|_| member(MemberState::Active)).collect(),
     );
-    let mirror = MirrorDevice::new(members.clone());
+    let mirror = metadata_device(members.clone());
     let format = FormatOptions::new(OWNER);
     let store = MetaStore::format(mirror, 0, META_BYTES, format, store_options(&name)).await?;
     let record = ArrayRecord {
@@ -528,9 +528,7 @@ fn build(
         journals,
         journal_device,
         journal_failed: Mutex::new(None),
-        locks: (0..STRIPE_LOCKS)
-            .map(|_| tokio::sync::Mutex::new(()))
-            .collect(),
+        locks: StripedLocks::new(STRIPE_LOCKS),
         gate: tokio::sync::RwLock::new(()),
         fail_lock: tokio::sync::Mutex::new(()),
         full: Mutex::new(FullWrites::default()),

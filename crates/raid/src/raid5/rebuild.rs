@@ -151,7 +151,7 @@ impl Array {
 
     async fn rebuild_stripe(&self, index: usize, stripe: u64) -> Result<()> {
         let _gate = self.gate.read().await;
-        let _lock = self.stripe_lock(stripe).lock().await;
+        let _lock = self.lock_stripe(stripe).await;
         if self.members.lock()[index].state != MemberState::Rebuilding {
             return Ok(());
         }

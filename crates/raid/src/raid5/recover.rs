@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
-use strata_core::Result;
+use strata_core::{BlockError, Result};
 use strata_meta::TxnClass;
 
 use super::array::{Array, Fault};
@@ -60,7 +60,7 @@ impl Array {
                 }
             };
             let scanned = scan(&region, uuid, member).map_err(|damage| {
-                Array::io_error(format!(
+                BlockError::Corrupt(format!(
                     "raid5 {}: the stripe journal of member {member} is damaged: {damage}; \
                      the array is not started, because replaying around the damage could write \
                      older data over acknowledged writes (run `strata check`; restore the member \

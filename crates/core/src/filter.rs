@@ -1,0 +1,208 @@
+//! Pass-through filters (nbdkit's `next` pattern): a layer over one child writes only the
+//! methods it changes; every other call goes to the child unchanged.
+//!
+//! ```ignore
+//! struct CountReads { next: DeviceRef, reads: AtomicU64 }
+//!
+//! #[async_trait]
+//! impl Filter for CountReads {
+//!     fn next(&self) -> &DeviceRef { &self.next }
+//!     async fn read(&self, offset: u64, len: usize) -> Result<BytesMut> {
+//!         self.reads.fetch_add(1, Ordering::Relaxed);
+//!         self.next.read(offset, len).await
+//!     }
+//! }
+//! // CountReads is now a BlockDevice (blanket impl below).
+//! ```
+//!
+//! Why a blanket `impl<F: Filter> BlockDevice for F` rather than a wrapper type or a macro: a
+//! downstream crate's filter is a local type, so the compiler can see that it implements only
+//! one of the two traits, and the impls do not overlap (checked: a type implementing `Filter`
+//! cannot also implement `BlockDevice`, and `Arc<T>` / `Metered<D>` cannot implement `Filter`
+//! outside this crate). The filter keeps its own name in types and errors, and its methods
+//! are ordinary trait methods, so no macro hides what is generated.
+//!
+//! Call a filter through `BlockDevice` (a `DeviceRef`, or `BlockDevice::read(&f, ..)`): with
+//! both traits in scope, `f.read(..)` on the concrete type is ambiguous.
+
+use async_trait::async_trait;
+use bytes::{Bytes, BytesMut};
+
+use crate::{
+    BlockDevice, Capabilities, Control, ControlReply, DeviceRef, Extent, Geometry, Result,
+    WriteFlags, ZeroFlags,
+};
+
+/// A device over one child (`next`) that forwards what it does not override.
+#[async_trait]
+pub trait Filter: Send + Sync {
+    /// The device below, where every method not overridden goes.
+    fn next(&self) -> &DeviceRef;
+
+    fn geometry(&self) -> Geometry {
+        self.next().geometry()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.next().capabilities()
+    }
+
+    async fn read(&self, offset: u64, len: usize) -> Result<BytesMut> {
+        self.next().read(offset, len).await
+    }
+
+    async fn write(&self, offset: u64, data: Bytes, flags: WriteFlags) -> Result<()> {
+        self.next().write(offset, data, flags).await
+    }
+
+    async fn flush(&self) -> Result<()> {
+        self.next().flush().await
+    }
+
+    async fn discard(&self, offset: u64, len: u64) -> Result<()> {
+        self.next().discard(offset, len).await
+    }
+
+    async fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> {
+        self.next().write_zeroes(offset, len, flags).await
+    }
+
+    async fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
+        self.next().block_status(offset, len).await
+    }
+
+    async fn control(&self, request: Control) -> Result<ControlReply> {
+        self.next().control(request).await
+    }
+}
+
+#[async_trait]
+impl<F: Filter> BlockDevice for F {
+    fn geometry(&self) -> Geometry {
+        Filter::geometry(self)
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Filter::capabilities(self)
+    }
+
+    async fn read(&self, offset: u64, len: usize) -> Result<BytesMut> {
+        Filter::read(self, offset, len).await
+    }
+
+    async fn write(&self, offset: u64, data: Bytes, flags: WriteFlags) -> Result<()> {
+        Filter::write(self, offset, data, flags).await
+    }
+
+    async fn flush(&self) -> Result<()> {
+        Filter::flush(self).await
+    }
+
+    async fn discard(&self, offset: u64, len: u64) -> Result<()> {
+        Filter::discard(self, offset, len).await
+    }
+
+    async fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> {
+        Filter::write_zeroes(self, offset, len, flags).await
+    }
+
+    async fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
+        Filter::block_status(self, offset, len).await
+    }
+
+    async fn control(&self, request: Control) -> Result<ControlReply> {
+        Filter::control(self, request).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::{BlockError, ExtentState, NodeStatus};
+
+    /// A child that answers everything, so forwarding is visible.
+    struct Child;
+
+    #[async_trait]
+    impl BlockDevice for Child {
+        fn geometry(&self) -> Geometry {
+            Geometry::byte_addressable(1 << 20)
+        }
+        fn capabilities(&self) -> Capabilities {
+            Capabilities {
+                discard: true,
+                ..Capabilities::default()
+            }
+        }
+        async fn read(&self, _offset: u64, len: usize) -> Result<BytesMut> {
+            Ok(BytesMut::from(&vec![7u8; len][..]))
+        }
+        async fn write(&self, _offset: u64, _data: Bytes, _flags: WriteFlags) -> Result<()> {
+            Ok(())
+        }
+        async fn flush(&self) -> Result<()> {
+            Err(BlockError::Shutdown)
+        }
+        async fn discard(&self, _offset: u64, _len: u64) -> Result<()> {
+            Err(BlockError::NoSpace)
+        }
+        async fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
+            Ok(vec![Extent {
+                offset,
+                len,
+                state: ExtentState::Hole,
+            }])
+        }
+        async fn control(&self, _request: Control) -> Result<ControlReply> {
+            Ok(ControlReply::Describe(NodeStatus::new("child", "test", 0)))
+        }
+    }
+
+    struct CountReads {
+        next: DeviceRef,
+        reads: AtomicU64,
+    }
+
+    #[async_trait]
+    impl Filter for CountReads {
+        fn next(&self) -> &DeviceRef {
+            &self.next
+        }
+        async fn read(&self, offset: u64, len: usize) -> Result<BytesMut> {
+            self.reads.fetch_add(1, Ordering::Relaxed);
+            self.next.read(offset, len).await
+        }
+    }
+
+    #[tokio::test]
+    async fn a_filter_changes_what_it_overrides_and_forwards_the_rest() {
+        let filter = Arc::new(CountReads {
+            next: Arc::new(Child),
+            reads: AtomicU64::new(0),
+        });
+        let device: DeviceRef = filter.clone();
+        assert_eq!(&device.read(0, 3).await.unwrap()[..], &[7, 7, 7]);
+        assert_eq!(filter.reads.load(Ordering::Relaxed), 1);
+        assert_eq!(device.geometry().size, 1 << 20);
+        assert!(device.capabilities().discard);
+        assert!(matches!(device.flush().await, Err(BlockError::Shutdown)));
+        assert!(matches!(
+            device.discard(0, 1).await,
+            Err(BlockError::NoSpace)
+        ));
+        let extents = device.block_status(0, 9).await.unwrap();
+        assert_eq!(extents[0].state, ExtentState::Hole);
+        assert!(matches!(
+            device.control(Control::Describe).await,
+            Ok(ControlReply::Describe(node)) if node.name == "child"
+        ));
+        // The default write_zeroes of the child writes zeros through the child's `write`.
+        device
+            .write_zeroes(0, 4096, ZeroFlags::default())
+            .await
+            .unwrap();
+    }
+}
