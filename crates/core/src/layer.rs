@@ -196,6 +196,39 @@ pub struct LayerKind {
     pub build: Build,
 }
 
+impl LayerKind {
+    /// A kind whose `[[layer]]` options are the config struct `C` and that tolerates no
+    /// missing member; `about` and `tolerating` fill in the rest.
+    pub const fn new<C: serde::de::DeserializeOwned + serde::Serialize + 'static>(
+        kind: &'static str,
+        children: ChildCount,
+        build: Build,
+    ) -> LayerKind {
+        LayerKind {
+            kind,
+            about: "",
+            children,
+            options: field_names::<C>,
+            check: check::<C>,
+            tolerates_missing: none_missing,
+            build,
+        }
+    }
+
+    /// The one-line description `strata kinds` shows.
+    pub const fn about(self, about: &'static str) -> LayerKind {
+        LayerKind { about, ..self }
+    }
+
+    /// Members that may be missing at assembly, as a function of how many there are.
+    pub const fn tolerating(self, missing: fn(children: usize) -> usize) -> LayerKind {
+        LayerKind {
+            tolerates_missing: missing,
+            ..self
+        }
+    }
+}
+
 /// A kind shows as its name (its entry is functions).
 impl std::fmt::Debug for LayerKind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

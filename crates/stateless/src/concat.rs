@@ -35,17 +35,13 @@ use strata_core::{
 };
 
 use serde::{Deserialize, Serialize};
-use strata_core::layer::{self, none_missing, ChildCount, LayerArgs, LayerKind};
+use strata_core::layer::{self, ChildCount, LayerArgs, LayerKind};
 
-pub static KIND: LayerKind = LayerKind {
-    kind: "concat",
-    about: "children end to end (aggregation); grows online with AddMember",
-    children: ChildCount::AtLeast(1),
-    options: layer::field_names::<ConcatConfig>,
-    check: layer::check::<ConcatConfig>,
-    tolerates_missing: none_missing,
-    build: |args| Box::pin(async move { build(args).map(|c| Arc::new(c) as DeviceRef) }),
-};
+pub static KIND: LayerKind =
+    LayerKind::new::<ConcatConfig>("concat", ChildCount::AtLeast(1), |args| {
+        Box::pin(async move { build(args).map(|c| Arc::new(c) as DeviceRef) })
+    })
+    .about("children end to end (aggregation); grows online with AddMember");
 
 /// A `[[layer]]` table of kind `concat`: no options (the children are the layout).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

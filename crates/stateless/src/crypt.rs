@@ -49,18 +49,14 @@ use strata_core::{
 use xts_mode::{get_tweak_default, Xts128};
 
 use serde::{Deserialize, Serialize};
-use strata_core::layer::{self, none_missing, ChildCount, LayerArgs, LayerKind};
+use strata_core::layer::{self, ChildCount, LayerArgs, LayerKind};
 use strata_core::ByteSize;
 
-pub static KIND: LayerKind = LayerKind {
-    kind: "crypt",
-    about: "XTS-AES-256 encryption of one child, key from a file",
-    children: ChildCount::Exactly(1),
-    options: layer::field_names::<CryptConfig>,
-    check: layer::check::<CryptConfig>,
-    tolerates_missing: none_missing,
-    build: |args| Box::pin(async move { build(args).await.map(|c| Arc::new(c) as DeviceRef) }),
-};
+pub static KIND: LayerKind =
+    LayerKind::new::<CryptConfig>("crypt", ChildCount::Exactly(1), |args| {
+        Box::pin(async move { build(args).await.map(|c| Arc::new(c) as DeviceRef) })
+    })
+    .about("XTS-AES-256 encryption of one child, key from a file");
 
 /// XTS-AES-256: two 256-bit keys.
 pub const KEY_BYTES: usize = 64;

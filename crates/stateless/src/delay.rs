@@ -49,17 +49,13 @@ use strata_core::{
 };
 
 use serde::{Deserialize, Serialize};
-use strata_core::layer::{self, none_missing, ChildCount, LayerArgs, LayerKind};
+use strata_core::layer::{self, ChildCount, LayerArgs, LayerKind};
 
-pub static KIND: LayerKind = LayerKind {
-    kind: "delay",
-    about: "adds latency and a bandwidth limit (emulates a slower disk)",
-    children: ChildCount::Exactly(1),
-    options: layer::field_names::<DelayConfig>,
-    check: layer::check::<DelayConfig>,
-    tolerates_missing: none_missing,
-    build: |args| Box::pin(async move { build(args).map(|d| Arc::new(d) as DeviceRef) }),
-};
+pub static KIND: LayerKind =
+    LayerKind::new::<DelayConfig>("delay", ChildCount::Exactly(1), |args| {
+        Box::pin(async move { build(args).map(|d| Arc::new(d) as DeviceRef) })
+    })
+    .about("adds latency and a bandwidth limit (emulates a slower disk)");
 
 /// What to emulate: a `[[layer]]` table of kind `delay`. Absent options add nothing.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -39,17 +39,13 @@ use strata_core::{
 };
 
 use serde::{Deserialize, Serialize};
-use strata_core::layer::{self, none_missing, ChildCount, LayerArgs, LayerKind};
+use strata_core::layer::{self, ChildCount, LayerArgs, LayerKind};
 
-pub static KIND: LayerKind = LayerKind {
-    kind: "fault",
-    about: "injects I/O errors: fixed ranges, a random rate, or the whole device on command",
-    children: ChildCount::Exactly(1),
-    options: layer::field_names::<FaultConfig>,
-    check: layer::check::<FaultConfig>,
-    tolerates_missing: none_missing,
-    build: |args| Box::pin(async move { build(args).map(|f| Arc::new(f) as DeviceRef) }),
-};
+pub static KIND: LayerKind =
+    LayerKind::new::<FaultConfig>("fault", ChildCount::Exactly(1), |args| {
+        Box::pin(async move { build(args).map(|f| Arc::new(f) as DeviceRef) })
+    })
+    .about("injects I/O errors: fixed ranges, a random rate, or the whole device on command");
 
 /// What to fail: a `[[layer]]` table of kind `fault`. Absent options fail nothing.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

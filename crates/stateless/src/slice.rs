@@ -21,18 +21,14 @@ use strata_core::{
 };
 
 use serde::{Deserialize, Serialize};
-use strata_core::layer::{self, none_missing, ChildCount, LayerArgs, LayerKind};
+use strata_core::layer::{self, ChildCount, LayerArgs, LayerKind};
 use strata_core::ByteSize;
 
-pub static KIND: LayerKind = LayerKind {
-    kind: "slice",
-    about: "a window of one child (offset + length)",
-    children: ChildCount::Exactly(1),
-    options: layer::field_names::<SliceConfig>,
-    check: layer::check::<SliceConfig>,
-    tolerates_missing: none_missing,
-    build: |args| Box::pin(async move { build(args).map(|s| std::sync::Arc::new(s) as DeviceRef) }),
-};
+pub static KIND: LayerKind =
+    LayerKind::new::<SliceConfig>("slice", ChildCount::Exactly(1), |args| {
+        Box::pin(async move { build(args).map(|s| std::sync::Arc::new(s) as DeviceRef) })
+    })
+    .about("a window of one child (offset + length)");
 
 /// A `[[layer]]` table of kind `slice`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

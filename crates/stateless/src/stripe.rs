@@ -34,18 +34,14 @@ use strata_core::{
 
 use crate::concat::{describe_children, shared_capabilities, shared_geometry, take_extents};
 use serde::{Deserialize, Serialize};
-use strata_core::layer::{self, none_missing, ChildCount, LayerArgs, LayerKind};
+use strata_core::layer::{self, ChildCount, LayerArgs, LayerKind};
 use strata_core::ByteSize;
 
-pub static KIND: LayerKind = LayerKind {
-    kind: "stripe",
-    about: "RAID-0: chunks dealt round-robin over the children",
-    children: ChildCount::AtLeast(2),
-    options: layer::field_names::<StripeConfig>,
-    check: layer::check::<StripeConfig>,
-    tolerates_missing: none_missing,
-    build: |args| Box::pin(async move { build(args).map(|s| Arc::new(s) as DeviceRef) }),
-};
+pub static KIND: LayerKind =
+    LayerKind::new::<StripeConfig>("stripe", ChildCount::AtLeast(2), |args| {
+        Box::pin(async move { build(args).map(|s| Arc::new(s) as DeviceRef) })
+    })
+    .about("RAID-0: chunks dealt round-robin over the children");
 
 pub const DEFAULT_CHUNK: u64 = 64 << 10;
 pub const MIN_CHUNK: u64 = 4 << 10;

@@ -40,7 +40,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use strata_core::{BlockError, ByteSize, DeviceRef, Result, Runtime};
 
-use strata_core::layer::{self, ChildCount, LayerArgs, LayerKind, StartPolicy};
+use strata_core::layer::{ChildCount, LayerArgs, LayerKind, StartPolicy};
 
 pub use policy::MemberState;
 pub use state::{Mirror, MirrorStats};
@@ -48,15 +48,12 @@ pub use state::{Mirror, MirrorStats};
 /// The metadata store's owner name.
 pub const OWNER: &str = "mirror";
 
-pub static KIND: LayerKind = LayerKind {
-    kind: "mirror",
-    about: "RAID-1 over n members with a write-intent bitmap and online resync",
-    children: ChildCount::AtLeast(2),
-    options: layer::field_names::<MirrorConfig>,
-    check: layer::check::<MirrorConfig>,
-    tolerates_missing: |n| n.saturating_sub(1),
-    build: |args| Box::pin(async move { build(args).await.map(|m| Arc::new(m) as DeviceRef) }),
-};
+pub static KIND: LayerKind =
+    LayerKind::new::<MirrorConfig>("mirror", ChildCount::AtLeast(2), |args| {
+        Box::pin(async move { build(args).await.map(|m| Arc::new(m) as DeviceRef) })
+    })
+    .about("RAID-1 over n members with a write-intent bitmap and online resync")
+    .tolerating(|n| n.saturating_sub(1));
 
 /// Settings of a mirror; `region` and `metadata_size` matter only when formatting.
 #[derive(Clone, Debug)]

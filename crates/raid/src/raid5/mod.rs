@@ -56,15 +56,12 @@ use serde::{Deserialize, Serialize};
 use strata_core::layer::{self, ChildCount, LayerArgs, LayerKind};
 use strata_core::ByteSize;
 
-pub static KIND: LayerKind = LayerKind {
-    kind: "raid5",
-    about: "distributed parity over ≥ 3 members (left-asymmetric), journaled, degraded, rebuild",
-    children: ChildCount::AtLeast(3),
-    options: layer::field_names::<Raid5Config>,
-    check: layer::check::<Raid5Config>,
-    tolerates_missing: |_| 1,
-    build: |args| Box::pin(async move { build(args).await.map(|r| Arc::new(r) as DeviceRef) }),
-};
+pub static KIND: LayerKind =
+    LayerKind::new::<Raid5Config>("raid5", ChildCount::AtLeast(3), |args| {
+        Box::pin(async move { build(args).await.map(|r| Arc::new(r) as DeviceRef) })
+    })
+    .about("distributed parity over ≥ 3 members (left-asymmetric), journaled, degraded, rebuild")
+    .tolerating(|_| 1);
 
 /// A `[[layer]]` table of kind `raid5`. Chunk and journal are fixed at creation: absent,
 /// an array takes what it was created with, and a new one [`DEFAULT_CHUNK`] and
