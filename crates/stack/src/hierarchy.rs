@@ -482,58 +482,25 @@ pub fn assembled_config(assembly: &Assembly) -> anyhow::Result<String> {
 /// disk it is, so `strata status` shows no extra level.
 pub struct Labelled {
     disk: strata_core::DeviceRef,
-    view: strata_stateless::slice::Slice,
+    view: strata_core::DeviceRef,
 }
 
 impl Labelled {
     pub fn new(name: &str, disk: strata_core::DeviceRef) -> anyhow::Result<Labelled> {
         let view =
             strata_stateless::slice::Slice::new(name.to_string(), disk.clone(), LABEL_BYTES, None)?;
-        Ok(Labelled { disk, view })
+        Ok(Labelled {
+            disk,
+            view: std::sync::Arc::new(view),
+        })
     }
 }
 
+/// Everything but `control` goes to the view past the label (see [`strata_core::Filter`]).
 #[strata_core::async_trait]
-impl BlockDevice for Labelled {
-    fn geometry(&self) -> strata_core::Geometry {
-        self.view.geometry()
-    }
-
-    fn capabilities(&self) -> strata_core::Capabilities {
-        self.view.capabilities()
-    }
-
-    async fn read(&self, offset: u64, len: usize) -> strata_core::Result<bytes::BytesMut> {
-        self.view.read(offset, len).await
-    }
-
-    async fn write(&self, offset: u64, data: Bytes, flags: WriteFlags) -> strata_core::Result<()> {
-        self.view.write(offset, data, flags).await
-    }
-
-    async fn flush(&self) -> strata_core::Result<()> {
-        self.view.flush().await
-    }
-
-    async fn discard(&self, offset: u64, len: u64) -> strata_core::Result<()> {
-        self.view.discard(offset, len).await
-    }
-
-    async fn write_zeroes(
-        &self,
-        offset: u64,
-        len: u64,
-        flags: strata_core::ZeroFlags,
-    ) -> strata_core::Result<()> {
-        self.view.write_zeroes(offset, len, flags).await
-    }
-
-    async fn block_status(
-        &self,
-        offset: u64,
-        len: u64,
-    ) -> strata_core::Result<Vec<strata_core::Extent>> {
-        self.view.block_status(offset, len).await
+impl strata_core::Filter for Labelled {
+    fn next(&self) -> &strata_core::DeviceRef {
+        &self.view
     }
 
     async fn control(
