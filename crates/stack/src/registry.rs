@@ -7,6 +7,7 @@ pub use strata_core::layer::*;
 pub static KINDS: &[&LayerKind] = &[
     &strata_stateless::slice::KIND,
     &strata_stateless::concat::KIND,
+    &strata_stateless::count::KIND,
     &strata_stateless::crypt::KIND,
     &strata_stateless::delay::KIND,
     &strata_stateless::fault::KIND,

@@ -1,8 +1,9 @@
 //! Layers that keep no state of their own: address maps (slice, concat, stripe) and filters
-//! (crypt, delay, fault). Each is one module that speaks [`strata_core::BlockDevice`] above
+//! (crypt, delay, fault, count). Each is one module that speaks [`strata_core::BlockDevice`] above
 //! and owns its children below.
 
 pub mod concat;
+pub mod count;
 pub mod crypt;
 pub mod delay;
 pub mod fault;
