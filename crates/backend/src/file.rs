@@ -141,21 +141,14 @@ impl BlockDevice for FileDevice {
     }
 
     fn capabilities(&self) -> Capabilities {
+        // All of it: FUA is RWF_DSYNC (syncs just the one write); fast zeroing is answered
+        // honestly per request (without fallocate support it fails with Unsupported rather
+        // than writing zeros); all openers share the kernel's page cache (or bypass it together
+        // with O_DIRECT), and fdatasync on any descriptor covers the whole file.
         Capabilities {
             read_only: self.read_only,
-            flush: true,
-            // RWF_DSYNC syncs just the one write.
-            fua: true,
-            discard: true,
-            write_zeroes: true,
-            // Answered honestly per request: without fallocate support, fast zeroing fails
-            // with Unsupported rather than writing zeros.
-            fast_zero: true,
-            block_status: true,
-            // All openers share the kernel's page cache (or bypass it together with O_DIRECT),
-            // and fdatasync on any descriptor covers the whole file.
-            consistent_across_openers: true,
             rotational: self.rotational,
+            ..Capabilities::ALL
         }
     }
 

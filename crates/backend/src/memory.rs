@@ -59,17 +59,7 @@ impl BlockDevice for MemoryDevice {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            read_only: false,
-            flush: true,
-            fua: true,
-            discard: true,
-            write_zeroes: true,
-            fast_zero: true,
-            block_status: true,
-            consistent_across_openers: true,
-            rotational: false,
-        }
+        Capabilities::ALL
     }
 
     async fn read(&self, offset: u64, len: usize) -> Result<BytesMut> {

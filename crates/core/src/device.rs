@@ -229,6 +229,14 @@ pub fn all_data(offset: u64, len: u64) -> Vec<Extent> {
     }]
 }
 
+/// `device`'s own description: what a layer puts among its node's children.
+pub async fn describe<D: BlockDevice + ?Sized>(device: &D) -> crate::Result<NodeStatus> {
+    match device.control(Control::Describe).await? {
+        ControlReply::Describe(node) => Ok(node),
+        ControlReply::Done => Err(crate::BlockError::Unsupported("describe")),
+    }
+}
+
 /// The answer to a control verb a device does not know.
 pub fn refuse(request: &Control) -> crate::BlockError {
     crate::BlockError::Unsupported(request.verb())

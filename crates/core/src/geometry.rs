@@ -73,6 +73,22 @@ pub struct Capabilities {
     pub rotational: bool,
 }
 
+impl Capabilities {
+    /// A writable, non-rotational device that does everything: the starting point a device
+    /// narrows (`Capabilities { fast_zero: false, ..Capabilities::ALL }`).
+    pub const ALL: Capabilities = Capabilities {
+        read_only: false,
+        flush: true,
+        fua: true,
+        discard: true,
+        write_zeroes: true,
+        fast_zero: true,
+        block_status: true,
+        consistent_across_openers: true,
+        rotational: false,
+    };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

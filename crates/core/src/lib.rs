@@ -17,8 +17,8 @@ mod stats;
 mod striped;
 
 pub use device::{
-    all_data, refuse, write_zeroes_by_writing, Activity, BlockDevice, Control, ControlReply,
-    DeviceRef, Health, Member, NodeStatus, WriteFlags, ZeroFlags, ZERO_PIECE,
+    all_data, describe, refuse, write_zeroes_by_writing, Activity, BlockDevice, Control,
+    ControlReply, DeviceRef, Health, Member, NodeStatus, WriteFlags, ZeroFlags, ZERO_PIECE,
 };
 pub use error::{errno, BlockError, Result};
 pub use extent::{push_extent, Extent, ExtentState};

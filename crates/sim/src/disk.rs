@@ -320,15 +320,9 @@ impl BlockDevice for SimDisk {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities {
-            read_only: false,
-            flush: true,
-            fua: true,
-            discard: true,
-            write_zeroes: true,
             fast_zero: false,
             block_status: false,
-            consistent_across_openers: true,
-            rotational: false,
+            ..Capabilities::ALL
         }
     }
 

@@ -20,8 +20,8 @@ use bytes::{Bytes, BytesMut};
 use serde::{Deserialize, Serialize};
 use strata_core::layer::{self, ChildCount, LayerArgs, LayerKind};
 use strata_core::{
-    async_trait, BlockError, Control, ControlReply, DeviceRef, Filter, NodeStatus, Result,
-    WriteFlags, ZeroFlags,
+    async_trait, Control, ControlReply, DeviceRef, Filter, NodeStatus, Result, WriteFlags,
+    ZeroFlags,
 };
 
 pub static KIND: LayerKind =
@@ -138,9 +138,7 @@ impl Filter for Count {
             // Verbs for the layers below (fail-member, grow…) are theirs to answer.
             return self.child.control(request).await;
         };
-        let ControlReply::Describe(child) = self.child.control(Control::Describe).await? else {
-            return Err(BlockError::Unsupported("describe"));
-        };
+        let child = strata_core::describe(self.child.as_ref()).await?;
         let c = self.counts();
         let mut node = NodeStatus::new(&self.name, "count", self.child.geometry().size);
         node.health = child.health;

@@ -44,7 +44,7 @@ use bytes::{Bytes, BytesMut};
 use futures_util::future::try_join_all;
 use strata_core::{
     async_trait, run_blocking, BlockDevice, BlockError, Capabilities, Control, ControlReply,
-    DeviceRef, Extent, ExtentState, Geometry, NodeStatus, Result, Runtime, WriteFlags, ZeroFlags,
+    DeviceRef, Geometry, NodeStatus, Result, Runtime, WriteFlags, ZeroFlags,
 };
 use xts_mode::{get_tweak_default, Xts128};
 
@@ -243,9 +243,7 @@ impl Crypt {
     }
 
     async fn describe(&self) -> Result<NodeStatus> {
-        let ControlReply::Describe(child) = self.child.control(Control::Describe).await? else {
-            return Err(BlockError::Unsupported("describe"));
-        };
+        let child = strata_core::describe(self.child.as_ref()).await?;
         let mut node = NodeStatus::new(&self.name, "crypt", self.geometry.size);
         node.health = child.health;
         node.detail = vec![
@@ -330,18 +328,6 @@ impl BlockDevice for Crypt {
         }
         let flags = WriteFlags { fua: flags.fua };
         self.write_encrypted_zeroes(offset, len, flags).await
-    }
-
-    async fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
-        self.geometry.check_range(offset, len)?;
-        if len == 0 {
-            return Ok(Vec::new());
-        }
-        Ok(vec![Extent {
-            offset,
-            len,
-            state: ExtentState::Data,
-        }])
     }
 
     async fn control(&self, request: Control) -> Result<ControlReply> {

@@ -343,10 +343,7 @@ impl Filter for Delay {
     async fn control(&self, request: Control) -> Result<ControlReply> {
         match request {
             Control::Describe => {
-                let ControlReply::Describe(child) = self.child.control(Control::Describe).await?
-                else {
-                    return Err(BlockError::Unsupported("describe"));
-                };
+                let child = strata_core::describe(self.child.as_ref()).await?;
                 let mut node = NodeStatus::new(&self.name, "delay", self.child.geometry().size);
                 node.health = child.health;
                 node.detail = vec![

@@ -251,10 +251,7 @@ impl Filter for Fault {
     async fn control(&self, request: Control) -> Result<ControlReply> {
         match request {
             Control::Describe => {
-                let ControlReply::Describe(child) = self.child.control(Control::Describe).await?
-                else {
-                    return Err(BlockError::Unsupported("describe"));
-                };
+                let child = strata_core::describe(self.child.as_ref()).await?;
                 let mut node = NodeStatus::new(&self.name, "fault", self.child.geometry().size);
                 node.health = if self.is_gone() {
                     Health::Failed

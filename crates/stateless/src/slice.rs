@@ -168,10 +168,7 @@ impl BlockDevice for Slice {
     async fn control(&self, request: Control) -> Result<ControlReply> {
         match request {
             Control::Describe => {
-                let ControlReply::Describe(child) = self.child.control(Control::Describe).await?
-                else {
-                    return Err(BlockError::Unsupported("describe"));
-                };
+                let child = strata_core::describe(self.child.as_ref()).await?;
                 let mut node = NodeStatus::new(&self.name, "slice", self.length());
                 node.health = child.health;
                 node.detail = vec![("offset".into(), self.offset.to_string())];

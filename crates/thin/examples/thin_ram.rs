@@ -36,15 +36,8 @@ impl BlockDevice for NullDevice {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities {
-            read_only: false,
-            flush: true,
-            fua: true,
-            discard: true,
-            write_zeroes: true,
-            fast_zero: true,
             block_status: false,
-            consistent_across_openers: true,
-            rotational: false,
+            ..Capabilities::ALL
         }
     }
 

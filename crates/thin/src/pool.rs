@@ -13,9 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use strata_core::{
-    BlockError, Control, ControlReply, DeviceRef, Health, NodeStatus, Result, Runtime, StripedLocks,
-};
+use strata_core::{BlockError, DeviceRef, Health, NodeStatus, Result, Runtime, StripedLocks};
 use strata_meta::{FormatOptions, MetaStore, ObjectId, Recovered, StoreOptions, TxnClass};
 
 use super::alloc::Allocator;
@@ -715,9 +713,7 @@ impl ThinPool {
         }
         let meta = self.store.space();
         let space = self.space();
-        let ControlReply::Describe(child) = self.child.control(Control::Describe).await? else {
-            return Err(BlockError::Unsupported("describe"));
-        };
+        let child = strata_core::describe(self.child.as_ref()).await?;
         let health = if meta.failed.is_some() {
             Health::Failed
         } else if meta.low_space || space.low_space {

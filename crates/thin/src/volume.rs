@@ -333,14 +333,8 @@ impl BlockDevice for ThinVolume {
         let child = self.pool.child.capabilities();
         Capabilities {
             read_only: child.read_only,
-            flush: true,
-            fua: true,
-            discard: true,
-            write_zeroes: true,
-            fast_zero: true,
-            block_status: true,
-            consistent_across_openers: true,
             rotational: child.rotational,
+            ..Capabilities::ALL
         }
     }
 

@@ -44,8 +44,8 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 use futures_util::future::{join_all, try_join_all};
 use strata_core::{
-    async_trait, BlockDevice, BlockError, Capabilities, Control, ControlReply, DeviceRef, Extent,
-    ExtentState, Geometry, Health, NodeStatus, Result, Runtime, WriteFlags, ZeroFlags,
+    async_trait, BlockDevice, BlockError, Capabilities, Control, ControlReply, DeviceRef, Geometry,
+    Health, NodeStatus, Result, Runtime, WriteFlags, ZeroFlags,
 };
 
 pub use layout::Layout;
@@ -303,15 +303,10 @@ impl BlockDevice for Raid5 {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities {
-            read_only: false,
-            flush: true,
-            fua: true,
             discard: false,
-            write_zeroes: true,
             fast_zero: false,
             block_status: false,
-            consistent_across_openers: true,
-            rotational: false,
+            ..Capabilities::ALL
         }
     }
 
@@ -360,15 +355,6 @@ impl BlockDevice for Raid5 {
             pos += take;
         }
         Ok(())
-    }
-
-    async fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
-        self.geometry().check_range(offset, len)?;
-        Ok(vec![Extent {
-            offset,
-            len,
-            state: ExtentState::Data,
-        }])
     }
 
     async fn control(&self, request: Control) -> Result<ControlReply> {
