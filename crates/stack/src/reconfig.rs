@@ -26,6 +26,7 @@ use crate::build::{Node, NodeKind};
 use crate::config::{self, Loaded};
 use crate::hierarchy::{self, Labelled};
 use crate::plan::{Plan, Step};
+use crate::registry;
 
 /// A change an administrator asks for.
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -51,6 +52,79 @@ pub enum Change {
     /// Append the thin pool's first `grow-from` spare to its concat child (the pool then
     /// takes in the new extents: Virtual Allocation's storage expansion).
     GrowPool { pool: String },
+}
+
+impl Change {
+    /// The verb, as kinds declare it in their registry entries.
+    pub fn verb(&self) -> &'static str {
+        match self {
+            Change::Replace { .. } => "replace",
+            Change::AddMember { .. } => "add-member",
+            Change::FailMember { .. } => "fail-member",
+            Change::Grow { .. } => "grow",
+            Change::GrowPool { .. } => "grow-pool",
+        }
+    }
+
+    /// The layer the change is sent to.
+    pub fn layer(&self) -> &str {
+        match self {
+            Change::Replace { layer, .. }
+            | Change::AddMember { layer, .. }
+            | Change::FailMember { layer, .. }
+            | Change::Grow { layer, .. } => layer,
+            Change::GrowPool { pool } => pool,
+        }
+    }
+
+    fn sent_to(mut self, target: String) -> Change {
+        match &mut self {
+            Change::Replace { layer, .. }
+            | Change::AddMember { layer, .. }
+            | Change::FailMember { layer, .. }
+            | Change::Grow { layer, .. } => *layer = target,
+            Change::GrowPool { pool } => *pool = target,
+        }
+        self
+    }
+}
+
+/// The layer that handles `change`: the one it names if that layer's kind declares the verb,
+/// else the first layer below it (children in order, depth first) whose kind does, so that a
+/// filter over a mirror passes `fail-member` down. Refused, naming the layer's verbs, when
+/// no layer on the way handles it.
+pub fn route(loaded: &Loaded, change: Change) -> anyhow::Result<Change> {
+    let named = &loaded.layers[layer_index(loaded, change.layer())?];
+    let verb = change.verb();
+    match handler(loaded, &named.name, verb) {
+        Some(target) => Ok(change.sent_to(target)),
+        None => {
+            let known: Vec<&str> = registry::find(&named.kind)
+                .map(|kind| kind.verbs.iter().map(|v| v.name).collect())
+                .unwrap_or_default();
+            bail!(
+                "layer {} ({}) has no verb {verb:?}, nor any layer below it (its verbs: {})",
+                named.name,
+                named.kind,
+                if known.is_empty() {
+                    "none".to_string()
+                } else {
+                    known.join(", ")
+                }
+            )
+        }
+    }
+}
+
+fn handler(loaded: &Loaded, layer: &str, verb: &str) -> Option<String> {
+    let config = loaded.layers.iter().find(|l| l.name == layer)?;
+    if registry::find(&config.kind).is_some_and(|kind| kind.verb(verb).is_some()) {
+        return Some(config.name.clone());
+    }
+    config
+        .children
+        .iter()
+        .find_map(|child| handler(loaded, child, verb))
 }
 
 /// What reconfiguration needs from the server, behind one lock.
@@ -239,6 +313,7 @@ impl Reconfig {
 
     /// Applies one change (updating `nodes`); returns a summary for the operator.
     pub async fn apply(&mut self, change: Change, nodes: &mut Vec<Node>) -> anyhow::Result<String> {
+        let change = route(&self.loaded, change)?;
         let plan = self.plan(&change, nodes)?;
         let mut state = Applying {
             reconfig: self,
