@@ -672,3 +672,71 @@ impl<'a> Step<Applying<'a>> for RecordConfig {
             .map(|_| ())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A delay filter over a mirror over two disks; a thin pool over a concat.
+    const STACK: &str = "listen = [\"unix:s\"]\n\
+        [[disk]]\nname = \"a\"\npath = \"a.img\"\n\
+        [[disk]]\nname = \"b\"\npath = \"b.img\"\n\
+        [[disk]]\nname = \"c\"\npath = \"c.img\"\n\
+        [[layer]]\nname = \"m\"\nkind = \"mirror\"\nchildren = [\"a\", \"b\"]\n\
+        [[layer]]\nname = \"slow\"\nkind = \"delay\"\nchildren = [\"m\"]\n\
+        [[layer]]\nname = \"all\"\nkind = \"concat\"\nchildren = [\"c\"]\n\
+        [[layer]]\nname = \"pool\"\nkind = \"thin-pool\"\nchildren = [\"all\"]\n\
+        volumes = [{ name = \"v\", size = \"1GiB\" }]\n\
+        [[export]]\nname = \"e\"\ndevice = \"slow\"\n\
+        [[export]]\nname = \"f\"\ndevice = \"pool/v\"\n";
+
+    fn loaded() -> Loaded {
+        config::load(STACK, "test.toml", Path::new("/nonexistent-base"), None).unwrap()
+    }
+
+    #[test]
+    fn a_verb_sent_to_a_filter_reaches_the_mirror_below_it() {
+        let change = Change::FailMember {
+            layer: "slow".into(),
+            member: "b".into(),
+        };
+        let routed = route(&loaded(), change).unwrap();
+        assert_eq!(routed.layer(), "m");
+        assert!(matches!(routed, Change::FailMember { member, .. } if member == "b"));
+        // A layer that declares the verb keeps it.
+        let direct = Change::FailMember {
+            layer: "m".into(),
+            member: "a".into(),
+        };
+        assert_eq!(route(&loaded(), direct).unwrap().layer(), "m");
+        // A pool does not add members; its concat does.
+        let add = Change::AddMember {
+            layer: "pool".into(),
+            path: "d.img".into(),
+            name: None,
+        };
+        assert_eq!(route(&loaded(), add).unwrap().layer(), "all");
+    }
+
+    #[test]
+    fn a_verb_no_layer_on_the_way_handles_is_refused_with_the_known_verbs() {
+        let grow = Change::Grow {
+            layer: "m".into(),
+            size: 1 << 30,
+        };
+        let error = route(&loaded(), grow).unwrap_err().to_string();
+        assert!(error.contains("has no verb \"grow\""), "{error}");
+        assert!(
+            error.contains("its verbs: replace, add-member, fail-member"),
+            "{error}"
+        );
+        let grow_pool = Change::GrowPool {
+            pool: "slow".into(),
+        };
+        let error = route(&loaded(), grow_pool).unwrap_err().to_string();
+        assert!(
+            error.contains("layer slow (delay)") && error.contains("its verbs: none"),
+            "{error}"
+        );
+    }
+}
