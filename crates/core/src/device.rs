@@ -54,6 +54,16 @@ pub enum Control {
     FailMember { index: usize },
     /// Grow the device to `size` bytes (children must already have the room).
     Grow { size: u64 },
+    /// A node whose devices are made by control verbs (a thin pool): the names of the
+    /// devices it holds now. Answered with [`ControlReply::Names`].
+    Volumes,
+    /// One of those devices by name, answered with [`ControlReply::Device`].
+    Volume { name: String },
+    /// Make a device of `size` bytes named `name`, answered with [`ControlReply::Device`].
+    CreateVolume { name: String, size: u64 },
+    /// The layer's own object, for the control plane's typed verbs (a `ThinPool`), answered
+    /// with [`ControlReply::Handle`].
+    Handle,
 }
 
 impl Control {
@@ -65,6 +75,10 @@ impl Control {
             Control::ReplaceMember { .. } => "replace-member",
             Control::FailMember { .. } => "fail-member",
             Control::Grow { .. } => "grow",
+            Control::Volumes => "volumes",
+            Control::Volume { .. } => "volume",
+            Control::CreateVolume { .. } => "volume-create",
+            Control::Handle => "handle",
         }
     }
 }
@@ -72,12 +86,31 @@ impl Control {
 /// The answer to a [`Control`] call.
 // Control calls are rare (status, reconfiguration), so the size of a reply does not matter.
 #[allow(clippy::large_enum_variant)]
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 #[non_exhaustive]
 pub enum ControlReply {
     Describe(NodeStatus),
     /// The change is made (and durable, for layers that record their shape).
     Done,
+    /// The devices a node holds ([`Control::Volumes`]).
+    Names(Vec<String>),
+    /// A device the node made or holds ([`Control::Volume`], [`Control::CreateVolume`]).
+    Device(DeviceRef),
+    /// The layer's own object ([`Control::Handle`]), to downcast.
+    Handle(Arc<dyn std::any::Any + Send + Sync>),
+}
+
+/// Devices and handles show by what they are, not their contents.
+impl std::fmt::Debug for ControlReply {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ControlReply::Describe(status) => f.debug_tuple("Describe").field(status).finish(),
+            ControlReply::Done => f.write_str("Done"),
+            ControlReply::Names(names) => f.debug_tuple("Names").field(names).finish(),
+            ControlReply::Device(device) => write!(f, "Device({} bytes)", device.geometry().size),
+            ControlReply::Handle(_) => f.write_str("Handle"),
+        }
+    }
 }
 
 /// Long work a node is doing (rebuild, resync, reshape), for progress displays.

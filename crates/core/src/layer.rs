@@ -177,7 +177,105 @@ impl LayerArgs {
     }
 }
 
+/// Builds a layer's device from its children. A kind whose devices are made by control verbs
+/// (a thin pool and its volumes) builds a node device that is not exported itself (size 0)
+/// and answers [`crate::Control::Volumes`], `Volume` and `CreateVolume`: the stack then
+/// names its devices `layer/volume`.
 pub type Build = fn(LayerArgs) -> BoxFuture<'static, Result<DeviceRef>>;
+
+/// What a verb's argument is, for its help and the CLI's parsing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ArgKind {
+    /// A member of the layer: its name or its index among the children.
+    Member,
+    /// A disk path (a file, created sparse, or a block device).
+    Path,
+    /// A size such as "8GiB".
+    Size,
+    /// A name (of a volume, of a new disk).
+    Name,
+    /// An on/off switch.
+    Flag,
+}
+
+/// One argument of a [`Verb`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Arg {
+    pub name: &'static str,
+    pub kind: ArgKind,
+    pub help: &'static str,
+}
+
+/// An online change a kind handles, as the admin socket and `strata kinds` name it. A verb
+/// sent to a layer whose kind does not declare it goes down to the child that does (a
+/// filter over a mirror passes `fail-member` to the mirror).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Verb {
+    pub name: &'static str,
+    pub args: &'static [Arg],
+    pub help: &'static str,
+}
+
+impl Verb {
+    /// "fail-member MEMBER": the name and its arguments, for help lines.
+    pub fn usage(&self) -> String {
+        let mut usage = self.name.to_string();
+        for arg in self.args {
+            usage.push(' ');
+            usage.push_str(&arg.name.to_uppercase());
+        }
+        usage
+    }
+}
+
+/// The verbs several kinds share, declared once.
+pub mod verbs {
+    use super::{Arg, ArgKind, Verb};
+
+    const MEMBER: Arg = Arg {
+        name: "member",
+        kind: ArgKind::Member,
+        help: "the member: its name or its index among the layer's children",
+    };
+    const PATH: Arg = Arg {
+        name: "path",
+        kind: ArgKind::Path,
+        help: "the new disk (a file, created sparse, or a block device)",
+    };
+    const DISK_NAME: Arg = Arg {
+        name: "name",
+        kind: ArgKind::Name,
+        help: "name of the new disk (default: the file's stem)",
+    };
+
+    pub const REPLACE: Verb = Verb {
+        name: "replace",
+        args: &[MEMBER, PATH, DISK_NAME],
+        help: "put a new disk in the place of a member, online; the layer rebuilds onto it",
+    };
+    pub const ADD_MEMBER: Verb = Verb {
+        name: "add-member",
+        args: &[PATH, DISK_NAME],
+        help: "add a new disk as a member, online",
+    };
+    pub const FAIL_MEMBER: Verb = Verb {
+        name: "fail-member",
+        args: &[MEMBER],
+        help: "stop using a member, as if it had failed",
+    };
+    pub const GROW: Verb = Verb {
+        name: "grow",
+        args: &[Arg {
+            name: "size",
+            kind: ArgKind::Size,
+            help: "the new size, e.g. 8GiB",
+        }],
+        help: "grow the layer to a new size, online",
+    };
+}
+
+/// The verb that makes a kind's devices (a node whose devices are made by verbs declares it).
+pub const CREATE_VOLUME: &str = "volume-create";
 
 /// One kind of layer.
 pub struct LayerKind {
@@ -193,6 +291,8 @@ pub struct LayerKind {
     /// Members that may be missing when the hierarchy is assembled (1 for raid5, n-1 for a
     /// mirror, 0 for most).
     pub tolerates_missing: fn(children: usize) -> usize,
+    /// The online changes this kind handles (see [`Verb`]).
+    pub verbs: &'static [Verb],
     pub build: Build,
 }
 
@@ -211,8 +311,29 @@ impl LayerKind {
             options: field_names::<C>,
             check: check::<C>,
             tolerates_missing: none_missing,
+            verbs: &[],
             build,
         }
+    }
+
+    /// The online changes the kind handles.
+    pub const fn verbs(self, verbs: &'static [Verb]) -> LayerKind {
+        LayerKind { verbs, ..self }
+    }
+
+    /// A check of the options beyond their types (an extent size's rule), run by the loader
+    /// in place of the plain parse.
+    pub const fn checked(self, check: fn(&Options) -> Result<()>) -> LayerKind {
+        LayerKind { check, ..self }
+    }
+
+    pub fn verb(&self, name: &str) -> Option<&'static Verb> {
+        self.verbs.iter().find(|verb| verb.name == name)
+    }
+
+    /// Whether the kind's devices are made by verbs (its node is not a device to export).
+    pub fn makes_volumes(&self) -> bool {
+        self.verb(CREATE_VOLUME).is_some()
     }
 
     /// The one-line description `strata kinds` shows.

@@ -3,6 +3,7 @@
 
 pub mod blank;
 mod device;
+pub mod duration;
 mod error;
 mod extent;
 pub mod filter;

@@ -25,9 +25,6 @@ pub struct DiskSpec {
     pub options: toml::Table,
 }
 
-/// The kind whose layer is a pool of volumes rather than one device.
-const THIN_POOL: &str = "thin-pool";
-
 /// One `[[layer]]` table, parsed by the serve config's own parser.
 pub type LayerSpec = LayerConfig;
 
@@ -104,7 +101,7 @@ impl StackSpec {
     fn devices(&self) -> Vec<String> {
         let disks = self.disks.iter().map(|d| d.name.clone());
         let layers = self.layers.iter().flat_map(|l| {
-            if l.kind == THIN_POOL {
+            if registry::find(&l.kind).is_some_and(|kind| kind.makes_volumes()) {
                 l.volumes
                     .iter()
                     .map(|v| format!("{}/{}", l.name, v.name))
@@ -160,23 +157,6 @@ impl StackSpec {
         }
         for index in self.check()? {
             let layer = &self.layers[index];
-            if layer.kind == THIN_POOL {
-                // Built by the same code as under `strata serve`; its volumes are the devices.
-                let child = built[&layer.children[0]].clone();
-                let pool = sim
-                    .block_on(build::open_thin_pool(
-                        layer,
-                        child,
-                        StartPolicy::FRESH,
-                        sim.runtime(),
-                    ))
-                    .map_err(|e| format!("{e:#}"))?;
-                for volume in pool.volume_names() {
-                    let device = pool.open_volume(&volume).expect("a listed volume opens");
-                    built.insert(format!("{}/{volume}", layer.name), Arc::new(device));
-                }
-                continue;
-            }
             let kind = registry::find(&layer.kind).ok_or_else(|| {
                 format!(
                     "layer {}: the simulator cannot build a {}",
@@ -198,7 +178,17 @@ impl StackSpec {
             let device = sim
                 .block_on((kind.build)(args))
                 .map_err(|e| format!("layer {}: {e}", layer.name))?;
-            built.insert(layer.name.clone(), device);
+            // Built by the same code as under `strata serve`: a thin pool's volumes are the
+            // devices, the pool is not one.
+            match sim
+                .block_on(build::made_devices(layer, &device))
+                .map_err(|e| format!("{e:#}"))?
+            {
+                Some(volumes) => built.extend(volumes),
+                None => {
+                    built.insert(layer.name.clone(), device);
+                }
+            }
         }
         let top_name = self.top_name(&self.used())?;
         Ok(Stack {

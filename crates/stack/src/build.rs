@@ -11,8 +11,7 @@ use strata_core::{
     BlockDevice, Control, ControlReply, DeviceRef, Metered, MetricsRegistry, NodeStatus, Runtime,
 };
 use strata_nbd::{Export, Exports};
-use strata_stateless::delay::parse_duration;
-use strata_thin::{PoolConfig, ThinPool};
+use strata_thin::ThinPool;
 use tracing::{error, info};
 
 use crate::config::{DiskConfig, Loaded};
@@ -77,7 +76,7 @@ pub struct StartOptions {
 #[derive(Clone, Debug)]
 pub struct Refused {
     pub name: String,
-    /// "disk", a layer kind, "thin-pool".
+    /// "disk" or a layer kind.
     pub kind: String,
     pub reason: String,
     /// The disk files under it, for `strata check`.
@@ -260,11 +259,7 @@ pub async fn build(
             continue;
         }
         let policy = start_policy(loaded, &layer.name, &stack.fresh, start);
-        let built = if layer.kind == "thin-pool" {
-            build_thin_pool(&mut stack, layer, policy, runtime.clone(), metrics).await
-        } else {
-            build_layer(&mut stack, layer, loaded, policy, runtime.clone(), metrics).await
-        };
+        let built = build_layer(&mut stack, layer, loaded, policy, runtime.clone(), metrics).await;
         if let Err(e) = built {
             let mut reason = format!("{e:#}");
             for child in &layer.children {
@@ -587,78 +582,76 @@ async fn build_layer(
     let device = (kind.build)(args)
         .await
         .with_context(|| format!("layer {} ({})", layer.name, layer.kind))?;
-    let metered = Metered::new(device, metrics.device(&layer.name), runtime);
+    let Some(volumes) = made_devices(layer, &device).await? else {
+        let metered = Metered::new(device, metrics.device(&layer.name), runtime);
+        stack.nodes.push(Node {
+            name: layer.name.clone(),
+            kind: NodeKind::Device(Arc::new(metered)),
+            label_disk: None,
+        });
+        return Ok(());
+    };
+    let pool = ThinPool::of(&device).await.with_context(|| {
+        format!(
+            "layer {} ({}): makes devices but is not a thin pool",
+            layer.name, layer.kind
+        )
+    })?;
     stack.nodes.push(Node {
         name: layer.name.clone(),
-        kind: NodeKind::Device(Arc::new(metered)),
+        kind: NodeKind::Pool(pool),
         label_disk: None,
     });
-    Ok(())
-}
-
-/// Opens (or formats, the first time) a thin pool over `child` and creates the volumes its
-/// `[[layer]]` lists that it does not have. The simulator builds its pools with this too.
-pub async fn open_thin_pool(
-    layer: &LayerConfig,
-    child: DeviceRef,
-    start: StartPolicy,
-    runtime: Arc<dyn Runtime>,
-) -> anyhow::Result<Arc<ThinPool>> {
-    let name = &layer.name;
-    let child_name = &layer.children[0];
-    let invalid = |e: String| anyhow::anyhow!("thin pool {name}: {e}");
-    let config =
-        PoolConfig::from_table(crate::graph::options_table(&layer.options)).map_err(invalid)?;
-    let options = config.pool_options();
-    let settings = config
-        .settings(runtime.clone(), parse_duration)
-        .map_err(invalid)?;
-    let pool = ThinPool::open_or_format(name, child, &options, settings, start)
-        .await
-        .with_context(|| format!("thin pool {name}: opening on {child_name}"))?;
-    for volume in &layer.volumes {
-        let volume_name = &volume.name;
-        if pool.volume(volume_name).is_none() {
-            pool.create_volume(volume_name, volume.size)
-                .await
-                .with_context(|| format!("thin pool {name}: creating volume {volume_name}"))?;
-        }
-    }
-    Ok(pool)
-}
-
-/// Builds a thin pool and its volumes as nodes of the stack.
-async fn build_thin_pool(
-    stack: &mut Stack,
-    layer: &LayerConfig,
-    start: StartPolicy,
-    runtime: Arc<dyn Runtime>,
-    metrics: &MetricsRegistry,
-) -> anyhow::Result<()> {
-    let name = layer.name.clone();
-    let child_name = &layer.children[0];
-    // Why it is missing is added by the caller, with the other members'.
-    let child = stack
-        .device(child_name)
-        .with_context(|| format!("thin pool {name}: its disk {child_name} is missing"))?;
-    let pool = open_thin_pool(layer, child, start, runtime.clone()).await?;
-    stack.nodes.push(Node {
-        name: name.clone(),
-        kind: NodeKind::Pool(pool.clone()),
-        label_disk: None,
-    });
-    for volume_name in pool.volume_names() {
-        let volume = pool.open_volume(&volume_name).expect("listed volume");
-        let full_name = format!("{name}/{volume_name}");
-        let metered = Metered::new(volume, metrics.device(&full_name), runtime.clone());
-        let device: Arc<dyn BlockDevice> = Arc::new(metered);
+    for (name, volume) in volumes {
+        let metered = Metered::new(volume, metrics.device(&name), runtime.clone());
         stack.nodes.push(Node {
-            name: full_name,
-            kind: NodeKind::Device(device),
+            name,
+            kind: NodeKind::Device(Arc::new(metered)),
             label_disk: None,
         });
     }
     Ok(())
+}
+
+/// The devices a layer's node makes by control verbs (a thin pool's volumes), named
+/// `layer/volume`, after creating those its `[[layer]]` lists that it does not have yet; None
+/// for a layer that is a device itself. The simulator builds its stacks with this too.
+pub async fn made_devices(
+    layer: &LayerConfig,
+    node: &DeviceRef,
+) -> anyhow::Result<Option<Vec<(String, DeviceRef)>>> {
+    let kind = registry::find(&layer.kind).expect("config validation checked the kind");
+    if !kind.makes_volumes() {
+        return Ok(None);
+    }
+    let name = &layer.name;
+    let list = || async {
+        match node.control(Control::Volumes).await? {
+            ControlReply::Names(names) => Ok(names),
+            other => anyhow::bail!("layer {name}: listing its devices answered {other:?}"),
+        }
+    };
+    let present = list().await?;
+    for volume in layer.volumes.iter().filter(|v| !present.contains(&v.name)) {
+        node.control(Control::CreateVolume {
+            name: volume.name.clone(),
+            size: volume.size,
+        })
+        .await
+        .with_context(|| format!("thin pool {name}: creating volume {}", volume.name))?;
+    }
+    let names = list().await?;
+    let mut devices = Vec::new();
+    for volume in names {
+        let request = Control::Volume {
+            name: volume.clone(),
+        };
+        match node.control(request).await? {
+            ControlReply::Device(device) => devices.push((format!("{name}/{volume}"), device)),
+            other => anyhow::bail!("layer {name}: volume {volume} answered {other:?}"),
+        }
+    }
+    Ok(Some(devices))
 }
 
 #[cfg(test)]

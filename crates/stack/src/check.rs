@@ -68,7 +68,7 @@ pub struct DeviceReport {
 pub const NOT_STRATA_EXIT: u8 = 3;
 
 /// Kinds that keep metadata on their members (at the start of each, after the label).
-const METADATA_KINDS: [&str; 3] = ["thin-pool", "mirror", "raid5"];
+const METADATA_KINDS: [&str; 3] = [strata_thin::KIND.kind, "mirror", "raid5"];
 /// Kinds whose members' metadata must agree: repairing one alone could promote it.
 const MULTI_MEMBER_KINDS: [&str; 2] = ["mirror", "raid5"];
 
@@ -324,7 +324,7 @@ pub async fn check(path: &Path) -> anyhow::Result<DeviceReport> {
         ));
     }
     match superblock.owner.as_str() {
-        "thin-pool" => report
+        owner if owner == strata_thin::KIND.kind => report
             .errors
             .extend(strata_thin::check_state(&recovered.state)),
         // Not a warning: nothing is wrong, and a warning would read as something to repair.

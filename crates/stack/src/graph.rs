@@ -10,12 +10,9 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ops::Range;
 
-use crate::registry::{self, ChildCount, OptionValue};
+use crate::registry::{self, OptionValue};
+use strata_core::layer::Options;
 use strata_core::ByteSize;
-use strata_thin::PoolConfig;
-
-/// Options of a `thin-pool` layer (built apart from the registry: it defines volumes).
-pub use strata_thin::config::OPTIONS as THIN_POOL_OPTIONS;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct VolumeConfig {
@@ -29,9 +26,9 @@ pub struct LayerConfig {
     pub name: String,
     pub kind: String,
     pub children: Vec<String>,
-    /// thin-pool only: volumes created at start when missing.
+    /// Only for a kind that makes volumes (a thin pool): volumes created at start when missing.
     pub volumes: Vec<VolumeConfig>,
-    /// thin-pool only: spare disks (paths as written) appended to the pool's concat child,
+    /// Only for a kind with the `grow-pool` verb (a thin pool): spare disks (paths as written) appended to the pool's concat child,
     /// first to last, when allocation crosses the low-water mark.
     pub grow_from: Vec<String>,
     /// Everything else, for the kind to interpret.
@@ -278,7 +275,7 @@ pub fn validate(
         .collect();
     let pools: HashSet<&str> = layers
         .iter()
-        .filter(|l| l.kind == "thin-pool")
+        .filter(|l| registry::find(&l.kind).is_some_and(|kind| kind.makes_volumes()))
         .map(|l| l.name.as_str())
         .collect();
     for pool in layers.iter().filter(|l| !l.grow_from.is_empty()) {
@@ -354,22 +351,18 @@ pub fn validate(
 
 fn check_kind(text: &str, layer: &LayerConfig) -> Result<(), Located> {
     let kind_at = key_offset(text, &layer.span, "kind");
-    let (children, options): (ChildCount, &[&str]) = if layer.kind == "thin-pool" {
-        (ChildCount::Exactly(1), THIN_POOL_OPTIONS)
-    } else {
-        let kind = registry::find(&layer.kind).ok_or_else(|| {
-            located(
-                kind_at,
-                format!(
-                    "field `kind`: unknown layer kind {:?} (known: {})",
-                    layer.kind,
-                    registry::kind_names().join(", ")
-                ),
-            )
-        })?;
-        (kind.children, (kind.options)())
-    };
-    if !layer.grow_from.is_empty() && layer.kind != "thin-pool" {
+    let kind = registry::find(&layer.kind).ok_or_else(|| {
+        located(
+            kind_at,
+            format!(
+                "field `kind`: unknown layer kind {:?} (known: {})",
+                layer.kind,
+                registry::kind_names().join(", ")
+            ),
+        )
+    })?;
+    let (children, options) = (kind.children, (kind.options)());
+    if !layer.grow_from.is_empty() && kind.verb("grow-pool").is_none() {
         return Err(located(
             key_offset(text, &layer.span, "grow-from"),
             format!("field `grow-from`: a {} has no such option", layer.kind),
@@ -402,20 +395,23 @@ fn check_kind(text: &str, layer: &LayerConfig) -> Result<(), Located> {
             ),
         ));
     }
-    if layer.kind == "thin-pool" {
-        PoolConfig::from_table(options_table(&layer.options)).map_err(|problem| {
-            // "field `KEY`: …" points at KEY; a type error the parser found, at the table.
+    if kind.makes_volumes() {
+        // A kind that makes volumes checks its options here, where the error gets a line:
+        // nothing is exported from it until its volumes are made.
+        let options = Options::new(layer.options.clone(), Default::default());
+        (kind.check)(&options).map_err(|error| {
+            // "field `KEY`: …" points at KEY; anything else, at the kind.
+            let problem = error.to_string();
             let key = problem
-                .strip_prefix("field `")
-                .and_then(|rest| rest.split('`').next())
+                .split_once("field `")
+                .and_then(|(_, rest)| rest.split('`').next())
                 .unwrap_or("kind");
             located(key_offset(text, &layer.span, key), problem)
         })?;
-    }
-    if layer.kind != "thin-pool" && !layer.volumes.is_empty() {
+    } else if !layer.volumes.is_empty() {
         return Err(located(
             key_offset(text, &layer.span, "volumes"),
-            "field `volumes`: only a thin-pool has volumes",
+            "field `volumes`: only a kind that makes volumes (a thin-pool) has them",
         ));
     }
     Ok(())

@@ -26,6 +26,7 @@ use crate::build::{Node, NodeKind};
 use crate::config::{self, Loaded};
 use crate::hierarchy::{self, Labelled};
 use crate::plan::{Plan, Step};
+use crate::registry;
 
 /// A change an administrator asks for.
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -51,6 +52,79 @@ pub enum Change {
     /// Append the thin pool's first `grow-from` spare to its concat child (the pool then
     /// takes in the new extents: Virtual Allocation's storage expansion).
     GrowPool { pool: String },
+}
+
+impl Change {
+    /// The verb, as kinds declare it in their registry entries.
+    pub fn verb(&self) -> &'static str {
+        match self {
+            Change::Replace { .. } => "replace",
+            Change::AddMember { .. } => "add-member",
+            Change::FailMember { .. } => "fail-member",
+            Change::Grow { .. } => "grow",
+            Change::GrowPool { .. } => "grow-pool",
+        }
+    }
+
+    /// The layer the change is sent to.
+    pub fn layer(&self) -> &str {
+        match self {
+            Change::Replace { layer, .. }
+            | Change::AddMember { layer, .. }
+            | Change::FailMember { layer, .. }
+            | Change::Grow { layer, .. } => layer,
+            Change::GrowPool { pool } => pool,
+        }
+    }
+
+    fn sent_to(mut self, target: String) -> Change {
+        match &mut self {
+            Change::Replace { layer, .. }
+            | Change::AddMember { layer, .. }
+            | Change::FailMember { layer, .. }
+            | Change::Grow { layer, .. } => *layer = target,
+            Change::GrowPool { pool } => *pool = target,
+        }
+        self
+    }
+}
+
+/// The layer that handles `change`: the one it names if that layer's kind declares the verb,
+/// else the first layer below it (children in order, depth first) whose kind does, so that a
+/// filter over a mirror passes `fail-member` down. Refused, naming the layer's verbs, when
+/// no layer on the way handles it.
+pub fn route(loaded: &Loaded, change: Change) -> anyhow::Result<Change> {
+    let named = &loaded.layers[layer_index(loaded, change.layer())?];
+    let verb = change.verb();
+    match handler(loaded, &named.name, verb) {
+        Some(target) => Ok(change.sent_to(target)),
+        None => {
+            let known: Vec<&str> = registry::find(&named.kind)
+                .map(|kind| kind.verbs.iter().map(|v| v.name).collect())
+                .unwrap_or_default();
+            bail!(
+                "layer {} ({}) has no verb {verb:?}, nor any layer below it (its verbs: {})",
+                named.name,
+                named.kind,
+                if known.is_empty() {
+                    "none".to_string()
+                } else {
+                    known.join(", ")
+                }
+            )
+        }
+    }
+}
+
+fn handler(loaded: &Loaded, layer: &str, verb: &str) -> Option<String> {
+    let config = loaded.layers.iter().find(|l| l.name == layer)?;
+    if registry::find(&config.kind).is_some_and(|kind| kind.verb(verb).is_some()) {
+        return Some(config.name.clone());
+    }
+    config
+        .children
+        .iter()
+        .find_map(|child| handler(loaded, child, verb))
 }
 
 /// What reconfiguration needs from the server, behind one lock.
@@ -239,6 +313,7 @@ impl Reconfig {
 
     /// Applies one change (updating `nodes`); returns a summary for the operator.
     pub async fn apply(&mut self, change: Change, nodes: &mut Vec<Node>) -> anyhow::Result<String> {
+        let change = route(&self.loaded, change)?;
         let plan = self.plan(&change, nodes)?;
         let mut state = Applying {
             reconfig: self,
@@ -595,5 +670,73 @@ impl<'a> Step<Applying<'a>> for RecordConfig {
             .record(&self.old_text, old, &state.nodes)
             .await
             .map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A delay filter over a mirror over two disks; a thin pool over a concat.
+    const STACK: &str = "listen = [\"unix:s\"]\n\
+        [[disk]]\nname = \"a\"\npath = \"a.img\"\n\
+        [[disk]]\nname = \"b\"\npath = \"b.img\"\n\
+        [[disk]]\nname = \"c\"\npath = \"c.img\"\n\
+        [[layer]]\nname = \"m\"\nkind = \"mirror\"\nchildren = [\"a\", \"b\"]\n\
+        [[layer]]\nname = \"slow\"\nkind = \"delay\"\nchildren = [\"m\"]\n\
+        [[layer]]\nname = \"all\"\nkind = \"concat\"\nchildren = [\"c\"]\n\
+        [[layer]]\nname = \"pool\"\nkind = \"thin-pool\"\nchildren = [\"all\"]\n\
+        volumes = [{ name = \"v\", size = \"1GiB\" }]\n\
+        [[export]]\nname = \"e\"\ndevice = \"slow\"\n\
+        [[export]]\nname = \"f\"\ndevice = \"pool/v\"\n";
+
+    fn loaded() -> Loaded {
+        config::load(STACK, "test.toml", Path::new("/nonexistent-base"), None).unwrap()
+    }
+
+    #[test]
+    fn a_verb_sent_to_a_filter_reaches_the_mirror_below_it() {
+        let change = Change::FailMember {
+            layer: "slow".into(),
+            member: "b".into(),
+        };
+        let routed = route(&loaded(), change).unwrap();
+        assert_eq!(routed.layer(), "m");
+        assert!(matches!(routed, Change::FailMember { member, .. } if member == "b"));
+        // A layer that declares the verb keeps it.
+        let direct = Change::FailMember {
+            layer: "m".into(),
+            member: "a".into(),
+        };
+        assert_eq!(route(&loaded(), direct).unwrap().layer(), "m");
+        // A pool does not add members; its concat does.
+        let add = Change::AddMember {
+            layer: "pool".into(),
+            path: "d.img".into(),
+            name: None,
+        };
+        assert_eq!(route(&loaded(), add).unwrap().layer(), "all");
+    }
+
+    #[test]
+    fn a_verb_no_layer_on_the_way_handles_is_refused_with_the_known_verbs() {
+        let grow = Change::Grow {
+            layer: "m".into(),
+            size: 1 << 30,
+        };
+        let error = route(&loaded(), grow).unwrap_err().to_string();
+        assert!(error.contains("has no verb \"grow\""), "{error}");
+        assert!(
+            error.contains("its verbs: replace, add-member, fail-member"),
+            "{error}"
+        );
+        let grow_pool = Change::GrowPool {
+            pool: "slow".into(),
+        };
+        let error = route(&loaded(), grow_pool).unwrap_err().to_string();
+        assert!(
+            error.contains("layer slow (delay)") && error.contains("its verbs: none"),
+            "{error}"
+        );
     }
 }

@@ -14,16 +14,14 @@ pub static KINDS: &[&LayerKind] = &[
     &strata_stateless::stripe::KIND,
     &strata_raid::mirror::KIND,
     &strata_raid::raid5::KIND,
+    &strata_thin::KIND,
 ];
 
 pub fn find(kind: &str) -> Option<&'static LayerKind> {
     KINDS.iter().copied().find(|k| k.kind == kind)
 }
 
-/// The names of the kinds, for error messages ("known: …"). `thin-pool` is built apart
-/// (it defines volumes, not one device).
+/// The names of the kinds, for error messages ("known: …").
 pub fn kind_names() -> Vec<&'static str> {
-    let mut names: Vec<&str> = KINDS.iter().map(|k| k.kind).collect();
-    names.push("thin-pool");
-    names
+    KINDS.iter().map(|k| k.kind).collect()
 }

@@ -72,7 +72,7 @@ async fn pools_with_spares(state: &ControlPlane) -> Vec<(Arc<ThinPool>, Vec<Stri
             .loaded
             .layers
             .iter()
-            .filter(|l| l.kind == "thin-pool" && !l.grow_from.is_empty())
+            .filter(|l| !l.grow_from.is_empty())
             .map(|l| (l.name.clone(), l.grow_from.clone()))
             .collect()
     };

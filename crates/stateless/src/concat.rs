@@ -26,6 +26,7 @@
 //! Lock rule: the layout lock is held only to clone or swap the `Arc`, never across I/O.
 
 use std::sync::{Arc, PoisonError, RwLock};
+use strata_core::layer::verbs;
 
 use bytes::{Bytes, BytesMut};
 use futures_util::future::try_join_all;
@@ -41,7 +42,8 @@ pub static KIND: LayerKind =
     LayerKind::new::<ConcatConfig>("concat", ChildCount::AtLeast(1), |args| {
         Box::pin(async move { build(args).map(|c| Arc::new(c) as DeviceRef) })
     })
-    .about("children end to end (aggregation); grows online with AddMember");
+    .about("children end to end (aggregation); grows online with AddMember")
+    .verbs(&[verbs::ADD_MEMBER]);
 
 /// A `[[layer]]` table of kind `concat`: no options (the children are the layout).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

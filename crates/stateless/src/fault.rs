@@ -31,6 +31,7 @@
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use strata_core::layer::verbs;
 
 use bytes::{Bytes, BytesMut};
 use strata_core::{
@@ -45,7 +46,8 @@ pub static KIND: LayerKind =
     LayerKind::new::<FaultConfig>("fault", ChildCount::Exactly(1), |args| {
         Box::pin(async move { build(args).map(|f| Arc::new(f) as DeviceRef) })
     })
-    .about("injects I/O errors: fixed ranges, a random rate, or the whole device on command");
+    .about("injects I/O errors: fixed ranges, a random rate, or the whole device on command")
+    .verbs(&[verbs::FAIL_MEMBER]);
 
 /// What to fail: a `[[layer]]` table of kind `fault`. Absent options fail nothing.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

@@ -13,6 +13,7 @@
 //! capabilities are the child's, with the size cut to the window.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use strata_core::layer::verbs;
 
 use bytes::{Bytes, BytesMut};
 use strata_core::{
@@ -28,7 +29,8 @@ pub static KIND: LayerKind =
     LayerKind::new::<SliceConfig>("slice", ChildCount::Exactly(1), |args| {
         Box::pin(async move { build(args).map(|s| std::sync::Arc::new(s) as DeviceRef) })
     })
-    .about("a window of one child (offset + length)");
+    .about("a window of one child (offset + length)")
+    .verbs(&[verbs::GROW]);
 
 /// A `[[layer]]` table of kind `slice`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -18,6 +18,7 @@ macro_rules! outln {
 }
 
 mod admin;
+mod kinds;
 mod metrics_http;
 mod pool_metrics;
 mod serve;
@@ -145,6 +146,8 @@ enum Command {
         /// The new size, e.g. 8GiB.
         size: String,
     },
+    /// List the layer kinds, their options and the online verbs each declares.
+    Kinds,
     /// Print a running server's metrics in Prometheus text format.
     Metrics {
         #[command(flatten)]
@@ -214,6 +217,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     };
     match command {
         Command::Serve { .. } | Command::Check { .. } => unreachable!("handled above"),
+        Command::Kinds => {
+            out!("{}", kinds::render());
+            Ok(())
+        }
         Command::Status { target, json } => {
             let status = admin::request(&target.socket(), &AdminRequest::Status)?;
             if json {

@@ -116,7 +116,8 @@ fn low_space_warning(node: &Value) -> Option<String> {
             .find(|pair| pair[0].as_str() == Some(key))
             .and_then(|pair| pair[1].as_str())
     };
-    if node["kind"].as_str() != Some("thin-pool") || detail("low space") != Some("true") {
+    if node["kind"].as_str() != Some(strata_thin::KIND.kind) || detail("low space") != Some("true")
+    {
         return None;
     }
     Some(format!(

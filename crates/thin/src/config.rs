@@ -6,13 +6,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use strata_core::{ByteSize, Runtime};
 
 use crate::pool::{check_extent_size, PoolOptions, PoolRuntime, DEFAULT_EXTENT_SIZE};
 use crate::{LowWater, MapCommit, WhenFull};
 
-#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct PoolConfig {
     /// Allocation unit (default 512 KiB; see [`check_extent_size`]).

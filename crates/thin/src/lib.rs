@@ -8,9 +8,11 @@
 //! - `space`: low-water mark, writes waiting for space, usage counts.
 //! - `volume`: the block device a volume is.
 //! - `lifecycle`: volumes resized and deleted at run time.
+//! - `kind`: the pool as a registry kind; its volumes are made and found by control verbs.
 
 mod alloc;
 pub mod config;
+mod kind;
 mod lifecycle;
 mod map;
 mod policy;
@@ -20,6 +22,7 @@ mod space;
 mod volume;
 
 pub use config::PoolConfig;
+pub use kind::{KIND, VERBS};
 pub use lifecycle::VolumeUsage;
 pub use map::GRANULE;
 pub use policy::{LowWater, MapCommit, WhenFull, DEFAULT_FULL_WAIT};

@@ -36,6 +36,7 @@ mod state;
 
 use std::sync::Arc;
 use std::time::Duration;
+use strata_core::layer::verbs;
 
 use serde::{Deserialize, Serialize};
 use strata_core::{BlockError, ByteSize, DeviceRef, Result, Runtime};
@@ -53,7 +54,8 @@ pub static KIND: LayerKind =
         Box::pin(async move { build(args).await.map(|m| Arc::new(m) as DeviceRef) })
     })
     .about("RAID-1 over n members with a write-intent bitmap and online resync")
-    .tolerating(|n| n.saturating_sub(1));
+    .tolerating(|n| n.saturating_sub(1))
+    .verbs(&[verbs::REPLACE, verbs::ADD_MEMBER, verbs::FAIL_MEMBER]);
 
 /// Settings of a mirror; `region` and `metadata_size` matter only when formatting.
 #[derive(Clone, Debug)]

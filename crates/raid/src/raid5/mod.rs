@@ -40,6 +40,7 @@ pub mod record;
 mod recover;
 
 use std::sync::Arc;
+use strata_core::layer::verbs;
 
 use bytes::{Bytes, BytesMut};
 use futures_util::future::{join_all, try_join_all};
@@ -61,7 +62,8 @@ pub static KIND: LayerKind =
         Box::pin(async move { build(args).await.map(|r| Arc::new(r) as DeviceRef) })
     })
     .about("distributed parity over ≥ 3 members (left-asymmetric), journaled, degraded, rebuild")
-    .tolerating(|_| 1);
+    .tolerating(|_| 1)
+    .verbs(&[verbs::REPLACE, verbs::FAIL_MEMBER]);
 
 /// A `[[layer]]` table of kind `raid5`. Chunk and journal are fixed at creation: absent,
 /// an array takes what it was created with, and a new one [`DEFAULT_CHUNK`] and

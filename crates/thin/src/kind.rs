@@ -1,0 +1,169 @@
+//! The thin pool as a registry kind: its build opens (or formats) the pool over its one child
+//! and hands back the pool's node device, which is not a device to export (size 0) but the
+//! parent of the volumes, made and found through control verbs.
+
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+use strata_core::duration::parse_duration;
+use strata_core::layer::{
+    Arg, ArgKind, ChildCount, LayerArgs, LayerKind, Options, Verb, CREATE_VOLUME,
+};
+use strata_core::{
+    async_trait, BlockDevice, BlockError, Capabilities, Control, ControlReply, DeviceRef, Geometry,
+    Result, WriteFlags,
+};
+
+use crate::{PoolConfig, ThinPool};
+
+pub static KIND: LayerKind =
+    LayerKind::new::<PoolConfig>("thin-pool", ChildCount::Exactly(1), |args| {
+        Box::pin(build(args))
+    })
+    .about("thin pool: volumes that get physical extents on first write (Virtual Allocation)")
+    .checked(check)
+    .verbs(VERBS);
+
+const VOLUME: Arg = Arg {
+    name: "volume",
+    kind: ArgKind::Name,
+    help: "the volume's name (exported as <pool>/<volume>)",
+};
+const SIZE: Arg = Arg {
+    name: "size",
+    kind: ArgKind::Size,
+    help: "the volume's virtual size, e.g. 10GiB",
+};
+
+/// The pool's online changes.
+pub static VERBS: &[Verb] = &[
+    Verb {
+        name: CREATE_VOLUME,
+        args: &[VOLUME, SIZE],
+        help: "create a thin volume and export it",
+    },
+    Verb {
+        name: "volume-list",
+        args: &[],
+        help: "list the pool's volumes and its space",
+    },
+    Verb {
+        name: "volume-resize",
+        args: &[
+            VOLUME,
+            SIZE,
+            Arg {
+                name: "shrink",
+                kind: ArgKind::Flag,
+                help: "agree that data past the new end is discarded",
+            },
+        ],
+        help: "change a volume's virtual size",
+    },
+    Verb {
+        name: "volume-delete",
+        args: &[
+            VOLUME,
+            Arg {
+                name: "force",
+                kind: ArgKind::Flag,
+                help: "close the connections of clients using it instead of refusing",
+            },
+        ],
+        help: "delete a volume and give its extents back to the pool",
+    },
+    Verb {
+        name: "grow-pool",
+        args: &[],
+        help: "append the pool's next grow-from spare to its concat child and take the room in",
+    },
+];
+
+/// The loader's check: the options' types, then what the types cannot say (the extent rule).
+fn check(options: &Options) -> Result<()> {
+    options
+        .parse::<PoolConfig>()?
+        .check()
+        .map_err(BlockError::InvalidArgument)
+}
+
+async fn build(args: LayerArgs) -> Result<DeviceRef> {
+    let config: PoolConfig = args.options.parse()?;
+    config.check().map_err(BlockError::InvalidArgument)?;
+    let settings = config
+        .settings(args.runtime.clone(), parse_duration)
+        .map_err(BlockError::InvalidArgument)?;
+    let child = args.all_children()?.remove(0);
+    let pool = ThinPool::open_or_format(
+        &args.name,
+        child,
+        &config.pool_options(),
+        settings,
+        args.start,
+    )
+    .await?;
+    Ok(Arc::new(PoolNode(pool)))
+}
+
+impl ThinPool {
+    /// The pool behind a node device a thin-pool kind built (None for any other device).
+    pub async fn of(device: &DeviceRef) -> Option<Arc<ThinPool>> {
+        match device.control(Control::Handle).await {
+            Ok(ControlReply::Handle(handle)) => handle.downcast::<ThinPool>().ok(),
+            _ => None,
+        }
+    }
+}
+
+/// The pool as a node of the stack: no bytes of its own; its volumes are the devices.
+struct PoolNode(Arc<ThinPool>);
+
+impl PoolNode {
+    fn volume(&self, name: &str) -> Result<ControlReply> {
+        let volume = self.0.open_volume(name).ok_or_else(|| {
+            BlockError::InvalidArgument(format!("the pool has no volume {name:?}"))
+        })?;
+        Ok(ControlReply::Device(Arc::new(volume)))
+    }
+}
+
+#[async_trait]
+impl BlockDevice for PoolNode {
+    fn geometry(&self) -> Geometry {
+        Geometry::byte_addressable(0)
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            read_only: true,
+            ..Capabilities::default()
+        }
+    }
+
+    async fn read(&self, offset: u64, len: usize) -> Result<BytesMut> {
+        self.geometry().check_range(offset, len as u64)?;
+        Ok(BytesMut::new())
+    }
+
+    async fn write(&self, offset: u64, data: Bytes, _flags: WriteFlags) -> Result<()> {
+        self.geometry().check_range(offset, data.len() as u64)
+    }
+
+    async fn flush(&self) -> Result<()> {
+        self.0.flush().await
+    }
+
+    async fn control(&self, request: Control) -> Result<ControlReply> {
+        match request {
+            Control::Describe => self.0.describe().await.map(ControlReply::Describe),
+            Control::Volumes => Ok(ControlReply::Names(self.0.volume_names())),
+            Control::Volume { name } => self.volume(&name),
+            Control::CreateVolume { name, size } => {
+                self.0.create_volume(&name, size).await?;
+                self.volume(&name)
+            }
+            Control::Handle => Ok(ControlReply::Handle(self.0.clone())),
+            other => Err(strata_core::refuse(&other)),
+        }
+    }
+}
