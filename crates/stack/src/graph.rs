@@ -403,13 +403,18 @@ fn check_kind(text: &str, layer: &LayerConfig) -> Result<(), Located> {
         ));
     }
     if layer.kind == "thin-pool" {
-        PoolConfig::from_table(options_table(&layer.options)).map_err(|problem| {
-            // "field `KEY`: …" points at KEY; a type error the parser found, at the table.
-            let key = problem
-                .strip_prefix("field `")
-                .and_then(|rest| rest.split('`').next())
-                .unwrap_or("kind");
-            located(key_offset(text, &layer.span, key), problem)
+        PoolConfig::from_table(options_table(&layer.options))
+            .map_err(|problem| at_field(text, layer, problem))?;
+    } else if let Some(kind) = registry::find(&layer.kind) {
+        // The kind's typed config, checked here so that a bad size or a wrong type is
+        // reported with its place in the file, not at build without one.
+        let options = registry::Options::new(layer.options.clone(), Default::default());
+        (kind.check)(&options).map_err(|error| {
+            let problem = match error {
+                strata_core::BlockError::InvalidArgument(problem) => problem,
+                other => other.to_string(),
+            };
+            at_field(text, layer, problem)
         })?;
     }
     if layer.kind != "thin-pool" && !layer.volumes.is_empty() {
@@ -419,6 +424,16 @@ fn check_kind(text: &str, layer: &LayerConfig) -> Result<(), Located> {
         ));
     }
     Ok(())
+}
+
+/// A problem with a layer's options, located: "… field `KEY`: …" points at KEY; anything
+/// else (a type error the parser found for the whole table) at the layer's `kind`.
+fn at_field(text: &str, layer: &LayerConfig, problem: String) -> Located {
+    let key = problem
+        .split_once("field `")
+        .and_then(|(_, rest)| rest.split('`').next())
+        .unwrap_or("kind");
+    located(key_offset(text, &layer.span, key), problem)
 }
 
 /// The bytes of its child a layer uses: `start..end`, `end` None for "to the end".
