@@ -250,7 +250,7 @@ pub async fn build(
             Err(e) => refuse(&mut stack, loaded, &name, "disk", format!("{e:#}")),
         }
     }
-    stack.generation = label_disks(&mut stack, loaded).await?;
+    label_disks(&mut stack, loaded).await?;
     for &index in &loaded.build_order {
         let layer = &loaded.layers[index];
         // A layer over a refused layer cannot start; over an absent disk, it decides.
@@ -275,6 +275,8 @@ pub async fn build(
             refuse(&mut stack, loaded, &layer.name, &layer.kind, reason);
         }
     }
+    // From the running layers: what each one describes is what its label records.
+    stack.generation = write_labels(loaded, &stack.nodes).await?;
     for export in &loaded.config.exports {
         let device_name = export.device.get_ref();
         let Some(device) = stack.device(device_name) else {
@@ -438,25 +440,25 @@ fn create_file(loaded: &Loaded, disk: &DiskConfig, path: &Path) -> anyhow::Resul
     Ok(())
 }
 
-/// Writes or checks the hierarchy labels of the disks under layers, and gives those layers
-/// the disks' labelled views. A disk that may not be labelled (it holds somebody's data) is
-/// absent for its layer.
-async fn label_disks(stack: &mut Stack, loaded: &Loaded) -> anyhow::Result<u64> {
+/// Reads the hierarchy labels of the disks under layers, and gives those layers the disks'
+/// labelled views. A disk that may not be labelled (it holds somebody's data) is absent for
+/// its layer. The labels are written once the layers run ([`write_labels`]).
+async fn label_disks(stack: &mut Stack, loaded: &Loaded) -> anyhow::Result<()> {
     let labelled = hierarchy::labelled_disks(loaded);
     let disks: Vec<(String, DeviceRef)> = labelled
         .iter()
         .filter_map(|name| stack.device(name).map(|d| (name.clone(), d)))
         .collect();
     if disks.is_empty() {
-        return Ok(0);
+        return Ok(());
     }
-    let reconciled = hierarchy::reconcile_at_start(loaded, &disks).await?;
-    for (name, reason) in reconciled.refused {
+    let survey = hierarchy::survey_at_start(&disks).await?;
+    for (name, reason) in survey.refused {
         error!(disk = %name, "disk {name} is missing for its layer: {reason}");
         stack.nodes.retain(|n| n.name != name);
         stack.absent.insert(name, reason);
     }
-    stack.fresh = reconciled.fresh;
+    stack.fresh = survey.fresh;
     for node in stack
         .nodes
         .iter_mut()
@@ -469,7 +471,47 @@ async fn label_disks(stack: &mut Stack, loaded: &Loaded) -> anyhow::Result<u64> 
             node.kind = NodeKind::Device(Arc::new(view));
         }
     }
-    Ok(reconciled.generation)
+    Ok(())
+}
+
+/// Each running layer's options, from its `describe()` (see [`hierarchy::Running`]). A layer
+/// that did not start, or that describes no config, is left out: its label entry keeps the
+/// options as configured.
+pub async fn running_configs(loaded: &Loaded, nodes: &[Node]) -> hierarchy::Running {
+    let mut running = hierarchy::Running::new();
+    for layer in &loaded.layers {
+        let Some(node) = nodes.iter().find(|n| n.name == layer.name) else {
+            continue;
+        };
+        match node.describe().await {
+            Ok(status) => {
+                if let Some(config) = status.config {
+                    running.insert(layer.name.clone(), config);
+                }
+            }
+            Err(e) => {
+                tracing::warn!(layer = %layer.name, "describe failed; its label keeps the options as configured: {e}")
+            }
+        }
+    }
+    running
+}
+
+/// Writes the labels of the disks under layers from the running stack. Returns the
+/// generation now on them (0: no disk is under a layer).
+pub async fn write_labels(loaded: &Loaded, nodes: &[Node]) -> anyhow::Result<u64> {
+    let disks: Vec<(String, DeviceRef)> = hierarchy::labelled_disks(loaded)
+        .into_iter()
+        .filter_map(|name| {
+            let disk = nodes.iter().find(|n| n.name == name)?.label_disk.clone()?;
+            Some((name, disk))
+        })
+        .collect();
+    if disks.is_empty() {
+        return Ok(0);
+    }
+    let running = running_configs(loaded, nodes).await;
+    hierarchy::reconcile(loaded, &running, &disks).await
 }
 
 /// `<data-dir>/disks.state`: the disks this data folder's config has started with (name and
@@ -616,6 +658,9 @@ pub async fn open_thin_pool(
     let pool = ThinPool::open_or_format(name, child, &options, settings, start)
         .await
         .with_context(|| format!("thin pool {name}: opening on {child_name}"))?;
+    if let Some(table) = strata_core::layer::to_table(&config.explicit()) {
+        pool.set_config(table);
+    }
     for volume in &layer.volumes {
         let volume_name = &volume.name;
         if pool.volume(volume_name).is_none() {
