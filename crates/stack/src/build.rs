@@ -209,12 +209,36 @@ fn refuse(stack: &mut Stack, loaded: &Loaded, name: &str, kind: &str, reason: St
     stack.refused.push(refused);
 }
 
+/// Where a stack's disks come from.
+pub enum Disks {
+    /// Each `[[disk]]`'s file, opened (created on a config's first start); the data folder
+    /// records them.
+    Files,
+    /// Devices given by disk name (tests, tools): no file is opened or created and the data
+    /// folder is not written. A disk not given is absent.
+    Given(BTreeMap<String, DeviceRef>),
+}
+
+/// Builds the stack of `loaded` on its disk files.
 pub async fn build(
     loaded: &Loaded,
     start: &StartOptions,
     runtime: Arc<dyn Runtime>,
     metrics: &MetricsRegistry,
 ) -> anyhow::Result<Stack> {
+    build_on(loaded, &Disks::Files, start, runtime, metrics).await
+}
+
+/// Builds the stack of `loaded` on `disks`: labels read, layers built in graph order, labels
+/// written from the running layers, exports made.
+pub async fn build_on(
+    loaded: &Loaded,
+    disks: &Disks,
+    start: &StartOptions,
+    runtime: Arc<dyn Runtime>,
+    metrics: &MetricsRegistry,
+) -> anyhow::Result<Stack> {
+    let files = matches!(disks, Disks::Files);
     let mut stack = Stack {
         nodes: Vec::new(),
         exports: Arc::new(Exports::new()),
@@ -224,8 +248,12 @@ pub async fn build(
         absent: BTreeMap::new(),
     };
     let labelled = hierarchy::labelled_disks(loaded);
-    let state = DiskState::read(&loaded.data_dir)?;
-    let started_before = state.is_some() || any_disk_labelled(loaded, &labelled);
+    let state = if files {
+        DiskState::read(&loaded.data_dir)?
+    } else {
+        None
+    };
+    let started_before = state.is_some() || (files && any_disk_labelled(loaded, &labelled));
     let state = state.unwrap_or_default();
     for disk in &loaded.config.disks {
         let name = disk.name.get_ref().clone();
@@ -235,7 +263,14 @@ pub async fn build(
                 .insert(name, "not found at assembly".to_string());
             continue;
         }
-        match open_disk(loaded, disk, started_before, &state, &runtime, metrics) {
+        let opened = match disks {
+            Disks::Files => open_disk(loaded, disk, started_before, &state, &runtime, metrics),
+            Disks::Given(devices) => devices
+                .get(&name)
+                .cloned()
+                .with_context(|| format!("disk {name}: no device given")),
+        };
+        match opened {
             Ok(device) => stack.nodes.push(Node {
                 name,
                 kind: NodeKind::Device(device),
@@ -320,9 +355,11 @@ pub async fn build(
             }
         );
     }
-    state
-        .record(loaded, &stack)
-        .context("recording the disks of this config in the data folder")?;
+    if files {
+        state
+            .record(loaded, &stack)
+            .context("recording the disks of this config in the data folder")?;
+    }
     Ok(stack)
 }
 
