@@ -5,7 +5,8 @@
 //! Label (format version 1): the first 64 KiB of the disk, two copies of up to 32 KiB at
 //! offsets 0 and 32 KiB. Each copy is `"STRATAHL"`, version u32, crc32c u32 (of the JSON),
 //! length u32, then the JSON `{uuid, generation, member, hierarchy}` where `hierarchy` is the
-//! graph as TOML (disks without paths, layers, exports). Copies are written one after the
+//! graph as TOML (disks without paths, layers, exports), serialised from the running stack:
+//! each layer's options are its `describe()` config ([`Running`]). Copies are written one after the
 //! other with FUA, so a torn write leaves the other; the newer valid copy wins. Layers see the
 //! disk from 64 KiB on.
 
