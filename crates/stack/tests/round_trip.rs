@@ -87,7 +87,7 @@ fn random_config(seed: u64, disks: usize, key_dir: &Path) -> String {
         let children = pick.take(&mut free, count);
         let options = match kind {
             "slice" => {
-                let offset = pick.next(16) * 64 << 10;
+                let offset = pick.next(16) * (64 << 10);
                 // A slice of a layer runs to its end: layer sizes are not tracked here.
                 let length = if children[0].starts_with('d') && pick.next(2) == 0 {
                     format!("length = \"{}MiB\"\n", 16 + pick.next(32))
