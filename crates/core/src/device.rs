@@ -266,7 +266,7 @@ pub fn all_data(offset: u64, len: u64) -> Vec<Extent> {
 pub async fn describe<D: BlockDevice + ?Sized>(device: &D) -> crate::Result<NodeStatus> {
     match device.control(Control::Describe).await? {
         ControlReply::Describe(node) => Ok(node),
-        ControlReply::Done => Err(crate::BlockError::Unsupported("describe")),
+        _ => Err(crate::BlockError::Unsupported("describe")),
     }
 }
 

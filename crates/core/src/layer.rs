@@ -288,6 +288,11 @@ pub struct LayerKind {
     /// Checks a table's options against the kind's config struct without building
     /// (`check::<Config>`): what the loader runs on every `[[layer]]`.
     pub check: fn(&Options) -> Result<()>,
+    /// The options read into the kind's config struct and written back as a table
+    /// (`normalize::<Config>`): sizes in one spelling, serde defaults filled in. A running
+    /// layer's `describe` reports at least this (it may also make explicit defaults that are
+    /// decided at build, such as raid5's chunk).
+    pub normalize: fn(&Options) -> Result<toml::Table>,
     /// Members that may be missing when the hierarchy is assembled (1 for raid5, n-1 for a
     /// mirror, 0 for most).
     pub tolerates_missing: fn(children: usize) -> usize,
@@ -310,6 +315,7 @@ impl LayerKind {
             children,
             options: field_names::<C>,
             check: check::<C>,
+            normalize: normalize::<C>,
             tolerates_missing: none_missing,
             verbs: &[],
             build,
@@ -364,6 +370,14 @@ pub fn none_missing(_: usize) -> usize {
 /// A kind's [`LayerKind::check`]: the options parse as its config `T`.
 pub fn check<T: DeserializeOwned>(options: &Options) -> Result<()> {
     options.parse::<T>().map(drop)
+}
+
+/// A kind's [`LayerKind::normalize`]: the options parsed as its config `T`, as a table.
+pub fn normalize<T: DeserializeOwned + serde::Serialize>(options: &Options) -> Result<toml::Table> {
+    let config: T = options.parse()?;
+    to_table(&config).ok_or_else(|| {
+        BlockError::InvalidArgument("the options hold a value TOML cannot carry".into())
+    })
 }
 
 #[cfg(test)]

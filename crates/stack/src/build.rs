@@ -208,12 +208,36 @@ fn refuse(stack: &mut Stack, loaded: &Loaded, name: &str, kind: &str, reason: St
     stack.refused.push(refused);
 }
 
+/// Where a stack's disks come from.
+pub enum Disks {
+    /// Each `[[disk]]`'s file, opened (created on a config's first start); the data folder
+    /// records them.
+    Files,
+    /// Devices given by disk name (tests, tools): no file is opened or created and the data
+    /// folder is not written. A disk not given is absent.
+    Given(BTreeMap<String, DeviceRef>),
+}
+
+/// Builds the stack of `loaded` on its disk files.
 pub async fn build(
     loaded: &Loaded,
     start: &StartOptions,
     runtime: Arc<dyn Runtime>,
     metrics: &MetricsRegistry,
 ) -> anyhow::Result<Stack> {
+    build_on(loaded, &Disks::Files, start, runtime, metrics).await
+}
+
+/// Builds the stack of `loaded` on `disks`: labels read, layers built in graph order, labels
+/// written from the running layers, exports made.
+pub async fn build_on(
+    loaded: &Loaded,
+    disks: &Disks,
+    start: &StartOptions,
+    runtime: Arc<dyn Runtime>,
+    metrics: &MetricsRegistry,
+) -> anyhow::Result<Stack> {
+    let files = matches!(disks, Disks::Files);
     let mut stack = Stack {
         nodes: Vec::new(),
         exports: Arc::new(Exports::new()),
@@ -223,8 +247,12 @@ pub async fn build(
         absent: BTreeMap::new(),
     };
     let labelled = hierarchy::labelled_disks(loaded);
-    let state = DiskState::read(&loaded.data_dir)?;
-    let started_before = state.is_some() || any_disk_labelled(loaded, &labelled);
+    let state = if files {
+        DiskState::read(&loaded.data_dir)?
+    } else {
+        None
+    };
+    let started_before = state.is_some() || (files && any_disk_labelled(loaded, &labelled));
     let state = state.unwrap_or_default();
     for disk in &loaded.config.disks {
         let name = disk.name.get_ref().clone();
@@ -234,7 +262,14 @@ pub async fn build(
                 .insert(name, "not found at assembly".to_string());
             continue;
         }
-        match open_disk(loaded, disk, started_before, &state, &runtime, metrics) {
+        let opened = match disks {
+            Disks::Files => open_disk(loaded, disk, started_before, &state, &runtime, metrics),
+            Disks::Given(devices) => devices
+                .get(&name)
+                .cloned()
+                .with_context(|| format!("disk {name}: no device given")),
+        };
+        match opened {
             Ok(device) => stack.nodes.push(Node {
                 name,
                 kind: NodeKind::Device(device),
@@ -249,7 +284,7 @@ pub async fn build(
             Err(e) => refuse(&mut stack, loaded, &name, "disk", format!("{e:#}")),
         }
     }
-    stack.generation = label_disks(&mut stack, loaded).await?;
+    label_disks(&mut stack, loaded).await?;
     for &index in &loaded.build_order {
         let layer = &loaded.layers[index];
         // A layer over a refused layer cannot start; over an absent disk, it decides.
@@ -270,6 +305,8 @@ pub async fn build(
             refuse(&mut stack, loaded, &layer.name, &layer.kind, reason);
         }
     }
+    // From the running layers: what each one describes is what its label records.
+    stack.generation = write_labels(loaded, &stack.nodes).await?;
     for export in &loaded.config.exports {
         let device_name = export.device.get_ref();
         let Some(device) = stack.device(device_name) else {
@@ -313,9 +350,11 @@ pub async fn build(
             }
         );
     }
-    state
-        .record(loaded, &stack)
-        .context("recording the disks of this config in the data folder")?;
+    if files {
+        state
+            .record(loaded, &stack)
+            .context("recording the disks of this config in the data folder")?;
+    }
     Ok(stack)
 }
 
@@ -433,25 +472,25 @@ fn create_file(loaded: &Loaded, disk: &DiskConfig, path: &Path) -> anyhow::Resul
     Ok(())
 }
 
-/// Writes or checks the hierarchy labels of the disks under layers, and gives those layers
-/// the disks' labelled views. A disk that may not be labelled (it holds somebody's data) is
-/// absent for its layer.
-async fn label_disks(stack: &mut Stack, loaded: &Loaded) -> anyhow::Result<u64> {
+/// Reads the hierarchy labels of the disks under layers, and gives those layers the disks'
+/// labelled views. A disk that may not be labelled (it holds somebody's data) is absent for
+/// its layer. The labels are written once the layers run ([`write_labels`]).
+async fn label_disks(stack: &mut Stack, loaded: &Loaded) -> anyhow::Result<()> {
     let labelled = hierarchy::labelled_disks(loaded);
     let disks: Vec<(String, DeviceRef)> = labelled
         .iter()
         .filter_map(|name| stack.device(name).map(|d| (name.clone(), d)))
         .collect();
     if disks.is_empty() {
-        return Ok(0);
+        return Ok(());
     }
-    let reconciled = hierarchy::reconcile_at_start(loaded, &disks).await?;
-    for (name, reason) in reconciled.refused {
+    let survey = hierarchy::survey_at_start(&disks).await?;
+    for (name, reason) in survey.refused {
         error!(disk = %name, "disk {name} is missing for its layer: {reason}");
         stack.nodes.retain(|n| n.name != name);
         stack.absent.insert(name, reason);
     }
-    stack.fresh = reconciled.fresh;
+    stack.fresh = survey.fresh;
     for node in stack
         .nodes
         .iter_mut()
@@ -464,7 +503,47 @@ async fn label_disks(stack: &mut Stack, loaded: &Loaded) -> anyhow::Result<u64> 
             node.kind = NodeKind::Device(Arc::new(view));
         }
     }
-    Ok(reconciled.generation)
+    Ok(())
+}
+
+/// Each running layer's options, from its `describe()` (see [`hierarchy::Running`]). A layer
+/// that did not start, or that describes no config, is left out: its label entry keeps the
+/// options as configured.
+pub async fn running_configs(loaded: &Loaded, nodes: &[Node]) -> hierarchy::Running {
+    let mut running = hierarchy::Running::new();
+    for layer in &loaded.layers {
+        let Some(node) = nodes.iter().find(|n| n.name == layer.name) else {
+            continue;
+        };
+        match node.describe().await {
+            Ok(status) => {
+                if let Some(config) = status.config {
+                    running.insert(layer.name.clone(), config);
+                }
+            }
+            Err(e) => {
+                tracing::warn!(layer = %layer.name, "describe failed; its label keeps the options as configured: {e}")
+            }
+        }
+    }
+    running
+}
+
+/// Writes the labels of the disks under layers from the running stack. Returns the
+/// generation now on them (0: no disk is under a layer).
+pub async fn write_labels(loaded: &Loaded, nodes: &[Node]) -> anyhow::Result<u64> {
+    let disks: Vec<(String, DeviceRef)> = hierarchy::labelled_disks(loaded)
+        .into_iter()
+        .filter_map(|name| {
+            let disk = nodes.iter().find(|n| n.name == name)?.label_disk.clone()?;
+            Some((name, disk))
+        })
+        .collect();
+    if disks.is_empty() {
+        return Ok(0);
+    }
+    let running = running_configs(loaded, nodes).await;
+    hierarchy::reconcile(loaded, &running, &disks).await
 }
 
 /// `<data-dir>/disks.state`: the disks this data folder's config has started with (name and

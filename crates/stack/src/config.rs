@@ -680,6 +680,53 @@ mod tests {
         assert_eq!(err.line, Some(12), "{err}");
     }
 
+    /// A layer's options are checked against its kind's typed config when the file is
+    /// loaded, and the error names the file, line, column and field.
+    #[test]
+    fn layer_options_are_type_checked_at_load_with_their_place() {
+        let text = |option: &str| {
+            format!(
+                "listen = [\"unix:s\"]\n[[disk]]\nname = \"d0\"\npath = \"a\"\n\
+                 [[disk]]\nname = \"d1\"\npath = \"b\"\n\
+                 [[layer]]\nname = \"s\"\nkind = \"stripe\"\nchildren = [\"d0\", \"d1\"]\n\
+                 {option}\n[[export]]\nname = \"e\"\ndevice = \"s\"\n"
+            )
+        };
+        assert!(load_str(&text("chunk = \"64KiB\"")).is_ok());
+        for (option, expect) in [
+            // A size that is not one.
+            ("chunk = \"lots\"", "field `chunk`: "),
+            // A wrong type.
+            ("chunk = true", "field `chunk`: "),
+            // A field the kind does not have.
+            ("chunks = \"64KiB\"", "field `chunks`: "),
+        ] {
+            let err = load_str(&text(option)).err().unwrap();
+            assert_eq!(
+                (err.file.as_str(), err.line, err.column),
+                ("test.toml", Some(12), Some(1)),
+                "{option}: {err}"
+            );
+            assert!(err.message.contains(expect), "{option}: {err}");
+        }
+        // A value the type accepts and the kind does not: located as well.
+        let slice = text("").replace(
+            "kind = \"stripe\"\nchildren = [\"d0\", \"d1\"]",
+            "kind = \"slice\"\nchildren = [\"d0\"]\noffset = \"1.5KiBs\"",
+        );
+        let err = load_str(&slice).err().unwrap();
+        assert_eq!((err.line, err.column), (Some(12), Some(1)), "{err}");
+        assert!(err.message.contains("field `offset`: "), "{err}");
+        // A required field left out points at the table.
+        let crypt = text("").replace(
+            "kind = \"stripe\"\nchildren = [\"d0\", \"d1\"]",
+            "kind = \"crypt\"\nchildren = [\"d0\"]",
+        );
+        let err = load_str(&crypt).err().unwrap();
+        assert_eq!(err.line, Some(8), "{err}");
+        assert!(err.message.contains("`key-file` is required"), "{err}");
+    }
+
     #[test]
     fn bad_values_are_refused() {
         let bad_size =

@@ -395,26 +395,32 @@ fn check_kind(text: &str, layer: &LayerConfig) -> Result<(), Located> {
             ),
         ));
     }
-    if kind.makes_volumes() {
-        // A kind that makes volumes checks its options here, where the error gets a line:
-        // nothing is exported from it until its volumes are made.
-        let options = Options::new(layer.options.clone(), Default::default());
-        (kind.check)(&options).map_err(|error| {
-            // "field `KEY`: …" points at KEY; anything else, at the kind.
-            let problem = error.to_string();
-            let key = problem
-                .split_once("field `")
-                .and_then(|(_, rest)| rest.split('`').next())
-                .unwrap_or("kind");
-            located(key_offset(text, &layer.span, key), problem)
-        })?;
-    } else if !layer.volumes.is_empty() {
+    // Every kind's typed config is checked here, so that a bad size or a wrong type is
+    // reported with its place in the file, not at build without one.
+    let options = Options::new(layer.options.clone(), Default::default());
+    (kind.check)(&options).map_err(|error| {
+        let problem = match error {
+            strata_core::BlockError::InvalidArgument(problem) => problem,
+            other => other.to_string(),
+        };
+        at_field(text, layer, problem)
+    })?;
+    if !kind.makes_volumes() && !layer.volumes.is_empty() {
         return Err(located(
             key_offset(text, &layer.span, "volumes"),
             "field `volumes`: only a kind that makes volumes (a thin-pool) has them",
         ));
     }
     Ok(())
+}
+
+/// `problem` located at the field it names ("field `KEY`: …"), or at the kind.
+fn at_field(text: &str, layer: &LayerConfig, problem: String) -> Located {
+    let key = problem
+        .split_once("field `")
+        .and_then(|(_, rest)| rest.split('`').next())
+        .unwrap_or("kind");
+    located(key_offset(text, &layer.span, key), problem)
 }
 
 /// The bytes of its child a layer uses: `start..end`, `end` None for "to the end".

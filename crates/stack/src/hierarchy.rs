@@ -5,15 +5,14 @@
 //! Label (format version 1): the first 64 KiB of the disk, two copies of up to 32 KiB at
 //! offsets 0 and 32 KiB. Each copy is `"STRATAHL"`, version u32, crc32c u32 (of the JSON),
 //! length u32, then the JSON `{uuid, generation, member, hierarchy}` where `hierarchy` is the
-//! graph as TOML (disks without paths, layers, exports). Copies are written one after the
+//! graph as TOML (disks without paths, layers, exports), serialised from the running stack:
+//! each layer's options are its `describe()` config ([`Running`]). Copies are written one after the
 //! other with FUA, so a torn write leaves the other; the newer valid copy wins. Layers see the
 //! disk from 64 KiB on.
 
 use std::collections::{BTreeMap, HashSet};
-use std::fmt::Write as _;
 use std::path::Path;
 
-use crate::registry::OptionValue;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use strata_core::{BlockDevice, WriteFlags};
@@ -149,90 +148,132 @@ pub fn uuid_text(uuid: [u8; 16]) -> String {
     )
 }
 
-fn toml_string(text: &str) -> String {
-    toml::Value::String(text.to_string()).to_string()
+/// Each layer's options as it runs, by layer name: its `describe()`'s `config` (the kind's
+/// typed config, defaults explicit). The label writer takes a layer's options from here; a
+/// layer not in it (refused at this start) is recorded with its options as configured.
+pub type Running = BTreeMap<String, toml::Table>;
+
+/// A `[[disk]]` of the label's graph: no path (the disk is wherever it is found).
+#[derive(Serialize)]
+#[serde(rename_all = "kebab-case")]
+struct LabelDisk<'a> {
+    name: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    size: Option<u64>,
+    direct: bool,
+    inline_io: bool,
 }
 
-fn option_text(value: &OptionValue) -> String {
-    match value {
-        OptionValue::Text(text) => toml_string(text),
-        OptionValue::Integer(n) => n.to_string(),
-        OptionValue::Float(x) => format!("{x:?}"),
-        OptionValue::Bool(b) => b.to_string(),
-    }
+#[derive(Serialize)]
+struct LabelVolume<'a> {
+    name: &'a str,
+    size: u64,
 }
 
-/// An option's value as the label records it. A file an option names (`key-file`: any
+/// A `[[layer]]` of the label's graph: the options follow `children`, as a config writes them.
+#[derive(Serialize)]
+struct LabelLayer<'a> {
+    name: &'a str,
+    kind: &'a str,
+    children: &'a [String],
+    #[serde(flatten)]
+    options: toml::Table,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    volumes: Vec<LabelVolume<'a>>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "kebab-case")]
+struct LabelExport<'a> {
+    name: &'a str,
+    device: &'a str,
+    read_only: bool,
+    description: &'a str,
+}
+
+/// The graph a label carries, in the order of a config file.
+#[derive(Serialize)]
+struct LabelGraph<'a> {
+    disk: Vec<LabelDisk<'a>>,
+    layer: Vec<LabelLayer<'a>>,
+    export: Vec<LabelExport<'a>>,
+}
+
+/// A layer's options as the label records them. A file an option names (`key-file`: any
 /// `…-file`) is recorded as the absolute path it resolved to here: a relative path resolves
 /// against the data folder, which differs when the stack is assembled elsewhere, and must
 /// still name the same file.
-fn label_option(key: &str, value: &OptionValue, data_dir: &Path) -> String {
-    match value {
-        OptionValue::Text(path) if key.ends_with("-file") && Path::new(path).is_relative() => {
-            let resolved = data_dir.join(path);
-            let absolute = std::path::absolute(&resolved).unwrap_or(resolved);
-            toml_string(&absolute.display().to_string())
+fn label_options(mut options: toml::Table, data_dir: &Path) -> toml::Table {
+    for (key, value) in options.iter_mut() {
+        if let toml::Value::String(path) = value {
+            if key.ends_with("-file") && Path::new(path.as_str()).is_relative() {
+                let resolved = data_dir.join(path.as_str());
+                let absolute = std::path::absolute(&resolved).unwrap_or(resolved);
+                *path = absolute.display().to_string();
+            }
         }
-        other => option_text(other),
     }
+    options
 }
 
-fn render_layer(out: &mut String, layer: &LayerConfig, data_dir: &Path) {
-    let children: Vec<String> = layer.children.iter().map(|c| toml_string(c)).collect();
-    let _ = writeln!(
-        out,
-        "\n[[layer]]\nname = {}\nkind = {}",
-        toml_string(&layer.name),
-        toml_string(&layer.kind)
-    );
-    let _ = writeln!(out, "children = [{}]", children.join(", "));
-    for (key, value) in &layer.options {
-        let _ = writeln!(out, "{key} = {}", label_option(key, value, data_dir));
-    }
-    if !layer.volumes.is_empty() {
-        let volumes: Vec<String> = layer
+fn label_layer<'a>(layer: &'a LayerConfig, running: &Running, data_dir: &Path) -> LabelLayer<'a> {
+    let options = running
+        .get(&layer.name)
+        .cloned()
+        .unwrap_or_else(|| crate::graph::options_table(&layer.options));
+    LabelLayer {
+        name: &layer.name,
+        kind: &layer.kind,
+        children: &layer.children,
+        options: label_options(options, data_dir),
+        volumes: layer
             .volumes
             .iter()
-            .map(|v| format!("{{ name = {}, size = {} }}", toml_string(&v.name), v.size))
-            .collect();
-        let _ = writeln!(out, "volumes = [{}]", volumes.join(", "));
+            .map(|v| LabelVolume {
+                name: &v.name,
+                size: v.size,
+            })
+            .collect(),
     }
 }
 
-/// The graph of `loaded` as TOML, without paths or listeners: what a label carries.
-pub fn render_hierarchy(loaded: &Loaded) -> String {
-    let mut out = String::new();
-    for disk in &loaded.config.disks {
-        let _ = writeln!(out, "[[disk]]\nname = {}", toml_string(disk.name.get_ref()));
-        if let Some(size) = &disk.size {
-            let _ = writeln!(out, "size = {}", size.get_ref().0);
-        }
-        let _ = writeln!(
-            out,
-            "direct = {}\ninline-io = {}",
-            disk.direct, disk.inline_io
-        );
-    }
-    for &index in &loaded.build_order {
-        render_layer(&mut out, &loaded.layers[index], &loaded.data_dir);
-    }
-    for export in &loaded.config.exports {
-        let _ = writeln!(
-            out,
-            "\n[[export]]\nname = {}\ndevice = {}\nread-only = {}\ndescription = {}",
-            toml_string(export.name.get_ref()),
-            toml_string(export.device.get_ref()),
-            export.read_only,
-            toml_string(&export.description)
-        );
-    }
-    out
+/// The graph of `loaded` as TOML, without paths or listeners: what a label carries. Each
+/// layer's options are the running layer's (`running`, from `describe()`).
+pub fn render_hierarchy(loaded: &Loaded, running: &Running) -> anyhow::Result<String> {
+    let graph = LabelGraph {
+        disk: loaded
+            .config
+            .disks
+            .iter()
+            .map(|disk| LabelDisk {
+                name: disk.name.get_ref(),
+                size: disk.size.as_ref().map(|size| size.get_ref().0),
+                direct: disk.direct,
+                inline_io: disk.inline_io,
+            })
+            .collect(),
+        layer: loaded
+            .build_order
+            .iter()
+            .map(|&index| label_layer(&loaded.layers[index], running, &loaded.data_dir))
+            .collect(),
+        export: loaded
+            .config
+            .exports
+            .iter()
+            .map(|export| LabelExport {
+                name: export.name.get_ref(),
+                device: export.device.get_ref(),
+                read_only: export.read_only,
+                description: &export.description,
+            })
+            .collect(),
+    };
+    Ok(toml::to_string(&graph)?)
 }
 
-/// What a start found on the disks under layers.
-pub struct Reconciled {
-    /// The generation now on the disks.
-    pub generation: u64,
+/// What a start found on the disks under layers, before any layer is built on them.
+pub struct Survey {
     /// Disks that had no label and zeros where it goes before this start: blank, so their
     /// layers may format over them.
     pub fresh: HashSet<String>,
@@ -240,46 +281,56 @@ pub struct Reconciled {
     pub refused: Vec<(String, String)>,
 }
 
-/// [`reconcile`] at a start: disks that hold data and no label are left out (refused, for
-/// their layer to do without) instead of failing the whole start, and the blank ones are
-/// reported.
-pub async fn reconcile_at_start(
-    loaded: &Loaded,
-    disks: &[(String, strata_core::DeviceRef)],
-) -> anyhow::Result<Reconciled> {
+/// Reads the labels of the disks under layers at a start, before the layers are built (the
+/// labels are written after, from the running layers: see [`reconcile`]). Disks that hold
+/// data and no label are left out (refused, for their layer to do without) instead of
+/// failing the whole start, and the blank ones are reported; disks of different hierarchies
+/// fail the start before any layer touches them.
+pub async fn survey_at_start(disks: &[(String, strata_core::DeviceRef)]) -> anyhow::Result<Survey> {
     let mut fresh = HashSet::new();
     let mut refused = Vec::new();
-    let mut usable = Vec::new();
+    let mut labels = Vec::new();
     for (name, device) in disks {
-        if read_label(device.as_ref()).await?.is_none() {
+        let label = read_label(device.as_ref()).await?;
+        if label.is_none() {
             if let Err(e) = refuse_to_overwrite(name, device.as_ref()).await {
                 refused.push((name.clone(), format!("{e:#}")));
                 continue;
             }
             fresh.insert(name.clone());
         }
-        usable.push((name.clone(), device.clone()));
+        labels.push((name, label));
     }
-    let generation = if usable.is_empty() {
-        0
-    } else {
-        reconcile(loaded, &usable).await?
-    };
-    Ok(Reconciled {
-        generation,
-        fresh,
-        refused,
-    })
+    one_hierarchy(&labels)?;
+    Ok(Survey { fresh, refused })
 }
 
-/// Makes the labels on `disks` (present labelled disks, by name) describe `loaded`: one
-/// uuid (refusing disks of another hierarchy), and a new generation whenever the graph or a
-/// label differs. Returns the generation now on the disks.
+/// The uuid the labelled disks share, refusing disks of different hierarchies.
+fn one_hierarchy(labels: &[(&String, Option<Label>)]) -> anyhow::Result<Option<String>> {
+    let mut uuid: Option<(&str, &str)> = None;
+    for (name, label) in labels {
+        let Some(label) = label else { continue };
+        match uuid {
+            Some((other, id)) if id != label.uuid => anyhow::bail!(
+                "disks {other} and {name} belong to different hierarchies ({id} and {}): refusing to mix them",
+                label.uuid
+            ),
+            _ => uuid = Some((name.as_str(), label.uuid.as_str())),
+        }
+    }
+    Ok(uuid.map(|(_, id)| id.to_string()))
+}
+
+/// Makes the labels on `disks` (present labelled disks, by name) describe `loaded` with each
+/// layer's options as it runs (`running`): one uuid (refusing disks of another hierarchy),
+/// and a new generation whenever the graph or a label differs. Returns the generation now on
+/// the disks.
 pub async fn reconcile(
     loaded: &Loaded,
+    running: &Running,
     disks: &[(String, strata_core::DeviceRef)],
 ) -> anyhow::Result<u64> {
-    let hierarchy = render_hierarchy(loaded);
+    let hierarchy = render_hierarchy(loaded, running)?;
     let mut labels = Vec::new();
     let mut all_intact = true;
     for (name, device) in disks {
@@ -297,17 +348,7 @@ pub async fn reconcile(
         }
         labels.push((name, copies.label));
     }
-    let mut uuid: Option<(&str, &str)> = None;
-    for (name, label) in &labels {
-        let Some(label) = label else { continue };
-        match uuid {
-            Some((other, id)) if id != label.uuid => anyhow::bail!(
-                "disks {other} and {name} belong to different hierarchies ({id} and {}): refusing to mix them",
-                label.uuid
-            ),
-            _ => uuid = Some((name.as_str(), label.uuid.as_str())),
-        }
-    }
+    let uuid = one_hierarchy(&labels)?;
     let newest = labels
         .iter()
         .filter_map(|(_, l)| l.as_ref().map(|l| l.generation))
@@ -321,12 +362,9 @@ pub async fn reconcile(
     if current && all_intact {
         return Ok(newest);
     }
-    let uuid = uuid.map_or_else(
-        || uuid_text(strata_meta::random_uuid()),
-        |(_, id)| id.to_string(),
-    );
+    let uuid = uuid.unwrap_or_else(|| uuid_text(strata_meta::random_uuid()));
     let generation = newest + 1;
-    for ((name, device), _) in disks.iter().zip(&labels) {
+    for (name, device) in disks {
         let label = Label {
             uuid: uuid.clone(),
             generation,
@@ -551,7 +589,7 @@ mod tests {
             uuid: uuid_text([1; 16]),
             generation: 1,
             member: "d0".into(),
-            hierarchy: render_hierarchy(&started),
+            hierarchy: render_hierarchy(&started, &Running::new()).unwrap(),
         };
         let assembly = assemble(vec![(std::path::PathBuf::from("/dev/d0"), Some(label))]).unwrap();
         let assembled_text = assembled_config(&assembly).unwrap();

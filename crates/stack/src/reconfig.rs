@@ -465,14 +465,7 @@ impl Reconfig {
             .with_context(|| format!("writing {}", temporary.display()))?;
         std::fs::rename(&temporary, &source)
             .with_context(|| format!("replacing {}", source.display()))?;
-        let disks: Vec<(String, DeviceRef)> = hierarchy::labelled_disks(&loaded)
-            .into_iter()
-            .filter_map(|name| {
-                let disk = nodes.iter().find(|n| n.name == name)?.label_disk.clone()?;
-                Some((name, disk))
-            })
-            .collect();
-        let generation = hierarchy::reconcile(&loaded, &disks).await?;
+        let generation = crate::build::write_labels(&loaded, nodes).await?;
         self.loaded = loaded;
         Ok(format!(
             "done; {} updated, hierarchy generation {generation}",

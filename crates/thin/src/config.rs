@@ -9,21 +9,32 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use strata_core::{ByteSize, Runtime};
 
-use crate::pool::{check_extent_size, PoolOptions, PoolRuntime, DEFAULT_EXTENT_SIZE};
+use crate::pool::{
+    check_extent_size, PoolOptions, PoolRuntime, DEFAULT_COMMIT_INTERVAL, DEFAULT_EXTENT_SIZE,
+};
 use crate::{LowWater, MapCommit, WhenFull};
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct PoolConfig {
     /// Allocation unit (default 512 KiB; see [`check_extent_size`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub extent: Option<ByteSize>,
+    /// Default: about 860 bytes per extent of the device (decided at format).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub metadata_size: Option<ByteSize>,
     #[serde(default)]
     pub start_mid: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub commit_interval_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub map_commit: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub when_full: Option<String>,
+    /// Default: [`crate::policy::DEFAULT_FULL_WAIT`], with `when-full = "wait"` only.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub full_wait: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub low_water: Option<String>,
 }
 
@@ -64,6 +75,31 @@ impl PoolConfig {
             LowWater::parse(mark).map_err(|e| field("low-water", e))?;
         }
         Ok(())
+    }
+
+    /// The same configuration with every default that does not depend on the device made
+    /// explicit: what `describe` reports. `metadata-size` (sized from the device at format)
+    /// and `full-wait` (meaningful with `when-full = "wait"` only) stay as given.
+    pub fn explicit(&self) -> PoolConfig {
+        PoolConfig {
+            extent: Some(ByteSize(self.extent_size())),
+            commit_interval_ms: Some(
+                self.commit_interval_ms
+                    .unwrap_or(DEFAULT_COMMIT_INTERVAL.as_millis() as u64),
+            ),
+            map_commit: Some(
+                self.map_commit
+                    .clone()
+                    .unwrap_or_else(|| MapCommit::default().name().to_string()),
+            ),
+            when_full: Some(self.when_full.clone().unwrap_or_else(|| "fail".into())),
+            low_water: Some(
+                self.low_water
+                    .clone()
+                    .unwrap_or_else(|| format!("{}%", LowWater::default().percent())),
+            ),
+            ..self.clone()
+        }
     }
 
     pub fn extent_size(&self) -> u64 {
@@ -125,6 +161,25 @@ mod tests {
         assert_eq!(default.pool_options().metadata_size, None);
         let names: Vec<&str> = OPTIONS.to_vec();
         assert_eq!(names.len(), 8);
+    }
+
+    #[test]
+    fn explicit_defaults_parse_back_to_the_same_pool() {
+        let given = parse("low-water = \"92.5%\"\n").unwrap();
+        let explicit = given.explicit();
+        assert_eq!(explicit.extent_size(), DEFAULT_EXTENT_SIZE);
+        assert_eq!(explicit.commit_interval_ms, Some(1000));
+        assert_eq!(explicit.map_commit.as_deref(), Some("batched"));
+        assert_eq!(explicit.when_full.as_deref(), Some("fail"));
+        assert_eq!(explicit.low_water.as_deref(), Some("92.5%"));
+        assert_eq!(
+            parse("").unwrap().explicit().low_water.as_deref(),
+            Some("80%")
+        );
+        let table = toml::Table::try_from(&explicit).unwrap();
+        assert!(!table.contains_key("metadata-size"), "{table}");
+        assert_eq!(PoolConfig::from_table(table).unwrap(), explicit);
+        assert_eq!(explicit.explicit(), explicit);
     }
 
     #[test]

@@ -102,6 +102,10 @@ async fn build(args: LayerArgs) -> Result<DeviceRef> {
         args.start,
     )
     .await?;
+    // What describe reports, defaults explicit: what labels record.
+    if let Some(table) = strata_core::layer::to_table(&config.explicit()) {
+        pool.set_config(table);
+    }
     Ok(Arc::new(PoolNode(pool)))
 }
 

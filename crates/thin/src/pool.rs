@@ -69,7 +69,7 @@ impl PoolRuntime {
     pub fn new(runtime: Arc<dyn Runtime>) -> Self {
         PoolRuntime {
             runtime,
-            commit_interval: Some(Duration::from_secs(1)),
+            commit_interval: Some(DEFAULT_COMMIT_INTERVAL),
             map_commit: MapCommit::default(),
             when_full: WhenFull::default(),
             low_water: LowWater::default(),
@@ -122,7 +122,13 @@ pub struct ThinPool {
     pub(super) locks: StripedLocks,
     /// Spare devices the server holds to grow this pool with (`grow-from`); reported only.
     spares_left: AtomicU64,
+    /// The `[[layer]]` options it was built from, defaults explicit (see
+    /// [`crate::PoolConfig::explicit`]), for `describe`; unset for a pool opened directly.
+    config: std::sync::OnceLock<toml::Table>,
 }
+
+/// How often a pool commits its metadata when its config does not say.
+pub const DEFAULT_COMMIT_INTERVAL: Duration = Duration::from_secs(1);
 
 /// The extent size a pool gets when its config names none.
 pub const DEFAULT_EXTENT_SIZE: u64 = 512 << 10;
@@ -329,6 +335,7 @@ impl ThinPool {
             sizes: Mutex::new(BTreeMap::new()),
             locks: StripedLocks::new(LOCK_STRIPES),
             spares_left: AtomicU64::new(0),
+            config: std::sync::OnceLock::new(),
         });
         for volume in volume_records {
             pool.attach(volume)?;
@@ -788,8 +795,14 @@ impl ThinPool {
             stats: None,
             children,
             activity: None,
-            config: None,
+            config: self.config.get().cloned(),
         })
+    }
+
+    /// Records the configuration the pool runs with, for `describe` (and so for the labels
+    /// written from it). The first call wins: a pool's options change only at a restart.
+    pub fn set_config(&self, config: toml::Table) {
+        let _ = self.config.set(config);
     }
 }
 
