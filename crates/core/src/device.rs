@@ -54,6 +54,13 @@ pub enum Control {
     FailMember { index: usize },
     /// Grow the device to `size` bytes (children must already have the room).
     Grow { size: u64 },
+    /// Pause background work (rebuild, resync, committer) once its running step ends;
+    /// nests, each undone by one `Resume` (see `lifecycle`). Filters forward it.
+    Quiesce,
+    /// Undo one `Quiesce`.
+    Resume,
+    /// End background work and wait for it (server shutdown); I/O goes on being served.
+    Stop,
 }
 
 impl Control {
@@ -65,6 +72,9 @@ impl Control {
             Control::ReplaceMember { .. } => "replace-member",
             Control::FailMember { .. } => "fail-member",
             Control::Grow { .. } => "grow",
+            Control::Quiesce => "quiesce",
+            Control::Resume => "resume",
+            Control::Stop => "stop",
         }
     }
 }
