@@ -168,7 +168,10 @@ impl Raid5 {
     /// Array byte ranges that read as errors because a crash tore them while degraded.
     pub fn lost_ranges(&self) -> Vec<(u64, u64)> {
         let layout = self.array.layout;
-        let lost = self.array.lost.lock().unwrap().clone();
+        let lost = self.array.lost.lock();
+        let lost = lost
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
         lost.into_iter()
             .filter_map(|(stripe, member)| {
                 let r = layout.data_index(stripe, member)? as u64;
