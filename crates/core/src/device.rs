@@ -64,6 +64,13 @@ pub enum Control {
     /// The layer's own object, for the control plane's typed verbs (a `ThinPool`), answered
     /// with [`ControlReply::Handle`].
     Handle,
+    /// Pause background work (rebuild, resync, committer) once its running step ends;
+    /// nests, each undone by one `Resume` (see `lifecycle`). Filters forward it.
+    Quiesce,
+    /// Undo one `Quiesce`.
+    Resume,
+    /// End background work and wait for it (server shutdown); I/O goes on being served.
+    Stop,
 }
 
 impl Control {
@@ -79,6 +86,9 @@ impl Control {
             Control::Volume { .. } => "volume",
             Control::CreateVolume { .. } => "volume-create",
             Control::Handle => "handle",
+            Control::Quiesce => "quiesce",
+            Control::Resume => "resume",
+            Control::Stop => "stop",
         }
     }
 }

@@ -14,7 +14,7 @@
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
 use std::time::Duration;
 
-use strata_core::{BlockError, DeviceRef, Result, Runtime, WriteFlags};
+use strata_core::{Background, BlockError, DeviceRef, Result, Runtime, WriteFlags};
 
 use crate::block::{self, BlockKind, BLOCK_SIZE};
 use crate::journal::PendingBatch;
@@ -178,6 +178,8 @@ pub struct MetaStore {
     uuid: [u8; 16],
     reserve_bytes: u64,
     low_water_bytes: u64,
+    /// The timed committer, if one was spawned: stopped explicitly at shutdown.
+    background: Background,
 }
 
 impl MetaStore {
@@ -309,6 +311,7 @@ impl MetaStore {
             uuid,
             reserve_bytes,
             low_water_bytes,
+            background: Background::new(),
         })
     }
 
@@ -606,14 +609,16 @@ impl MetaStore {
         }
     }
 
-    /// Commits every `interval` while there is something to commit, until the store is
-    /// dropped. The timer bounds how much acknowledged-but-unflushed metadata a crash loses.
+    /// Commits every `interval` while there is something to commit, until the committer is
+    /// stopped ([`MetaStore::background`]) or the store dropped. The timer bounds how much
+    /// acknowledged-but-unflushed metadata a crash loses. Each commit is one step: a quiesce
+    /// waits for the commit under way and holds the next.
     pub fn spawn_committer(self: &Arc<Self>, runtime: Arc<dyn Runtime>, interval: Duration) {
         let store: Weak<MetaStore> = Arc::downgrade(self);
         let sleeper = runtime.clone();
-        runtime.spawn(Box::pin(async move {
-            loop {
-                sleeper.sleep(interval).await;
+        self.background.spawn(runtime.as_ref(), |worker| async move {
+            while worker.sleep(sleeper.as_ref(), interval).await {
+                let Some(_step) = worker.step().await else { return };
                 let Some(store) = store.upgrade() else { return };
                 if store.uncommitted() == 0 {
                     continue;
@@ -623,7 +628,12 @@ impl MetaStore {
                     return;
                 }
             }
-        }));
+        });
+    }
+
+    /// The store's background work (the timed committer): quiesce, resume, stop.
+    pub fn background(&self) -> &Background {
+        &self.background
     }
 
     /// Usage and limits of the checkpoint space.

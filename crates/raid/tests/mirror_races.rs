@@ -283,3 +283,62 @@ async fn progress_of_a_replaced_resync_target_is_not_credited_to_its_replacement
         "r2 went in sync without region 0"
     );
 }
+
+/// A quiesce (the path every online change takes) lets the region copy under way finish,
+/// then holds the resync: no progress while quiesced, all of it after the resume.
+#[tokio::test(flavor = "current_thread")]
+async fn quiesce_pauses_a_resync_and_resume_continues_it() {
+    let (group, _, gated, mirror) = gated_pair(0).await;
+    let data = Bytes::from(vec![0x5au8; DATA as usize]);
+    mirror
+        .write(0, data.clone(), WriteFlags::default())
+        .await
+        .unwrap();
+    // The resync of a new member reads its first region from d0 and waits there.
+    gated.arm(Gate::DataRead);
+    let added = Arc::new(member_disk(&group));
+    mirror
+        .control(Control::AddMember(strata_core::Member {
+            name: "d2".into(),
+            device: added,
+        }))
+        .await
+        .unwrap();
+    gated.entered.notified().await;
+    assert_eq!(mirror.stats().resynced_bytes, 0);
+
+    let quiescing = {
+        let mirror = mirror.clone();
+        tokio::spawn(async move { mirror.control(Control::Quiesce).await })
+    };
+    for _ in 0..100 {
+        tokio::task::yield_now().await;
+    }
+    assert!(
+        !quiescing.is_finished(),
+        "the quiesce must wait for the region copy under way"
+    );
+    gated.release.notify_one();
+    quiescing.await.unwrap().expect("quiesce");
+    // The copy under way finished; no other starts while quiesced.
+    assert_eq!(mirror.stats().resynced_bytes, REGION);
+    for _ in 0..1000 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(
+        mirror.stats().resynced_bytes,
+        REGION,
+        "progress while quiesced"
+    );
+    assert!(!mirror.resync_idle());
+
+    mirror.control(Control::Resume).await.expect("resume");
+    mirror.wait_resync().await;
+    assert_eq!(mirror.stats().resynced_bytes, DATA);
+    assert_eq!(mirror.member_states(), [MemberState::InSync; 3]);
+    assert_eq!(&mirror.read(0, DATA as usize).await.unwrap()[..], &data[..]);
+
+    // Stop ends the mirror's background work; I/O is still served.
+    mirror.control(Control::Stop).await.expect("stop");
+    assert_eq!(&mirror.read(0, 4096).await.unwrap()[..], &data[..4096]);
+}

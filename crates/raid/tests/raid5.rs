@@ -687,3 +687,104 @@ fn rebuild_resumes_after_restart() {
         check_parity(&devices, raid.layout()).await;
     });
 }
+
+/// A replacement whose first data write, while armed, waits at a gate; counts data writes.
+struct GatedWrites {
+    data_start: u64,
+    armed: std::sync::atomic::AtomicBool,
+    data_writes: AtomicU64,
+    entered: tokio::sync::Notify,
+    release: tokio::sync::Notify,
+}
+
+#[async_trait]
+impl Interceptor for GatedWrites {
+    async fn before(&self, request: Request) -> Result<()> {
+        if let Request::Write { offset, .. } = request {
+            if offset >= self.data_start {
+                if self.armed.swap(false, Ordering::SeqCst) {
+                    // notify_one stores a permit, so neither side can miss the other.
+                    self.entered.notify_one();
+                    self.release.notified().await;
+                }
+                self.data_writes.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A quiesce lets the batch of stripes under way finish, then holds the rebuild: no stripe
+/// is rebuilt while quiesced, and the rebuild completes after the resume.
+#[tokio::test(flavor = "current_thread")]
+async fn quiesce_pauses_a_rebuild_and_resume_continues_it() {
+    let size = member_size(CHUNK, JOURNAL, STRIPES);
+    let devices: Vec<DeviceRef> = (0..3)
+        .map(|_| Arc::new(MemoryDevice::new(size)) as DeviceRef)
+        .collect();
+    let present: Vec<Option<DeviceRef>> = devices.iter().cloned().map(Some).collect();
+    let raid = Arc::new(open(&present, CHUNK, JOURNAL).await.unwrap());
+    let len = raid.geometry().size as usize;
+    let model: Vec<u8> = (0..len).map(|i| (i / 512 * 13 + i) as u8).collect();
+    raid.write(0, Bytes::from(model.clone()), WriteFlags::default())
+        .await
+        .unwrap();
+    fail_member(raid.as_ref(), 1).await.unwrap();
+    let stripes = raid.layout().stripes;
+    let replacement = Intercepted::new(
+        Arc::new(MemoryDevice::new(size)),
+        GatedWrites {
+            data_start: raid.layout().data_start,
+            armed: true.into(),
+            data_writes: AtomicU64::new(0),
+            entered: tokio::sync::Notify::new(),
+            release: tokio::sync::Notify::new(),
+        },
+    );
+    let member = Member {
+        name: "spare".into(),
+        device: replacement.clone(),
+    };
+    raid.control(Control::ReplaceMember { index: 1, member })
+        .await
+        .unwrap();
+    replacement.entered.notified().await;
+
+    let quiescing = {
+        let raid = raid.clone();
+        tokio::spawn(async move { raid.control(Control::Quiesce).await })
+    };
+    for _ in 0..100 {
+        tokio::task::yield_now().await;
+    }
+    assert!(
+        !quiescing.is_finished(),
+        "the quiesce must wait for the batch under way"
+    );
+    replacement.release.notify_one();
+    quiescing.await.unwrap().expect("quiesce");
+    let batch = replacement.data_writes.load(Ordering::SeqCst);
+    assert!(batch > 0 && batch < stripes, "{batch} of {stripes} stripes");
+    for _ in 0..1000 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(
+        replacement.data_writes.load(Ordering::SeqCst),
+        batch,
+        "stripes rebuilt while quiesced"
+    );
+    assert_eq!(
+        raid.member_states()[1],
+        strata_raid::raid5::MemberState::Rebuilding
+    );
+
+    raid.control(Control::Resume).await.expect("resume");
+    wait_rebuilt(&raid).await;
+    assert_eq!(replacement.data_writes.load(Ordering::SeqCst), stripes);
+    read_all(&raid, &model, "after the quiesced rebuild").await;
+    raid.flush().await.unwrap();
+    let mut members = devices.clone();
+    members[1] = replacement;
+    check_parity(&members, raid.layout()).await;
+    raid.control(Control::Stop).await.expect("stop");
+}

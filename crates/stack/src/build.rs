@@ -60,6 +60,17 @@ impl Node {
             NodeKind::Pool(pool) => pool.flush().await,
         }
     }
+
+    /// Ends the node's background work (rebuild, resync, committer) and waits for it.
+    pub async fn stop_background(&self) -> strata_core::Result<()> {
+        match &self.kind {
+            NodeKind::Device(device) => strata_core::lifecycle::stop(device).await,
+            NodeKind::Pool(pool) => {
+                pool.background().stop().await;
+                Ok(())
+            }
+        }
+    }
 }
 
 /// What the operator allowed at this start (`strata serve --format LAYER --degraded`).

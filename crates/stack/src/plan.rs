@@ -8,6 +8,8 @@
 //! kept whatever happens later (a later failure then undoes only the steps after it).
 
 use async_trait::async_trait;
+use strata_core::lifecycle::while_quiesced;
+use strata_core::DeviceRef;
 
 /// One step of a plan over the state `S` it changes.
 #[async_trait]
@@ -26,6 +28,40 @@ pub trait Step<S: Send>: Send {
     /// False for a point of no return (see the module comment).
     fn reversible(&self) -> bool {
         true
+    }
+}
+
+/// `step` run with `device`'s background work (rebuild, resync, committer) quiesced, and
+/// resumed afterwards whatever the step returns: the one path by which an online change
+/// keeps a layer's background work from running under it. A layer with no background work
+/// just runs the step.
+pub struct Quiesced<T> {
+    device: DeviceRef,
+    step: T,
+}
+
+impl<T> Quiesced<T> {
+    pub fn new(device: DeviceRef, step: T) -> Self {
+        Quiesced { device, step }
+    }
+}
+
+#[async_trait]
+impl<S: Send, T: Step<S>> Step<S> for Quiesced<T> {
+    fn describe(&self) -> String {
+        self.step.describe()
+    }
+
+    async fn apply(&mut self, state: &mut S) -> anyhow::Result<()> {
+        while_quiesced(&self.device, self.step.apply(state)).await?
+    }
+
+    async fn undo(&mut self, state: &mut S) -> anyhow::Result<()> {
+        while_quiesced(&self.device, self.step.undo(state)).await?
+    }
+
+    fn reversible(&self) -> bool {
+        self.step.reversible()
     }
 }
 
@@ -161,6 +197,66 @@ mod tests {
             .then(failing)
             .then(record(4));
         assert_eq!(run(plan), (vec![], Some("step 3: refused".to_string())));
+    }
+
+    /// A layer that logs the lifecycle verbs it is sent into the plan's log (as 100 + verb).
+    struct Layer(std::sync::Arc<std::sync::Mutex<Vec<u32>>>);
+
+    #[async_trait]
+    impl strata_core::BlockDevice for Layer {
+        fn geometry(&self) -> strata_core::Geometry {
+            strata_core::Geometry::byte_addressable(4096)
+        }
+        fn capabilities(&self) -> strata_core::Capabilities {
+            strata_core::Capabilities::default()
+        }
+        async fn read(&self, _offset: u64, len: usize) -> strata_core::Result<bytes::BytesMut> {
+            Ok(bytes::BytesMut::zeroed(len))
+        }
+        async fn write(
+            &self,
+            _offset: u64,
+            _data: bytes::Bytes,
+            _flags: strata_core::WriteFlags,
+        ) -> strata_core::Result<()> {
+            Ok(())
+        }
+        async fn flush(&self) -> strata_core::Result<()> {
+            Ok(())
+        }
+        async fn control(
+            &self,
+            request: strata_core::Control,
+        ) -> strata_core::Result<strata_core::ControlReply> {
+            let code = match request {
+                strata_core::Control::Quiesce => 101,
+                strata_core::Control::Resume => 102,
+                other => return Err(strata_core::refuse(&other)),
+            };
+            self.0.lock().unwrap().push(code);
+            Ok(strata_core::ControlReply::Done)
+        }
+    }
+
+    #[test]
+    fn a_quiesced_step_runs_between_quiesce_and_resume_even_when_it_fails() {
+        let verbs = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let layer: DeviceRef = std::sync::Arc::new(Layer(verbs.clone()));
+        let failing = Record {
+            fails: true,
+            ..record(2)
+        };
+        let plan = Plan::new()
+            .then(Quiesced::new(layer.clone(), record(1)))
+            .then(Quiesced::new(layer, failing));
+        assert_eq!(plan.describe(), ["step 1", "step 2"]);
+        assert_eq!(run(plan), (vec![], Some("step 2: refused".to_string())));
+        // Step 1 applied, step 2 failed, step 1 undone: each under its own quiesce.
+        assert_eq!(
+            *verbs.lock().unwrap(),
+            [101, 102, 101, 102, 101, 102],
+            "every quiesce is resumed"
+        );
     }
 
     #[test]

@@ -25,7 +25,7 @@ use toml_edit::{value, Array, DocumentMut, Item, Table};
 use crate::build::{Node, NodeKind};
 use crate::config::{self, Loaded};
 use crate::hierarchy::{self, Labelled};
-use crate::plan::{Plan, Step};
+use crate::plan::{Plan, Quiesced, Step};
 use crate::registry;
 
 /// A change an administrator asks for.
@@ -422,11 +422,14 @@ impl Reconfig {
         let attach = new_disk.map(|(name, path, size)| AttachDisk { name, path, size });
         Ok(Plan::new()
             .then_some(attach)
-            .then(TellLayer {
-                layer: layer_name,
-                device,
-                order,
-            })
+            .then(Quiesced::new(
+                device.clone(),
+                TellLayer {
+                    layer: layer_name,
+                    device,
+                    order,
+                },
+            ))
             .then_some(replaced.map(DetachNode::new))
             .then(RecordConfig::new(text, new_text, loaded)))
     }

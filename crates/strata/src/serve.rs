@@ -212,8 +212,16 @@ pub async fn serve(loaded: Loaded, start: build::StartOptions) -> anyhow::Result
     if !server.wait_closed(DRAIN_TIMEOUT).await {
         warn!("some clients did not take their last replies within {DRAIN_TIMEOUT:?}");
     }
+    // Background work ends before the final flush, so nothing writes behind it; an
+    // unfinished rebuild or resync resumes from its checkpoint at the next start.
+    let nodes = state.nodes();
+    for node in &nodes {
+        if let Err(e) = node.stop_background().await {
+            warn!(device = %node.name, "stopping background work failed: {e}");
+        }
+    }
     let mut failed = false;
-    for node in &state.nodes() {
+    for node in &nodes {
         if let Err(e) = node.flush().await {
             error!(device = %node.name, "final flush failed: {e}");
             failed = true;

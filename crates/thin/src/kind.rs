@@ -158,6 +158,10 @@ impl BlockDevice for PoolNode {
     }
 
     async fn control(&self, request: Control) -> Result<ControlReply> {
+        // Quiesce, resume and stop reach the pool's metadata committer.
+        if let Some(reply) = self.0.background().control(&request).await {
+            return Ok(reply);
+        }
         match request {
             Control::Describe => self.0.describe().await.map(ControlReply::Describe),
             Control::Volumes => Ok(ControlReply::Names(self.0.volume_names())),

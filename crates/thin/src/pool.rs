@@ -457,6 +457,12 @@ impl ThinPool {
         &self.store
     }
 
+    /// The pool's background work (its metadata committer): online changes quiesce it,
+    /// shutdown stops it before the final flush.
+    pub fn background(&self) -> &strata_core::Background {
+        self.store.background()
+    }
+
     /// Creates a volume of `size` bytes (a multiple of 512); it exists durably on return.
     pub async fn create_volume(self: &Arc<Self>, name: &str, size: u64) -> Result<Arc<ThinVolume>> {
         if name.is_empty() || name.len() > 64 || name.contains('/') {

@@ -22,8 +22,11 @@ use super::MirrorConfig;
 
 impl Inner {
     pub async fn control(self: &Arc<Self>, request: Control) -> Result<ControlReply> {
+        if let Some(reply) = self.background.control(&request).await {
+            return Ok(reply);
+        }
         match request {
-            Control::Describe => Ok(ControlReply::Describe(self.describe().await)),
+            Control::Describe => Ok(ControlReply::Describe(self.describe().await?)),
             Control::AddMember(member) => {
                 self.add_member(None, member).await?;
                 Ok(ControlReply::Done)
@@ -43,7 +46,7 @@ impl Inner {
 
     /// Refuses to fail the last in-sync member (md does the same): that would fail the mirror.
     fn check_can_fail(&self, index: usize) -> Result<()> {
-        let states = self.states();
+        let states = self.states()?;
         if index >= states.len() {
             return Err(BlockError::InvalidArgument(format!(
                 "mirror {}: no member {index}",
@@ -77,14 +80,14 @@ impl Inner {
         }
         if let Some(index) = index {
             self.check_can_fail(index)?;
-            if self.states()[index] != MemberState::Faulty {
+            if self.states()?[index] != MemberState::Faulty {
                 self.mark_faulty(index, "being replaced").await?;
             }
         }
         zero_region(&member.device, self.data_offset).await?;
         let state = MemberState::Resyncing { done: 0 };
         let index = {
-            let mut slots = self.slots.write().unwrap();
+            let mut slots = self.slots_write()?;
             let slot = Slot {
                 name: member.name.clone(),
                 device: Some(member.device.clone()),
@@ -118,8 +121,7 @@ impl Inner {
         self.store.checkpoint_now().await?;
         self.commit().await?;
         tracing::info!(mirror = %self.name, member = %member.name, index, "member added; resync starts");
-        self.kick_resync();
-        Ok(())
+        self.kick_resync()
     }
 
     /// The configuration as the mirror runs: region and metadata size as its metadata
@@ -133,20 +135,18 @@ impl Inner {
         }
     }
 
-    async fn describe(&self) -> NodeStatus {
+    async fn describe(&self) -> Result<NodeStatus> {
         let mut node = NodeStatus::new(&self.name, "mirror", self.size);
         // Activity is read before the member states: the resync marks its target in sync a
         // moment before it clears its activity, so the reverse order could show a healthy
         // mirror still "resyncing".
-        let activity = self.resync.lock().unwrap().activity.clone();
+        let activity = self.resync_control()?.activity.clone();
         let members: Vec<(String, Option<DeviceRef>, MemberState)> = self
-            .slots
-            .read()
-            .unwrap()
+            .slots_read()?
             .iter()
             .map(|s| (s.name.clone(), s.device.clone(), s.state))
             .collect();
-        let needs_sync = self.regions.lock().unwrap().needs_sync.len();
+        let needs_sync = self.regions_lock()?.needs_sync.len();
         let in_sync = members
             .iter()
             .filter(|(_, _, s)| *s == MemberState::InSync)
@@ -199,7 +199,7 @@ impl Inner {
                 ),
             ));
         }
-        node
+        Ok(node)
     }
 }
 

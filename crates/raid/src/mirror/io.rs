@@ -7,6 +7,7 @@
 //! member reads zeros after it and members never drift apart).
 
 use std::sync::atomic::Ordering;
+use std::sync::PoisonError;
 
 use bytes::{Bytes, BytesMut};
 use futures_util::future::join_all;
@@ -30,7 +31,11 @@ struct InFlight<'a> {
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         let now = self.inner.runtime.now();
-        let mut regions = self.inner.regions.lock().unwrap();
+        let mut regions = self
+            .inner
+            .regions
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         for r in self.range.clone() {
             if let Some(track) = regions.track.get_mut(&r) {
                 track.inflight -= 1;
@@ -87,7 +92,7 @@ impl Inner {
     /// one member succeeded.
     pub async fn write_members(&self, what: &str, offset: u64, op: MemberOp<'_>) -> Result<()> {
         let targets: Vec<(usize, DeviceRef)> = self
-            .snapshot()
+            .snapshot()?
             .into_iter()
             .enumerate()
             .filter_map(|(i, (d, s))| d.filter(|_| s.receives_writes()).map(|d| (i, d)))
@@ -130,7 +135,7 @@ impl Inner {
     pub async fn read_data(&self, offset: u64, len: usize) -> Result<BytesMut> {
         self.geometry.check_range(offset, len as u64)?;
         let end = offset + len as u64;
-        let snapshot = self.snapshot();
+        let snapshot = self.snapshot()?;
         let states: Vec<MemberState> = snapshot.iter().map(|(_, s)| *s).collect();
         let pinned = {
             let regions = poison::check(self.regions.lock(), &self.name, "the region table")?;
@@ -174,7 +179,7 @@ impl Inner {
     async fn repair(&self, offset: u64, len: usize, good: usize, failed: &[usize]) -> Result<()> {
         let range = regions_of(offset, len as u64, self.region);
         let _exclusive = self.region_locks().write_range(range).await;
-        let snapshot = self.snapshot();
+        let snapshot = self.snapshot()?;
         let Some(source) = snapshot[good].0.clone() else {
             return Ok(());
         };
@@ -212,7 +217,7 @@ impl Inner {
     }
 
     pub async fn flush_members(&self) -> Result<()> {
-        let cleanable = self.clean_candidates();
+        let cleanable = self.clean_candidates()?;
         self.write_members("flush", 0, &|d, _| Box::pin(async move { d.flush().await }))
             .await?;
         // Commit the clears now, so that a crash after this flush resyncs only what was
@@ -224,7 +229,9 @@ impl Inner {
     }
 
     fn caps(&self) -> Vec<Capabilities> {
+        // A poisoned member table fails every request; capabilities then claim nothing.
         self.snapshot()
+            .unwrap_or_default()
             .into_iter()
             .filter(|(_, s)| s.receives_writes())
             .filter_map(|(d, _)| d.map(|d| d.capabilities()))

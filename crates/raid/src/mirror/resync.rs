@@ -26,10 +26,10 @@ use super::state::Inner;
 impl Inner {
     /// Regions whose bit may be cleared once a flush that starts now completes, with the
     /// write generation each had.
-    pub fn clean_candidates(&self) -> Vec<(u64, u64)> {
+    pub fn clean_candidates(&self) -> Result<Vec<(u64, u64)>> {
         let now = self.runtime.now();
-        let regions = self.regions.lock().unwrap();
-        regions
+        let regions = self.regions_lock()?;
+        Ok(regions
             .track
             .iter()
             .filter(|(r, t)| {
@@ -39,7 +39,7 @@ impl Inner {
                     && now.saturating_sub(t.last_write) >= self.options.bitmap_clear
             })
             .map(|(&r, t)| (r, t.generation))
-            .collect()
+            .collect())
     }
 
     /// Clears the bits of candidates untouched since they were picked (not yet durable).
@@ -48,7 +48,7 @@ impl Inner {
         if candidates.is_empty() {
             return Ok(false);
         }
-        let mut regions = self.regions.lock().unwrap();
+        let mut regions = self.regions_lock()?;
         let clear: Vec<u64> = candidates
             .iter()
             .filter(|(r, generation)| {
@@ -81,11 +81,11 @@ impl Inner {
         }
         let weak = Arc::downgrade(self);
         let runtime = self.runtime.clone();
-        self.runtime.spawn(Box::pin(async move {
-            loop {
-                runtime.sleep(interval).await;
+        self.background.spawn(self.runtime.as_ref(), |worker| async move {
+            while worker.sleep(runtime.as_ref(), interval).await {
+                let Some(_step) = worker.step().await else { return };
                 let Some(inner) = weak.upgrade() else { return };
-                if inner.clean_candidates().is_empty() {
+                if inner.clean_candidates().is_ok_and(|c| c.is_empty()) {
                     continue;
                 }
                 let result = async {
@@ -97,27 +97,38 @@ impl Inner {
                     tracing::warn!(mirror = %inner.name, %error, "bitmap cleaning failed; will retry");
                 }
             }
-        }));
+        });
     }
 
     /// Starts the resync task unless it runs; if it runs, makes it look for work again.
-    pub fn kick_resync(self: &Arc<Self>) {
+    /// Each region copied is one step of the mirror's background work: a quiesce lets the
+    /// copy under way finish and holds the next; a stop ends the task (an unfinished resync
+    /// resumes from its checkpoint at the next open).
+    pub fn kick_resync(self: &Arc<Self>) -> Result<()> {
         {
-            let mut control = self.resync.lock().unwrap();
+            let mut control = self.resync_control()?;
             if control.running {
                 control.again = true;
-                return;
+                return Ok(());
             }
             control.running = true;
             control.again = false;
         }
         let weak = Arc::downgrade(self);
-        self.runtime.spawn(Box::pin(async move {
+        let spawned = self.background.spawn(self.runtime.as_ref(), |worker| async move {
             loop {
+                let step = worker.step().await;
                 let Some(inner) = weak.upgrade() else { return };
-                let step = inner.resync_step().await;
-                let mut control = inner.resync.lock().unwrap();
-                match step {
+                let Some(_step) = step else {
+                    inner.resync_ended();
+                    return;
+                };
+                let result = inner.resync_step().await;
+                let Ok(mut control) = inner.resync_control() else {
+                    tracing::error!(mirror = %inner.name, "resync stopped: its state lock is poisoned");
+                    return;
+                };
+                match result {
                     Ok(true) => continue,
                     Ok(false) if control.again => {
                         control.again = false;
@@ -140,22 +151,35 @@ impl Inner {
                 control.activity = None;
                 return;
             }
-        }));
+        });
+        if !spawned {
+            self.resync_ended();
+        }
+        Ok(())
     }
 
-    fn set_activity(&self, what: String, done_bytes: u64, total_bytes: u64) {
-        self.resync.lock().unwrap().activity = Some(Activity {
+    /// The resync task is gone (stopped): the next kick may start one again.
+    fn resync_ended(&self) {
+        if let Ok(mut control) = self.resync_control() {
+            control.running = false;
+            control.activity = None;
+        }
+    }
+
+    fn set_activity(&self, what: String, done_bytes: u64, total_bytes: u64) -> Result<()> {
+        self.resync_control()?.activity = Some(Activity {
             what,
             done_bytes,
             total_bytes,
         });
+        Ok(())
     }
 
     /// Copies one region; Ok(false) when there is nothing left to do.
     async fn resync_step(&self) -> Result<bool> {
-        let dirty = self.regions.lock().unwrap().needs_sync.first().copied();
+        let dirty = self.regions_lock()?.needs_sync.first().copied();
         if let Some(r) = dirty {
-            let states = self.states();
+            let states = self.states()?;
             let source = sync_source(&states).ok_or_else(|| stalled(&self.name))?;
             let start = r * self.region;
             let targets: Vec<usize> = (0..states.len())
@@ -167,17 +191,17 @@ impl Inner {
                 })
                 .collect();
             self.copy_region(r, source, &targets).await?;
-            self.regions.lock().unwrap().needs_sync.remove(&r);
+            self.regions_lock()?.needs_sync.remove(&r);
             let synced = self.counters.dirty_synced.fetch_add(1, Ordering::Relaxed) + 1;
             let total = self.counters.dirty_at_open.load(Ordering::Relaxed);
             self.set_activity(
                 "resyncing dirty regions".into(),
                 synced * self.region,
                 total * self.region,
-            );
+            )?;
             return Ok(true);
         }
-        let snapshot = self.snapshot();
+        let snapshot = self.snapshot()?;
         let states: Vec<MemberState> = snapshot.iter().map(|(_, s)| *s).collect();
         let Some((target, done)) = states.iter().enumerate().find_map(|(i, s)| match s {
             MemberState::Resyncing { done } => Some((i, *done)),
@@ -190,7 +214,7 @@ impl Inner {
         let Some(device) = snapshot[target].0.clone() else {
             return Ok(true);
         };
-        let name = self.slots.read().unwrap()[target].name.clone();
+        let name = self.slots_read()?[target].name.clone();
         if done < self.size {
             let source = sync_source(&states).ok_or_else(|| stalled(&self.name))?;
             let r = done / self.region;
@@ -201,7 +225,7 @@ impl Inner {
                 .fetch_add(bytes.end - bytes.start, Ordering::Relaxed);
             let now_done = bytes.end;
             {
-                let mut slots = self.slots.write().unwrap();
+                let mut slots = self.slots_write()?;
                 let slot = &mut slots[target];
                 let same = slot
                     .device
@@ -215,7 +239,7 @@ impl Inner {
                     return Ok(true);
                 }
             }
-            self.set_activity(format!("resyncing {name}"), now_done, self.size);
+            self.set_activity(format!("resyncing {name}"), now_done, self.size)?;
             let every = (self.options.resync_checkpoint / self.region).max(1);
             if now_done < self.size && !(r + 1).is_multiple_of(every) {
                 return Ok(true);
@@ -231,7 +255,7 @@ impl Inner {
             .await?;
             return Ok(true);
         }
-        let MemberState::Resyncing { done } = self.states()[target] else {
+        let MemberState::Resyncing { done } = self.states()?[target] else {
             return Ok(true);
         };
         let state = if done >= self.size {
@@ -251,10 +275,10 @@ impl Inner {
     /// a write is faulty.
     async fn copy_region(&self, r: u64, source: usize, targets: &[usize]) -> Result<()> {
         let _lock = self.region_locks().write(r).await;
-        if let Some(track) = self.regions.lock().unwrap().track.get_mut(&r) {
+        if let Some(track) = self.regions_lock()?.track.get_mut(&r) {
             track.generation += 1;
         }
-        let snapshot = self.snapshot();
+        let snapshot = self.snapshot()?;
         let mut sources: Vec<DeviceRef> = Vec::new();
         for (i, (device, state)) in snapshot.iter().enumerate() {
             if let (Some(device), MemberState::InSync) = (device, state) {

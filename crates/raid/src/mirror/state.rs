@@ -7,10 +7,12 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
 
-use strata_core::{Activity, BlockError, DeviceRef, Geometry, Result, StripedLocks};
+use strata_core::{
+    poison, Activity, Background, BlockError, DeviceRef, Geometry, Result, StripedLocks,
+};
 use strata_meta::{MetaStore, TxnClass};
 
 use super::meta::{self, same_device, FormatPlan, Ids, MetaFanout};
@@ -78,6 +80,8 @@ pub(super) struct Inner {
     pub turn: AtomicUsize,
     pub resync: Mutex<ResyncControl>,
     pub counters: Counters,
+    /// The resync and the bitmap cleaner: quiesced by online changes, stopped at shutdown.
+    pub background: Background,
 }
 
 /// A RAID-1 mirror; see the module docs.
@@ -228,19 +232,22 @@ impl Mirror {
             turn: AtomicUsize::new(0),
             resync: Mutex::new(ResyncControl::default()),
             counters,
+            background: Background::new(),
             options,
         });
         tracing::info!(mirror = %inner.name, size = inner.size, dirty = inner.counters.dirty_at_open.load(Ordering::Relaxed), "mirror assembled");
         // Members that failed the open's metadata rewrite become faulty now.
         inner.commit().await?;
-        inner.kick_resync();
+        inner.kick_resync()?;
         inner.start_cleaner();
         Ok(Mirror { inner })
     }
 
     /// Member states, by slot.
     pub fn member_states(&self) -> Vec<MemberState> {
-        self.inner.states()
+        let slots = self.inner.slots.read();
+        let slots = slots.unwrap_or_else(PoisonError::into_inner);
+        slots.iter().map(|s| s.state).collect()
     }
 
     pub fn stats(&self) -> MirrorStats {
@@ -278,7 +285,8 @@ impl Mirror {
 
     /// Whether no resync is running or pending.
     pub fn resync_idle(&self) -> bool {
-        !self.inner.resync.lock().unwrap().running
+        let control = self.inner.resync.lock();
+        !control.unwrap_or_else(PoisonError::into_inner).running
     }
 
     /// Waits (polling through the runtime) until no resync runs.
@@ -311,18 +319,34 @@ fn combined_geometry(members: &[&DeviceRef]) -> Geometry {
 }
 
 impl Inner {
-    pub fn states(&self) -> Vec<MemberState> {
-        self.slots.read().unwrap().iter().map(|s| s.state).collect()
+    /// The member table, or a failure of the mirror if a panic poisoned it.
+    pub fn slots_read(&self) -> Result<RwLockReadGuard<'_, Vec<Slot>>> {
+        poison::check(self.slots.read(), &self.name, "the member table")
+    }
+
+    pub fn slots_write(&self) -> Result<RwLockWriteGuard<'_, Vec<Slot>>> {
+        poison::check(self.slots.write(), &self.name, "the member table")
+    }
+
+    pub fn regions_lock(&self) -> Result<MutexGuard<'_, Regions>> {
+        poison::check(self.regions.lock(), &self.name, "the region table")
+    }
+
+    pub fn resync_control(&self) -> Result<MutexGuard<'_, ResyncControl>> {
+        poison::check(self.resync.lock(), &self.name, "the resync state")
+    }
+
+    pub fn states(&self) -> Result<Vec<MemberState>> {
+        Ok(self.slots_read()?.iter().map(|s| s.state).collect())
     }
 
     /// Devices and states, for one request.
-    pub fn snapshot(&self) -> Vec<(Option<DeviceRef>, MemberState)> {
-        self.slots
-            .read()
-            .unwrap()
+    pub fn snapshot(&self) -> Result<Vec<(Option<DeviceRef>, MemberState)>> {
+        Ok(self
+            .slots_read()?
             .iter()
             .map(|s| (s.device.clone(), s.state))
-            .collect()
+            .collect())
     }
 
     /// The region locks (striped): writes share them, a resync copy or a read repair holds
@@ -359,7 +383,7 @@ impl Inner {
     /// metadata write to the old disk that failed while `ReplaceMember` ran). Faulting the
     /// slot then would fail a healthy replacement, and with it possibly the last good copy.
     fn stage_faulty(&self, index: usize, device: Option<&DeviceRef>, why: &str) -> Result<()> {
-        let mut slots = self.slots.write().unwrap();
+        let mut slots = self.slots_write()?;
         let slot = &mut slots[index];
         if slot.state == MemberState::Faulty {
             return Ok(());
@@ -411,7 +435,7 @@ impl Inner {
         state: MemberState,
     ) -> Result<()> {
         {
-            let mut slots = self.slots.write().unwrap();
+            let mut slots = self.slots_write()?;
             let slot = &mut slots[index];
             let same = slot.device.as_ref().is_some_and(|d| same_device(d, device));
             if slot.state == MemberState::Faulty || !same {

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use bytes::Bytes;
 use futures_util::future::join_all;
 use strata_core::{
-    poison, Activity, BlockError, DeviceRef, Result, Runtime, StripedLocks, WriteFlags,
+    poison, Activity, Background, BlockError, DeviceRef, Result, Runtime, StripedLocks, WriteFlags,
 };
 use strata_meta::{MetaStore, ObjectId, TxnClass};
 
@@ -73,6 +73,8 @@ pub struct Array {
     /// Stripe-journal damage repaired from the other copy at open (shown by Describe, so a
     /// failing medium is seen before a second fault makes the damage unrecoverable).
     pub journal_findings: AtomicU64,
+    /// The rebuild: quiesced by online changes, stopped at shutdown.
+    pub background: Background,
 }
 
 impl Array {

@@ -45,8 +45,8 @@ use strata_core::layer::verbs;
 use bytes::{Bytes, BytesMut};
 use futures_util::future::{join_all, try_join_all};
 use strata_core::{
-    async_trait, BlockDevice, BlockError, Capabilities, Control, ControlReply, DeviceRef, Geometry,
-    Health, NodeStatus, Result, Runtime, WriteFlags, ZeroFlags,
+    async_trait, poison, BlockDevice, BlockError, Capabilities, Control, ControlReply, DeviceRef,
+    Geometry, Health, NodeStatus, Result, Runtime, WriteFlags, ZeroFlags,
 };
 
 pub use layout::Layout;
@@ -145,13 +145,7 @@ impl Raid5 {
             .iter()
             .position(|m| m.state == MemberState::Rebuilding);
         if let Some(index) = rebuilding {
-            let task = array.clone();
-            array.runtime.spawn(Box::pin(async move {
-                if let Err(error) = task.rebuild(index).await {
-                    tracing::error!(array = %task.name, %error, "raid5: rebuild stopped");
-                }
-                *task.activity.lock().unwrap() = None;
-            }));
+            array.spawn_rebuild(index);
         }
         Ok(Raid5 {
             array,
@@ -176,7 +170,10 @@ impl Raid5 {
     /// Array byte ranges that read as errors because a crash tore them while degraded.
     pub fn lost_ranges(&self) -> Vec<(u64, u64)> {
         let layout = self.array.layout;
-        let lost = self.array.lost.lock().unwrap().clone();
+        let lost = self.array.lost.lock();
+        let lost = lost
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
         lost.into_iter()
             .filter_map(|(stripe, member)| {
                 let r = layout.data_index(stripe, member)? as u64;
@@ -187,8 +184,14 @@ impl Raid5 {
     }
 
     pub fn health(&self) -> Health {
-        match self.array.members.unhealthy() {
-            0 | 1 if self.array.journal_failed.lock().unwrap().is_some() => Health::ReadOnly,
+        let a = &self.array;
+        let Ok(journal_failed) =
+            poison::check(a.journal_failed.lock(), &a.name, "the journal state")
+        else {
+            return Health::Failed;
+        };
+        match a.members.unhealthy() {
+            0 | 1 if journal_failed.is_some() => Health::ReadOnly,
             0 => Health::Ok,
             1 => Health::Degraded,
             _ => Health::Failed,
@@ -200,21 +203,19 @@ impl Raid5 {
         let mut node = NodeStatus::new(&a.name, "raid5", a.layout.size());
         // Activity before health: a rebuild marks its member in sync just before clearing
         // its activity, and a healthy array must not show a rebuild still running.
-        let activity = a.activity.lock().unwrap().clone();
+        let activity = poison::check(a.activity.lock(), &a.name, "the rebuild progress")?.clone();
         node.health = self.health();
+        let journal_bytes =
+            poison::check(a.record.lock(), &a.name, "the array record")?.journal_bytes;
+        let journal_failed =
+            poison::check(a.journal_failed.lock(), &a.name, "the journal state")?.clone();
         let states = a.members.snapshot();
         node.detail = vec![
             ("chunk".into(), a.layout.chunk_bytes.to_string()),
             ("members".into(), a.layout.members.to_string()),
             ("layout".into(), "left-asymmetric".into()),
-            (
-                "journal bytes".into(),
-                a.record.lock().unwrap().journal_bytes.to_string(),
-            ),
-            (
-                "lost chunks".into(),
-                a.lost.lock().unwrap().len().to_string(),
-            ),
+            ("journal bytes".into(), journal_bytes.to_string()),
+            ("lost chunks".into(), a.lost_chunks()?.len().to_string()),
             (
                 "journal findings".into(),
                 a.journal_findings
@@ -244,20 +245,21 @@ impl Raid5 {
         }
         let mut config = Raid5Config {
             chunk: Some(ByteSize(a.layout.chunk_bytes)),
-            journal: Some(ByteSize(a.record.lock().unwrap().journal_bytes)),
+            journal: Some(ByteSize(journal_bytes)),
             journal_device: None,
         };
         if let Some(device) = &a.journal_device {
-            let failed = a.journal_failed.lock().unwrap().clone();
             node.detail.push((
                 "journal device".into(),
-                failed.map_or("ok".into(), |reason| format!("failed: {reason}")),
+                journal_failed
+                    .clone()
+                    .map_or("ok".into(), |reason| format!("failed: {reason}")),
             ));
             let mut child = match device.control(Control::Describe).await {
                 Ok(ControlReply::Describe(status)) => status,
                 _ => NodeStatus::new("journal device", "unknown", device.geometry().size),
             };
-            if a.journal_failed.lock().unwrap().is_some() {
+            if journal_failed.is_some() {
                 child.health = Health::Failed;
             }
             // A Raid5 opened directly (not from a configuration) knows its journal device
@@ -360,6 +362,9 @@ impl BlockDevice for Raid5 {
     }
 
     async fn control(&self, request: Control) -> Result<ControlReply> {
+        if let Some(reply) = self.array.background.control(&request).await {
+            return Ok(reply);
+        }
         match request {
             Control::Describe => Ok(ControlReply::Describe(self.describe().await?)),
             Control::FailMember { index } if index < self.array.layout.members => {

@@ -537,5 +537,6 @@ fn build(
         skip_journal: settings.unsafe_skip_journal,
         resets: AtomicU64::new(0),
         journal_findings: AtomicU64::new(0),
+        background: strata_core::Background::new(),
     })
 }

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use futures_util::future::join_all;
-use strata_core::{Activity, BlockError, DeviceRef, Member, Result, WriteFlags};
+use strata_core::{poison, Activity, BlockError, DeviceRef, Member, Result, WriteFlags};
 
 use super::array::{Array, Fault};
 use super::members::{MemberState, META_BYTES};
@@ -50,14 +50,46 @@ impl Array {
             )));
         }
         self.install(index, member.device).await?;
-        let array = self.clone();
-        self.runtime.spawn(Box::pin(async move {
-            if let Err(error) = array.rebuild(index).await {
-                tracing::error!(array = %array.name, member = index, %error, "raid5: rebuild stopped");
-            }
-            *array.activity.lock().unwrap() = None;
-        }));
+        self.spawn_rebuild(index);
         Ok(())
+    }
+
+    /// Rebuilds member `index` from its durable checkpoint to the end, as the array's
+    /// background work: each batch of stripes (and the checkpoint after it) is one step, so
+    /// a quiesce lets the batch under way finish and holds the next, and a stop (or the
+    /// array being dropped) ends the rebuild there; the next open resumes it from its
+    /// checkpoint.
+    pub fn spawn_rebuild(self: &Arc<Self>, index: usize) {
+        let weak = Arc::downgrade(self);
+        self.background
+            .spawn(self.runtime.as_ref(), move |worker| async move {
+                let mut next = None;
+                loop {
+                    let step = worker.step().await;
+                    let Some(array) = weak.upgrade() else { return };
+                    let Some(_step) = step else {
+                        array.clear_activity();
+                        return;
+                    };
+                    match array.rebuild_batch(index, &mut next).await {
+                        Ok(true) => continue,
+                        Ok(false) => {}
+                        Err(error) => {
+                            tracing::error!(array = %array.name, member = index, %error, "raid5: rebuild stopped");
+                        }
+                    }
+                    array.clear_activity();
+                    return;
+                }
+            });
+    }
+
+    fn clear_activity(&self) {
+        if let Ok(mut activity) =
+            poison::check(self.activity.lock(), &self.name, "the rebuild progress")
+        {
+            *activity = None;
+        }
     }
 
     /// Puts `device` in place of member `index` as a rebuilding member with checkpoint 0.
@@ -78,7 +110,7 @@ impl Array {
         // overwrite what the rebuild derives. Emptying every journal (after a flush) retires
         // them all; the new member's journal starts in the same step.
         self.reset_journals().await?;
-        self.record.lock().unwrap().states[index].1 = 0;
+        poison::check(self.record.lock(), &self.name, "the array record")?.states[index].1 = 0;
         self.persist().await?;
         tracing::info!(array = %self.name, member = index, "raid5: member replaced; rebuilding");
         Ok(())
@@ -99,37 +131,43 @@ impl Array {
         )))
     }
 
-    /// Rebuilds member `index` from its durable checkpoint to the end.
-    pub async fn rebuild(&self, index: usize) -> Result<()> {
+    /// Rebuilds the next batch of member `index`'s stripes, from `next` (None: from its
+    /// durable checkpoint), checkpointing when one is due; marks the member active once
+    /// every stripe is rebuilt. Ok(false) when the rebuild is complete.
+    async fn rebuild_batch(&self, index: usize, next: &mut Option<u64>) -> Result<bool> {
         let stripes = self.layout.stripes;
-        let mut next = self.members.lock()[index].cursor;
-        while next < stripes {
-            self.set_activity(index, next);
-            let end = (next + BATCH).min(stripes);
-            let steps = (next..end).map(|s| self.rebuild_stripe(index, s));
-            for result in join_all(steps).await {
-                result?;
-            }
-            {
-                let mut table = self.members.lock();
-                if table[index].state != MemberState::Rebuilding {
-                    return Err(Array::io_error(format!(
-                        "raid5 {}: member {index} failed during its rebuild",
-                        self.name
-                    )));
-                }
-                table[index].cursor = end;
-                table[index].extra.retain(|&s| s >= end);
-            }
-            next = end;
-            if next.is_multiple_of(CHECKPOINT_STRIPES) || next == stripes {
-                self.checkpoint(index, next).await?;
-            }
+        let start = match *next {
+            Some(start) => start,
+            None => self.members.lock()[index].cursor,
+        };
+        if start >= stripes {
+            self.members.lock()[index].state = MemberState::Active;
+            self.persist().await?;
+            tracing::info!(array = %self.name, member = index, "raid5: rebuild complete");
+            return Ok(false);
         }
-        self.members.lock()[index].state = MemberState::Active;
-        self.persist().await?;
-        tracing::info!(array = %self.name, member = index, "raid5: rebuild complete");
-        Ok(())
+        self.set_activity(index, start)?;
+        let end = (start + BATCH).min(stripes);
+        let steps = (start..end).map(|s| self.rebuild_stripe(index, s));
+        for result in join_all(steps).await {
+            result?;
+        }
+        {
+            let mut table = self.members.lock();
+            if table[index].state != MemberState::Rebuilding {
+                return Err(Array::io_error(format!(
+                    "raid5 {}: member {index} failed during its rebuild",
+                    self.name
+                )));
+            }
+            table[index].cursor = end;
+            table[index].extra.retain(|&s| s >= end);
+        }
+        *next = Some(end);
+        if end.is_multiple_of(CHECKPOINT_STRIPES) || end == stripes {
+            self.checkpoint(index, end).await?;
+        }
+        Ok(true)
     }
 
     async fn checkpoint(&self, index: usize, cursor: u64) -> Result<()> {
@@ -145,7 +183,7 @@ impl Array {
                 self.name
             )));
         }
-        self.record.lock().unwrap().states[index].1 = cursor;
+        poison::check(self.record.lock(), &self.name, "the array record")?.states[index].1 = cursor;
         self.persist().await
     }
 
@@ -183,12 +221,14 @@ impl Array {
         Ok(())
     }
 
-    fn set_activity(&self, index: usize, done: u64) {
+    fn set_activity(&self, index: usize, done: u64) -> Result<()> {
         let bytes = self.layout.chunk_bytes;
-        *self.activity.lock().unwrap() = Some(Activity {
-            what: format!("rebuilding member {index}"),
-            done_bytes: done * bytes,
-            total_bytes: self.layout.stripes * bytes,
-        });
+        *poison::check(self.activity.lock(), &self.name, "the rebuild progress")? =
+            Some(Activity {
+                what: format!("rebuilding member {index}"),
+                done_bytes: done * bytes,
+                total_bytes: self.layout.stripes * bytes,
+            });
+        Ok(())
     }
 }
