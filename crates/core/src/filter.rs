@@ -22,6 +22,10 @@
 //! outside this crate). The filter keeps its own name in types and errors, and its methods
 //! are ordinary trait methods, so no macro hides what is generated.
 //!
+//! The blanket impl checks each request's range against the filter's geometry before the
+//! filter sees it, so a filter never acts (sleeps, counts, injects a fault) on a request the
+//! device refuses anyway, and no filter writes that check itself.
+//!
 //! Call a filter through `BlockDevice` (a `DeviceRef`, or `BlockDevice::read(&f, ..)`): with
 //! both traits in scope, `f.read(..)` on the concrete type is ambiguous.
 
@@ -87,10 +91,12 @@ impl<F: Filter> BlockDevice for F {
     }
 
     async fn read(&self, offset: u64, len: usize) -> Result<BytesMut> {
+        Filter::geometry(self).check_range(offset, len as u64)?;
         Filter::read(self, offset, len).await
     }
 
     async fn write(&self, offset: u64, data: Bytes, flags: WriteFlags) -> Result<()> {
+        Filter::geometry(self).check_range(offset, data.len() as u64)?;
         Filter::write(self, offset, data, flags).await
     }
 
@@ -99,14 +105,17 @@ impl<F: Filter> BlockDevice for F {
     }
 
     async fn discard(&self, offset: u64, len: u64) -> Result<()> {
+        Filter::geometry(self).check_range(offset, len)?;
         Filter::discard(self, offset, len).await
     }
 
     async fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> {
+        Filter::geometry(self).check_range(offset, len)?;
         Filter::write_zeroes(self, offset, len, flags).await
     }
 
     async fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
+        Filter::geometry(self).check_range(offset, len)?;
         Filter::block_status(self, offset, len).await
     }
 
@@ -204,5 +213,30 @@ mod tests {
             .write_zeroes(0, 4096, ZeroFlags::default())
             .await
             .unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_request_past_the_end_is_refused_before_the_filter_sees_it() {
+        let filter = Arc::new(CountReads {
+            next: Arc::new(Child),
+            reads: AtomicU64::new(0),
+        });
+        let device: DeviceRef = filter.clone();
+        let end = device.geometry().size;
+        assert!(matches!(
+            device.read(end - 1, 2).await,
+            Err(BlockError::OutOfRange { .. })
+        ));
+        assert_eq!(filter.reads.load(Ordering::Relaxed), 0);
+        for refused in [
+            device
+                .write(end, Bytes::from_static(b"x"), WriteFlags::default())
+                .await,
+            device.discard(end - 1, 2).await,
+            device.write_zeroes(u64::MAX, 2, ZeroFlags::default()).await,
+        ] {
+            assert!(matches!(refused, Err(BlockError::OutOfRange { .. })));
+        }
+        assert!(device.block_status(end, 1).await.is_err());
     }
 }

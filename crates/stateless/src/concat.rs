@@ -28,11 +28,14 @@
 use std::sync::{Arc, PoisonError, RwLock};
 use strata_core::layer::verbs;
 
+use crate::combined::{
+    describe_children, lcm, merge_extents, shared_capabilities, shared_geometry, Take,
+};
 use bytes::{Bytes, BytesMut};
 use futures_util::future::try_join_all;
 use strata_core::{
-    async_trait, push_extent, BlockDevice, BlockError, Capabilities, Control, ControlReply,
-    DeviceRef, Extent, Geometry, Member, NodeStatus, Result, WriteFlags, ZeroFlags,
+    async_trait, BlockDevice, BlockError, Capabilities, Control, ControlReply, DeviceRef, Extent,
+    Geometry, Member, NodeStatus, Result, WriteFlags, ZeroFlags,
 };
 
 use serde::{Deserialize, Serialize};
@@ -106,68 +109,6 @@ pub fn split(starts: &[u64], offset: u64, len: u64) -> Vec<Piece> {
     }
     debug_assert_eq!(pieces.iter().map(|p| p.len).sum::<u64>(), len);
     pieces
-}
-
-fn gcd(a: u64, b: u64) -> u64 {
-    if b == 0 {
-        a
-    } else {
-        gcd(b, a % b)
-    }
-}
-
-fn lcm(a: u64, b: u64) -> u64 {
-    a / gcd(a, b) * b
-}
-
-/// Capabilities of a device built from all of `children`: what they all can do, except that
-/// one read-only child makes the whole read-only, one volatile cache makes flush matter, one
-/// child with real block status makes holes reportable, one rotational child slows the lot.
-pub(crate) fn shared_capabilities(children: &[DeviceRef]) -> Capabilities {
-    let caps: Vec<Capabilities> = children.iter().map(|c| c.capabilities()).collect();
-    let all = |f: fn(&Capabilities) -> bool| caps.iter().all(f);
-    let any = |f: fn(&Capabilities) -> bool| caps.iter().any(f);
-    Capabilities {
-        read_only: any(|c| c.read_only),
-        flush: any(|c| c.flush),
-        fua: all(|c| c.fua),
-        discard: all(|c| c.discard),
-        write_zeroes: all(|c| c.write_zeroes),
-        fast_zero: all(|c| c.fast_zero),
-        block_status: any(|c| c.block_status),
-        consistent_across_openers: all(|c| c.consistent_across_openers),
-        rotational: any(|c| c.rotational),
-    }
-}
-
-/// The geometry every child accepts: the strictest alignment and block sizes, the smallest
-/// maximum request. Pieces of a request are never longer than the request, so `max_io` needs
-/// no more than the smallest child's.
-pub(crate) fn shared_geometry(children: &[DeviceRef], size: u64) -> Geometry {
-    let geometries: Vec<Geometry> = children.iter().map(|c| c.geometry()).collect();
-    let max = |f: fn(&Geometry) -> u32| geometries.iter().map(f).max().unwrap_or(512);
-    let min_io = geometries
-        .iter()
-        .fold(1, |acc, g| lcm(acc, u64::from(g.min_io.max(1))));
-    Geometry {
-        size,
-        min_io: u32::try_from(min_io).expect("min_io of powers of two fits in u32"),
-        logical_block: max(|g| g.logical_block),
-        physical_block: max(|g| g.physical_block),
-        preferred_io: max(|g| g.preferred_io),
-        max_io: geometries.iter().map(|g| g.max_io).min().unwrap_or(1 << 20),
-    }
-}
-
-/// Asks every child to describe itself, concurrently.
-pub(crate) async fn describe_children(children: &[DeviceRef]) -> Result<Vec<NodeStatus>> {
-    try_join_all(children.iter().map(|child| async move {
-        match child.control(Control::Describe).await? {
-            ControlReply::Describe(node) => Ok(node),
-            _ => Err(BlockError::Unsupported("describe")),
-        }
-    }))
-    .await
 }
 
 /// The layout requests work from; replaced whole when a member is added.
@@ -288,47 +229,6 @@ fn check_member(name: &str, member: &Member, align: u64) -> Result<()> {
     Ok(())
 }
 
-/// Appends the part of a child's answer `extents` (child coordinates, contiguous) that covers
-/// `[start, start + len)` on the child to `out`, moved to begin at `device_offset`. `cursor`
-/// indexes `extents` and only moves forward, so a caller that takes several increasing ranges
-/// from one answer (stripe's segments) walks it once. Returns how many bytes of the range the
-/// child described: a child may answer for less than asked, and a gap ends its answer; after
-/// that nothing more may be reported, since extents must be contiguous.
-pub(crate) fn take_extents(
-    extents: &[Extent],
-    cursor: &mut usize,
-    start: u64,
-    len: u64,
-    device_offset: u64,
-    out: &mut Vec<Extent>,
-) -> u64 {
-    let mut covered = 0;
-    while covered < len && *cursor < extents.len() {
-        let extent = extents[*cursor];
-        let pos = start + covered;
-        let extent_end = extent.offset + extent.len;
-        if extent_end <= pos {
-            *cursor += 1;
-            continue;
-        }
-        if extent.offset > pos {
-            break;
-        }
-        let take = (extent_end - pos).min(len - covered);
-        push_extent(
-            out,
-            Extent {
-                offset: device_offset + covered,
-                len: take,
-                state: extent.state,
-            },
-        );
-        covered += take;
-    }
-    assert!(covered <= len);
-    covered
-}
-
 #[async_trait]
 impl BlockDevice for Concat {
     fn geometry(&self) -> Geometry {
@@ -420,16 +320,13 @@ impl BlockDevice for Concat {
                 .map(|p| layout.devices[p.child].block_status(p.child_offset, p.len)),
         )
         .await?;
-        let mut extents = Vec::new();
-        for (answer, piece) in answers.iter().zip(&pieces) {
-            let at = offset + piece.at;
-            let (start, len) = (piece.child_offset, piece.len);
-            let covered = take_extents(answer, &mut 0, start, len, at, &mut extents);
-            if covered < piece.len {
-                break;
-            }
-        }
-        Ok(extents)
+        let takes = pieces.iter().enumerate().map(|(answer, piece)| Take {
+            answer,
+            child_start: piece.child_offset,
+            len: piece.len,
+            device_offset: offset + piece.at,
+        });
+        Ok(merge_extents(&answers, takes))
     }
 
     async fn control(&self, request: Control) -> Result<ControlReply> {
@@ -447,7 +344,6 @@ impl BlockDevice for Concat {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use strata_core::ExtentState;
 
     const STARTS: [u64; 4] = [0, 1024, 1536, 4096];
 
@@ -506,59 +402,5 @@ mod tests {
         let whole = split(&STARTS, 0, 4096);
         assert_eq!(whole.len(), 3);
         assert_eq!(whole[2].at, 1536);
-    }
-
-    #[test]
-    fn translate_stops_where_the_child_stops() {
-        let child = [
-            Extent {
-                offset: 100,
-                len: 50,
-                state: ExtentState::Hole,
-            },
-            Extent {
-                offset: 150,
-                len: 500,
-                state: ExtentState::Data,
-            },
-        ];
-        let mut out = Vec::new();
-        let mut cursor = 0;
-        assert_eq!(
-            take_extents(&child, &mut cursor, 100, 80, 9000, &mut out),
-            80
-        );
-        assert_eq!(out.len(), 2);
-        assert_eq!((out[1].offset, out[1].len), (9050, 30));
-        // A later range of the same answer starts inside the second extent.
-        let mut later = Vec::new();
-        assert_eq!(
-            take_extents(&child, &mut cursor, 600, 100, 0, &mut later),
-            50
-        );
-        assert_eq!(
-            later,
-            vec![Extent {
-                offset: 0,
-                len: 50,
-                state: ExtentState::Data
-            }]
-        );
-        assert_eq!(cursor, 2, "the answer is used up");
-        let mut short = Vec::new();
-        assert_eq!(
-            take_extents(&child[..1], &mut 0, 100, 80, 0, &mut short),
-            50
-        );
-        let gap = [
-            child[0],
-            Extent {
-                offset: 200,
-                ..child[1]
-            },
-        ];
-        assert_eq!(take_extents(&gap, &mut 0, 100, 200, 0, &mut Vec::new()), 50);
-        assert_eq!(lcm(512, 4096), 4096);
-        assert_eq!(lcm(1, 512), 512);
     }
 }

@@ -265,15 +265,11 @@ impl Filter for Delay {
     }
 
     async fn read(&self, offset: u64, len: usize) -> Result<BytesMut> {
-        self.child.geometry().check_range(offset, len as u64)?;
         let op = self.child.read(offset, len);
         self.delayed(self.config.read_latency, len as u64, op).await
     }
 
     async fn write(&self, offset: u64, data: Bytes, flags: WriteFlags) -> Result<()> {
-        self.child
-            .geometry()
-            .check_range(offset, data.len() as u64)?;
         let bytes = data.len() as u64;
         let op = self.child.write(offset, data, flags);
         self.delayed(self.config.write_latency, bytes, op).await
@@ -285,13 +281,11 @@ impl Filter for Delay {
     }
 
     async fn discard(&self, offset: u64, len: u64) -> Result<()> {
-        self.child.geometry().check_range(offset, len)?;
         let op = self.child.discard(offset, len);
         self.delayed(self.config.write_latency, 0, op).await
     }
 
     async fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> {
-        self.child.geometry().check_range(offset, len)?;
         let op = self.child.write_zeroes(offset, len, flags);
         self.delayed(self.config.write_latency, 0, op).await
     }

@@ -212,15 +212,11 @@ impl Filter for Fault {
     }
 
     async fn read(&self, offset: u64, len: usize) -> Result<BytesMut> {
-        self.child.geometry().check_range(offset, len as u64)?;
         self.check("read", &self.config.fail_read, offset, len as u64)?;
         self.child.read(offset, len).await
     }
 
     async fn write(&self, offset: u64, data: Bytes, flags: WriteFlags) -> Result<()> {
-        self.child
-            .geometry()
-            .check_range(offset, data.len() as u64)?;
         self.check("write", &self.config.fail_write, offset, data.len() as u64)?;
         self.child.write(offset, data, flags).await
     }
@@ -231,19 +227,16 @@ impl Filter for Fault {
     }
 
     async fn discard(&self, offset: u64, len: u64) -> Result<()> {
-        self.child.geometry().check_range(offset, len)?;
         self.check("discard", &self.config.fail_write, offset, len)?;
         self.child.discard(offset, len).await
     }
 
     async fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> {
-        self.child.geometry().check_range(offset, len)?;
         self.check("write_zeroes", &self.config.fail_write, offset, len)?;
         self.child.write_zeroes(offset, len, flags).await
     }
 
     async fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
-        self.child.geometry().check_range(offset, len)?;
         if self.is_gone() {
             return Err(self.error("block_status error: the device is gone".into()));
         }

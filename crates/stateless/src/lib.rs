@@ -2,6 +2,7 @@
 //! (crypt, delay, fault, count). Each is one module that speaks [`strata_core::BlockDevice`] above
 //! and owns its children below.
 
+mod combined;
 pub mod concat;
 pub mod count;
 pub mod crypt;

@@ -32,7 +32,9 @@ use strata_core::{
     Geometry, NodeStatus, Result, WriteFlags, ZeroFlags,
 };
 
-use crate::concat::{describe_children, shared_capabilities, shared_geometry, take_extents};
+use crate::combined::{
+    describe_children, merge_extents, shared_capabilities, shared_geometry, Take,
+};
 use serde::{Deserialize, Serialize};
 use strata_core::layer::{self, ChildCount, LayerArgs, LayerKind};
 use strata_core::ByteSize;
@@ -362,24 +364,13 @@ impl BlockDevice for Stripe {
                 .map(|run| self.children[run.child].block_status(run.child_offset, run.len)),
         )
         .await?;
-        let mut extents = Vec::new();
-        let mut cursors = vec![0; runs.len()];
-        for (index, run_at, segment) in in_request_order(&runs) {
-            let start = runs[index].child_offset + run_at;
-            let (cursor, at) = (&mut cursors[index], offset + segment.at);
-            let covered = take_extents(
-                &answers[index],
-                cursor,
-                start,
-                segment.len,
-                at,
-                &mut extents,
-            );
-            if covered < segment.len {
-                break;
-            }
-        }
-        Ok(extents)
+        let takes = in_request_order(&runs).into_iter().map(|(answer, run_at, segment)| Take {
+            answer,
+            child_start: runs[answer].child_offset + run_at,
+            len: segment.len,
+            device_offset: offset + segment.at,
+        });
+        Ok(merge_extents(&answers, takes))
     }
 
     async fn control(&self, request: Control) -> Result<ControlReply> {

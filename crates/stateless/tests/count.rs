@@ -88,10 +88,18 @@ async fn every_kind_of_request_is_counted_and_the_data_passes_unchanged() {
 }
 
 #[tokio::test]
-async fn a_request_the_child_refuses_is_counted_and_its_error_comes_back() {
+async fn a_request_past_the_end_is_refused_before_it_is_counted() {
     let device = counted(&[]).await.unwrap();
-    assert!(device.read(SIZE, 4096).await.is_err(), "past the end");
-    assert_eq!(get(&detail(&device).await, "reads"), 1);
+    let refused = device.read(SIZE, 4096).await;
+    assert!(
+        matches!(refused, Err(strata_core::BlockError::OutOfRange { .. })),
+        "past the end: {refused:?}"
+    );
+    assert_eq!(
+        get(&detail(&device).await, "reads"),
+        0,
+        "the Filter blanket impl checks the range before the filter sees the request"
+    );
 }
 
 #[tokio::test]
