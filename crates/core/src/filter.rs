@@ -186,13 +186,17 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn a_filter_changes_what_it_overrides_and_forwards_the_rest() {
+    fn counting() -> (Arc<CountReads>, DeviceRef) {
         let filter = Arc::new(CountReads {
             next: Arc::new(Child),
             reads: AtomicU64::new(0),
         });
-        let device: DeviceRef = filter.clone();
+        (filter.clone(), filter)
+    }
+
+    #[tokio::test]
+    async fn a_filter_changes_what_it_overrides_and_forwards_the_rest() {
+        let (filter, device) = counting();
         assert_eq!(&device.read(0, 3).await.unwrap()[..], &[7, 7, 7]);
         assert_eq!(filter.reads.load(Ordering::Relaxed), 1);
         assert_eq!(device.geometry().size, 1 << 20);
@@ -217,11 +221,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_request_past_the_end_is_refused_before_the_filter_sees_it() {
-        let filter = Arc::new(CountReads {
-            next: Arc::new(Child),
-            reads: AtomicU64::new(0),
-        });
-        let device: DeviceRef = filter.clone();
+        let (filter, device) = counting();
         let end = device.geometry().size;
         assert!(matches!(
             device.read(end - 1, 2).await,

@@ -2,6 +2,7 @@
 //! geometry and extents, the runtime services layers may use, and per-device statistics.
 
 pub mod blank;
+pub mod console;
 mod device;
 pub mod duration;
 mod error;
@@ -15,6 +16,7 @@ pub mod pages;
 pub mod poison;
 mod runtime;
 mod size;
+pub mod split;
 mod stats;
 mod striped;
 

@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 use bytes::{BufMut, BytesMut};
 
+use crate::split::split_at_units;
 use crate::{push_extent, Extent, ExtentState};
 
 /// Page size of a store, independent of any device's `min_io`: a byte-addressable device
@@ -56,22 +57,11 @@ impl Segment {
 
 /// Splits `[offset, offset + len)` at page boundaries.
 fn segments(offset: u64, len: u64) -> impl Iterator<Item = Segment> {
-    let end = offset + len;
-    let mut pos = offset;
-    std::iter::from_fn(move || {
-        if pos >= end {
-            return None;
-        }
-        let within = pos % PAGE_U64;
-        let len = (PAGE_U64 - within).min(end - pos);
-        let segment = Segment {
-            index: pos / PAGE_U64,
-            start: within as usize,
-            len: len as usize,
-            done: (pos - offset) as usize,
-        };
-        pos += len;
-        Some(segment)
+    split_at_units(offset, len, PAGE_U64).map(|piece| Segment {
+        index: piece.unit,
+        start: piece.within as usize,
+        len: piece.len as usize,
+        done: piece.done as usize,
     })
 }
 

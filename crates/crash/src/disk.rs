@@ -25,6 +25,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use bytes::Bytes;
 use rand::seq::SliceRandom;
 use rand::RngExt;
+use strata_core::split::split_at_units;
 use strata_core::{BlockError, Geometry};
 
 use crate::{CrashRng, DiskImage};
@@ -110,15 +111,9 @@ impl Pending {
 
     /// This operation cut at absolute 512-byte sector boundaries.
     fn sectors(&self) -> impl Iterator<Item = Pending> + '_ {
-        let mut pos = self.offset;
-        std::iter::from_fn(move || {
-            if pos >= self.end() {
-                return None;
-            }
-            let next = ((pos / SECTOR + 1) * SECTOR).min(self.end());
-            let piece = self.slice(pos, next);
-            pos = next;
-            Some(piece)
+        split_at_units(self.offset, self.end() - self.offset, SECTOR).map(move |piece| {
+            let start = self.offset + piece.done;
+            self.slice(start, start + piece.len)
         })
     }
 }

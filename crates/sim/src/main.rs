@@ -2,30 +2,15 @@
 //! line (see docs/simulator.md). A binary of its own so that the serving binary does not
 //! carry the simulator's models, plots and trace readers (see docs/architecture.md).
 
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use strata_core::{errln, out, outln};
 
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
 use strata_sim::experiment::{self, Experiment};
 use strata_sim::validate;
 use strata_sim::workload::{TraceFormat, WorkloadSpec};
-
-/// `print!` that drops what a closed pipe cannot take (`strata sim models | head`): `print!`
-/// panics on EPIPE, and a panic aborts.
-macro_rules! out {
-    ($($arg:tt)*) => {{
-        let _ = write!(std::io::stdout().lock(), $($arg)*);
-    }};
-}
-
-/// `println!` that drops what a closed pipe cannot take; see [`out!`].
-macro_rules! outln {
-    ($($arg:tt)*) => {{
-        let _ = writeln!(std::io::stdout().lock(), $($arg)*);
-    }};
-}
 
 #[derive(Parser)]
 #[command(
@@ -43,8 +28,7 @@ fn main() -> ExitCode {
     match run(Cli::parse().command) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            // Not eprintln!: it panics when stderr is a closed pipe, and panics abort.
-            let _ = writeln!(std::io::stderr(), "strata: {e:#}");
+            errln!("strata: {e:#}");
             ExitCode::FAILURE
         }
     }
@@ -61,15 +45,8 @@ enum SimCommand {
     /// Run an experiment file: a stack of simulated disks and Strata layers, and a workload.
     Run {
         experiment: PathBuf,
-        /// Write report.json, CSVs and SVG plots here.
-        #[arg(long)]
-        out: Option<PathBuf>,
-        /// Override the file's seed.
-        #[arg(long)]
-        seed: Option<u64>,
-        /// Print the report as JSON instead of tables.
-        #[arg(long)]
-        json: bool,
+        #[command(flatten)]
+        report: ReportArgs,
     },
     /// Replay a block trace, open loop by timestamp, on a stack file ([[disk]] with `model`,
     /// [[layer]] as in the serve config).
@@ -89,15 +66,25 @@ enum SimCommand {
         /// Only the trace's requests for this device number.
         #[arg(long)]
         device: Option<u32>,
-        #[arg(long)]
-        out: Option<PathBuf>,
-        #[arg(long)]
-        seed: Option<u64>,
-        #[arg(long)]
-        json: bool,
+        #[command(flatten)]
+        report: ReportArgs,
     },
     /// List the device-model presets.
     Models,
+}
+
+/// How a run is reported, alike for `run` and `replay`.
+#[derive(clap::Args)]
+struct ReportArgs {
+    /// Write report.json, CSVs and SVG plots here.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Override the file's seed.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Print the report as JSON instead of tables.
+    #[arg(long)]
+    json: bool,
 }
 
 fn run(command: SimCommand) -> anyhow::Result<()> {
@@ -115,17 +102,9 @@ fn run(command: SimCommand) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        SimCommand::Run {
-            experiment,
-            out,
-            seed,
-            json,
-        } => {
-            let mut loaded = Experiment::load(&experiment).map_err(anyhow::Error::msg)?;
-            if let Some(seed) = seed {
-                loaded.seed = seed;
-            }
-            run_and_report(&loaded, &experiment, out.as_deref(), json)
+        SimCommand::Run { experiment, report } => {
+            let loaded = Experiment::load(&experiment).map_err(anyhow::Error::msg)?;
+            run_and_report(loaded, &experiment, &report)
         }
         SimCommand::Replay {
             trace,
@@ -133,9 +112,7 @@ fn run(command: SimCommand) -> anyhow::Result<()> {
             stack,
             speedup,
             device,
-            out,
-            seed,
-            json,
+            report,
         } => {
             let format = match format.as_str() {
                 "mqsim" => TraceFormat::Mqsim,
@@ -178,12 +155,9 @@ fn run(command: SimCommand) -> anyhow::Result<()> {
                 );
                 table.insert("name".into(), toml::Value::String(name));
             }
-            let mut loaded = Experiment::parse(&toml::to_string(&table)?, base)
+            let loaded = Experiment::parse(&toml::to_string(&table)?, base)
                 .map_err(|e| anyhow::anyhow!("{}: {e}", stack.display()))?;
-            if let Some(seed) = seed {
-                loaded.seed = seed;
-            }
-            run_and_report(&loaded, &stack, out.as_deref(), json)
+            run_and_report(loaded, &stack, &report)
         }
         SimCommand::Models => {
             for name in strata_sim::models::preset_names() {
@@ -194,12 +168,11 @@ fn run(command: SimCommand) -> anyhow::Result<()> {
     }
 }
 
-fn run_and_report(
-    loaded: &Experiment,
-    file: &Path,
-    out: Option<&Path>,
-    json: bool,
-) -> anyhow::Result<()> {
+fn run_and_report(mut loaded: Experiment, file: &Path, args: &ReportArgs) -> anyhow::Result<()> {
+    if let Some(seed) = args.seed {
+        loaded.seed = seed;
+    }
+    let (out, json) = (args.out.as_deref(), args.json);
     let wall = std::time::Instant::now();
     let (report, output) = loaded
         .run()

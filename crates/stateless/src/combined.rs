@@ -75,6 +75,17 @@ pub(crate) struct Take {
     pub device_offset: u64,
 }
 
+impl Take {
+    pub(crate) fn new(answer: usize, child_start: u64, len: u64, device_offset: u64) -> Take {
+        Take {
+            answer,
+            child_start,
+            len,
+            device_offset,
+        }
+    }
+}
+
 /// The device's extents from its children's `answers`, taken range by range in request
 /// order. Stops at the first range its child did not describe whole: extents must be
 /// contiguous, so nothing after a gap may be reported.
@@ -210,12 +221,7 @@ mod tests {
             state: ExtentState::Data,
         };
         let answers = vec![vec![data(0, 100)], vec![data(0, 40)], vec![data(0, 100)]];
-        let take = |answer, device_offset| Take {
-            answer,
-            child_start: 0,
-            len: 100,
-            device_offset,
-        };
+        let take = |answer, device_offset| Take::new(answer, 0, 100, device_offset);
         let merged = merge_extents(&answers, [take(0, 0), take(1, 100), take(2, 200)]);
         assert_eq!(merged, vec![data(0, 140)]);
     }

@@ -320,12 +320,8 @@ impl BlockDevice for Concat {
                 .map(|p| layout.devices[p.child].block_status(p.child_offset, p.len)),
         )
         .await?;
-        let takes = pieces.iter().enumerate().map(|(answer, piece)| Take {
-            answer,
-            child_start: piece.child_offset,
-            len: piece.len,
-            device_offset: offset + piece.at,
-        });
+        let takes = (pieces.iter().enumerate())
+            .map(|(answer, p)| Take::new(answer, p.child_offset, p.len, offset + p.at));
         Ok(merge_extents(&answers, takes))
     }
 

@@ -364,12 +364,12 @@ impl BlockDevice for Stripe {
                 .map(|run| self.children[run.child].block_status(run.child_offset, run.len)),
         )
         .await?;
-        let takes = in_request_order(&runs).into_iter().map(|(answer, run_at, segment)| Take {
-            answer,
-            child_start: runs[answer].child_offset + run_at,
-            len: segment.len,
-            device_offset: offset + segment.at,
-        });
+        let takes = in_request_order(&runs)
+            .into_iter()
+            .map(|(answer, run_at, segment)| {
+                let child_start = runs[answer].child_offset + run_at;
+                Take::new(answer, child_start, segment.len, offset + segment.at)
+            });
         Ok(merge_extents(&answers, takes))
     }
 

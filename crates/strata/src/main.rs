@@ -1,22 +1,5 @@
 //! `strata`: serve hierarchies of virtual block devices over NBD.
 
-/// `print!` that drops what a closed pipe cannot take (`strata status | head`): `print!`
-/// panics on EPIPE, and a panic aborts, perhaps in the middle of a repair or a change.
-macro_rules! out {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let _ = write!(std::io::stdout().lock(), $($arg)*);
-    }};
-}
-
-/// `println!` that drops what a closed pipe cannot take; see [`out!`].
-macro_rules! outln {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stdout().lock(), $($arg)*);
-    }};
-}
-
 mod admin;
 mod kinds;
 mod metrics_http;
@@ -26,9 +9,9 @@ mod sim_forward;
 mod status;
 mod volume_cmd;
 
-use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use strata_core::{errln, out, outln};
 
 use clap::{Parser, Subcommand};
 
@@ -192,8 +175,7 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(code) => code,
         Err(e) => {
-            // Not eprintln!: it panics when stderr is a closed pipe, and panics abort.
-            let _ = writeln!(std::io::stderr(), "strata: {e:#}");
+            errln!("strata: {e:#}");
             ExitCode::FAILURE
         }
     }

@@ -2,7 +2,7 @@
 //! serving (the server side is `strata_stack::volumes`).
 
 use anyhow::Context;
-use strata_core::ByteSize;
+use strata_core::{out, outln, ByteSize};
 use strata_stack::volumes::{PoolListing, VolumeRequest};
 
 use crate::admin::{self, AdminRequest};

@@ -1,6 +1,8 @@
 //! Address arithmetic of a thin volume: how a request splits into extents and granules.
 //! Pure functions, so the data path and the tests agree on them by construction.
 
+use strata_core::split::split_at_units;
+
 /// Liveness is tracked per granule inside each extent, so a partly discarded extent hides its
 /// dead parts and an extent whose every granule is dead goes back to the pool.
 pub const GRANULE: u64 = 4096;
@@ -34,22 +36,11 @@ impl Piece {
 /// Splits `[offset, offset + len)` at extent boundaries.
 pub fn pieces(offset: u64, len: u64, extent_size: u64) -> impl Iterator<Item = Piece> {
     assert!(extent_size.is_power_of_two() && extent_size >= GRANULE);
-    let end = offset + len;
-    let mut at = offset;
-    std::iter::from_fn(move || {
-        if at >= end {
-            return None;
-        }
-        let within = at % extent_size;
-        let piece_len = (extent_size - within).min(end - at);
-        let piece = Piece {
-            extent: at / extent_size,
-            within,
-            len: piece_len,
-            done: at - offset,
-        };
-        at += piece_len;
-        Some(piece)
+    split_at_units(offset, len, extent_size).map(|piece| Piece {
+        extent: piece.unit,
+        within: piece.within,
+        len: piece.len,
+        done: piece.done,
     })
 }
 

@@ -7,6 +7,8 @@
 //! parity member). This module is pure arithmetic so that it can be pinned by the paper's
 //! table; nothing here does I/O.
 
+use strata_core::split::split_at_units;
+
 /// The shape of an array: member count, chunk size, where data start on each member and how
 /// many stripes fit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -95,17 +97,9 @@ impl Layout {
     /// Splits an array range into per-stripe pieces: (stripe, offset within the stripe's
     /// data, length, offset within the request).
     pub fn split(&self, offset: u64, len: u64) -> Vec<(u64, u64, u64, u64)> {
-        let mut pieces = Vec::new();
-        let end = offset + len;
-        let mut pos = offset;
-        while pos < end {
-            let stripe = pos / self.stripe_bytes();
-            let within = pos % self.stripe_bytes();
-            let take = (self.stripe_bytes() - within).min(end - pos);
-            pieces.push((stripe, within, take, pos - offset));
-            pos += take;
-        }
-        pieces
+        split_at_units(offset, len, self.stripe_bytes())
+            .map(|piece| (piece.unit, piece.within, piece.len, piece.done))
+            .collect()
     }
 }
 
