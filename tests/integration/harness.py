@@ -54,6 +54,21 @@ def toml_str(s: str) -> str:
     return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+def toml_value(val) -> str:
+    if isinstance(val, bool):
+        return "true" if val else "false"
+    if isinstance(val, (int, float)):
+        return str(val)
+    if isinstance(val, list):
+        return f"[{', '.join(toml_str(str(v)) for v in val)}]"
+    return toml_str(str(val))
+
+
+def toml_table(kind: str, fields: dict) -> list:
+    """A `[[kind]]` table's lines, a blank line first; fields whose value is None are left out."""
+    return ["", f"[[{kind}]]"] + [f"{k} = {toml_value(v)}" for k, v in fields.items() if v is not None]
+
+
 @dataclass
 class Disk:
     name: str = "d0"
@@ -192,50 +207,25 @@ class Server:
         if s.metrics:
             lines.append(f'metrics = "127.0.0.1:{self.metrics_port}"')
         for d in s.disks:
-            lines += [
-                "",
-                "[[disk]]",
-                f"name = {toml_str(d.name)}",
-                f"path = {toml_str(d.rel_path)}",
-                f'size = "{size_str(d.size)}"',
-                f"direct = {'true' if d.direct else 'false'}",
-            ]
+            lines += toml_table("disk", {
+                "name": d.name, "path": d.rel_path, "size": size_str(d.size), "direct": d.direct,
+            })
         for layer in s.layers:
-            lines += [
-                "",
-                "[[layer]]",
-                f"name = {toml_str(layer.name)}",
-                f"kind = {toml_str(layer.kind)}",
-                f"children = [{', '.join(toml_str(c) for c in layer.children)}]",
-            ]
-            if layer.extent is not None:
-                lines.append(f'extent = "{size_str(layer.extent)}"')
-            if layer.metadata_size is not None:
-                lines.append(f'metadata-size = "{size_str(layer.metadata_size)}"')
-            if layer.commit_interval_ms is not None:
-                lines.append(f"commit-interval-ms = {layer.commit_interval_ms}")
-            for key, val in layer.options.items():
-                if isinstance(val, bool):
-                    lines.append(f"{key} = {'true' if val else 'false'}")
-                elif isinstance(val, (int, float)):
-                    lines.append(f"{key} = {val}")
-                elif isinstance(val, list):
-                    lines.append(f"{key} = [{', '.join(toml_str(str(v)) for v in val)}]")
-                else:
-                    lines.append(f"{key} = {toml_str(str(val))}")
+            sizes = {"extent": layer.extent, "metadata-size": layer.metadata_size}
+            lines += toml_table("layer", {
+                "name": layer.name, "kind": layer.kind, "children": list(layer.children),
+                **{key: size_str(n) for key, n in sizes.items() if n is not None},
+                "commit-interval-ms": layer.commit_interval_ms,
+                **layer.options,
+            })
             if layer.volumes:
                 vols = ", ".join(f'{{ name = {toml_str(v.name)}, size = "{size_str(v.size)}" }}' for v in layer.volumes)
                 lines.append(f"volumes = [{vols}]")
         for e in s.exports:
-            lines += [
-                "",
-                "[[export]]",
-                f"name = {toml_str(e.name)}",
-                f"device = {toml_str(e.device)}",
-                f"read-only = {'true' if e.read_only else 'false'}",
-            ]
-            if e.description is not None:
-                lines.append(f"description = {toml_str(e.description)}")
+            lines += toml_table("export", {
+                "name": e.name, "device": e.device, "read-only": e.read_only,
+                "description": e.description,
+            })
         return "\n".join(lines) + "\n"
 
     # ---- lifecycle --------------------------------------------------------

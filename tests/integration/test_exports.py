@@ -13,17 +13,17 @@ from harness import MiB, Disk, Export, ServerSpec, close_handle, nbd_handle, pat
 pytestmark = requires_strata()
 
 
-def test_empty_name_selects_default_export(server_factory):
-    srv = server_factory(ServerSpec(
-        disks=[Disk("big", 16 * MiB), Disk("small", 8 * MiB)],
-        exports=[Export("vol", "big"), Export("default", "small")],
-    ))
+@pytest.mark.parametrize("exports", [
+    [Export("vol", "big"), Export("default", "small")],  # the export named "default"
+    [Export("first", "small"), Export("second", "big")],  # else the first one
+], ids=["named-default", "first"])
+def test_empty_name_selects_the_default_export_else_the_first(server_factory, exports):
+    srv = server_factory(ServerSpec(disks=[Disk("big", 16 * MiB), Disk("small", 8 * MiB)], exports=exports))
     with nbd_handle(srv, export="") as h:
         assert h.get_size() == 8 * MiB
-    with nbd_handle(srv, export="default") as h:
-        assert h.get_size() == 8 * MiB
-    with nbd_handle(srv, export="vol") as h:
-        assert h.get_size() == 16 * MiB
+    for export in exports:
+        with nbd_handle(srv, export=export.name) as h:
+            assert h.get_size() == (16 if export.device == "big" else 8) * MiB
     # raw NBD_OPT_GO and NBD_OPT_EXPORT_NAME with the empty name
     c = nbdraw.RawClient(srv.sock)
     c.handshake()
@@ -33,15 +33,6 @@ def test_empty_name_selects_default_export(server_factory):
     c.handshake()
     assert c.export_name("")[0] == 8 * MiB
     c.close()
-
-
-def test_empty_name_selects_first_export_without_default(server_factory):
-    srv = server_factory(ServerSpec(
-        disks=[Disk("a", 16 * MiB), Disk("b", 8 * MiB)],
-        exports=[Export("first", "b"), Export("second", "a")],
-    ))
-    with nbd_handle(srv, export="") as h:
-        assert h.get_size() == 8 * MiB
     info = json.loads(run(["nbdinfo", "--json", f"nbd+unix:///?socket={srv.sock}"]).stdout)
     assert info["exports"][0]["export-size"] == 8 * MiB
 

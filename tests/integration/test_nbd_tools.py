@@ -116,26 +116,17 @@ def test_nbdcopy_parallel(server, workdir):
     assert sha256_file(out, 64 * MiB) == sha256_file(src)
 
 
-def test_fio_nbd_randrw_verify(server, workdir):
-    job = workdir / "verify.fio"
-    job.write_text(f"""
-[global]
-ioengine=nbd
-uri={server.uri()}
-rw=randrw
-bs=4k
-iodepth=32
-numjobs=4
-size=16m
-offset_increment=16m
-verify=crc32c
-do_verify=1
-verify_fatal=1
-verify_dump=0
-group_reporting=1
+def fio_job(path, server, name: str, **options):
+    """Writes a fio job file for one job `name` over `server` with the nbd engine."""
+    settings = "".join(f"{key}={value}\n" for key, value in options.items())
+    path.write_text(f"[global]\nioengine=nbd\nuri={server.uri()}\n{settings}\n[{name}]\n")
+    return path
 
-[randrw-verify]
-""")
+
+def test_fio_nbd_randrw_verify(server, workdir):
+    job = fio_job(workdir / "verify.fio", server, "randrw-verify", rw="randrw", bs="4k", iodepth=32,
+                  numjobs=4, size="16m", offset_increment="16m", verify="crc32c", do_verify=1,
+                  verify_fatal=1, verify_dump=0, group_reporting=1)
     r = run(["fio", "--output-format=json", job], timeout=300, cwd=workdir)
     res = json.loads(r.stdout[r.stdout.index("{"):])
     (j,) = res["jobs"]
@@ -146,19 +137,8 @@ group_reporting=1
     with nbd_handle(server) as h:
         h.pwrite(pattern_bytes(1, 4096), 0)
         h.flush()
-    check = workdir / "check.fio"
-    check.write_text(f"""
-[global]
-ioengine=nbd
-uri={server.uri()}
-rw=read
-bs=4k
-size=1m
-verify=crc32c
-verify_only=1
-verify_dump=0
-[v]
-""")
+    check = fio_job(workdir / "check.fio", server, "v", rw="read", bs="4k", size="1m", verify="crc32c",
+                    verify_only=1, verify_dump=0)
     r2 = run(["fio", check], check=False, timeout=120, cwd=workdir)
     assert r2.returncode != 0, r2.stdout + r2.stderr
     assert "verify: bad magic header" in r2.stdout + r2.stderr, r2.stdout + r2.stderr

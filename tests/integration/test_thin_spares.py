@@ -75,25 +75,24 @@ def test_pool_grows_from_spares_at_low_water_and_keeps_them_across_restart(serve
     time.sleep(1.5)
     assert extents(srv)[1] == first_total
     # Across the mark: the first spare joins the concat.
-    write_chunks(srv, 1, 1)
-    allocated, _ = extents(srv)
-    assert allocated * 2 > first_total, (allocated, first_total)
-    second_total = wait_for("growth from spare1", lambda: extents(srv)[1] > first_total and extents(srv)[1])
-    # A 4 MiB spare less its 64 KiB label holds 63 extents of 64 KiB.
-    assert second_total == first_total + (SPARE - 64 * 1024) // EXTENT
-    assert pool_detail(srv)["spares for growth"] == "1"
-    config = srv.config_path.read_text()
-    assert 'children = ["d0", "spare1"]' in config, config
+    def grows_by_one_spare(spare, chunks, before, spares_left, children):
+        write_chunks(srv, *chunks)
+        allocated, _ = extents(srv)
+        assert allocated * 2 > before, (allocated, before)
+        total = wait_for(f"growth from {spare}", lambda: extents(srv)[1] > before and extents(srv)[1])
+        # A 4 MiB spare less its 64 KiB label holds 63 extents of 64 KiB.
+        assert total == before + (SPARE - 64 * 1024) // EXTENT
+        assert pool_detail(srv)["spares for growth"] == str(spares_left)
+        config = srv.config_path.read_text()
+        assert f"children = {children}" in config, config
+        return total, config
+
+    second_total, config = grows_by_one_spare("spare1", (1, 1), first_total, 1, '["d0", "spare1"]')
     assert 'grow-from = ["spare2.img"]' in config, config
     assert "above its low-water mark" in srv.stderr_text() and "grew from a spare" in srv.stderr_text()
 
     # Across the mark again: the second spare; then none is left.
-    write_chunks(srv, 2, 3)
-    third_total = wait_for("growth from spare2", lambda: extents(srv)[1] > second_total and extents(srv)[1])
-    assert third_total == second_total + (SPARE - 64 * 1024) // EXTENT
-    assert pool_detail(srv)["spares for growth"] == "0"
-    config = srv.config_path.read_text()
-    assert 'children = ["d0", "spare1", "spare2"]' in config, config
+    third_total, config = grows_by_one_spare("spare2", (2, 3), second_total, 0, '["d0", "spare1", "spare2"]')
     assert "grow-from = []" in config, config
     assert 'path = "spare2.img"' in config, config
     # The new extents are used: 5 MiB mapped, more than the first disk held.

@@ -95,20 +95,16 @@ mod tests {
 
     #[test]
     fn granule_ranges_cover_and_contain() {
-        let piece = Piece {
+        let at_512 = |len| Piece {
             extent: 0,
             within: 512,
-            len: 8192,
+            len,
             done: 0,
         };
+        let piece = at_512(8192);
         assert_eq!(piece.granules(), 0..3);
         assert_eq!(piece.whole_granules(), 1..2);
-        let small = Piece {
-            extent: 0,
-            within: 512,
-            len: 512,
-            done: 0,
-        };
+        let small = at_512(512);
         assert_eq!(small.granules(), 0..1);
         assert!(small.whole_granules().is_empty());
     }

@@ -128,10 +128,28 @@ impl Record {
                 }
             }
         }
-        let crc = crc32c::crc32c(&out);
-        out[4..8].copy_from_slice(&crc.to_le_bytes());
-        out
+        seal(out)
     }
+}
+
+/// Stores the CRC32C of `block`, computed with its CRC field (bytes 4..8) zero, in that field.
+fn seal(mut block: Vec<u8>) -> Vec<u8> {
+    block[4..8].fill(0);
+    let crc = crc32c::crc32c(&block);
+    block[4..8].copy_from_slice(&crc.to_le_bytes());
+    block
+}
+
+/// The first `len` bytes of `block`, CRC field zeroed, if `block` holds that many, starts with
+/// `magic` and its CRC field matches; what [`seal`] wrote.
+fn unseal(block: &[u8], magic: u32, len: usize) -> Option<Vec<u8>> {
+    if block.len() < len || u32_at(block, 0) != magic {
+        return None;
+    }
+    let mut copy = block[..len].to_vec();
+    let crc = u32_at(&copy, 4);
+    copy[4..8].fill(0);
+    (crc32c::crc32c(&copy) == crc).then_some(copy)
 }
 
 fn u32_at(b: &[u8], at: usize) -> u32 {
@@ -157,12 +175,7 @@ pub fn decode(log: &[u8], epoch: u64, lane: u8, index: u32) -> Option<(u64, Reco
     if blocks == 0 || blocks > log.len() as u64 / JBLOCK {
         return None;
     }
-    let mut whole = log[..(blocks * JBLOCK) as usize].to_vec();
-    let crc = u32_at(&whole, 4);
-    whole[4..8].fill(0);
-    if crc32c::crc32c(&whole) != crc {
-        return None;
-    }
+    let whole = unseal(log, RECORD_MAGIC, (blocks * JBLOCK) as usize)?;
     let count = u32_at(&whole, 48) as usize;
     let record = match whole[32] {
         1 if HEADER + count * ENTRY <= JBLOCK as usize => {
@@ -211,9 +224,7 @@ fn encode_super_version(
     out[32..36].copy_from_slice(&(member as u32).to_le_bytes());
     out[36..40].copy_from_slice(&version.to_le_bytes());
     out[40..48].copy_from_slice(&lanes.to_le_bytes());
-    let crc = crc32c::crc32c(&out);
-    out[4..8].copy_from_slice(&crc.to_le_bytes());
-    out
+    seal(out)
 }
 
 /// A valid journal superblock.
@@ -228,14 +239,9 @@ pub struct Super {
 
 /// The superblock in `block` if it is whole and of a version this code reads (2 or 3).
 pub fn decode_super(block: &[u8]) -> Option<Super> {
-    if block.len() < JBLOCK as usize || u32_at(block, 0) != SUPER_MAGIC {
-        return None;
-    }
-    let mut copy = block[..JBLOCK as usize].to_vec();
-    let crc = u32_at(&copy, 4);
-    copy[4..8].fill(0);
+    let copy = unseal(block, SUPER_MAGIC, JBLOCK as usize)?;
     let version = u32_at(&copy, 36);
-    if crc32c::crc32c(&copy) != crc || !(ONE_COPY_VERSION..=JOURNAL_VERSION).contains(&version) {
+    if !(ONE_COPY_VERSION..=JOURNAL_VERSION).contains(&version) {
         return None;
     }
     let lanes = u64_at(&copy, 40);
@@ -272,24 +278,17 @@ pub fn encode_device_header(uuid: [u8; 16], members: usize, journal_bytes: u64) 
     out[24..28].copy_from_slice(&(members as u32).to_le_bytes());
     out[28..32].copy_from_slice(&JOURNAL_VERSION.to_le_bytes());
     out[32..40].copy_from_slice(&journal_bytes.to_le_bytes());
-    let crc = crc32c::crc32c(&out);
-    out[4..8].copy_from_slice(&crc.to_le_bytes());
-    out
+    seal(out)
 }
 
 /// (uuid, members, journal_bytes) of a valid journal device header.
 pub fn decode_device_header(block: &[u8]) -> Option<([u8; 16], usize, u64)> {
-    if block.len() < JBLOCK as usize || u32_at(block, 0) != DEVICE_MAGIC {
-        return None;
-    }
-    let mut copy = block[..JBLOCK as usize].to_vec();
-    let crc = u32_at(&copy, 4);
-    copy[4..8].fill(0);
+    let copy = unseal(block, DEVICE_MAGIC, JBLOCK as usize)?;
     // The header names the array and its shape; its version is the journal version the
     // device was created with, and each journal's superblock says which version it holds now
     // (a version 2 device's journals are rewritten as version 3 at their first reset).
     let version = u32_at(&copy, 28);
-    if crc32c::crc32c(&copy) != crc || !(ONE_COPY_VERSION..=JOURNAL_VERSION).contains(&version) {
+    if !(ONE_COPY_VERSION..=JOURNAL_VERSION).contains(&version) {
         return None;
     }
     let uuid = copy[8..24].try_into().unwrap();
@@ -794,31 +793,20 @@ mod tests {
         let (lane0, _) = lane_span(blocks, 2, 0);
         let (lane1, _) = lane_span(blocks, 2, 1);
         // Lane 0 holds seqs 0 and 3, lane 1 holds 1, 2 and 4.
-        place(
-            &mut region,
-            lane0,
-            Record::Intent { stripe: 10 }.encode(5, 0, 0, 0),
-        );
-        place(
-            &mut region,
-            lane0 + 1,
-            Record::Intent { stripe: 13 }.encode(5, 3, 0, 1),
-        );
-        place(
-            &mut region,
-            lane1,
-            Record::Intent { stripe: 11 }.encode(5, 1, 1, 0),
-        );
-        place(
-            &mut region,
-            lane1 + 1,
-            Record::Intent { stripe: 12 }.encode(5, 2, 1, 1),
-        );
-        place(
-            &mut region,
-            lane1 + 2,
-            Record::Intent { stripe: 14 }.encode(5, 4, 1, 2),
-        );
+        // (block, stripe, seq, lane, index in lane)
+        for (block, stripe, seq, lane, index) in [
+            (lane0, 10, 0, 0, 0),
+            (lane0 + 1, 13, 3, 0, 1),
+            (lane1, 11, 1, 1, 0),
+            (lane1 + 1, 12, 2, 1, 1),
+            (lane1 + 2, 14, 4, 1, 2),
+        ] {
+            place(
+                &mut region,
+                block,
+                Record::Intent { stripe }.encode(5, seq, lane, index),
+            );
+        }
         let seqs: Vec<u64> = scan(&region, uuid, 0)
             .unwrap()
             .records

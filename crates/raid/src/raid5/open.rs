@@ -70,6 +70,14 @@ fn member(state: MemberState) -> Member {
 
 /// Opens the array on `children`; creates it only when every member is blank and
 /// `settings.start.may_format` (see `assembly`).
+/// What an open was given besides the members: carried from [`assemble`] to [`create`] and
+/// [`build`].
+struct Given {
+    journal_device: Option<DeviceRef>,
+    settings: Settings,
+    runtime: Arc<dyn Runtime>,
+}
+
 pub async fn assemble(
     name: String,
     mut children: Vec<Option<DeviceRef>>,
@@ -92,6 +100,11 @@ pub async fn assemble(
         }
         None => None,
     };
+    let given = Given {
+        journal_device,
+        settings,
+        runtime,
+    };
     if children.len() < 3 {
         return Err(invalid(&name, "needs at least 3 members"));
     }
@@ -105,10 +118,8 @@ pub async fn assemble(
         recovered.push(r);
     }
     let refuse = |why: String| invalid(&name, why);
-    let source = match assembly::choose(&copies, settings.start.may_format).map_err(refuse)? {
-        assembly::Choice::Create => {
-            return create(name, children, journal_device, settings, runtime).await
-        }
+    let source = match assembly::choose(&copies, given.settings.start.may_format).map_err(refuse)? {
+        assembly::Choice::Create => return create(name, children, given).await,
         assembly::Choice::Open(source) => source,
     };
     let best = recovered[source]
@@ -116,11 +127,11 @@ pub async fn assemble(
         .expect("a valid copy was recovered");
     let uuid = best.superblock.uuid;
     let record = record_of(&best.state).map_err(refuse)?;
-    check_shape(&name, &record, children.len(), &settings)?;
-    check_journal_device(&name, &record, uuid, journal_device.as_ref()).await?;
+    check_shape(&name, &record, children.len(), &given.settings)?;
+    check_journal_device(&name, &record, uuid, given.journal_device.as_ref()).await?;
     check_journal_room(&name, &record)?;
     let (assigned, newly_out) =
-        assembly::member_states(&record.states, &copies, settings.start.allow_degraded)
+        assembly::member_states(&record.states, &copies, given.settings.start.allow_degraded)
             .map_err(refuse)?;
     if !newly_out.is_empty() {
         tracing::warn!(array = %name, members = ?newly_out, "raid5: members missing or unreadable; starting degraded as asked (--degraded): they are recorded failed and need `strata replace`");
@@ -155,15 +166,7 @@ pub async fn assemble(
     let members = Members::new(children, states);
     let (store, _) =
         MetaStore::open(metadata_device(members.clone()), 0, store_options(&name)).await?;
-    let array = Arc::new(build(
-        name,
-        members,
-        journal_device,
-        store,
-        record,
-        settings,
-        runtime,
-    )?);
+    let array = Arc::new(build(name, members, store, record, given)?);
     let _gate = array.gate.write().await;
     let replayed = array.replay().await?;
     tracing::info!(array = %array.name, updates = replayed.updates, resynced = replayed.resynced, lost = replayed.lost, "raid5: journals replayed");
@@ -340,10 +343,13 @@ fn store_options(name: &str) -> StoreOptions {
 async fn create(
     name: String,
     children: Vec<Option<DeviceRef>>,
-    journal_device: Option<DeviceRef>,
-    settings: Settings,
-    runtime: Arc<dyn Runtime>,
+    given: Given,
 ) -> Result<Arc<Array>> {
+    let Given {
+        journal_device,
+        settings,
+        ..
+    } = &given;
     let devices: Vec<DeviceRef> = children
         .iter()
         .map(|c| {
@@ -452,15 +458,7 @@ async fn create(
         Ok(())
     })?;
     store.commit().await?;
-    let array = Arc::new(build(
-        name,
-        members,
-        journal_device,
-        store,
-        record,
-        settings,
-        runtime,
-    )?);
+    let array = Arc::new(build(name, members, store, record, given)?);
     array.reset_journals().await?;
     array.persist().await?;
     Ok(array)
@@ -469,12 +467,15 @@ async fn create(
 fn build(
     name: String,
     members: Arc<Members>,
-    journal_device: Option<DeviceRef>,
     store: Arc<MetaStore>,
     record: ArrayRecord,
-    settings: Settings,
-    runtime: Arc<dyn Runtime>,
+    given: Given,
 ) -> Result<Array> {
+    let Given {
+        journal_device,
+        settings,
+        runtime,
+    } = given;
     let (blob_id, lost_id, lost) = store
         .read(|state| {
             let blob = state.id(BLOB)?;
