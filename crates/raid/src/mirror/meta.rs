@@ -12,7 +12,7 @@
 //! and only then is the store opened from the winner. Opening writes a fresh checkpoint
 //! through the fanout, which rewrites every kept copy to the winner.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, LockResult, Mutex, MutexGuard, PoisonError};
 
 use strata_core::{BlockDevice, BlockError, DeviceRef, Geometry, Result};
 use strata_meta::{
@@ -79,13 +79,20 @@ pub struct MetaMembers {
     dropped: Mutex<Vec<(usize, DeviceRef, String)>>,
 }
 
+/// Every critical section on these locks is one `Vec` operation (clone, retain, push, take)
+/// that leaves the list whole even if it panics, so a poisoned lock's list is sound and is
+/// used as it is rather than failing every later metadata write.
+fn sound<T>(taken: LockResult<MutexGuard<'_, T>>) -> MutexGuard<'_, T> {
+    taken.unwrap_or_else(PoisonError::into_inner)
+}
+
 impl MetaMembers {
     fn current(&self) -> Vec<(usize, DeviceRef)> {
-        self.targets.lock().unwrap().clone()
+        sound(self.targets.lock()).clone()
     }
 
     pub fn add(&self, index: usize, device: DeviceRef) {
-        let mut targets = self.targets.lock().unwrap();
+        let mut targets = sound(self.targets.lock());
         targets.retain(|(i, _)| *i != index);
         targets.push((index, device));
     }
@@ -93,15 +100,12 @@ impl MetaMembers {
     /// Stops writing to `device` in slot `index`. A no-op if the slot holds another device
     /// now: an I/O to a replaced disk that fails late must not drop its replacement.
     pub fn remove(&self, index: usize, device: &DeviceRef) {
-        self.targets
-            .lock()
-            .unwrap()
-            .retain(|(i, d)| *i != index || !same_device(d, device));
+        sound(self.targets.lock()).retain(|(i, d)| *i != index || !same_device(d, device));
     }
 
     /// Members dropped since the last call, with the device and the error that dropped them.
     pub fn take_dropped(&self) -> Vec<(usize, DeviceRef, String)> {
-        std::mem::take(&mut *self.dropped.lock().unwrap())
+        std::mem::take(&mut *sound(self.dropped.lock()))
     }
 }
 
@@ -111,7 +115,7 @@ impl Replicas for MetaMembers {
     }
 
     fn sources(&self) -> Vec<(usize, DeviceRef)> {
-        let first = *self.read_from.lock().unwrap();
+        let first = *sound(self.read_from.lock());
         let mut targets = self.current();
         targets.sort_by_key(|(i, _)| *i != first);
         targets
@@ -120,10 +124,7 @@ impl Replicas for MetaMembers {
     fn failed(&self, member: usize, device: &DeviceRef, what: &'static str, error: &BlockError) {
         tracing::error!(member, %error, "mirror metadata {what} failed on a member; dropping it");
         self.remove(member, device);
-        self.dropped
-            .lock()
-            .unwrap()
-            .push((member, device.clone(), error.to_string()));
+        sound(self.dropped.lock()).push((member, device.clone(), error.to_string()));
     }
 
     fn none_left(&self, what: &'static str, first: Option<BlockError>) -> BlockError {

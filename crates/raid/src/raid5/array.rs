@@ -89,6 +89,12 @@ impl Array {
         poison::check(self.lost.lock(), &self.name, "the lost-chunk table")
     }
 
+    /// The array's record (shape, member states, journal size); a failure of the array if a
+    /// panic poisoned it.
+    pub fn array_record(&self) -> Result<MutexGuard<'_, ArrayRecord>> {
+        poison::check(self.record.lock(), &self.name, "the array record")
+    }
+
     /// Takes `stripe`'s lock (exclusive).
     pub async fn lock_stripe(&self, stripe: u64) -> tokio::sync::RwLockWriteGuard<'_, ()> {
         self.locks.write(stripe).await
@@ -172,7 +178,8 @@ impl Array {
         let reason = "a journal write failed".to_string();
         tracing::error!(array = %self.name, member, "raid5: journal device write failed; refusing writes");
         let error = self.journal_device_error(&reason);
-        self.journal_failed.lock().unwrap().get_or_insert(reason);
+        poison::check(self.journal_failed.lock(), &self.name, "the journal state")?
+            .get_or_insert(reason);
         Err(error)
     }
 
@@ -197,14 +204,14 @@ impl Array {
     pub async fn persist(&self) -> Result<()> {
         for _ in 0..=self.layout.members {
             let snapshot = self.members.snapshot();
-            let record = self.record.lock().unwrap().with_members(&snapshot);
+            let record = self.array_record()?.with_members(&snapshot);
             let blob = self.blob_id;
             self.store.transact(TxnClass::Normal, |_, txn| {
                 txn.put_blob(blob, record.encode());
                 Ok(())
             })?;
             self.store.commit().await?;
-            *self.record.lock().unwrap() = record;
+            *self.array_record()? = record;
             self.members.mark_durable(&snapshot);
             if self.members.snapshot().iter().all(|m| m.durable) {
                 return Ok(());
@@ -276,7 +283,7 @@ impl Array {
                 self.fail_member(fault.member).await?;
             }
         }
-        *self.full.lock().unwrap() = FullWrites::default();
+        *self.full_writes()? = FullWrites::default();
         Ok(())
     }
 
@@ -285,7 +292,7 @@ impl Array {
     pub async fn log_done(&self, completed: Vec<(u64, usize, u64, u64)>) -> Result<()> {
         let mut by_member: BTreeMap<(usize, u64), Vec<u64>> = BTreeMap::new();
         {
-            let mut full = self.full.lock().unwrap();
+            let mut full = self.full_writes()?;
             for &(stripe, member, epoch, seq) in &completed {
                 if full.dirty.get(&stripe) == Some(&(member, epoch, seq)) {
                     full.dirty.remove(&stripe);
@@ -330,7 +337,7 @@ impl Array {
             Ok(())
         })?;
         self.store.commit().await?;
-        self.lost.lock().unwrap().remove(&stripe);
+        self.lost_chunks()?.remove(&stripe);
         Ok(())
     }
 

@@ -81,15 +81,8 @@ impl Array {
         }
         let layout = self.layout;
         let parity = layout.parity_member(stripe);
-        let plan = plan_write(
-            layout.chunk_bytes,
-            layout.members,
-            parity,
-            stripe,
-            within,
-            data.len() as u64,
-            failed,
-        );
+        let (chunk, members, len) = (layout.chunk_bytes, layout.members, data.len() as u64);
+        let plan = plan_write(chunk, members, parity, stripe, within, len, failed);
         // A partial update after an unflushed full-stripe write of this stripe: make that
         // write durable first, so the stripe's old state is consistent (see the doc).
         let full_dirty = self.full_writes()?.dirty.contains_key(&stripe);
@@ -133,9 +126,7 @@ impl Array {
                 Ok(Appended::Full) => return Ok(Step::JournalFull),
                 Ok(Appended::Durable(seq)) if plan.kind == WriteKind::FullStripe => {
                     intent = Some((parity, epoch, seq));
-                    self.full
-                        .lock()
-                        .unwrap()
+                    self.full_writes()?
                         .dirty
                         .insert(stripe, (parity, epoch, seq));
                 }
@@ -177,9 +168,7 @@ impl Array {
             return Ok(Step::Done);
         };
         if !fua {
-            self.full
-                .lock()
-                .unwrap()
+            self.full_writes()?
                 .completed
                 .push((stripe, parity, epoch, seq));
             return Ok(Step::Done);
@@ -235,14 +224,8 @@ impl Array {
             None => None,
         };
         let parity = layout.parity_member(stripe);
-        let parts = plan_read(
-            layout.chunk_bytes,
-            layout.members,
-            parity,
-            within,
-            out.len() as u64,
-            failed,
-        );
+        let (chunk, members, len) = (layout.chunk_bytes, layout.members, out.len() as u64);
+        let parts = plan_read(chunk, members, parity, within, len, failed);
         if let Some(&member) = self.lost_chunks()?.get(&stripe) {
             if parts.iter().any(|p| p.member == member) {
                 return Err(Array::io_error(format!(

@@ -205,8 +205,7 @@ impl Raid5 {
         // its activity, and a healthy array must not show a rebuild still running.
         let activity = poison::check(a.activity.lock(), &a.name, "the rebuild progress")?.clone();
         node.health = self.health();
-        let journal_bytes =
-            poison::check(a.record.lock(), &a.name, "the array record")?.journal_bytes;
+        let journal_bytes = a.array_record()?.journal_bytes;
         let journal_failed =
             poison::check(a.journal_failed.lock(), &a.name, "the journal state")?.clone();
         let states = a.members.snapshot();

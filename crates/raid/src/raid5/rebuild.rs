@@ -110,7 +110,7 @@ impl Array {
         // overwrite what the rebuild derives. Emptying every journal (after a flush) retires
         // them all; the new member's journal starts in the same step.
         self.reset_journals().await?;
-        poison::check(self.record.lock(), &self.name, "the array record")?.states[index].1 = 0;
+        self.array_record()?.states[index].1 = 0;
         self.persist().await?;
         tracing::info!(array = %self.name, member = index, "raid5: member replaced; rebuilding");
         Ok(())
@@ -183,7 +183,7 @@ impl Array {
                 self.name
             )));
         }
-        poison::check(self.record.lock(), &self.name, "the array record")?.states[index].1 = cursor;
+        self.array_record()?.states[index].1 = cursor;
         self.persist().await
     }
 

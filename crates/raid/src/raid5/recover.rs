@@ -36,8 +36,8 @@ impl Array {
     async fn read_journals(&self) -> Result<(StripeLog, HashSet<(usize, u64)>)> {
         let mut stripes: StripeLog = BTreeMap::new();
         let mut done = HashSet::new();
-        let uuid = self.record.lock().unwrap().uuid;
-        let bytes = self.record.lock().unwrap().journal_bytes;
+        let uuid = self.array_record()?.uuid;
+        let bytes = self.array_record()?.journal_bytes;
         let snapshot = self.members.snapshot();
         for (member, state) in snapshot.iter().enumerate() {
             // A failed member's journal is skipped even when the journal device still holds
@@ -132,7 +132,7 @@ impl Array {
                 }
                 Ok(())
             })?;
-            self.lost.lock().unwrap().extend(lost.iter().copied());
+            self.lost_chunks()?.extend(lost.iter().copied());
             for (stripe, member) in &lost {
                 tracing::error!(array = %self.name, stripe, member, "raid5: a full-stripe write was torn by a crash while this member is missing; its chunk there is lost");
             }
