@@ -181,7 +181,7 @@ impl ThinPool {
         let mut freed = Vec::new();
         let result = self.store.transact(class, |state, txn| {
             let result = build(state, txn, &mut freed)?;
-            let mut allocator = self.allocator();
+            let mut allocator = self.allocator()?;
             for &extent in &freed {
                 allocator.quarantine(extent, u64::MAX);
             }
@@ -192,7 +192,7 @@ impl ThinPool {
             Ok(_) => self.store.next_txn(),
             Err(_) => 0, // nothing was freed: drop the guard at the next allocation
         };
-        let mut allocator = self.allocator();
+        let mut allocator = self.allocator()?;
         for &extent in &freed {
             allocator.quarantine(extent, release_after);
         }

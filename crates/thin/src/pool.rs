@@ -13,7 +13,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use strata_core::{BlockError, DeviceRef, Health, NodeStatus, Result, Runtime, StripedLocks};
+use strata_core::{
+    poison, BlockError, DeviceRef, Health, NodeStatus, Result, Runtime, StripedLocks,
+};
 use strata_meta::{FormatOptions, MetaStore, ObjectId, Recovered, StoreOptions, TxnClass};
 
 use super::alloc::Allocator;
@@ -376,6 +378,10 @@ impl ThinPool {
         }
     }
 
+    // The size cells and the volume table are changed by one map operation at a time
+    // (insert, remove, one field's assignment), which a panic cannot leave half done, so a
+    // poisoned lock's table is sound and is read through. The allocator is not: see
+    // [`ThinPool::allocator`].
     fn sizes_lock(&self) -> MutexGuard<'_, BTreeMap<u32, Arc<AtomicU64>>> {
         self.sizes
             .lock()
@@ -390,10 +396,11 @@ impl ThinPool {
             .unwrap_or_else(|poison| poison.into_inner())
     }
 
-    pub(crate) fn allocator(&self) -> MutexGuard<'_, Allocator> {
-        self.allocator
-            .lock()
-            .unwrap_or_else(|poison| poison.into_inner())
+    /// The extent allocator, or a failure of the pool if a panic poisoned it: one of its
+    /// changes updates several fields (the head, the reservations, the quarantine), and one
+    /// left half done could hand out an extent twice (`strata_core::poison`).
+    pub(crate) fn allocator(&self) -> Result<MutexGuard<'_, Allocator>> {
+        poison::check(self.allocator.lock(), &self.name, "the extent allocator")
     }
 
     pub fn name(&self) -> &str {
@@ -439,7 +446,7 @@ impl ThinPool {
             Ok(())
         })?;
         self.store.commit().await?;
-        self.allocator().grow(after);
+        self.allocator()?.grow(after);
         self.extents.store(after, Ordering::Release);
         tracing::info!(pool = %self.name, from = before, to = after, "thin pool grew with its device");
         self.watch_low_water();
@@ -571,14 +578,14 @@ impl ThinPool {
     async fn try_reserve_extent(&self) -> Result<Option<u64>> {
         for attempt in 0..2 {
             let durable = self.store.durable_txn();
-            let picked = self.store.read(|state| {
+            let picked = self.store.read(|state| -> Result<Option<u64>> {
                 let allocated = state.bitmap(self.ids.allocated).expect("pool bitmap");
-                self.allocator().allocate(allocated, durable)
-            });
+                Ok(self.allocator()?.allocate(allocated, durable))
+            })?;
             if picked.is_some() {
                 return Ok(picked);
             }
-            if attempt == 0 && self.allocator().quarantined() > 0 {
+            if attempt == 0 && self.allocator()?.quarantined() > 0 {
                 self.store.commit().await?;
             } else if attempt == 0 && self.grow().await? > 0 {
                 continue;
@@ -588,9 +595,10 @@ impl ThinPool {
     }
 
     /// Gives back an extent reserved for a write that did not need it after all.
-    pub(crate) fn release_reservation(&self, extent: u64) {
-        self.allocator().settle(extent);
+    pub(crate) fn release_reservation(&self, extent: u64) -> Result<()> {
+        self.allocator()?.settle(extent);
         self.space_watch.freed.notify_waiters();
+        Ok(())
     }
 
     /// Whether allocation is above the low-water mark now (judged as allocation does; a
@@ -795,7 +803,8 @@ impl ThinPool {
                 ("metadata low".into(), meta.low_space.to_string()),
                 (
                     "allocation head".into(),
-                    self.allocator().head().to_string(),
+                    self.allocator()
+                        .map_or_else(|e| e.to_string(), |a| a.head().to_string()),
                 ),
             ],
             stats: None,
@@ -829,4 +838,63 @@ pub(crate) fn lock_key(volume: u32, extent: u64) -> u64 {
     let hash = (volume as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)
         ^ extent.wrapping_mul(0xff51_afd7_ed55_8ccd);
     hash >> 32
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+    use strata_backend::MemoryDevice;
+    use strata_core::{BlockDevice, TokioRuntime, WriteFlags};
+
+    use super::*;
+
+    /// A panic inside an allocator change may leave it half updated; the pool then refuses
+    /// allocating writes with a failure naming it, instead of panicking or allocating from it.
+    #[tokio::test]
+    async fn a_poisoned_allocator_fails_allocating_writes_and_nothing_else() {
+        const EXTENT: u64 = 64 << 10;
+        let disk: DeviceRef = Arc::new(MemoryDevice::new(4 << 20));
+        let options = PoolOptions {
+            extent_size: EXTENT,
+            metadata_size: Some(1 << 20),
+            start_mid: false,
+        };
+        let mut settings = PoolRuntime::new(TokioRuntime::current());
+        settings.commit_interval = None;
+        let pool = ThinPool::format("pool", disk, &options, settings)
+            .await
+            .unwrap();
+        let volume = pool.create_volume("v", 1 << 20).await.unwrap();
+        let block = || Bytes::from(vec![7u8; 4096]);
+        volume
+            .write(0, block(), WriteFlags::default())
+            .await
+            .unwrap();
+
+        let poisoner = pool.clone();
+        let panicked = std::thread::spawn(move || {
+            let _held = poisoner.allocator.lock().unwrap();
+            panic!("planted while the allocator is held");
+        })
+        .join();
+        assert!(panicked.is_err());
+
+        let refused = volume.write(EXTENT, block(), WriteFlags::default()).await;
+        assert!(
+            matches!(refused, Err(BlockError::Poisoned { ref what, .. }) if *what == "the extent allocator"),
+            "{refused:?}"
+        );
+        // Mapped data stays readable and overwritable: neither needs the allocator.
+        assert_eq!(&volume.read(0, 4096).await.unwrap()[..], &block()[..]);
+        volume
+            .write(0, block(), WriteFlags::default())
+            .await
+            .unwrap();
+        let node = pool.describe().await.unwrap();
+        let head = node.detail.iter().find(|(key, _)| key == "allocation head");
+        assert!(
+            head.is_some_and(|(_, value)| value.contains("the extent allocator")),
+            "status names the poisoned allocator: {head:?}"
+        );
+    }
 }

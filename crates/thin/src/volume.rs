@@ -130,7 +130,7 @@ impl ThinVolume {
             let exclusive = self.extent_lock().write(key).await;
             if let Err(error) = self.pool.check_live(self.live_size(), &piece) {
                 if let Some(phys) = reserved {
-                    self.pool.release_reservation(phys);
+                    self.pool.release_reservation(phys)?;
                 }
                 return Err(error);
             }
@@ -138,7 +138,7 @@ impl ThinVolume {
                 (Some(located), spare) => {
                     // Another write mapped the extent while this one waited for space.
                     if let Some(phys) = spare {
-                        self.pool.release_reservation(phys);
+                        self.pool.release_reservation(phys)?;
                     }
                     (located.phys, false, located.runs)
                 }
@@ -151,7 +151,7 @@ impl ThinVolume {
             };
             let result = self.fill_and_publish(piece, data, phys, fresh, &runs).await;
             if fresh {
-                self.pool.allocator().settle(phys);
+                self.pool.allocator()?.settle(phys);
                 if result.is_ok() {
                     self.pool.watch_low_water();
                 }
@@ -242,7 +242,7 @@ impl ThinVolume {
                 txn.set_bits(ids.allocated, phys, 1, false);
                 // Quarantined before the store's lock is released: an allocation in between
                 // would otherwise see the extent free before the free is durable.
-                self.pool.allocator().quarantine(phys, u64::MAX);
+                self.pool.allocator()?.quarantine(phys, u64::MAX);
                 guarded = true;
             } else {
                 txn.set_bits(
@@ -258,15 +258,17 @@ impl ThinVolume {
             Ok(freed) => freed,
             Err(error) => {
                 // Nothing was freed: the extent is still mapped, drop the guard.
-                if guarded {
-                    self.pool.allocator().unquarantine(phys);
+                // (A poisoned allocator has failed the pool already: the original error
+                // is the one to report.)
+                if let (true, Ok(mut allocator)) = (guarded, self.pool.allocator()) {
+                    allocator.unquarantine(phys);
                 }
                 return Err(error);
             }
         };
         if freed {
             let durable_after = self.pool.store.next_txn();
-            self.pool.allocator().quarantine(phys, durable_after);
+            self.pool.allocator()?.quarantine(phys, durable_after);
             // A tracker without per-granule liveness frees an extent only when one discard
             // covers it whole.
             let partial = whole != (0..per_extent);
