@@ -4,3 +4,4 @@
 
 pub mod mirror;
 pub mod raid5;
+pub mod refusal;

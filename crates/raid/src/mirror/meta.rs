@@ -231,7 +231,8 @@ pub async fn open_or_format(
         copies.push(view_copy(child.as_ref(), plan.metadata_size).await);
     }
     let refuse = |why: String| BlockError::InvalidArgument(format!("mirror {name}: {why}"));
-    let choice = choose_copy(&copies, names, start.may_format).map_err(refuse)?;
+    let choice = choose_copy(&copies, names, start.may_format)
+        .map_err(|refusal| refusal.error(&format!("mirror {name}")))?;
     let store_options = StoreOptions::new(&format!("{name} metadata"));
     match choice {
         CopyChoice::Format => {

@@ -2,6 +2,7 @@
 //! worked examples: which regions a request touches, which members may serve a read, which
 //! metadata copy wins at open, and how member states are encoded.
 
+use crate::refusal::Refusal;
 use std::ops::Range;
 
 /// What a member is to the mirror. Persisted per slot in the `mirror.members` table.
@@ -259,7 +260,7 @@ pub fn choose_copy(
     copies: &[CopyView],
     names: &[String],
     may_format: bool,
-) -> Result<CopyChoice, String> {
+) -> Result<CopyChoice, Refusal> {
     let mut uuid_of: Option<(usize, [u8; 16])> = None;
     let mut valid = Vec::new();
     for (i, copy) in copies.iter().enumerate() {
@@ -274,25 +275,25 @@ pub fn choose_copy(
         };
         let name = name_of(names, i);
         if owner != super::OWNER {
-            return Err(format!(
+            return Err(Refusal::from(format!(
                 "member {name} holds metadata of a `{owner}`, not a mirror"
-            ));
+            )));
         }
         if let Some((j, other)) = uuid_of {
             if other != *uuid {
-                return Err(format!(
+                return Err(Refusal::from(format!(
                     "members {} and {name} hold metadata of two different mirrors",
                     name_of(names, j)
-                ));
+                )));
             }
         }
         uuid_of.get_or_insert((i, *uuid));
         if states.get(i) == Some(&MemberState::Faulty) {
-            return Err(format!(
+            return Err(Refusal::from(format!(
                 "member {name}'s metadata records its own slot as faulty: the children were \
                  reordered or a disk moved between slots; configure the disks in their \
                  original order"
-            ));
+            )));
         }
         valid.push(i);
     }
@@ -305,11 +306,11 @@ pub fn choose_copy(
         for &j in valid.iter().filter(|&&j| j > i) {
             if failed_by(i, j) && failed_by(j, i) {
                 let (a, b) = (name_of(names, i), name_of(names, j));
-                return Err(format!(
+                return Err(Refusal::from(format!(
                     "split brain: members {a} and {b} each record the other as failed, so each \
                      may hold writes the other lacks; assemble the one to keep alone with \
                      --degraded, then re-add the other with `strata replace`"
-                ));
+                )));
             }
         }
     }
@@ -335,35 +336,37 @@ pub fn choose_copy(
     }
     if !valid.is_empty() {
         let all: Vec<String> = valid.iter().map(|&i| name_of(names, i)).collect();
-        return Err(format!(
+        return Err(Refusal::from(format!(
             "split brain: every present copy ({}) is recorded as failed by another; assemble \
              the one to keep alone with --degraded, then re-add the others with `strata replace`",
             all.join(", ")
-        ));
+        )));
     }
     if let Some((i, why)) = copies.iter().enumerate().find_map(|(i, c)| match c {
         CopyView::Damaged { why, .. } | CopyView::Unlabelled(why) => Some((i, why)),
         _ => None,
     }) {
-        return Err(format!(
+        return Err(Refusal::Damaged(format!(
             "no readable metadata copy, and member {}'s is damaged ({why}); refusing to \
              format over it: run `strata check`",
             name_of(names, i)
-        ));
+        )));
     }
     if copies.iter().all(|c| *c == CopyView::Missing) {
-        return Err("every member is missing".into());
+        return Err(Refusal::Refused("every member is missing".into()));
     }
     if copies.contains(&CopyView::Missing) {
-        return Err("a new mirror needs every member present to format".into());
+        return Err(Refusal::Refused(
+            "a new mirror needs every member present to format".into(),
+        ));
     }
     if !may_format {
-        return Err(
+        return Err(Refusal::Refused(
             "the disks are labelled as holding this hierarchy but no member has mirror \
              metadata (zeroed, or never written); if this is a new layer, start it with \
              `strata serve --format LAYER`"
                 .into(),
-        );
+        ));
     }
     Ok(CopyChoice::Format)
 }
@@ -569,7 +572,7 @@ mod tests {
         (0..n).map(|i| format!("d{i}")).collect()
     }
 
-    fn choose(copies: &[CopyView]) -> Result<CopyChoice, String> {
+    fn choose(copies: &[CopyView]) -> Result<CopyChoice, Refusal> {
         choose_copy(copies, &names(copies.len()), true)
     }
 
@@ -595,12 +598,23 @@ mod tests {
         let refused = choose_copy(&[CopyView::Blank, CopyView::Blank], &names(2), false);
         assert!(refused.unwrap_err().contains("strata serve --format"));
         assert!(choose(&[CopyView::Blank, CopyView::Missing]).is_err());
-        assert!(choose(&[CopyView::Blank, damaged("x", None)]).is_err());
+        assert!(matches!(
+            choose(&[CopyView::Blank, damaged("x", None)]),
+            Err(Refusal::Damaged(_))
+        ));
+        assert!(matches!(
+            choose(&[CopyView::Blank, CopyView::Missing]),
+            Err(Refusal::Refused(_))
+        ));
         // Superblocks gone but the region not blank: damage, never formatted over.
         let unlabelled = CopyView::Unlabelled("non-zero region".into());
-        assert!(choose(&[CopyView::Blank, unlabelled])
-            .unwrap_err()
-            .contains("strata check"));
+        let refused = choose(&[CopyView::Blank, unlabelled]).unwrap_err();
+        assert!(refused.contains("strata check"));
+        let error = refused.error("mirror m");
+        assert!(
+            matches!(error, strata_core::BlockError::Corrupt(ref why) if why.starts_with("mirror m: ")),
+            "damage is reported as Corrupt: {error:?}"
+        );
         assert!(choose(&[valid(1, 5, 5), valid(2, 5, 5)])
             .unwrap_err()
             .contains("two different mirrors"));

@@ -3,6 +3,7 @@
 //! is pinned by worked examples (the same rules as the mirror's `policy::choose_copy`).
 
 use super::members::MemberState;
+use crate::refusal::Refusal;
 
 /// What one member's metadata region looked like, read only, at assembly.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -57,7 +58,7 @@ fn recorded(copies: &[Copy], j: usize, i: usize) -> Option<&(MemberState, u64)> 
 ///   wins, ties to the lowest index;
 /// - no valid copy: create only if every member is present and blank and `may_format`; any
 ///   damaged copy refuses (never created over).
-pub fn choose(copies: &[Copy], may_format: bool) -> Result<Choice, String> {
+pub fn choose(copies: &[Copy], may_format: bool) -> Result<Choice, Refusal> {
     let valid: Vec<usize> = (0..copies.len())
         .filter(|&i| matches!(copies[i], Copy::Valid { .. }))
         .collect();
@@ -66,29 +67,29 @@ pub fn choose(copies: &[Copy], may_format: bool) -> Result<Choice, String> {
         _ => unreachable!("valid"),
     };
     if let Some(w) = valid.windows(2).find(|w| uuid(w[0]) != uuid(w[1])) {
-        return Err(format!(
+        return Err(Refusal::from(format!(
             "members {} and {} hold metadata of two different arrays",
             w[0], w[1]
-        ));
+        )));
     }
     if let Some(&i) = valid
         .iter()
         .find(|&&i| matches!(recorded(copies, i, i), Some((MemberState::Failed, _))))
     {
-        return Err(format!(
+        return Err(Refusal::from(format!(
             "member {i}'s metadata records its own slot as failed: the members were reordered \
              or a disk moved between slots; configure them in their original order"
-        ));
+        )));
     }
     let failed_by = |i: usize, j: usize| j != i && records_failed(recorded(copies, j, i));
     for &i in &valid {
         for &j in valid.iter().filter(|&&j| j > i) {
             if failed_by(i, j) && failed_by(j, i) {
-                return Err(format!(
+                return Err(Refusal::from(format!(
                     "split brain: members {i} and {j} each record the other as failed, so \
                      each may hold writes the other lacks; assemble without the one to drop \
                      (--degraded), then re-add it with `strata replace`"
-                ));
+                )));
             }
         }
     }
@@ -108,35 +109,35 @@ pub fn choose(copies: &[Copy], may_format: bool) -> Result<Choice, String> {
         return Ok(Choice::Open(i));
     }
     if !valid.is_empty() {
-        return Err(format!(
+        return Err(Refusal::from(format!(
             "split brain: every present copy (members {valid:?}) is recorded as failed by \
              another; assemble the one to keep with --degraded and re-add the others with \
              `strata replace`"
-        ));
+        )));
     }
     if let Some((i, why)) = copies.iter().enumerate().find_map(|(i, c)| match c {
         Copy::Damaged(why) => Some((i, why)),
         _ => None,
     }) {
-        return Err(format!(
+        return Err(Refusal::Damaged(format!(
             "no readable metadata copy, and member {i}'s is damaged ({why}); refusing to \
              create an array over it: run `strata check`"
-        ));
+        )));
     }
     if copies.contains(&Copy::Missing) {
-        return Err(
+        return Err(Refusal::Refused(
             "no member holds raid5 metadata and a member is missing: a new array needs every \
              member present"
                 .into(),
-        );
+        ));
     }
     if !may_format {
-        return Err(
+        return Err(Refusal::Refused(
             "the disks are labelled as holding this hierarchy but no member has raid5 metadata \
              (zeroed, or never written); if this is a new layer, start it with \
              `strata serve --format LAYER`"
                 .into(),
-        );
+        ));
     }
     Ok(Choice::Create)
 }
@@ -267,7 +268,16 @@ mod tests {
             .unwrap_err()
             .contains("strata serve --format"));
         let damaged = [Copy::Blank, Copy::Damaged("crc".into()), Copy::Blank];
-        assert!(choose(&damaged, true).unwrap_err().contains("strata check"));
+        let refused = choose(&damaged, true).unwrap_err();
+        assert!(refused.contains("strata check"));
+        assert!(matches!(
+            refused.error("raid5 r"),
+            strata_core::BlockError::Corrupt(_)
+        ));
+        assert!(matches!(
+            choose(&blank, false).unwrap_err().error("raid5 r"),
+            strata_core::BlockError::InvalidArgument(_)
+        ));
         assert!(choose(&[Copy::Blank, Copy::Blank, Copy::Missing], true).is_err());
     }
 

@@ -118,7 +118,9 @@ pub async fn assemble(
         recovered.push(r);
     }
     let refuse = |why: String| invalid(&name, why);
-    let source = match assembly::choose(&copies, given.settings.start.may_format).map_err(refuse)? {
+    let source = match assembly::choose(&copies, given.settings.start.may_format)
+        .map_err(|refusal| refusal.error(&format!("raid5 {name}")))?
+    {
         assembly::Choice::Create => return create(name, children, given).await,
         assembly::Choice::Open(source) => source,
     };
