@@ -50,6 +50,33 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+DEFAULT_TCP = "127.0.0.1:10809"
+
+
+def on_the_default_port(argv):
+    """`argv` starts a server that binds the default TCP listener, 127.0.0.1:10809: a fixed
+    port, which another server on this machine (another test run) may hold. Returns the argv
+    to start and `client(pid, cmd)`, the argv that runs a client command `cmd` where the
+    server (its pid) listens. The server runs in a private network namespace when possible
+    (root, unshare, nsenter, ip), else as given if the port is free; else the test is skipped."""
+    argv = [str(a) for a in argv]
+    if os.geteuid() == 0 and all(shutil.which(t) for t in ["unshare", "nsenter", "ip"]):
+        wrapped = ["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$@"', "sh", *argv]
+        return wrapped, lambda pid, cmd: ["nsenter", "-t", str(pid), "-n", *map(str, cmd)]
+    if port_free(10809):
+        return argv, lambda pid, cmd: [str(c) for c in cmd]
+    pytest.skip(f"{DEFAULT_TCP} is in use and no network namespace is available")
+
+
 def toml_str(s: str) -> str:
     return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
 

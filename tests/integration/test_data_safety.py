@@ -86,6 +86,12 @@ def serve(procs, workdir, *args, tag="serve", **kw) -> Proc:
     return p
 
 
+def assembled(procs, workdir, data_dir: Path, *args, tag: str) -> Proc:
+    """`strata serve --assemble ARGS` in `data_dir`, on the unix socket there alone: the
+    default TCP port is one for the whole machine."""
+    return serve(procs, workdir, "--data-dir", data_dir, "--listen", "unix:nbd.sock", "--assemble", *args, tag=tag)
+
+
 def uri(data_dir: Path, export: str) -> str:
     return f"nbd+unix:///{export}?socket={data_dir}/nbd.sock"
 
@@ -461,7 +467,7 @@ def test_a_stale_mirror_leg_is_never_served_as_current(procs, workdir):
     _, a, b, new = mirror_with_a_stale_leg(procs, workdir, 4 * MiB, 81)
     # b alone is stale: refused without --degraded.
     alone = workdir / "alone"
-    p = serve(procs, workdir, "--data-dir", alone, "--assemble", b, tag="alone")
+    p = assembled(procs, workdir, alone, b, tag="alone")
     rc = p.wait_exit(30)
     assert rc != 0, f"served the stale leg alone\n{p.text()}"
     assert "strata check" in p.stderr(), p.text()
@@ -469,7 +475,7 @@ def test_a_stale_mirror_leg_is_never_served_as_current(procs, workdir):
     # a and b together, in either order: a wins, b stays faulty, never b's old data.
     for order, tag in (((a, b), "both"), ((b, a), "both-reversed")):
         both = workdir / tag
-        p = serve(procs, workdir, "--data-dir", both, "--assemble", *order, tag=tag)
+        p = assembled(procs, workdir, both, *order, tag=tag)
         p.wait_ready()
         h = connect(both)
         seen = get(h, len(new), 0)
@@ -485,17 +491,17 @@ def test_a_stale_leg_started_degraded_is_a_split_brain_never_a_silent_winner(pro
     whatever the order: neither leg's data silently wins."""
     _, a, b, new = mirror_with_a_stale_leg(procs, workdir, 2 * MiB, 91)
     alone = workdir / "alone"
-    p = serve(procs, workdir, "--data-dir", alone, "--assemble", b, "--degraded", tag="alone")
+    p = assembled(procs, workdir, alone, b, "--degraded", tag="alone")
     p.wait_ready()
     assert "degraded" in p.stderr(), p.text()
     assert node(alone, "m")["health"] == "degraded", node(alone, "m")
     assert p.stop() == 0
     for order, tag in (((a, b), "both"), ((b, a), "both-reversed")):
-        p = serve(procs, workdir, "--data-dir", workdir / tag, "--assemble", *order, tag=tag)
+        p = assembled(procs, workdir, workdir / tag, *order, tag=tag)
         assert p.wait_exit(30) != 0, f"assembled a split brain ({tag})\n{p.text()}"
         assert "split brain" in p.stderr(), p.text()
     # Choosing a explicitly still works, and serves a's data.
-    p = serve(procs, workdir, "--data-dir", workdir / "chosen", "--assemble", a, "--degraded", tag="chosen")
+    p = assembled(procs, workdir, workdir / "chosen", a, "--degraded", tag="chosen")
     p.wait_ready()
     h = connect(workdir / "chosen")
     assert get(h, len(new), 0) == new

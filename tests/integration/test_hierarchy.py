@@ -12,8 +12,8 @@ from contextlib import contextmanager
 
 import pytest
 
-from harness import (MiB, STRATA_BIN, Disk, Export, Layer, ServerSpec, nbd_handle, pattern_bytes, requires_strata,
-                     run)
+from harness import (DEFAULT_TCP, MiB, STRATA_BIN, Disk, Export, Layer, ServerSpec, free_port, nbd_handle,
+                     on_the_default_port, pattern_bytes, requires_strata, run)
 
 pytestmark = requires_strata()
 
@@ -117,11 +117,15 @@ def stripe_spec() -> ServerSpec:
                       exports=[Export("vol", "s")])
 
 
-def assemble(srv, workdir, disks, name="asm", degraded=False):
+def assemble(srv, workdir, disks, name="asm", degraded=False, listen=("unix:nbd.sock",)):
     """`strata serve --assemble DISKS`; `degraded`: with members missing that the layer's
-    metadata counts as in sync, which a start allows only with --degraded (issue 12)."""
+    metadata counts as in sync, which a start allows only with --degraded (issue 12).
+    `listen`: the --listen addresses, by default the unix socket in its data folder alone (the
+    default TCP port is one for the whole machine); None: no --listen."""
     data_dir = workdir / name
     flags = ["--degraded"] if degraded else []
+    for addr in listen or ():
+        flags += ["--listen", addr]
     proc = subprocess.Popen([str(STRATA_BIN), "serve", "--data-dir", str(data_dir), *flags, "--assemble",
                              *map(str, disks)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -163,6 +167,82 @@ def test_assemble_rebuilds_the_stack_from_its_disks(server_factory, workdir):
     finally:
         proc.terminate()
         assert proc.wait(30) == 0
+
+
+def stopped_stripe_with_data(server_factory, seed):
+    """A stripe of three disks with 1 MiB of `seed`'s pattern at 0, stopped; returns its disks
+    and the data."""
+    srv = server_factory(stripe_spec())
+    data = pattern_bytes(seed, MiB)
+    with nbd_handle(srv) as h:
+        h.pwrite(data, 0)
+    srv.stop()
+    return srv, [srv.disk_file(f"d{i}") for i in range(3)], data
+
+
+def test_an_assembled_server_listens_where_a_config_without_listen_would(server_factory, workdir):
+    """Without --listen, `serve --assemble` serves where a config without `listen` does: the
+    unix socket nbd.sock in its data folder and 127.0.0.1:10809 (in a private network
+    namespace where possible, since the port is fixed)."""
+    srv, disks, data = stopped_stripe_with_data(server_factory, 14)
+    data_dir = workdir / "default-listen"
+    argv, client = on_the_default_port([STRATA_BIN, "serve", "--data-dir", data_dir, "--assemble", *disks])
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        banner = wait_ready(proc)
+        assert f"unix:{data_dir}/nbd.sock" in banner and f"tcp:{DEFAULT_TCP}" in banner, banner
+        import nbd
+        h = nbd.NBD()
+        h.connect_uri(f"nbd+unix:///vol?socket={data_dir}/nbd.sock")
+        assert h.pread(MiB, 0) == data
+        size = h.get_size()
+        h.shutdown()
+        info = json.loads(run(client(proc.pid, ["nbdinfo", "--json", f"nbd://{DEFAULT_TCP}/vol"])).stdout)
+        assert info["exports"][0]["export-size"] == size, info
+    finally:
+        proc.terminate()
+        assert proc.wait(30) == 0
+
+
+def test_listen_chooses_where_an_assembled_or_configured_server_listens(server_factory, workdir):
+    """`--listen ADDR` (repeatable, as the config's `listen` writes them; a relative unix path
+    is in the data folder) replaces the listeners an assembled hierarchy or a config has."""
+    srv, disks, data = stopped_stripe_with_data(server_factory, 15)
+    port = free_port()
+    proc, data_dir = assemble(srv, workdir, disks, "chosen", listen=["unix:other.sock", f"tcp:127.0.0.1:{port}"])
+    try:
+        banner = wait_ready(proc)
+        assert f"ready: serving 1 export(s) on unix:{data_dir}/other.sock, tcp:127.0.0.1:{port}" in banner, banner
+        assert not (data_dir / "nbd.sock").exists()
+        import nbd
+        for uri in (f"nbd+unix:///vol?socket={data_dir}/other.sock", f"nbd://127.0.0.1:{port}/vol"):
+            h = nbd.NBD()
+            h.connect_uri(uri)
+            assert h.pread(MiB, 0) == data, uri
+            h.shutdown()
+    finally:
+        proc.terminate()
+        assert proc.wait(30) == 0
+    # The config's listeners (its unix socket) are replaced too.
+    sock = workdir / "elsewhere.sock"
+    proc = subprocess.Popen([str(STRATA_BIN), "serve", "--config", str(srv.config_path), "--listen", f"unix:{sock}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        banner = wait_ready(proc)
+        assert f"ready: serving 1 export(s) on unix:{sock}\n" in banner, banner
+        assert not (srv.data_dir / "nbd.sock").exists()
+        import nbd
+        h = nbd.NBD()
+        h.connect_uri(f"nbd+unix:///vol?socket={sock}")
+        assert h.pread(MiB, 0) == data
+        h.shutdown()
+    finally:
+        proc.terminate()
+        assert proc.wait(30) == 0
+    # An address the config would refuse is refused, in the same words, before anything starts.
+    bad = strata("serve", "--data-dir", workdir / "bad", "--listen", DEFAULT_TCP, "--assemble", *disks, check=False)
+    assert bad.returncode != 0 and 'must start with "unix:" or "tcp:"' in bad.stderr, bad.stderr
+    assert not (workdir / "bad").exists()
 
 
 def test_assemble_refuses_foreign_disks_and_missing_members_a_layer_cannot_lose(server_factory, workdir):

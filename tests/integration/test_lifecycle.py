@@ -4,12 +4,9 @@ config errors, default (config-less) mode."""
 from __future__ import annotations
 
 import json
-import os
 import random
-import shutil
 import re
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -19,8 +16,8 @@ import urllib.request
 import nbd
 import pytest
 
-from harness import (MiB, GiB, STRATA_BIN, Disk, Export, ServerSpec, close_handle, nbd_handle, pattern_bytes,
-                     requires_strata, run, sha256_file)
+from harness import (MiB, GiB, STRATA_BIN, Disk, Export, ServerSpec, close_handle, nbd_handle, on_the_default_port,
+                     pattern_bytes, requires_strata, run, sha256_file)
 
 
 def test_restart_persistence(server, workdir):
@@ -298,28 +295,13 @@ def test_relative_data_dir_resolves_against_config_folder(workdir):
         assert terminate(p) == 0
 
 
-def _port_free(port):
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
-
-
 @requires_strata()
 def test_default_mode_without_config(workdir):
     """`strata serve --data-dir DIR` with no config: a 16 GiB thin volume in a thin pool on
     the sparse disk0.img, exported as `default` on DIR/nbd.sock and 127.0.0.1:10809.  Runs in a
     private network namespace when possible so the fixed port cannot clash."""
     dd = workdir / "sd"
-    own_netns = os.geteuid() == 0 and all(shutil.which(t) for t in ["unshare", "nsenter", "ip"])
-    if own_netns:
-        argv = ["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$0" serve --data-dir "$1"', STRATA_BIN, dd]
-    elif _port_free(10809):
-        argv = [STRATA_BIN, "serve", "--data-dir", dd]
-    else:
-        pytest.skip("127.0.0.1:10809 is in use and no network namespace is available")
+    argv, client = on_the_default_port([STRATA_BIN, "serve", "--data-dir", dd])
     p = spawn_and_wait_ready(argv, workdir)
     try:
         img = dd / "disks" / "disk0.img"
@@ -335,10 +317,7 @@ def test_default_mode_without_config(workdir):
         h.pwrite(last, 16 * GiB - 512)
         h.flush()
         close_handle(h)
-        tcp = ["nbdinfo", "--json", "nbd://127.0.0.1:10809/default"]
-        if own_netns:
-            tcp = ["nsenter", "-t", str(p.pid), "-n"] + tcp
-        info = json.loads(run(tcp).stdout)
+        info = json.loads(run(client(p.pid, ["nbdinfo", "--json", "nbd://127.0.0.1:10809/default"])).stdout)
         assert info["exports"][0]["export-size"] == 16 * GiB
         h = nbd.NBD()
         h.connect_uri(f"nbd+unix:///default?socket={dd / 'nbd.sock'}")

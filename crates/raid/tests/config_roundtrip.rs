@@ -48,7 +48,7 @@ fn mirror_stack() -> impl Strategy<Value = Stack> {
         proptest::option::of((16u32..=26).prop_map(|bits| 1u64 << bits)),
         proptest::option::of((1u64..=8).prop_map(|mib| mib << 20)),
         proptest::option::of(0u64..=600_000),
-        proptest::option::of(1u64..=64),
+        proptest::option::of(0u64..=64),
         any::<bool>(),
     )
         .prop_map(|(n, region, metadata, clear, concurrency, as_text)| Stack {

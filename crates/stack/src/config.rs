@@ -121,6 +121,30 @@ pub enum ListenAddr {
     Tcp(String),
 }
 
+/// A `listen` entry, as the configuration and `strata serve --listen` write it: `unix:PATH`
+/// (a relative path is in the data folder) or `tcp:HOST:PORT`.
+impl std::str::FromStr for ListenAddr {
+    type Err = String;
+
+    fn from_str(entry: &str) -> Result<ListenAddr, String> {
+        if let Some(path) = entry.strip_prefix("unix:") {
+            if path.is_empty() {
+                return Err("\"unix:\" needs a socket path".into());
+            }
+            return Ok(ListenAddr::Unix(PathBuf::from(path)));
+        }
+        if let Some(addr) = entry.strip_prefix("tcp:") {
+            return match addr.parse::<std::net::SocketAddr>() {
+                Ok(_) => Ok(ListenAddr::Tcp(addr.to_string())),
+                Err(_) => Err(format!(
+                    "{addr:?} is not an address such as 127.0.0.1:10809"
+                )),
+            };
+        }
+        Err(format!("{entry:?} must start with \"unix:\" or \"tcp:\""))
+    }
+}
+
 /// A configuration error with its place in the file.
 #[derive(Debug)]
 pub struct ConfigError {
@@ -223,7 +247,8 @@ pub fn load(
         graph::validate(text, &disks, &layers, &exports).map_err(|l| error(l.at, l.message))?;
     let mut listen = Vec::new();
     for entry in &config.listen {
-        listen.push(parse_listen(entry.get_ref()).map_err(|m| error(entry.span().start, m))?);
+        let addr = entry.get_ref().parse::<ListenAddr>();
+        listen.push(addr.map_err(|m| error(entry.span().start, format!("field `listen`: {m}")))?);
     }
     if let Some(metrics) = &config.metrics {
         if metrics.get_ref().parse::<std::net::SocketAddr>().is_err() {
@@ -380,26 +405,6 @@ fn validate(
     Ok(())
 }
 
-fn parse_listen(entry: &str) -> Result<ListenAddr, String> {
-    if let Some(path) = entry.strip_prefix("unix:") {
-        if path.is_empty() {
-            return Err("field `listen`: \"unix:\" needs a socket path".into());
-        }
-        return Ok(ListenAddr::Unix(PathBuf::from(path)));
-    }
-    if let Some(addr) = entry.strip_prefix("tcp:") {
-        return match addr.parse::<std::net::SocketAddr>() {
-            Ok(_) => Ok(ListenAddr::Tcp(addr.to_string())),
-            Err(_) => Err(format!(
-                "field `listen`: {addr:?} is not an address such as 127.0.0.1:10809"
-            )),
-        };
-    }
-    Err(format!(
-        "field `listen`: {entry:?} must start with \"unix:\" or \"tcp:\""
-    ))
-}
-
 /// 1-based line and column of a byte offset.
 fn line_column(text: &str, offset: usize) -> (usize, usize) {
     let before = &text[..offset.min(text.len())];
@@ -430,6 +435,40 @@ mod tests {
         assert_eq!(loaded.listen.len(), 2);
         assert_eq!(loaded.data_dir, PathBuf::from("/base"));
         assert_eq!(loaded.listen[1], ListenAddr::Tcp("127.0.0.1:10809".into()));
+    }
+
+    #[test]
+    fn listen_entries_are_unix_paths_or_tcp_addresses() {
+        let parse = |entry: &str| entry.parse::<ListenAddr>();
+        assert_eq!(
+            parse("unix:/run/strata.sock"),
+            Ok(ListenAddr::Unix("/run/strata.sock".into()))
+        );
+        assert_eq!(
+            parse("unix:nbd.sock"),
+            Ok(ListenAddr::Unix("nbd.sock".into()))
+        );
+        assert_eq!(
+            parse("tcp:[::1]:10809"),
+            Ok(ListenAddr::Tcp("[::1]:10809".into()))
+        );
+        for bad in [
+            "unix:",
+            "tcp:localhost",
+            "tcp:127.0.0.1",
+            "127.0.0.1:10809",
+            "",
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?}");
+        }
+        let err = load_str("listen = [\"tcp:nowhere\"]\n[[disk]]\nname = \"d0\"\npath = \"x\"\n[[export]]\nname = \"v\"\ndevice = \"d0\"\n")
+            .err()
+            .unwrap();
+        assert!(
+            err.message
+                .starts_with("field `listen`: \"nowhere\" is not an address"),
+            "{err}"
+        );
     }
 
     #[test]

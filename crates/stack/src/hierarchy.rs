@@ -509,9 +509,13 @@ pub fn assembled_config(assembly: &Assembly) -> anyhow::Result<String> {
             }
         }
     }
-    // Unix socket only: a TCP port may be taken, and exposing one is the operator's choice
-    // (edit assembled.toml and serve it with --config).
-    let mut text = String::from("listen = [\"unix:nbd.sock\"]\nadmin = \"admin.sock\"\n");
+    // No `listen`: served where a config without one is, like any other config; `strata
+    // serve --listen` chooses other addresses.
+    let mut text = format!(
+        "# Assembled from the disks' hierarchy labels. Without `listen`, served where a config \
+         without it is: {}.\nadmin = \"admin.sock\"\n",
+        crate::config::DEFAULT_LISTEN.join(", ")
+    );
     text.push_str(&toml::to_string(&doc)?);
     Ok(text)
 }
@@ -566,6 +570,19 @@ impl strata_core::Filter for Labelled {
 mod tests {
     use super::*;
 
+    /// What `--assemble` serves from /dev/d0 carrying the label `started` writes on its disk
+    /// d0 (its only disk under a layer).
+    fn assembled_from_d0(started: &Loaded) -> String {
+        let label = Label {
+            uuid: uuid_text([1; 16]),
+            generation: 1,
+            member: "d0".into(),
+            hierarchy: render_hierarchy(started, &Running::new()).unwrap(),
+        };
+        let assembly = assemble(vec![(std::path::PathBuf::from("/dev/d0"), Some(label))]).unwrap();
+        assembled_config(&assembly).unwrap()
+    }
+
     /// A crypt's key file named relative to the data folder opens the same file when the
     /// stack is assembled from its labels into another data folder.
     #[test]
@@ -585,14 +602,7 @@ mod tests {
                 .join(options.text("key-file").unwrap().unwrap())
         };
         assert_eq!(key_file(&started), Path::new("/srv/first/keys/enc.key"));
-        let label = Label {
-            uuid: uuid_text([1; 16]),
-            generation: 1,
-            member: "d0".into(),
-            hierarchy: render_hierarchy(&started, &Running::new()).unwrap(),
-        };
-        let assembly = assemble(vec![(std::path::PathBuf::from("/dev/d0"), Some(label))]).unwrap();
-        let assembled_text = assembled_config(&assembly).unwrap();
+        let assembled_text = assembled_from_d0(&started);
         let assembled = crate::config::load(
             &assembled_text,
             "assembled.toml",
@@ -736,5 +746,38 @@ mod tests {
             .contains("left the hierarchy"));
         let text = assembled_config(&ok).unwrap();
         assert!(text.contains("path = \"a\""), "{text}");
+    }
+
+    #[test]
+    fn an_assembled_stack_listens_where_a_config_without_listen_does() {
+        let text = "listen = [\"unix:elsewhere.sock\", \"tcp:127.0.0.1:1\"]\n\
+                    [[disk]]\nname = \"d0\"\npath = \"d0.img\"\n\
+                    [[layer]]\nname = \"c\"\nkind = \"concat\"\nchildren = [\"d0\"]\n\
+                    [[export]]\nname = \"e\"\ndevice = \"c\"\n";
+        let started = crate::config::load(text, "t.toml", Path::new("/srv"), None).unwrap();
+        let assembled_text = assembled_from_d0(&started);
+        let load = |text: &str| {
+            crate::config::load(text, "a.toml", Path::new("."), Some(Path::new("/srv/a"))).unwrap()
+        };
+        let without_listen = "[[disk]]\nname = \"d0\"\npath = \"d0.img\"\n\
+                              [[export]]\nname = \"e\"\ndevice = \"d0\"\n";
+        // Not the listeners of the config that wrote the labels (a label carries none): the
+        // defaults, the unix socket in the data folder and localhost's NBD port.
+        assert_eq!(
+            load(&assembled_text).listen,
+            load(without_listen).listen,
+            "{assembled_text}"
+        );
+        assert_eq!(
+            load(&assembled_text).listen,
+            [
+                crate::config::ListenAddr::Unix("nbd.sock".into()),
+                crate::config::ListenAddr::Tcp("127.0.0.1:10809".into())
+            ]
+        );
+        assert_eq!(
+            load(&assembled_text).resolve(Path::new("nbd.sock")),
+            Path::new("/srv/a/nbd.sock")
+        );
     }
 }

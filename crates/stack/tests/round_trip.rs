@@ -5,13 +5,14 @@
 //! `hierarchy::assemble`. Also: a label written by the code before labels came from
 //! `describe()` still assembles.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use proptest::prelude::*;
 use strata_backend::MemoryDevice;
 use strata_core::{DeviceRef, MetricsRegistry, TokioRuntime};
+use strata_raid::raid5::journal::{device_bytes, least_bytes};
 use strata_stack::build::{self, Disks, StartOptions};
 use strata_stack::config::{self, Loaded};
 use strata_stack::graph::options_table;
@@ -19,8 +20,19 @@ use strata_stack::hierarchy::{self, Running};
 use strata_stack::registry::{self, Options};
 use strata_thin::PoolConfig;
 
-/// Memory disks are sparse: their size costs nothing until written.
-const DISK_BYTES: u64 = 64 << 20;
+const KIB: u64 = 1 << 10;
+const MIB: u64 = 1 << 20;
+
+/// Disk sizes, in MiB. What building a stack costs grows with them: a raid5 zeroes its
+/// members (encrypting the zeros when a crypt is below it), a mirror resyncs, a crypt encrypts
+/// what is written through it. So the disks are small (which is what lets the property run on
+/// thousands of stacks) but unequal, and large enough for every layer's defaults somewhere.
+const DISK_MIB: (u64, u64) = (6, 16);
+
+/// Every device the generator makes keeps at least this much: room for one more layer with
+/// its smallest options (a raid5's 1 MiB record, a 1 MiB journal and a chunk; a thin pool's
+/// 2 MiB of metadata and an extent).
+const ROOM: u64 = 4 * MIB;
 
 /// splitmix64: proptest picks the seed (and shrinks it), this spreads it over the choices.
 struct Picks(u64);
@@ -34,118 +46,307 @@ impl Picks {
         (z ^ (z >> 31)) % bound.max(1)
     }
 
-    fn one_of<'a>(&mut self, items: &[&'a str]) -> &'a str {
+    /// One of `low..=high`.
+    fn between(&mut self, low: u64, high: u64) -> u64 {
+        low + self.next(high - low + 1)
+    }
+
+    fn one_of<T: Copy>(&mut self, items: &[T]) -> T {
         items[self.next(items.len() as u64) as usize]
     }
 
-    /// Sometimes an option, sometimes left to its default.
-    fn maybe(&mut self, key: &str, values: &[&str]) -> String {
-        if self.next(3) == 0 {
-            String::new()
-        } else {
-            format!("{key} = {}\n", self.one_of(values))
-        }
+    /// Sometimes one of `values`, sometimes none (the option left to its default).
+    fn maybe(&mut self, values: &[&str]) -> Option<String> {
+        (self.next(3) != 0).then(|| self.one_of(values).to_string())
     }
 
-    fn take(&mut self, free: &mut Vec<String>, count: usize) -> Vec<String> {
+    fn take(&mut self, free: &mut Vec<Device>, count: usize) -> Vec<Device> {
         (0..count)
             .map(|_| free.remove(self.next(free.len() as u64) as usize))
             .collect()
     }
 }
 
-/// A random valid configuration over `disks` memory disks: kinds from the registry stacked
-/// legally (each device under at most one layer), random valid options, sometimes a thin pool
-/// on top. Returns the text and the name of the device exported.
-fn random_config(seed: u64, disks: usize, key_dir: &Path) -> String {
+/// A device of the stack being generated and the least size it can have (sizes are followed
+/// from the disks up by each kind's rule, rounding down wherever a kind may round).
+#[derive(Clone, Debug)]
+struct Device {
+    name: String,
+    size: u64,
+}
+
+/// `key = value` lines for the options given; nothing for those left to their defaults.
+fn lines<const N: usize>(options: [(&str, Option<String>); N]) -> String {
+    options
+        .into_iter()
+        .filter_map(|(key, value)| Some(format!("{key} = {}\n", value?)))
+        .collect()
+}
+
+/// A size written the way a configuration might: bytes, or KiB/MiB when exact.
+fn size_text(pick: &mut Picks, bytes: u64) -> String {
+    match pick.next(3) {
+        0 => bytes.to_string(),
+        1 if bytes.is_multiple_of(MIB) => format!("\"{}MiB\"", bytes / MIB),
+        _ if bytes.is_multiple_of(KIB) => format!("\"{}KiB\"", bytes / KIB),
+        _ => format!("\"{bytes}\""),
+    }
+}
+
+/// A size option from `choices` (bytes), or its default (None); in the text and in bytes.
+fn size_option(pick: &mut Picks, choices: &[u64]) -> Option<(String, u64)> {
+    let bytes = (pick.next(3) != 0).then(|| pick.one_of(choices))?;
+    Some((size_text(pick, bytes), bytes))
+}
+
+/// The text of a size option picked by [`size_option`].
+fn option_text(option: &Option<(String, u64)>) -> Option<String> {
+    option.as_ref().map(|(text, _)| text.clone())
+}
+
+/// One layer of `kind` over `children`: its options and the least size it has.
+fn layer(pick: &mut Picks, kind: &str, children: &[Device], key_dir: &Path) -> (String, u64) {
+    let smallest = children.iter().map(|c| c.size).min().expect("children");
+    let n = children.len() as u64;
+    match kind {
+        "slice" => {
+            let mut offset = pick.next(16) * 64 * KIB;
+            if smallest - offset < ROOM {
+                offset = 0;
+            }
+            let room = smallest - offset;
+            let length = (pick.next(2) == 0)
+                .then(|| ROOM + pick.next((room - ROOM) / (64 * KIB) + 1) * 64 * KIB);
+            let text = lines([
+                ("offset", Some(size_text(pick, offset))),
+                ("length", length.map(|l| size_text(pick, l))),
+            ]);
+            (text, length.unwrap_or(room))
+        }
+        "concat" => (
+            String::new(),
+            children.iter().map(|c| c.size / 4096 * 4096).sum(),
+        ),
+        "crypt" => {
+            let key = if pick.next(2) == 0 {
+                "\"keys/enc.key\"".to_string()
+            } else {
+                format!("{:?}", key_dir.join("keys/enc.key").display().to_string())
+            };
+            let sector = pick.maybe(&["512", "4096", "\"4KiB\"", "\"512B\""]);
+            let text = lines([("key-file", Some(key)), ("sector-size", sector)]);
+            (text, smallest / 4096 * 4096)
+        }
+        "delay" => {
+            let durations = [
+                "\"0s\"",
+                "\"0\"",
+                "\"10us\"",
+                "\"1us\"",
+                "\"2.5us\"",
+                "\"0.001ms\"",
+                "\"7ns\"",
+            ];
+            // Bandwidths high enough that the writes a build makes are not slowed much.
+            let bandwidths = ["\"8GiB\"", "\"16GiB/s\"", "8589934592", "\"10000000000\""];
+            let text = lines([
+                ("read-latency", pick.maybe(&durations)),
+                ("write-latency", pick.maybe(&durations)),
+                ("bandwidth", pick.maybe(&bandwidths)),
+            ]);
+            (text, smallest)
+        }
+        "count" => (String::new(), smallest),
+        "fault" => {
+            // Ranges past the end of any device here: written and read back, never hit.
+            let ranges = [
+                "\"\"",
+                "\"1TiB+4KiB\"",
+                "\"2TiB+1MiB, 1TiB+512\"",
+                "\"4294967296+65536\"",
+            ];
+            let text = lines([
+                ("seed", pick.maybe(&["0", "7", "123456789"])),
+                ("error-rate", pick.maybe(&["0.0", "0"])),
+                ("fail-read", pick.maybe(&ranges)),
+                ("fail-write", pick.maybe(&ranges)),
+            ]);
+            (text, smallest)
+        }
+        "stripe" => {
+            let chunk = size_option(pick, &[4 * KIB, 64 * KIB, MIB]);
+            let bytes = chunk.as_ref().map_or(64 * KIB, |c| c.1);
+            (
+                lines([("chunk", option_text(&chunk))]),
+                n * (smallest / bytes * bytes),
+            )
+        }
+        "mirror" => {
+            let metadata = size_option(pick, &[64 * KIB, 256 * KIB, MIB, 4 * MIB]);
+            let reserved = metadata.as_ref().map_or(4 * MIB, |m| m.1);
+            let text = lines([
+                ("resync-concurrency", pick.maybe(&["0", "1", "4", "16"])),
+                ("bitmap-clear-ms", pick.maybe(&["0", "1", "500", "5000"])),
+                (
+                    "region",
+                    option_text(&size_option(pick, &[64 * KIB, MIB, 64 * MIB])),
+                ),
+                ("metadata-size", option_text(&metadata)),
+            ]);
+            (text, smallest.saturating_sub(reserved) / 4096 * 4096)
+        }
+        "raid5" => {
+            let chunk = size_option(pick, &[4 * KIB, 16 * KIB, 64 * KIB]);
+            let chunk_bytes = chunk.as_ref().map_or(64 * KIB, |c| c.1);
+            let journal = size_option(pick, &[MIB, 2 * MIB, 4 * MIB]);
+            // Sometimes the last child holds every member's journal, when it has room (the
+            // room checked for the journal as configured or, by default, at least 4 MiB).
+            let last = &children[children.len() - 1];
+            let journal_device = (n >= 4
+                && pick.next(2) == 0
+                && last.size
+                    >= device_bytes(n as usize - 1, journal.as_ref().map_or(4 * MIB, |j| j.1)))
+            .then(|| format!("\"{}\"", last.name));
+            let members = if journal_device.is_some() { n - 1 } else { n };
+            let least = least_bytes(members * chunk_bytes + 4096);
+            let journal_bytes = journal.as_ref().map_or(least.max(4 * MIB), |j| j.1);
+            assert!(journal_bytes >= least, "{journal_bytes} < {least}");
+            let smallest = children[..members as usize]
+                .iter()
+                .map(|c| c.size)
+                .min()
+                .unwrap();
+            let data_start =
+                (strata_raid::raid5::META_BYTES + journal_bytes).next_multiple_of(chunk_bytes);
+            let stripes = smallest.saturating_sub(data_start) / chunk_bytes;
+            let text = lines([
+                ("chunk", option_text(&chunk)),
+                ("journal", option_text(&journal)),
+                ("journal-device", journal_device),
+            ]);
+            (text, (members - 1) * stripes * chunk_bytes)
+        }
+        other => unreachable!("{other}"),
+    }
+}
+
+/// A thin pool's options over a device of at least `size` bytes, if they fit: the metadata
+/// (as configured, or the pool's guess: 1 or 2 MiB on these sizes) and one extent.
+fn thin_pool(pick: &mut Picks, size: u64) -> Option<String> {
+    let extent = size_option(pick, &[64 * KIB, 128 * KIB, MIB]);
+    let extent_bytes = extent.as_ref().map_or(512 * KIB, |e| e.1);
+    let metadata = size_option(pick, &[MIB, 1536 * KIB, 2 * MIB]);
+    let metadata_bytes = metadata
+        .as_ref()
+        .map_or(2 * MIB, |m| m.1.next_multiple_of(MIB));
+    if size < metadata_bytes.next_multiple_of(extent_bytes) + extent_bytes {
+        return None;
+    }
+    let when_full = pick.maybe(&["\"fail\"", "\"wait\""]);
+    let full_wait = if when_full.as_deref() == Some("\"wait\"") {
+        pick.maybe(&["\"30s\"", "\"1.5s\"", "\"250ms\""])
+    } else {
+        None
+    };
+    Some(lines([
+        ("extent", option_text(&extent)),
+        ("metadata-size", option_text(&metadata)),
+        ("low-water", pick.maybe(&["\"75%\"", "\"92.5%\""])),
+        ("map-commit", pick.maybe(&["\"batched\"", "\"extent\""])),
+        ("commit-interval-ms", pick.maybe(&["1", "100", "5000"])),
+        ("start-mid", pick.maybe(&["true", "false"])),
+        ("when-full", when_full),
+        ("full-wait", full_wait),
+    ]))
+}
+
+/// A random valid stack: the sizes of its memory disks and its configuration.
+struct Generated {
+    disks: Vec<u64>,
+    text: String,
+}
+
+/// A random valid configuration over `disks` memory disks of random sizes: kinds from the
+/// registry stacked legally (each device under at most one layer), random valid options
+/// (each device keeping at least [`ROOM`]), sometimes a thin pool on top, one export.
+fn random_config(seed: u64, disks: usize, key_dir: &Path) -> Generated {
     let mut pick = Picks(seed);
     let mut text = String::from("listen = [\"unix:nbd.sock\"]\n");
-    let mut free: Vec<String> = (0..disks).map(|i| format!("d{i}")).collect();
-    for name in &free {
+    let sizes: Vec<u64> = (0..disks)
+        .map(|_| pick.between(DISK_MIB.0, DISK_MIB.1) * MIB)
+        .collect();
+    let mut free: Vec<Device> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, size)| Device {
+            name: format!("d{i}"),
+            size: size - hierarchy::LABEL_BYTES,
+        })
+        .collect();
+    for device in &free {
+        let name = &device.name;
         text.push_str(&format!(
             "[[disk]]\nname = \"{name}\"\npath = \"{name}.img\"\n"
         ));
     }
     let layers = 1 + pick.next(4);
-    let mut top = String::new();
+    let mut top = free[0].clone();
     for index in 0..layers {
-        let mut kinds = vec!["slice", "concat", "crypt", "delay", "fault"];
-        if free.len() >= 2 {
-            kinds.extend(["stripe", "mirror"]);
-        }
-        if free.len() >= 3 {
-            kinds.push("raid5");
-        }
-        let kind = pick.one_of(&kinds);
-        let count = match kind {
-            "concat" => 1 + pick.next(free.len() as u64) as usize,
-            "stripe" => 2 + pick.next(free.len() as u64 - 1) as usize,
-            "mirror" => 2 + pick.next(free.len().min(3) as u64 - 1) as usize,
-            "raid5" => 3 + pick.next(free.len().min(4) as u64 - 2) as usize,
-            _ => 1,
-        };
-        let children = pick.take(&mut free, count);
-        let options = match kind {
-            "slice" => {
-                let offset = pick.next(16) * (64 << 10);
-                // A slice of a layer runs to its end: layer sizes are not tracked here.
-                let length = if children[0].starts_with('d') && pick.next(2) == 0 {
-                    format!("length = \"{}MiB\"\n", 16 + pick.next(32))
-                } else {
-                    String::new()
-                };
-                format!("offset = \"{offset}\"\n{length}")
-            }
-            "concat" => String::new(),
-            "crypt" => {
-                let key = if pick.next(2) == 0 {
-                    "\"keys/enc.key\"".to_string()
-                } else {
-                    format!("{:?}", key_dir.join("keys/enc.key").display().to_string())
-                };
-                let sector = pick.maybe("sector-size", &["512", "4096", "\"4KiB\""]);
-                format!("key-file = {key}\n{sector}")
-            }
-            "delay" => {
-                let read = pick.maybe("read-latency", &["\"0s\"", "\"10us\"", "\"1us\""]);
-                let write = pick.maybe("write-latency", &["\"0s\"", "\"5us\""]);
-                format!("{read}{write}")
-            }
-            "fault" => {
-                let seed = pick.maybe("seed", &["0", "7", "123456789"]);
-                let rate = pick.maybe("error-rate", &["0.0", "0"]);
-                format!("{seed}{rate}")
-            }
-            "stripe" => pick.maybe("chunk", &["\"4KiB\"", "65536", "\"1MiB\""]),
-            "mirror" => {
-                let concurrency = pick.maybe("resync-concurrency", &["1", "4", "16"]);
-                let clear = pick.maybe("bitmap-clear-ms", &["1", "500", "5000"]);
-                format!("{concurrency}{clear}")
-            }
-            "raid5" => pick.maybe("chunk", &["\"4KiB\"", "\"16KiB\"", "65536"]),
-            other => unreachable!("{other}"),
-        };
         let name = format!("l{index}");
-        let quoted: Vec<String> = children.iter().map(|c| format!("\"{c}\"")).collect();
+        // A few tries at a layer that leaves room for the next; then one that takes none.
+        let (kind, children, options, size) = (0..4)
+            .find_map(|_| {
+                let mut kinds = vec!["slice", "concat", "count", "crypt", "delay", "fault"];
+                if free.len() >= 2 {
+                    kinds.extend(["stripe", "mirror"]);
+                }
+                if free.len() >= 3 {
+                    kinds.push("raid5");
+                }
+                let kind = pick.one_of(&kinds);
+                let count = match kind {
+                    "concat" => 1 + pick.next(free.len() as u64) as usize,
+                    "stripe" => 2 + pick.next(free.len() as u64 - 1) as usize,
+                    "mirror" => 2 + pick.next(free.len().min(3) as u64 - 1) as usize,
+                    "raid5" => 3 + pick.next(free.len().min(5) as u64 - 2) as usize,
+                    _ => 1,
+                };
+                let mut left = free.clone();
+                let children = pick.take(&mut left, count);
+                let (options, size) = layer(&mut pick, kind, &children, key_dir);
+                (size >= ROOM).then(|| {
+                    free = left;
+                    (kind, children, options, size)
+                })
+            })
+            .unwrap_or_else(|| {
+                let children = pick.take(&mut free, 1);
+                let size = children[0].size;
+                ("delay", children, String::new(), size)
+            });
+        let quoted: Vec<String> = children.iter().map(|c| format!("\"{}\"", c.name)).collect();
         text.push_str(&format!(
             "[[layer]]\nname = \"{name}\"\nkind = \"{kind}\"\nchildren = [{}]\n{options}",
             quoted.join(", ")
         ));
-        free.push(name.clone());
-        top = name;
+        top = Device { name, size };
+        free.push(top.clone());
     }
+    let mut export = top.name.clone();
     if pick.next(3) == 0 {
-        let extent = pick.maybe("extent", &["\"64KiB\"", "\"128KiB\"", "\"1MiB\""]);
-        let water = pick.maybe("low-water", &["\"75%\"", "\"92.5%\""]);
-        let commit = pick.maybe("map-commit", &["\"batched\"", "\"extent\""]);
-        text.push_str(&format!(
-            "[[layer]]\nname = \"pool\"\nkind = \"thin-pool\"\nchildren = [\"{top}\"]\n\
-             {extent}{water}{commit}volumes = [{{ name = \"v\", size = \"1MiB\" }}]\n"
-        ));
-        top = "pool/v".into();
+        if let Some(options) = thin_pool(&mut pick, top.size) {
+            text.push_str(&format!(
+                "[[layer]]\nname = \"pool\"\nkind = \"thin-pool\"\nchildren = [\"{}\"]\n\
+                 {options}volumes = [{{ name = \"v\", size = \"1MiB\" }}]\n",
+                top.name
+            ));
+            export = "pool/v".into();
+        }
     }
-    text.push_str(&format!("[[export]]\nname = \"e\"\ndevice = \"{top}\"\n"));
-    text
+    text.push_str(&format!(
+        "[[export]]\nname = \"e\"\ndevice = \"{export}\"\n"
+    ));
+    Generated { disks: sizes, text }
 }
 
 /// `…-file` options resolved against the data folder, as a label records them: a stack
@@ -199,15 +400,17 @@ async fn build_on(loaded: &Loaded, disks: &BTreeMap<String, DeviceRef>) -> build
     .unwrap_or_else(|e| panic!("{e:#}\n{}", loaded.text))
 }
 
-async fn round_trip(seed: u64, disk_count: usize, data_dir: &Path) {
-    let text = random_config(seed, disk_count, data_dir);
-    let loaded = config::load(&text, "random.toml", data_dir, Some(data_dir))
+async fn round_trip(stack: &Generated, data_dir: &Path) {
+    let Generated { disks: sizes, text } = stack;
+    let loaded = config::load(text, "random.toml", data_dir, Some(data_dir))
         .unwrap_or_else(|e| panic!("{e}\n{text}"));
-    let disks: BTreeMap<String, DeviceRef> = (0..disk_count)
-        .map(|i| {
+    let disks: BTreeMap<String, DeviceRef> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &size)| {
             (
                 format!("d{i}"),
-                Arc::new(MemoryDevice::new(DISK_BYTES)) as DeviceRef,
+                Arc::new(MemoryDevice::new(size)) as DeviceRef,
             )
         })
         .collect();
@@ -300,17 +503,86 @@ fn data_dir() -> tempfile::TempDir {
     dir
 }
 
-// 300 stacks (each built twice: from the config and from its labels) take ~18 s in a debug
-// build; PROPTEST_CASES does not override this, raise it here for a longer run.
+/// Runs the round trip of `stack` in a data folder of its own, on a runtime of its own.
+fn check(stack: impl FnOnce(&Path) -> Generated) {
+    let dir = data_dir();
+    let stack = stack(dir.path());
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(round_trip(&stack, dir.path()));
+}
+
+/// Stacks per run: `PROPTEST_CASES` if set (for longer runs locally), else 3000 (about
+/// 30 s in a debug build on two cores; each stack is built twice, from its configuration
+/// and from its labels).
+fn cases() -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|cases| cases.parse().ok())
+        .unwrap_or(3000)
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig::with_cases(cases()))]
 
     #[test]
     fn stacks_round_trip_through_describe_and_their_labels(seed: u64, disks in 2usize..=6) {
-        let dir = data_dir();
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        runtime.block_on(round_trip(seed, disks, dir.path()));
+        check(|dir| random_config(seed, disks, dir));
     }
+}
+
+/// The generator reaches every kind of the registry and every option of each kind, so the
+/// property covers them all (the text only: nothing is built).
+#[test]
+fn the_generator_reaches_every_kind_and_option() {
+    let mut seen: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for seed in 0..3000u64 {
+        let generated = random_config(seed, 2 + (seed % 5) as usize, Path::new("/srv/strata"));
+        let doc: toml::Table = toml::from_str(&generated.text).unwrap();
+        for layer in doc["layer"].as_array().unwrap() {
+            let layer = layer.as_table().unwrap();
+            let options = seen
+                .entry(layer["kind"].as_str().unwrap().to_string())
+                .or_default();
+            let graph = ["name", "kind", "children", "volumes"];
+            options.extend(
+                layer
+                    .keys()
+                    .filter(|k| !graph.contains(&k.as_str()))
+                    .cloned(),
+            );
+        }
+    }
+    for kind in registry::KINDS {
+        let options = seen
+            .get(kind.kind)
+            .unwrap_or_else(|| panic!("no layer of kind {} generated", kind.kind));
+        for option in (kind.options)() {
+            assert!(
+                options.contains(*option),
+                "{}: `{option}` never generated",
+                kind.kind
+            );
+        }
+    }
+}
+
+/// Found by the generator once it wrote `resync-concurrency = 0`: the mirror ran with 1
+/// ("0 counts as 1") and described 1, so the configuration did not come back as given.
+#[test]
+fn a_mirror_describes_the_resync_concurrency_it_was_given() {
+    check(|_| Generated {
+        disks: vec![8 * MIB, 9 * MIB],
+        text: "listen = [\"unix:nbd.sock\"]\n\
+               [[disk]]\nname = \"d0\"\npath = \"d0.img\"\n\
+               [[disk]]\nname = \"d1\"\npath = \"d1.img\"\n\
+               [[layer]]\nname = \"m\"\nkind = \"mirror\"\nchildren = [\"d0\", \"d1\"]\n\
+               resync-concurrency = 0\nmetadata-size = \"64KiB\"\n\
+               [[export]]\nname = \"e\"\ndevice = \"m\"\n"
+            .into(),
+    });
 }
 
 /// A label written by the code before labels came from `describe()` (hand-rendered TOML, the
@@ -326,7 +598,7 @@ async fn a_label_of_the_previous_writer_still_assembles() {
         .map(|i| {
             (
                 format!("d{i}"),
-                Arc::new(MemoryDevice::new(DISK_BYTES)) as DeviceRef,
+                Arc::new(MemoryDevice::new(64 * MIB)) as DeviceRef,
             )
         })
         .collect();

@@ -38,27 +38,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Serve the configured exports (the embedded default when no config is given).
-    Serve {
-        /// TOML configuration file.
-        #[arg(long, short)]
-        config: Option<PathBuf>,
-        /// Data folder (default ./strata-data; overrides the config's data-dir).
-        #[arg(long)]
-        data_dir: Option<PathBuf>,
-        /// Rebuild the hierarchy from the labels on these disks instead of a config (members
-        /// not given are served as missing where their layer tolerates it).
-        #[arg(long, num_args = 1.., conflicts_with = "config")]
-        assemble: Vec<PathBuf>,
-        /// Let LAYER format its metadata even though its disks are not blank (repeatable).
-        /// Without it a layer formats only when every disk under it had no label and zeros
-        /// where the label goes before this start. Damaged metadata is never formatted over.
-        #[arg(long = "format", value_name = "LAYER")]
-        format: Vec<String>,
-        /// Start layers with members missing that their metadata counts as in sync (they are
-        /// then treated as failed). Without it such a layer is refused, and the others serve.
-        #[arg(long)]
-        degraded: bool,
-    },
+    Serve(serve::ServeArgs),
     /// Show a running server's exports, devices and counters.
     Status {
         #[command(flatten)]
@@ -183,13 +163,7 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let command = match cli.command {
-        Command::Serve {
-            config,
-            data_dir,
-            assemble,
-            format,
-            degraded,
-        } => return run_serve(config, data_dir, assemble, format, degraded),
+        Command::Serve(args) => return run_serve(&args),
         Command::Check {
             devices,
             repair,
@@ -198,7 +172,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         other => other,
     };
     match command {
-        Command::Serve { .. } | Command::Check { .. } => unreachable!("handled above"),
+        Command::Serve(_) | Command::Check { .. } => unreachable!("handled above"),
         Command::Kinds => {
             out!("{}", kinds::render());
             Ok(())
@@ -266,22 +240,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     .map(|()| ExitCode::SUCCESS)
 }
 
-fn run_serve(
-    config: Option<PathBuf>,
-    data_dir: Option<PathBuf>,
-    assemble: Vec<PathBuf>,
-    format: Vec<String>,
-    degraded: bool,
-) -> anyhow::Result<ExitCode> {
-    let args = serve::ServeArgs {
-        config,
-        data_dir,
-        assemble,
-        format,
-        degraded,
-    };
-    let loaded = serve::load_config(&args)?;
-    let start = serve::start_options(&args, &loaded)?;
+fn run_serve(args: &serve::ServeArgs) -> anyhow::Result<ExitCode> {
+    let loaded = serve::load_config(args)?;
+    let start = serve::start_options(args, &loaded)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("strata")

@@ -25,15 +25,33 @@ use crate::pool_metrics::PoolCollector;
 /// How long shutdown waits for clients to take their last replies.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// `strata serve`'s flags.
+#[derive(clap::Args)]
 pub struct ServeArgs {
+    /// TOML configuration file.
+    #[arg(long, short)]
     pub config: Option<PathBuf>,
+    /// Data folder (default ./strata-data; overrides the config's data-dir).
+    #[arg(long)]
     pub data_dir: Option<PathBuf>,
-    /// Disks to rebuild the hierarchy from (their labels), instead of a config.
+    /// Rebuild the hierarchy from the labels on these disks instead of a config (members
+    /// not given are served as missing where their layer tolerates it).
+    #[arg(long, num_args = 1.., conflicts_with = "config")]
     pub assemble: Vec<PathBuf>,
-    /// `--format LAYER`: layers allowed to format although their disks are not blank.
+    /// Let LAYER format its metadata even though its disks are not blank (repeatable).
+    /// Without it a layer formats only when every disk under it had no label and zeros
+    /// where the label goes before this start. Damaged metadata is never formatted over.
+    #[arg(long = "format", value_name = "LAYER")]
     pub format: Vec<String>,
-    /// `--degraded`: layers may start with in-sync members missing.
+    /// Start layers with members missing that their metadata counts as in sync (they are
+    /// then treated as failed). Without it such a layer is refused, and the others serve.
+    #[arg(long)]
     pub degraded: bool,
+    /// Serve on ADDR instead of where the config (or an assembled hierarchy) says
+    /// (repeatable): `unix:PATH` (a relative path is in the data folder) or
+    /// `tcp:HOST:PORT`, as in the config's `listen`.
+    #[arg(long = "listen", value_name = "ADDR")]
+    pub listen: Vec<ListenAddr>,
 }
 
 /// Checks the start flags against the loaded config, before anything is created or opened.
@@ -75,6 +93,30 @@ macro_rules! say {
     }};
 }
 
+/// The data folder of a start without a config file: `--data-dir`, else `./strata-data`;
+/// created if missing.
+fn data_dir(args: &ServeArgs) -> anyhow::Result<PathBuf> {
+    let data_dir = args
+        .data_dir
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("strata-data"));
+    std::fs::create_dir_all(&data_dir)
+        .with_context(|| format!("creating data folder {}", data_dir.display()))?;
+    Ok(data_dir)
+}
+
+/// Loads `text`, the content of `path`: the file later reconfiguration records into.
+fn load_file(
+    text: &str,
+    path: PathBuf,
+    base: &Path,
+    data_dir: Option<&Path>,
+) -> anyhow::Result<Loaded> {
+    let mut loaded = config::load(text, &path.display().to_string(), base, data_dir)?;
+    loaded.source = Some(path);
+    Ok(loaded)
+}
+
 /// `--assemble`: the hierarchy the disks' labels describe, written to
 /// `<data-dir>/assembled.toml` (so that later reconfiguration has a file to record into).
 fn assemble_config(args: &ServeArgs) -> anyhow::Result<Loaded> {
@@ -87,12 +129,7 @@ fn assemble_config(args: &ServeArgs) -> anyhow::Result<Loaded> {
     }
     let assembly = hierarchy::assemble(labels)?;
     let text = hierarchy::assembled_config(&assembly)?;
-    let data_dir = args
-        .data_dir
-        .clone()
-        .unwrap_or_else(|| PathBuf::from("strata-data"));
-    std::fs::create_dir_all(&data_dir)
-        .with_context(|| format!("creating data folder {}", data_dir.display()))?;
+    let data_dir = data_dir(args)?;
     let path = data_dir.join("assembled.toml");
     std::fs::write(&path, &text).with_context(|| format!("writing {}", path.display()))?;
     info!(
@@ -102,59 +139,37 @@ fn assemble_config(args: &ServeArgs) -> anyhow::Result<Loaded> {
         "assembled from disk labels into {}",
         path.display()
     );
-    let mut loaded = config::load(
-        &text,
-        &path.display().to_string(),
-        Path::new("."),
-        Some(&data_dir),
-    )?;
-    loaded.source = Some(path);
-    Ok(loaded)
+    load_file(&text, path, Path::new("."), Some(&data_dir))
 }
 
-/// Loads the configuration: the given file, else `<data-dir>/strata.toml`, which is written
-/// from the embedded default on first start so that the administrator can see and edit it.
+/// Loads the configuration: the disks' labels (`--assemble`), the given file, else
+/// `<data-dir>/strata.toml`, which is written from the embedded default on first start so that
+/// the administrator can see and edit it. `--listen` replaces the listeners of any of them.
 pub fn load_config(args: &ServeArgs) -> anyhow::Result<Loaded> {
-    if !args.assemble.is_empty() {
-        return assemble_config(args);
-    }
-    if let Some(path) = &args.config {
+    let mut loaded = if !args.assemble.is_empty() {
+        assemble_config(args)?
+    } else if let Some(path) = &args.config {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("reading config {}", path.display()))?;
         let base = path.parent().unwrap_or(Path::new("."));
-        let loaded = config::load(
-            &text,
-            &path.display().to_string(),
-            base,
-            args.data_dir.as_deref(),
-        )?;
-        let mut loaded = loaded;
-        loaded.source = Some(path.clone());
-        return Ok(loaded);
+        load_file(&text, path.clone(), base, args.data_dir.as_deref())?
+    } else {
+        let data_dir = data_dir(args)?;
+        let path = data_dir.join("strata.toml");
+        if !path.exists() {
+            std::fs::write(&path, config::EMBEDDED_DEFAULT)
+                .with_context(|| format!("writing {}", path.display()))?;
+            say!(
+                "Created {} with the embedded default configuration.",
+                path.display()
+            );
+        }
+        let text = std::fs::read_to_string(&path)?;
+        load_file(&text, path, Path::new("."), Some(&data_dir))?
+    };
+    if !args.listen.is_empty() {
+        loaded.listen = args.listen.clone();
     }
-    let data_dir = args
-        .data_dir
-        .clone()
-        .unwrap_or_else(|| PathBuf::from("strata-data"));
-    std::fs::create_dir_all(&data_dir)
-        .with_context(|| format!("creating data folder {}", data_dir.display()))?;
-    let path = data_dir.join("strata.toml");
-    if !path.exists() {
-        std::fs::write(&path, config::EMBEDDED_DEFAULT)
-            .with_context(|| format!("writing {}", path.display()))?;
-        say!(
-            "Created {} with the embedded default configuration.",
-            path.display()
-        );
-    }
-    let text = std::fs::read_to_string(&path)?;
-    let mut loaded = config::load(
-        &text,
-        &path.display().to_string(),
-        Path::new("."),
-        Some(&data_dir),
-    )?;
-    loaded.source = Some(path);
     Ok(loaded)
 }
 

@@ -65,6 +65,7 @@ pub struct MirrorOptions {
     /// A dirty region with no writes for this long is cleaned at the next flush or tick;
     /// zero cleans at every flush and runs no timer.
     pub bitmap_clear: Duration,
+    /// Copy requests in flight while resyncing; 0 counts as 1.
     pub resync_concurrency: usize,
     /// Largest piece a resync copies at once.
     pub copy_chunk: u64,
@@ -120,7 +121,9 @@ impl MirrorConfig {
             region: self.region.0,
             metadata_size: self.metadata_size.0,
             bitmap_clear: Duration::from_millis(self.bitmap_clear_ms),
-            resync_concurrency: self.resync_concurrency.max(1) as usize,
+            // As configured, 0 included: the resync counts 0 as 1 where it uses it, and
+            // `describe` gives back what the configuration said.
+            resync_concurrency: self.resync_concurrency as usize,
             start,
             ..MirrorOptions::default()
         }
