@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use prometheus_client::registry::Registry;
-use strata_core::{MetricsRegistry, TokioRuntime};
+use strata_core::{outln, MetricsRegistry, TokioRuntime};
 use strata_nbd::{Limits, Listener, Server};
 use tokio::net::{TcpListener, UnixListener};
 use tokio::signal::unix::{signal, SignalKind};
@@ -84,15 +84,6 @@ pub fn start_options(args: &ServeArgs, loaded: &Loaded) -> anyhow::Result<build:
     })
 }
 
-/// Writes to stdout, ignoring errors: the banner's reader may be gone (`strata serve | head`),
-/// and println! would panic (and so abort) on EPIPE.
-macro_rules! say {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stdout(), $($arg)*);
-    }};
-}
-
 /// The data folder of a start without a config file: `--data-dir`, else `./strata-data`;
 /// created if missing.
 fn data_dir(args: &ServeArgs) -> anyhow::Result<PathBuf> {
@@ -159,7 +150,7 @@ pub fn load_config(args: &ServeArgs) -> anyhow::Result<Loaded> {
         if !path.exists() {
             std::fs::write(&path, config::EMBEDDED_DEFAULT)
                 .with_context(|| format!("writing {}", path.display()))?;
-            say!(
+            outln!(
                 "Created {} with the embedded default configuration.",
                 path.display()
             );
@@ -294,7 +285,7 @@ async fn wait_for_signal() -> anyhow::Result<()> {
 }
 
 fn print_welcome(loaded: &Loaded, state: &AdminState, admin: &Path, metrics: Option<&str>) {
-    say!(
+    outln!(
         "Strata {} serving from {}",
         env!("CARGO_PKG_VERSION"),
         loaded.data_dir.display()
@@ -307,7 +298,7 @@ fn print_welcome(loaded: &Loaded, state: &AdminState, admin: &Path, metrics: Opt
         } else {
             "read-write"
         };
-        say!("  export {:?}: {size}, {mode}", export.name);
+        outln!("  export {:?}: {size}, {mode}", export.name);
     }
     let first = state
         .exports
@@ -315,7 +306,7 @@ fn print_welcome(loaded: &Loaded, state: &AdminState, admin: &Path, metrics: Opt
         .first()
         .map(|e| e.name.clone())
         .unwrap_or_default();
-    say!("Connect with:");
+    outln!("Connect with:");
     for addr in &loaded.listen {
         let uri = match addr {
             ListenAddr::Unix(path) => {
@@ -326,18 +317,18 @@ fn print_welcome(loaded: &Loaded, state: &AdminState, admin: &Path, metrics: Opt
             }
             ListenAddr::Tcp(addr) => format!("nbd://{addr}/{first}"),
         };
-        say!("  nbdinfo '{uri}'");
-        say!("  qemu-img info '{uri}'");
-        say!("  mkdir -p /tmp/strata-fuse && nbdfuse /tmp/strata-fuse/nbd '{uri}' &");
+        outln!("  nbdinfo '{uri}'");
+        outln!("  qemu-img info '{uri}'");
+        outln!("  mkdir -p /tmp/strata-fuse && nbdfuse /tmp/strata-fuse/nbd '{uri}' &");
     }
-    say!(
+    outln!(
         "Status: strata status --admin {}",
         absolute(admin).display()
     );
     if let Some(addr) = metrics {
-        say!("Metrics: http://{addr}/metrics");
+        outln!("Metrics: http://{addr}/metrics");
     }
-    say!(
+    outln!(
         "ready: serving {} export(s) on {}",
         state.exports.list().len(),
         state.listeners.join(", ")
