@@ -881,7 +881,7 @@ mod tests {
 
         let refused = volume.write(EXTENT, block(), WriteFlags::default()).await;
         assert!(
-            matches!(refused, Err(BlockError::Poisoned { ref what, .. }) if *what == "the extent allocator"),
+            matches!(refused, Err(BlockError::Poisoned { what, .. }) if what == "the extent allocator"),
             "{refused:?}"
         );
         // Mapped data stays readable and overwritable: neither needs the allocator.
