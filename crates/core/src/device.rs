@@ -61,6 +61,13 @@ pub enum Control {
     Volume { name: String },
     /// Make a device of `size` bytes named `name`, answered with [`ControlReply::Device`].
     CreateVolume { name: String, size: u64 },
+    /// Change the size of device `name` to `size` bytes (past the new end is discarded),
+    /// answered with [`ControlReply::Done`].
+    ResizeVolume { name: String, size: u64 },
+    /// Delete device `name` and give its space back, answered with [`ControlReply::Done`].
+    DeleteVolume { name: String },
+    /// The node's space and each device's share of it, answered with [`ControlReply::Space`].
+    Space,
     /// The layer's own object, for the control plane's typed verbs (a `ThinPool`), answered
     /// with [`ControlReply::Handle`].
     Handle,
@@ -85,6 +92,9 @@ impl Control {
             Control::Volumes => "volumes",
             Control::Volume { .. } => "volume",
             Control::CreateVolume { .. } => "volume-create",
+            Control::ResizeVolume { .. } => "volume-resize",
+            Control::DeleteVolume { .. } => "volume-delete",
+            Control::Space => "volume-list",
             Control::Handle => "handle",
             Control::Quiesce => "quiesce",
             Control::Resume => "resume",
@@ -108,6 +118,30 @@ pub enum ControlReply {
     Device(DeviceRef),
     /// The layer's own object ([`Control::Handle`]), to downcast.
     Handle(Arc<dyn std::any::Any + Send + Sync>),
+    /// A device-making node's space ([`Control::Space`]).
+    Space(SpaceReport),
+}
+
+/// The space of a node whose devices are made by verbs, and each device's share.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct SpaceReport {
+    /// The unit space is handed out in (a thin pool's extent).
+    pub unit_bytes: u64,
+    /// Room for data, in all.
+    pub data_bytes: u64,
+    /// Room handed out to devices.
+    pub allocated_bytes: u64,
+    pub devices: Vec<DeviceShare>,
+}
+
+/// One made device in a [`SpaceReport`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct DeviceShare {
+    pub name: String,
+    /// Its virtual size.
+    pub size: u64,
+    /// The room it holds.
+    pub allocated_bytes: u64,
 }
 
 /// Devices and handles show by what they are, not their contents.
@@ -119,6 +153,7 @@ impl std::fmt::Debug for ControlReply {
             ControlReply::Names(names) => f.debug_tuple("Names").field(names).finish(),
             ControlReply::Device(device) => write!(f, "Device({} bytes)", device.geometry().size),
             ControlReply::Handle(_) => f.write_str("Handle"),
+            ControlReply::Space(space) => f.debug_tuple("Space").field(space).finish(),
         }
     }
 }

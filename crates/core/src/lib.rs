@@ -22,7 +22,8 @@ mod striped;
 
 pub use device::{
     all_data, describe, refuse, write_zeroes_by_writing, Activity, BlockDevice, Control,
-    ControlReply, DeviceRef, Health, Member, NodeStatus, WriteFlags, ZeroFlags, ZERO_PIECE,
+    ControlReply, DeviceRef, DeviceShare, Health, Member, NodeStatus, SpaceReport, WriteFlags,
+    ZeroFlags, ZERO_PIECE,
 };
 pub use error::{errno, BlockError, Result};
 pub use extent::{push_extent, Extent, ExtentState};

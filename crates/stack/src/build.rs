@@ -23,8 +23,10 @@ use crate::hierarchy;
 pub enum NodeKind {
     /// A block device (a disk, a layer, a volume).
     Device(DeviceRef),
-    /// A thin pool: not a device itself, the parent of its volumes.
-    Pool(Arc<ThinPool>),
+    /// A node whose devices are made by control verbs (a thin pool): not a device to export
+    /// itself (size 0), the parent of the devices it makes (`Control::Volumes`, `Volume`,
+    /// `CreateVolume`, `ResizeVolume`, `DeleteVolume`, `Space`).
+    Maker(DeviceRef),
 }
 
 /// A named node the server holds, in configuration order.
@@ -40,34 +42,29 @@ impl Node {
     pub fn device(&self) -> Option<&DeviceRef> {
         match &self.kind {
             NodeKind::Device(device) => Some(device),
-            NodeKind::Pool(_) => None,
+            NodeKind::Maker(_) => None,
         }
     }
 
     pub async fn describe(&self) -> strata_core::Result<NodeStatus> {
         match &self.kind {
-            NodeKind::Device(device) => match device.control(Control::Describe).await? {
-                ControlReply::Describe(status) => Ok(status),
-                _ => Err(strata_core::BlockError::Unsupported("describe")),
-            },
-            NodeKind::Pool(pool) => pool.describe().await,
+            NodeKind::Device(device) | NodeKind::Maker(device) => {
+                strata_core::describe(device.as_ref()).await
+            }
         }
     }
 
     pub async fn flush(&self) -> strata_core::Result<()> {
         match &self.kind {
-            NodeKind::Device(device) => device.flush().await,
-            NodeKind::Pool(pool) => pool.flush().await,
+            NodeKind::Device(device) | NodeKind::Maker(device) => device.flush().await,
         }
     }
 
     /// Ends the node's background work (rebuild, resync, committer) and waits for it.
     pub async fn stop_background(&self) -> strata_core::Result<()> {
         match &self.kind {
-            NodeKind::Device(device) => strata_core::lifecycle::stop(device).await,
-            NodeKind::Pool(pool) => {
-                pool.background().stop().await;
-                Ok(())
+            NodeKind::Device(device) | NodeKind::Maker(device) => {
+                strata_core::lifecycle::stop(device).await
             }
         }
     }
@@ -132,14 +129,15 @@ pub struct Stack {
 }
 
 impl Stack {
-    pub fn pools(&self) -> Vec<Arc<ThinPool>> {
-        self.nodes
-            .iter()
-            .filter_map(|node| match &node.kind {
-                NodeKind::Pool(pool) => Some(pool.clone()),
-                NodeKind::Device(_) => None,
-            })
-            .collect()
+    /// The thin pools among the device-making nodes (for their metrics).
+    pub async fn thin_pools(&self) -> Vec<Arc<ThinPool>> {
+        let mut pools = Vec::new();
+        for node in &self.nodes {
+            if let NodeKind::Maker(device) = &node.kind {
+                pools.extend(ThinPool::of(device).await);
+            }
+        }
+        pools
     }
 
     fn device(&self, name: &str) -> Option<DeviceRef> {
@@ -336,7 +334,7 @@ pub async fn build_on(
             read_only: export.read_only,
         });
     }
-    crate::volumes::export_unlisted_volumes(&stack, loaded);
+    crate::volumes::export_unlisted_volumes(&stack, loaded).await;
     if stack.exports.list().is_empty() {
         // Nothing to serve: a server that only reports refusals would look like success.
         let reasons: Vec<String> = stack
@@ -681,15 +679,9 @@ async fn build_layer(
         });
         return Ok(());
     };
-    let pool = ThinPool::of(&device).await.with_context(|| {
-        format!(
-            "layer {} ({}): makes devices but is not a thin pool",
-            layer.name, layer.kind
-        )
-    })?;
     stack.nodes.push(Node {
         name: layer.name.clone(),
-        kind: NodeKind::Pool(pool),
+        kind: NodeKind::Maker(device),
         label_disk: None,
     });
     for (name, volume) in volumes {

@@ -77,13 +77,19 @@ async fn pools_with_spares(state: &ControlPlane) -> Vec<(Arc<ThinPool>, Vec<Stri
             .collect()
     };
     let nodes = state.nodes();
-    configured
-        .into_iter()
-        .filter_map(|(name, spares)| {
-            nodes.iter().find_map(|node| match &node.kind {
-                NodeKind::Pool(pool) if node.name == name => Some((pool.clone(), spares.clone())),
-                _ => None,
-            })
-        })
-        .collect()
+    let mut pools = Vec::new();
+    for (name, spares) in configured {
+        let node = nodes.iter().find_map(|node| match &node.kind {
+            NodeKind::Maker(device) if node.name == name => Some(device),
+            _ => None,
+        });
+        // grow-from is the thin pool's own option: its pool object does the growing.
+        if let Some(pool) = match node {
+            Some(device) => ThinPool::of(device).await,
+            None => None,
+        } {
+            pools.push((pool, spares));
+        }
+    }
+    pools
 }

@@ -17,9 +17,8 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
-use strata_core::{DeviceRef, Metered};
+use strata_core::{Control, ControlReply, DeviceRef, Metered, SpaceReport};
 use strata_nbd::{Export, Exports, Server};
-use strata_thin::ThinPool;
 use toml_edit::{DocumentMut, Item};
 
 use crate::build::{Node, NodeKind, Stack};
@@ -85,7 +84,9 @@ pub async fn answer(
 ) -> anyhow::Result<serde_json::Value> {
     tracing::info!(?request, "volume request");
     let result = match request {
-        VolumeRequest::List => Ok(serde_json::json!({ "pools": list(state) })),
+        VolumeRequest::List => list(state)
+            .await
+            .map(|pools| serde_json::json!({ "pools": pools })),
         VolumeRequest::Create { volume, size } => create(state, &volume, size).await,
         VolumeRequest::Resize {
             volume,
@@ -117,18 +118,87 @@ fn split(volume: &str) -> anyhow::Result<(&str, &str)> {
     }
 }
 
-fn find_pool(state: &ControlPlane, pool: &str) -> anyhow::Result<Arc<ThinPool>> {
+/// A node whose devices are made by control verbs (a thin pool), as the volume plans use it:
+/// every change goes through the verbs its kind declares, so any such kind works here.
+#[derive(Clone)]
+struct Pool {
+    name: String,
+    node: DeviceRef,
+}
+
+impl Pool {
+    async fn ask(&self, request: Control) -> anyhow::Result<ControlReply> {
+        let verb = request.verb();
+        self.node
+            .control(request)
+            .await
+            .with_context(|| format!("{} {verb}", self.name))
+    }
+
+    async fn names(&self) -> anyhow::Result<Vec<String>> {
+        match self.ask(Control::Volumes).await? {
+            ControlReply::Names(names) => Ok(names),
+            other => bail!("{}: volumes answered {other:?}", self.name),
+        }
+    }
+
+    async fn device(&self, name: &str) -> anyhow::Result<DeviceRef> {
+        let name = name.to_string();
+        match self.ask(Control::Volume { name }).await? {
+            ControlReply::Device(device) => Ok(device),
+            other => bail!("{}: volume answered {other:?}", self.name),
+        }
+    }
+
+    /// The size of volume `name`, if the pool has it.
+    async fn size_of(&self, name: &str) -> anyhow::Result<Option<u64>> {
+        if !self.names().await?.iter().any(|n| n == name) {
+            return Ok(None);
+        }
+        Ok(Some(self.device(name).await?.geometry().size))
+    }
+
+    async fn space(&self) -> anyhow::Result<SpaceReport> {
+        match self.ask(Control::Space).await? {
+            ControlReply::Space(space) => Ok(space),
+            other => bail!("{}: volume-list answered {other:?}", self.name),
+        }
+    }
+
+    async fn create(&self, name: &str, size: u64) -> anyhow::Result<()> {
+        let name = name.to_string();
+        self.ask(Control::CreateVolume { name, size }).await?;
+        Ok(())
+    }
+
+    async fn resize(&self, name: &str, size: u64) -> anyhow::Result<()> {
+        let name = name.to_string();
+        self.ask(Control::ResizeVolume { name, size }).await?;
+        Ok(())
+    }
+
+    async fn delete(&self, name: &str) -> anyhow::Result<()> {
+        let name = name.to_string();
+        self.ask(Control::DeleteVolume { name }).await?;
+        Ok(())
+    }
+}
+
+fn find_pool(state: &ControlPlane, pool: &str) -> anyhow::Result<Pool> {
     let nodes = state.nodes();
     match nodes.iter().find(|n| n.name == pool) {
         Some(Node {
-            kind: NodeKind::Pool(found),
+            kind: NodeKind::Maker(node),
             ..
-        }) => Ok(found.clone()),
+        }) => Ok(Pool {
+            name: pool.to_string(),
+            node: node.clone(),
+        }),
         Some(_) => bail!("{pool:?} is not a thin pool"),
         None => {
             let pools: Vec<&str> = nodes
                 .iter()
-                .filter(|n| matches!(n.kind, NodeKind::Pool(_)))
+                .filter(|n| matches!(n.kind, NodeKind::Maker(_)))
                 .map(|n| n.name.as_str())
                 .collect();
             if pools.is_empty() {
@@ -176,41 +246,44 @@ fn exports_of(state: &ControlPlane, device: &DeviceRef) -> Vec<Arc<Export>> {
         .collect()
 }
 
-fn list(state: &ControlPlane) -> Vec<PoolListing> {
+async fn list(state: &ControlPlane) -> anyhow::Result<Vec<PoolListing>> {
     let nodes = state.nodes();
     let mut pools = Vec::new();
     for node in &nodes {
-        let NodeKind::Pool(pool) = &node.kind else {
+        let NodeKind::Maker(device) = &node.kind else {
             continue;
         };
-        let extent_size = pool.extent_size();
+        let pool = Pool {
+            name: node.name.clone(),
+            node: device.clone(),
+        };
+        let space = pool.space().await?;
         let mut volumes = Vec::new();
-        for usage in pool.volume_usage() {
-            let full = format!("{}/{}", node.name, usage.name);
+        for share in space.devices {
+            let full = format!("{}/{}", node.name, share.name);
             let exports = node_device(state, &full)
                 .map(|device| exports_of(state, &device))
                 .unwrap_or_default();
             volumes.push(VolumeListing {
-                volume: usage.name,
-                size: usage.size,
-                allocated_bytes: usage.mapped_extents * extent_size,
+                volume: share.name,
+                size: share.size,
+                allocated_bytes: share.allocated_bytes,
                 clients: exports.iter().map(|e| state.server.clients_of(e)).sum(),
                 exports: exports.iter().map(|e| e.name.clone()).collect(),
             });
         }
-        let data_bytes = pool.data_bytes();
         let volume_bytes: u64 = volumes.iter().map(|v| v.size).sum();
         pools.push(PoolListing {
             pool: node.name.clone(),
-            extent_size,
-            data_bytes,
-            allocated_bytes: pool.allocated_extents() * extent_size,
+            extent_size: space.unit_bytes,
+            data_bytes: space.data_bytes,
+            allocated_bytes: space.allocated_bytes,
             volume_bytes,
-            overcommit: volume_bytes as f64 / data_bytes as f64,
+            overcommit: volume_bytes as f64 / space.data_bytes as f64,
             volumes,
         });
     }
-    pools
+    Ok(pools)
 }
 
 async fn create(
@@ -224,7 +297,7 @@ async fn create(
     let full = format!("{pool_name}/{name}");
     config::check_name(name).map_err(|e| anyhow::anyhow!("volume {full}: {e}"))?;
     check_size(&full, size)?;
-    if pool.volume_size(name).is_some() {
+    if pool.size_of(name).await?.is_some() {
         bail!("volume {full} exists");
     }
     if let Some(other) = state.exports.lookup(&full) {
@@ -271,8 +344,7 @@ async fn resize(
     let (pool_name, name) = split(volume)?;
     let pool = find_pool(state, pool_name)?;
     let full = format!("{pool_name}/{name}");
-    let old = pool
-        .volume_size(name)
+    let old = (pool.size_of(name).await?)
         .with_context(|| format!("no volume {full} in pool {pool_name}"))?;
     check_size(&full, size)?;
     if let Some(layer) = parent_layer(&reconfig.loaded, &full) {
@@ -344,7 +416,7 @@ async fn delete(
     let (pool_name, name) = split(volume)?;
     let pool = find_pool(state, pool_name)?;
     let full = format!("{pool_name}/{name}");
-    if pool.volume_size(name).is_none() {
+    if pool.size_of(name).await?.is_none() {
         bail!("no volume {full} in pool {pool_name}");
     }
     if let Some(layer) = parent_layer(&reconfig.loaded, &full) {
@@ -520,7 +592,7 @@ fn edit_config_for_delete(
 /// At start: exports every volume the config neither exports nor puts under a layer (the
 /// volumes made with `strata volume create`, or listed without an export) as
 /// `<pool>/<volume>`.
-pub fn export_unlisted_volumes(stack: &Stack, loaded: &Loaded) {
+pub async fn export_unlisted_volumes(stack: &Stack, loaded: &Loaded) {
     let used: std::collections::HashSet<&str> = loaded
         .config
         .exports
@@ -534,10 +606,17 @@ pub fn export_unlisted_volumes(stack: &Stack, loaded: &Loaded) {
         )
         .collect();
     for node in &stack.nodes {
-        let NodeKind::Pool(pool) = &node.kind else {
+        let NodeKind::Maker(device) = &node.kind else {
             continue;
         };
-        for volume in pool.volume_names() {
+        let names = match device.control(Control::Volumes).await {
+            Ok(ControlReply::Names(names)) => names,
+            other => {
+                tracing::error!(node = %node.name, "listing its volumes failed: {other:?}");
+                continue;
+            }
+        };
+        for volume in names {
             let full = format!("{}/{volume}", node.name);
             if used.contains(full.as_str()) || stack.exports.lookup(&full).is_some() {
                 continue;
@@ -585,7 +664,7 @@ fn recording(reconfig: &Reconfig, edited: Option<String>) -> anyhow::Result<Opti
 
 /// Creates the volume in its pool; undone by deleting it (it holds nothing yet).
 struct CreateVolume {
-    pool: Arc<ThinPool>,
+    pool: Pool,
     name: String,
     size: u64,
 }
@@ -593,22 +672,21 @@ struct CreateVolume {
 #[async_trait]
 impl<'a> Step<Applying<'a>> for CreateVolume {
     fn describe(&self) -> String {
-        format!("volume {}/{}", self.pool.name(), self.name)
+        format!("volume {}/{}", self.pool.name, self.name)
     }
 
     async fn apply(&mut self, _: &mut Applying<'a>) -> anyhow::Result<()> {
-        self.pool.create_volume(&self.name, self.size).await?;
-        Ok(())
+        self.pool.create(&self.name, self.size).await
     }
 
     async fn undo(&mut self, _: &mut Applying<'a>) -> anyhow::Result<()> {
-        Ok(self.pool.delete_volume(&self.name).await?)
+        self.pool.delete(&self.name).await
     }
 }
 
 /// Opens a pool's volume as a node of the stack and exports it as `<pool>/<volume>`.
 struct ExportVolume {
-    pool: Arc<ThinPool>,
+    pool: Pool,
     name: String,
     full: String,
     exports: Arc<Exports>,
@@ -621,9 +699,7 @@ impl<'a> Step<Applying<'a>> for ExportVolume {
     }
 
     async fn apply(&mut self, state: &mut Applying<'a>) -> anyhow::Result<()> {
-        let volume = self
-            .pool
-            .open_volume(&self.name)
+        let volume = (self.pool.device(&self.name).await)
             .context("the volume vanished right after its creation")?;
         let device: DeviceRef = Arc::new(Metered::new(
             volume,
@@ -649,7 +725,7 @@ impl<'a> Step<Applying<'a>> for ExportVolume {
 /// Resizes a volume; a grow is undone by shrinking back (nothing was stored past the old
 /// end yet that a client was told about), a shrink cannot be undone.
 struct ResizeVolume {
-    pool: Arc<ThinPool>,
+    pool: Pool,
     name: String,
     size: u64,
     old: u64,
@@ -658,15 +734,15 @@ struct ResizeVolume {
 #[async_trait]
 impl<'a> Step<Applying<'a>> for ResizeVolume {
     fn describe(&self) -> String {
-        format!("volume {}/{}", self.pool.name(), self.name)
+        format!("volume {}/{}", self.pool.name, self.name)
     }
 
     async fn apply(&mut self, _: &mut Applying<'a>) -> anyhow::Result<()> {
-        Ok(self.pool.resize_volume(&self.name, self.size).await?)
+        self.pool.resize(&self.name, self.size).await
     }
 
     async fn undo(&mut self, _: &mut Applying<'a>) -> anyhow::Result<()> {
-        Ok(self.pool.resize_volume(&self.name, self.old).await?)
+        self.pool.resize(&self.name, self.old).await
     }
 
     fn reversible(&self) -> bool {
@@ -760,18 +836,18 @@ fn connected(server: &Server, exports: &[Arc<Export>]) -> Vec<String> {
 
 /// Deletes the volume and its data: the point of no return.
 struct DeleteVolume {
-    pool: Arc<ThinPool>,
+    pool: Pool,
     name: String,
 }
 
 #[async_trait]
 impl<'a> Step<Applying<'a>> for DeleteVolume {
     fn describe(&self) -> String {
-        format!("volume {}/{}", self.pool.name(), self.name)
+        format!("volume {}/{}", self.pool.name, self.name)
     }
 
     async fn apply(&mut self, _: &mut Applying<'a>) -> anyhow::Result<()> {
-        Ok(self.pool.delete_volume(&self.name).await?)
+        self.pool.delete(&self.name).await
     }
 
     fn reversible(&self) -> bool {

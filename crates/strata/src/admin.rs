@@ -9,6 +9,7 @@ use std::time::Instant;
 use anyhow::Context;
 use prometheus_client::registry::Registry;
 use serde::{Deserialize, Serialize};
+use strata_core::{Control, ControlReply};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 use tokio::net::UnixListener;
 use tracing::{debug, warn};
@@ -130,15 +131,14 @@ pub async fn status(state: &AdminState) -> Status {
     let mut devices = Vec::new();
     // Show each tree once, from its root: a node inside a layer appears under it, and every
     // volume of a pool (the config's and those made at run time) under its pool.
-    let pool_volumes: Vec<String> = state
-        .nodes()
-        .iter()
-        .filter_map(|node| match &node.kind {
-            NodeKind::Pool(pool) => Some((node.name.clone(), pool.volume_names())),
-            NodeKind::Device(_) => None,
-        })
-        .flat_map(|(pool, volumes)| volumes.into_iter().map(move |v| format!("{pool}/{v}")))
-        .collect();
+    let mut pool_volumes: Vec<String> = Vec::new();
+    for node in state.nodes() {
+        if let NodeKind::Maker(device) = &node.kind {
+            if let Ok(ControlReply::Names(volumes)) = device.control(Control::Volumes).await {
+                pool_volumes.extend(volumes.iter().map(|v| format!("{}/{v}", node.name)));
+            }
+        }
+    }
     let inner: std::collections::HashSet<String> = {
         let reconfig = state.reconfig.lock().await;
         reconfig

@@ -171,7 +171,7 @@ pub async fn serve(loaded: Loaded, start: build::StartOptions) -> anyhow::Result
     let mut registry = Registry::default();
     metrics.register(&mut registry);
     let stack = build::build(&loaded, &start, runtime.clone(), &metrics).await?;
-    registry.register_collector(Box::new(PoolCollector::new(stack.pools())));
+    registry.register_collector(Box::new(PoolCollector::new(stack.thin_pools().await)));
     let server = Server::new(stack.exports.clone(), Limits::default());
 
     let mut names = Vec::new();

@@ -10,8 +10,8 @@ use strata_core::layer::{
     Arg, ArgKind, ChildCount, LayerArgs, LayerKind, Options, Verb, CREATE_VOLUME,
 };
 use strata_core::{
-    async_trait, BlockDevice, BlockError, Capabilities, Control, ControlReply, DeviceRef, Geometry,
-    Result, WriteFlags,
+    async_trait, BlockDevice, BlockError, Capabilities, Control, ControlReply, DeviceRef,
+    DeviceShare, Geometry, Result, SpaceReport, WriteFlags,
 };
 
 use crate::{PoolConfig, ThinPool};
@@ -129,6 +129,24 @@ impl PoolNode {
         })?;
         Ok(ControlReply::Device(Arc::new(volume)))
     }
+
+    fn space_report(&self) -> SpaceReport {
+        let pool = &self.0;
+        let unit = pool.extent_size();
+        let devices = (pool.volume_usage().into_iter())
+            .map(|usage| DeviceShare {
+                name: usage.name,
+                size: usage.size,
+                allocated_bytes: usage.mapped_extents * unit,
+            })
+            .collect();
+        SpaceReport {
+            unit_bytes: unit,
+            data_bytes: pool.data_bytes(),
+            allocated_bytes: pool.allocated_extents() * unit,
+            devices,
+        }
+    }
 }
 
 #[async_trait]
@@ -170,6 +188,15 @@ impl BlockDevice for PoolNode {
                 self.0.create_volume(&name, size).await?;
                 self.volume(&name)
             }
+            Control::ResizeVolume { name, size } => {
+                self.0.resize_volume(&name, size).await?;
+                Ok(ControlReply::Done)
+            }
+            Control::DeleteVolume { name } => {
+                self.0.delete_volume(&name).await?;
+                Ok(ControlReply::Done)
+            }
+            Control::Space => Ok(ControlReply::Space(self.space_report())),
             Control::Handle => Ok(ControlReply::Handle(self.0.clone())),
             other => Err(strata_core::refuse(&other)),
         }
