@@ -403,3 +403,36 @@ def test_raid5_with_a_journal_device_survives_a_kill_and_assembles_only_with_it(
     assert proc.returncode != 0 and "journal device is missing" in err, err
     with assembled_vol(srv, workdir, members + [srv.disk_file("j")], "with-journal") as (h, _):
         assert get(h, len(data), 3 * MiB) == data
+
+
+def test_a_layers_own_verb_is_called_through_a_filter_and_bad_calls_are_refused(server_factory):
+    """`strata call`: a verb a kind declares in its registry entry (count's reset-counts)
+    reaches the layer from the filter above it; arguments are checked against the declaration;
+    verbs that change the graph are sent to their own commands; the server serves on."""
+    spec = ServerSpec(disks=[Disk("d0", 64 * MiB)],
+                      layers=[Layer(name="counted", kind="count", children=["d0"]),
+                              Layer(name="slow", kind="delay", children=["counted"])],
+                      exports=[Export("vol", "slow")])
+    srv = server_factory(spec)
+    data = pattern_bytes(5, 64 * 1024)
+    with nbd_handle(srv) as h:
+        h.pwrite(data, 0)
+        h.pwrite(data, 1 * MiB)
+        h.flush()
+    answer = json.loads(strata("call", "--data-dir", srv.data_dir, "slow", "reset-counts", "--json").stdout)
+    assert answer["writes"] == 2 and answer["bytes written"] == 2 * len(data), answer
+    text = strata("call", "--data-dir", srv.data_dir, "counted", "reset-counts").stdout
+    assert "writes: 0" in text, text
+
+    def refused(*args) -> str:
+        proc = strata("call", "--data-dir", srv.data_dir, *args, check=False)
+        assert proc.returncode != 0, proc.stdout
+        return proc.stderr
+
+    assert 'has no argument "hard"' in refused("counted", "reset-counts", "hard=1")
+    error = refused("slow", "snapshot-create")
+    assert 'no verb "snapshot-create"' in error and "its verbs: none" in error, error
+    assert "no layer named" in refused("nothing", "reset-counts")
+    assert "strata fail-member" in refused("slow", "fail-member", "member=d0")
+    with nbd_handle(srv) as h:
+        assert h.pread(len(data), 1 * MiB) == data

@@ -78,6 +78,11 @@ pub enum Control {
     Resume,
     /// End background work and wait for it (server shutdown); I/O goes on being served.
     Stop,
+    /// A verb the layer's kind declares in its registry entry and handles itself (a thin
+    /// pool's `snapshot-create`, `count`'s `reset-counts`), with its arguments already checked
+    /// against the declaration ([`crate::layer::Verb::arguments`]). Answered with
+    /// [`ControlReply::Table`]. A layer that does not know the verb answers `Unsupported`.
+    Call { verb: String, args: toml::Table },
 }
 
 impl Control {
@@ -99,6 +104,7 @@ impl Control {
             Control::Quiesce => "quiesce",
             Control::Resume => "resume",
             Control::Stop => "stop",
+            Control::Call { .. } => "call",
         }
     }
 }
@@ -120,6 +126,9 @@ pub enum ControlReply {
     Handle(Arc<dyn std::any::Any + Send + Sync>),
     /// A device-making node's space ([`Control::Space`]).
     Space(SpaceReport),
+    /// What a [`Control::Call`] answers: any table (an empty one when there is nothing to
+    /// say), shown by `strata call` as text or JSON.
+    Table(toml::Table),
 }
 
 /// The space of a node whose devices are made by verbs, and each device's share.
@@ -154,6 +163,7 @@ impl std::fmt::Debug for ControlReply {
             ControlReply::Device(device) => write!(f, "Device({} bytes)", device.geometry().size),
             ControlReply::Handle(_) => f.write_str("Handle"),
             ControlReply::Space(space) => f.debug_tuple("Space").field(space).finish(),
+            ControlReply::Table(table) => f.debug_tuple("Table").field(table).finish(),
         }
     }
 }

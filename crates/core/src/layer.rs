@@ -204,6 +204,8 @@ pub struct Arg {
     pub name: &'static str,
     pub kind: ArgKind,
     pub help: &'static str,
+    /// May be left out (a flag always may: it is then off).
+    pub optional: bool,
 }
 
 /// An online change a kind handles, as the admin socket and `strata kinds` name it. A verb
@@ -222,9 +224,78 @@ impl Verb {
         let mut usage = self.name.to_string();
         for arg in self.args {
             usage.push(' ');
-            usage.push_str(&arg.name.to_uppercase());
+            let name = arg.name.to_uppercase();
+            if arg.optional || arg.kind == ArgKind::Flag {
+                usage.push_str(&format!("[{name}]"));
+            } else {
+                usage.push_str(&name);
+            }
         }
         usage
+    }
+
+    /// The arguments of a call, as `name=value` pairs from the command line, checked against
+    /// this declaration and typed: sizes in bytes (`"64KiB"` → 65536), flags as booleans
+    /// (given bare, `name`, or `name=true|false`), everything else as text. Refused, naming
+    /// the argument, when one is unknown, given twice, malformed or missing.
+    pub fn arguments(
+        &self,
+        given: &[(String, Option<String>)],
+    ) -> std::result::Result<toml::Table, String> {
+        let mut table = toml::Table::new();
+        for (name, value) in given {
+            let Some(arg) = self.args.iter().find(|arg| arg.name == name) else {
+                let known: Vec<&str> = self.args.iter().map(|arg| arg.name).collect();
+                return Err(format!(
+                    "{} has no argument {name:?} (its arguments: {})",
+                    self.name,
+                    if known.is_empty() {
+                        "none".to_string()
+                    } else {
+                        known.join(", ")
+                    }
+                ));
+            };
+            if table.contains_key(name.as_str()) {
+                return Err(format!("argument {name:?} is given twice"));
+            }
+            let typed = match (arg.kind, value.as_deref()) {
+                (ArgKind::Flag, None | Some("true")) => toml::Value::Boolean(true),
+                (ArgKind::Flag, Some("false")) => toml::Value::Boolean(false),
+                (ArgKind::Flag, Some(other)) => {
+                    return Err(format!(
+                        "argument {name:?} is a flag: true or false, not {other:?}"
+                    ))
+                }
+                (_, None) => return Err(format!("argument {name:?} needs a value ({name}=…)")),
+                (ArgKind::Size, Some(text)) => {
+                    let bytes = ByteSize::parse(text)
+                        .map_err(|e| format!("argument {name:?}: {e}"))?
+                        .0;
+                    let bytes = i64::try_from(bytes)
+                        .map_err(|_| format!("argument {name:?}: {text} is too large"))?;
+                    toml::Value::Integer(bytes)
+                }
+                (ArgKind::Name | ArgKind::Member | ArgKind::Path, Some(text)) => {
+                    if text.is_empty() {
+                        return Err(format!("argument {name:?} is empty"));
+                    }
+                    toml::Value::String(text.to_string())
+                }
+            };
+            table.insert(name.clone(), typed);
+        }
+        for arg in self.args {
+            if arg.kind == ArgKind::Flag {
+                table.entry(arg.name).or_insert(toml::Value::Boolean(false));
+            } else if !arg.optional && !table.contains_key(arg.name) {
+                return Err(format!(
+                    "{} needs the argument {:?}: {}",
+                    self.name, arg.name, arg.help
+                ));
+            }
+        }
+        Ok(table)
     }
 }
 
@@ -236,16 +307,19 @@ pub mod verbs {
         name: "member",
         kind: ArgKind::Member,
         help: "the member: its name or its index among the layer's children",
+        optional: false,
     };
     const PATH: Arg = Arg {
         name: "path",
         kind: ArgKind::Path,
         help: "the new disk (a file, created sparse, or a block device)",
+        optional: false,
     };
     const DISK_NAME: Arg = Arg {
         name: "name",
         kind: ArgKind::Name,
         help: "name of the new disk (default: the file's stem)",
+        optional: true,
     };
 
     pub const REPLACE: Verb = Verb {
@@ -269,6 +343,7 @@ pub mod verbs {
             name: "size",
             kind: ArgKind::Size,
             help: "the new size, e.g. 8GiB",
+            optional: false,
         }],
         help: "grow the layer to a new size, online",
     };
@@ -398,6 +473,78 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.clone()))
             .collect();
         Options::new(values, PathBuf::new())
+    }
+
+    const TAKE: Verb = Verb {
+        name: "take",
+        args: &[
+            Arg {
+                name: "volume",
+                kind: ArgKind::Name,
+                help: "the volume",
+                optional: false,
+            },
+            Arg {
+                name: "label",
+                kind: ArgKind::Name,
+                help: "a label",
+                optional: true,
+            },
+            Arg {
+                name: "size",
+                kind: ArgKind::Size,
+                help: "a size",
+                optional: true,
+            },
+            Arg {
+                name: "keep",
+                kind: ArgKind::Flag,
+                help: "a flag",
+                optional: true,
+            },
+        ],
+        help: "a verb for tests",
+    };
+
+    fn given(pairs: &[(&str, Option<&str>)]) -> Vec<(String, Option<String>)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.map(str::to_string)))
+            .collect()
+    }
+
+    #[test]
+    fn verb_arguments_are_typed_against_the_declaration() {
+        let table = TAKE
+            .arguments(&given(&[
+                ("volume", Some("v")),
+                ("size", Some("64KiB")),
+                ("keep", None),
+            ]))
+            .unwrap();
+        assert_eq!(table["volume"].as_str(), Some("v"));
+        assert_eq!(table["size"].as_integer(), Some(65536));
+        assert_eq!(table["keep"].as_bool(), Some(true));
+        assert!(
+            !table.contains_key("label"),
+            "an optional name left out stays out"
+        );
+        let flags_default_off = TAKE.arguments(&given(&[("volume", Some("v"))])).unwrap();
+        assert_eq!(flags_default_off["keep"].as_bool(), Some(false));
+        assert_eq!(TAKE.usage(), "take VOLUME [LABEL] [SIZE] [KEEP]");
+    }
+
+    #[test]
+    fn verb_arguments_refuse_what_the_declaration_does_not_allow() {
+        let refused = |pairs: &[(&str, Option<&str>)]| TAKE.arguments(&given(pairs)).unwrap_err();
+        assert!(refused(&[]).contains("needs the argument \"volume\""));
+        assert!(refused(&[("volume", Some("v")), ("colour", Some("red"))])
+            .contains("no argument \"colour\" (its arguments: volume, label, size, keep)"));
+        assert!(refused(&[("volume", Some("v")), ("volume", Some("w"))]).contains("twice"));
+        assert!(refused(&[("volume", Some("v")), ("size", Some("lots"))]).contains("\"size\""));
+        assert!(refused(&[("volume", None)]).contains("needs a value"));
+        assert!(refused(&[("volume", Some(""))]).contains("empty"));
+        assert!(refused(&[("volume", Some("v")), ("keep", Some("maybe"))]).contains("flag"));
     }
 
     #[test]

@@ -46,6 +46,13 @@ impl Node {
         }
     }
 
+    /// The device control calls go to: the block device, or the maker node itself.
+    pub fn control_device(&self) -> &DeviceRef {
+        match &self.kind {
+            NodeKind::Device(device) | NodeKind::Maker(device) => device,
+        }
+    }
+
     pub async fn describe(&self) -> strata_core::Result<NodeStatus> {
         match &self.kind {
             NodeKind::Device(device) | NodeKind::Maker(device) => {

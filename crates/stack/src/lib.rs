@@ -8,9 +8,10 @@
 //! `registry` (kinds) → `graph` (`[[layer]]` tables and the DAG checks) → `config` (the whole
 //! file, with located errors) → `hierarchy` (labels, assembly) → `build` (devices in graph
 //! order) → `plan` (plan → apply → roll back) → `reconfig` / `volumes` (online changes, as plans) → `control` (the running stack) →
-//! `spares` (growth from spare disks). `check` verifies metadata offline.
+//! `call` (a layer's own verbs) → `spares` (growth from spare disks). `check` verifies metadata offline.
 
 pub mod build;
+pub mod call;
 pub mod check;
 pub mod config;
 pub mod control;

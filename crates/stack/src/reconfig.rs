@@ -94,10 +94,16 @@ impl Change {
 /// filter over a mirror passes `fail-member` down. Refused, naming the layer's verbs, when
 /// no layer on the way handles it.
 pub fn route(loaded: &Loaded, change: Change) -> anyhow::Result<Change> {
-    let named = &loaded.layers[layer_index(loaded, change.layer())?];
-    let verb = change.verb();
+    let target = route_verb(loaded, change.layer(), change.verb())?;
+    Ok(change.sent_to(target))
+}
+
+/// The layer that handles `verb` sent to `layer` (see [`route`]), or a refusal naming the
+/// layer's verbs.
+pub(crate) fn route_verb(loaded: &Loaded, layer: &str, verb: &str) -> anyhow::Result<String> {
+    let named = &loaded.layers[layer_index(loaded, layer)?];
     match handler(loaded, &named.name, verb) {
-        Some(target) => Ok(change.sent_to(target)),
+        Some(target) => Ok(target),
         None => {
             let known: Vec<&str> = registry::find(&named.kind)
                 .map(|kind| kind.verbs.iter().map(|v| v.name).collect())
@@ -116,6 +122,9 @@ pub fn route(loaded: &Loaded, change: Change) -> anyhow::Result<Change> {
     }
 }
 
+/// The layer that handles `verb` when it is sent to `layer`: `layer` itself if its kind
+/// declares the verb, else the first layer below it (children in order, depth first) whose
+/// kind does.
 fn handler(loaded: &Loaded, layer: &str, verb: &str) -> Option<String> {
     let config = loaded.layers.iter().find(|l| l.name == layer)?;
     if registry::find(&config.kind).is_some_and(|kind| kind.verb(verb).is_some()) {

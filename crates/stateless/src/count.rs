@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 use serde::{Deserialize, Serialize};
-use strata_core::layer::{self, ChildCount, LayerArgs, LayerKind};
+use strata_core::layer::{self, ChildCount, LayerArgs, LayerKind, Verb};
 use strata_core::{
     async_trait, Control, ControlReply, DeviceRef, Filter, NodeStatus, Result, WriteFlags,
     ZeroFlags,
@@ -28,7 +28,16 @@ pub static KIND: LayerKind =
     LayerKind::new::<CountConfig>("count", ChildCount::Exactly(1), |args| {
         Box::pin(async move { build(args).map(|c| Arc::new(c) as DeviceRef) })
     })
-    .about("counts the requests passing through, by kind, and the bytes moved");
+    .about("counts the requests passing through, by kind, and the bytes moved")
+    .verbs(&[RESET_COUNTS]);
+
+/// A verb of the layer's own (`strata call LAYER reset-counts`): the counts start again from
+/// zero; the answer is what they were.
+pub const RESET_COUNTS: Verb = Verb {
+    name: "reset-counts",
+    args: &[],
+    help: "start the counts again from zero; answers what they were",
+};
 
 /// A `[[layer]]` table of kind `count`: no options.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -51,6 +60,22 @@ pub struct Counts {
     pub write_zeroes: u64,
     pub bytes_read: u64,
     pub bytes_written: u64,
+}
+
+impl Counts {
+    /// Each count with the name `status` shows it under.
+    pub fn named(self) -> impl Iterator<Item = (&'static str, u64)> {
+        [
+            ("reads", self.reads),
+            ("writes", self.writes),
+            ("flushes", self.flushes),
+            ("discards", self.discards),
+            ("write-zeroes", self.write_zeroes),
+            ("bytes read", self.bytes_read),
+            ("bytes written", self.bytes_written),
+        ]
+        .into_iter()
+    }
 }
 
 pub struct Count {
@@ -85,7 +110,19 @@ impl Count {
     }
 
     pub fn counts(&self) -> Counts {
-        let get = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        self.take(false)
+    }
+
+    /// The counts, set back to zero when `reset` (each counter swapped on its own: a request
+    /// passing meanwhile is counted before or after, never lost).
+    fn take(&self, reset: bool) -> Counts {
+        let get = |counter: &AtomicU64| {
+            if reset {
+                counter.swap(0, Ordering::Relaxed)
+            } else {
+                counter.load(Ordering::Relaxed)
+            }
+        };
         Counts {
             reads: get(&self.reads),
             writes: get(&self.writes),
@@ -134,26 +171,27 @@ impl Filter for Count {
     }
 
     async fn control(&self, request: Control) -> Result<ControlReply> {
-        let Control::Describe = request else {
+        match request {
+            Control::Describe => {}
+            Control::Call { verb, .. } if verb == RESET_COUNTS.name => {
+                let table = self
+                    .take(true)
+                    .named()
+                    .map(|(what, n)| (what.to_string(), toml::Value::Integer(n as i64)))
+                    .collect();
+                return Ok(ControlReply::Table(table));
+            }
             // Verbs for the layers below (fail-member, grow…) are theirs to answer.
-            return self.child.control(request).await;
-        };
+            other => return self.child.control(other).await,
+        }
         let child = strata_core::describe(self.child.as_ref()).await?;
-        let c = self.counts();
         let mut node = NodeStatus::new(&self.name, "count", self.child.geometry().size);
         node.health = child.health;
-        node.detail = [
-            ("reads", c.reads),
-            ("writes", c.writes),
-            ("flushes", c.flushes),
-            ("discards", c.discards),
-            ("write-zeroes", c.write_zeroes),
-            ("bytes read", c.bytes_read),
-            ("bytes written", c.bytes_written),
-        ]
-        .into_iter()
-        .map(|(what, n)| (what.to_string(), n.to_string()))
-        .collect();
+        node.detail = self
+            .counts()
+            .named()
+            .map(|(what, n)| (what.to_string(), n.to_string()))
+            .collect();
         node.config = layer::to_table(&CountConfig {});
         node.children = vec![child];
         Ok(ControlReply::Describe(node))

@@ -122,3 +122,32 @@ async fn an_option_it_does_not_have_is_refused_by_name() {
     let error = error.to_string();
     assert!(error.contains("`limit`"), "{error}");
 }
+
+#[tokio::test]
+async fn reset_counts_answers_the_counts_and_starts_them_again() {
+    let device = counted(&[]).await.unwrap();
+    device
+        .write(0, Bytes::from(vec![1u8; 4096]), WriteFlags::default())
+        .await
+        .unwrap();
+    device.read(0, 512).await.unwrap();
+    let reset = Control::Call {
+        verb: count::RESET_COUNTS.name.to_string(),
+        args: toml::Table::new(),
+    };
+    let ControlReply::Table(before) = device.control(reset.clone()).await.unwrap() else {
+        panic!("reset-counts answers a table");
+    };
+    assert_eq!(before["writes"].as_integer(), Some(1));
+    assert_eq!(before["bytes written"].as_integer(), Some(4096));
+    assert_eq!(before["reads"].as_integer(), Some(1));
+    let after = detail(&device).await;
+    assert_eq!(get(&after, "writes"), 0);
+    assert_eq!(get(&after, "bytes read"), 0);
+    // A verb it does not declare goes to the child, which refuses it.
+    let other = Control::Call {
+        verb: "snapshot-create".into(),
+        args: toml::Table::new(),
+    };
+    assert!(device.control(other).await.is_err());
+}

@@ -15,6 +15,7 @@ use tokio::net::UnixListener;
 use tracing::{debug, warn};
 
 use strata_stack::build::NodeKind;
+use strata_stack::call::Call;
 use strata_stack::control::ControlPlane;
 use strata_stack::reconfig::Change;
 use strata_stack::volumes::VolumeRequest;
@@ -45,6 +46,8 @@ pub enum AdminRequest {
     Change(Change),
     /// `strata volume …`: thin volumes created, listed, resized, deleted.
     Volume(VolumeRequest),
+    /// `strata call …`: a verb a layer declares and handles itself.
+    Call(Call),
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -119,6 +122,10 @@ async fn answer(stream: tokio::net::UnixStream, state: &AdminState) -> anyhow::R
                 Err(e) => serde_json::to_string(&serde_json::json!({ "error": format!("{e:#}") }))?,
             }
         }
+        Ok(AdminRequest::Call(call)) => match strata_stack::call::call(&state.plane, call).await {
+            Ok(answer) => serde_json::to_string(&serde_json::json!({ "answer": answer }))?,
+            Err(e) => serde_json::to_string(&serde_json::json!({ "error": format!("{e:#}") }))?,
+        },
         Err(e) => serde_json::to_string(&serde_json::json!({ "error": e.to_string() }))?,
     };
     writer.write_all(reply.as_bytes()).await?;

@@ -116,6 +116,21 @@ enum Command {
         #[command(flatten)]
         target: AdminTarget,
     },
+    /// Call a verb a layer declares (`strata kinds` lists each kind's verbs), online.
+    ///
+    /// Arguments are NAME=VALUE (a flag may be given bare). Sent to a layer above the one
+    /// that declares the verb, the call goes down to it.
+    Call {
+        #[command(flatten)]
+        target: AdminTarget,
+        layer: String,
+        verb: String,
+        /// NAME=VALUE, or a bare flag NAME.
+        args: Vec<String>,
+        /// Print the layer's answer as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Create, list, resize and delete thin volumes while serving.
     Volume {
         #[command(subcommand)]
@@ -229,6 +244,13 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 .0;
             change(&target, Change::Grow { layer, size })
         }
+        Command::Call {
+            target,
+            layer,
+            verb,
+            args,
+            json,
+        } => call(&target, layer, verb, &args, json),
         Command::Volume { command } => volume_cmd::run(command),
         Command::Sim { args } => return sim_forward::run(&args),
         Command::Metrics { target } => {
@@ -283,6 +305,31 @@ fn absolute(path: &std::path::Path) -> anyhow::Result<PathBuf> {
 fn change(target: &AdminTarget, change: Change) -> anyhow::Result<()> {
     let reply = admin::request(&target.socket(), &AdminRequest::Change(change))?;
     outln!("{}", reply["done"].as_str().unwrap_or("done"));
+    Ok(())
+}
+
+fn call(
+    target: &AdminTarget,
+    layer: String,
+    verb: String,
+    args: &[String],
+    json: bool,
+) -> anyhow::Result<()> {
+    let args = args
+        .iter()
+        .map(|arg| match arg.split_once('=') {
+            Some((name, value)) => (name.to_string(), Some(value.to_string())),
+            None => (arg.clone(), None),
+        })
+        .collect();
+    let request = AdminRequest::Call(strata_stack::call::Call { layer, verb, args });
+    let reply = admin::request(&target.socket(), &request)?;
+    let answer = &reply["answer"];
+    if json {
+        outln!("{}", serde_json::to_string_pretty(answer)?);
+    } else {
+        out!("{}", status::render_answer(answer));
+    }
     Ok(())
 }
 

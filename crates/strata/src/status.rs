@@ -127,6 +127,23 @@ fn low_space_warning(node: &Value) -> Option<String> {
     ))
 }
 
+/// Renders a layer's answer to `strata call`: one `key: value` line per entry (nested values
+/// as compact JSON), or `done` when the layer had nothing to say.
+pub fn render_answer(answer: &Value) -> String {
+    let Some(entries) = answer.as_object().filter(|entries| !entries.is_empty()) else {
+        return "done\n".to_string();
+    };
+    let mut out = String::new();
+    for (key, value) in entries {
+        let shown = match value {
+            Value::String(text) => text.clone(),
+            other => other.to_string(),
+        };
+        let _ = writeln!(out, "{key}: {shown}");
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -153,3 +170,4 @@ mod tests {
         assert!(!out.contains("LOW SPACE"), "{out}");
     }
 }
+

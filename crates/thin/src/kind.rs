@@ -28,11 +28,13 @@ const VOLUME: Arg = Arg {
     name: "volume",
     kind: ArgKind::Name,
     help: "the volume's name (exported as <pool>/<volume>)",
+    optional: false,
 };
 const SIZE: Arg = Arg {
     name: "size",
     kind: ArgKind::Size,
     help: "the volume's virtual size, e.g. 10GiB",
+    optional: false,
 };
 
 /// The pool's online changes.
@@ -56,6 +58,7 @@ pub static VERBS: &[Verb] = &[
                 name: "shrink",
                 kind: ArgKind::Flag,
                 help: "agree that data past the new end is discarded",
+                optional: true,
             },
         ],
         help: "change a volume's virtual size",
@@ -68,6 +71,7 @@ pub static VERBS: &[Verb] = &[
                 name: "force",
                 kind: ArgKind::Flag,
                 help: "close the connections of clients using it instead of refusing",
+                optional: true,
             },
         ],
         help: "delete a volume and give its extents back to the pool",
@@ -77,7 +81,67 @@ pub static VERBS: &[Verb] = &[
         args: &[],
         help: "append the pool's next grow-from spare to its concat child and take the room in",
     },
+    Verb {
+        name: SNAPSHOT_CREATE,
+        args: &[
+            VOLUME,
+            Arg {
+                name: "name",
+                kind: ArgKind::Name,
+                help: "the snapshot's name (default v<epoch>)",
+                optional: true,
+            },
+        ],
+        help: "take a snapshot of a volume: every write acknowledged before it is in it",
+    },
+    Verb {
+        name: SNAPSHOT_LIST,
+        args: &[Arg {
+            name: "volume",
+            kind: ArgKind::Name,
+            help: "only this volume's snapshots",
+            optional: true,
+        }],
+        help: "list snapshots with the space each alone holds and the space it shares",
+    },
+    Verb {
+        name: SNAPSHOT_DELETE,
+        args: &[VOLUME, SNAPSHOT],
+        help: "delete a snapshot (any one, in any order) and free what only it held",
+    },
+    Verb {
+        name: SNAPSHOT_ROLLBACK,
+        args: &[VOLUME, SNAPSHOT],
+        help: "make a volume read as one of its snapshots again (the snapshots stay)",
+    },
+    Verb {
+        name: SNAPSHOT_CLONE,
+        args: &[
+            VOLUME,
+            SNAPSHOT,
+            Arg {
+                name: "clone",
+                kind: ArgKind::Name,
+                help: "the new volume's name",
+                optional: false,
+            },
+        ],
+        help: "make a writable volume that starts as a snapshot and shares its data",
+    },
 ];
+
+pub const SNAPSHOT_CREATE: &str = "snapshot-create";
+pub const SNAPSHOT_LIST: &str = "snapshot-list";
+pub const SNAPSHOT_DELETE: &str = "snapshot-delete";
+pub const SNAPSHOT_ROLLBACK: &str = "snapshot-rollback";
+pub const SNAPSHOT_CLONE: &str = "snapshot-clone";
+
+const SNAPSHOT: Arg = Arg {
+    name: "snapshot",
+    kind: ArgKind::Name,
+    help: "the snapshot's name",
+    optional: false,
+};
 
 /// The loader's check: the options' types, then what the types cannot say (the extent rule).
 fn check(options: &Options) -> Result<()> {
@@ -149,6 +213,67 @@ impl PoolNode {
     }
 }
 
+/// An argument the stack checked against the verb's declaration.
+fn text<'a>(args: &'a toml::Table, name: &str) -> Result<&'a str> {
+    args.get(name)
+        .and_then(toml::Value::as_str)
+        .ok_or_else(|| BlockError::InvalidArgument(format!("argument {name:?} is missing")))
+}
+
+impl PoolNode {
+    /// The pool's own verbs (versions), called through `strata call` / `strata snapshot`.
+    async fn call(&self, verb: &str, args: &toml::Table) -> Result<toml::Table> {
+        let pool = &self.0;
+        let mut answer = toml::Table::new();
+        let freed = |answer: &mut toml::Table, extents: u64| {
+            answer.insert("extents-freed".into(), (extents as i64).into());
+            answer.insert(
+                "bytes-freed".into(),
+                ((extents * pool.extent_size()) as i64).into(),
+            );
+        };
+        match verb {
+            SNAPSHOT_CREATE => {
+                let volume = text(args, "volume")?;
+                let name = args.get("name").and_then(toml::Value::as_str);
+                let snapshot = pool.create_snapshot(volume, name).await?;
+                answer.insert("volume".into(), volume.into());
+                answer.insert("snapshot".into(), snapshot.name.into());
+                answer.insert("epoch".into(), i64::from(snapshot.epoch).into());
+                answer.insert("size".into(), (snapshot.size as i64).into());
+                answer.insert("created-ms".into(), (snapshot.created_ms as i64).into());
+            }
+            SNAPSHOT_LIST => {
+                let volume = args.get("volume").and_then(toml::Value::as_str);
+                let list = pool.snapshots(volume)?;
+                let rows = toml::Value::try_from(&list)
+                    .map_err(|e| BlockError::InvalidArgument(format!("snapshot list: {e}")))?;
+                answer.insert("snapshots".into(), rows);
+            }
+            SNAPSHOT_DELETE => {
+                let extents = pool
+                    .delete_snapshot(text(args, "volume")?, text(args, "snapshot")?)
+                    .await?;
+                freed(&mut answer, extents);
+            }
+            SNAPSHOT_ROLLBACK => {
+                let extents = pool
+                    .rollback(text(args, "volume")?, text(args, "snapshot")?)
+                    .await?;
+                freed(&mut answer, extents);
+            }
+            SNAPSHOT_CLONE => {
+                let clone = text(args, "clone")?;
+                pool.clone_snapshot(text(args, "volume")?, text(args, "snapshot")?, clone)
+                    .await?;
+                answer.insert("volume".into(), clone.into());
+            }
+            _ => return Err(BlockError::Unsupported("call")),
+        }
+        Ok(answer)
+    }
+}
+
 #[async_trait]
 impl BlockDevice for PoolNode {
     fn geometry(&self) -> Geometry {
@@ -197,6 +322,7 @@ impl BlockDevice for PoolNode {
                 Ok(ControlReply::Done)
             }
             Control::Space => Ok(ControlReply::Space(self.space_report())),
+            Control::Call { verb, args } => self.call(&verb, &args).await.map(ControlReply::Table),
             Control::Handle => Ok(ControlReply::Handle(self.0.clone())),
             other => Err(strata_core::refuse(&other)),
         }

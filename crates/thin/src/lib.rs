@@ -8,9 +8,15 @@
 //! - `space`: low-water mark, writes waiting for space, usage counts.
 //! - `volume`: the block device a volume is.
 //! - `lifecycle`: volumes resized and deleted at run time.
+//! - `versions`: Clotho's versions as policy: epochs, what each version sees, what a write
+//!   may overwrite and what a deletion frees; pure.
+//! - `chain`: where each granule of a version lives (a walk down the chains).
+//! - `snapshot`: versions taken, listed, deleted, rolled back to, cloned; the view I/O reads.
+//! - `snapshot_device`: a snapshot as a read-only block device.
 //! - `kind`: the pool as a registry kind; its volumes are made and found by control verbs.
 
 mod alloc;
+mod chain;
 pub mod config;
 mod kind;
 mod lifecycle;
@@ -18,7 +24,10 @@ mod map;
 mod policy;
 mod pool;
 mod records;
+mod snapshot;
+mod snapshot_device;
 mod space;
+pub mod versions;
 mod volume;
 
 pub use config::PoolConfig;
@@ -30,5 +39,6 @@ pub use pool::{
     check_extent_size, map_id, PoolOptions, PoolRuntime, ThinPool, DEFAULT_EXTENT_SIZE,
 };
 pub use records::check_state;
+pub use snapshot::{SnapshotDevice, SnapshotInfo};
 pub use space::{PoolSpace, VolumeSpace};
 pub use volume::{ThinVolume, VolumeRef};

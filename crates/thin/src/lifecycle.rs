@@ -42,6 +42,14 @@ impl ThinPool {
             return Ok(());
         }
         let shrink = new_size < record.size;
+        if shrink && self.has_versions(record.id) {
+            // A shrink cuts the newest extents only; older ones of the chains, which the
+            // volume's versions read, would be left behind.
+            return Err(BlockError::InvalidArgument(format!(
+                "volume {name} has versions (snapshots, a clone base, or their history): \
+                 it can grow but not shrink"
+            )));
+        }
         if shrink {
             self.zero_cut_granule(&record, map, new_size).await?;
         }
@@ -86,9 +94,30 @@ impl ThinPool {
     pub async fn delete_volume(self: &Arc<Self>, name: &str) -> Result<()> {
         let quiet = self.quiesce().await;
         let (record, map) = self.volume_entry(name)?;
+        if let Some(why) = self.versions_block(&record)? {
+            return Err(BlockError::InvalidArgument(format!(
+                "{why}: delete them first (a version's data is read through its volume)"
+            )));
+        }
+        let base = self.base_of(record.id)?;
         let ids = self.ids;
         let id = record.id;
+        let chain_ids = self.chain_ids();
         let freed = self.freeing_transaction(TxnClass::Reclaim, |state, txn, freed| {
+            // The older extents of the chains go too (`cut` frees the newest of each).
+            if chain_ids.history.is_some() {
+                for (_, value) in state.table(map).into_iter().flat_map(|t| t.iter_from(0)) {
+                    let head = u32::from_le_bytes(value.try_into().expect("4-byte map")) as u64 - 1;
+                    let mut older = chain_ids.history(state, head).older;
+                    while let Some(phys) = older {
+                        freed.push(phys);
+                        older = chain_ids.history(state, phys).older;
+                    }
+                }
+            }
+            if let Some(versions) = state.id(&super::records::versions_name(id)) {
+                txn.delete(versions);
+            }
             let mut volumes = self.stored_volumes(state)?;
             let before = volumes.len();
             volumes.retain(|v| v.id != id);
@@ -102,9 +131,14 @@ impl ThinPool {
         })?;
         self.volumes_lock().remove(name);
         self.set_live_size(id, 0);
+        self.store.read(|state| self.refresh_versions(state))?;
         drop(quiet);
         self.store.commit().await?;
         tracing::info!(pool = %self.name, volume = name, extents_freed = freed, "thin volume deleted");
+        // A clone's base epoch is no longer pinned: its origin may have garbage now.
+        if let Some(origin) = base.and_then(|b| self.volume_name(b.volume)) {
+            self.collect(&origin).await?;
+        }
         Ok(())
     }
 
@@ -165,7 +199,7 @@ impl ThinPool {
 
     /// Takes every lock stripe, in order, so that no I/O of any volume is inside one. I/O
     /// holds one stripe at a time, so taking them in order cannot deadlock.
-    async fn quiesce(&self) -> Vec<tokio::sync::RwLockWriteGuard<'_, ()>> {
+    pub(crate) async fn quiesce(&self) -> Vec<tokio::sync::RwLockWriteGuard<'_, ()>> {
         self.locks.write_all().await
     }
 
@@ -173,7 +207,7 @@ impl ThinPool {
     /// They are quarantined while the transaction is built, under the store's lock, so an
     /// allocation never sees them free before the quarantine does; then until the
     /// transaction is durable.
-    fn freeing_transaction<R>(
+    pub(crate) fn freeing_transaction<R>(
         &self,
         class: TxnClass,
         build: impl FnOnce(&State, &mut Txn, &mut Vec<u64>) -> Result<R>,
@@ -259,6 +293,9 @@ impl ThinPool {
                 count * per_extent,
                 false,
             );
+            if let Some(masked) = self.chain_ids().masked {
+                txn.set_bits(masked, self.first_granule(start), count * per_extent, false);
+            }
             at = end;
         }
     }

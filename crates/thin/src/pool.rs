@@ -19,13 +19,15 @@ use strata_core::{
 use strata_meta::{FormatOptions, MetaStore, ObjectId, Recovered, StoreOptions, TxnClass};
 
 use super::alloc::Allocator;
+use super::chain::ChainIds;
 use super::map::GRANULE;
 use super::policy::{pool_start, LowWater, MapCommit, MetadataFound, PoolStart, WhenFull};
 use super::records::{
     self, decode_volumes, encode_volumes, map_name, PoolIds, PoolRecord, VolumeRecord,
 };
+use super::snapshot::VersionIds;
 use super::space::{PoolSpace, SpaceWatch, VolumeSpace};
-use super::volume::ThinVolume;
+use super::volume::{ThinVolume, ViewCell};
 
 /// How a pool is created.
 #[derive(Clone, Debug)]
@@ -62,6 +64,9 @@ pub struct PoolRuntime {
     pub when_full: WhenFull,
     /// Share of the data extents allocated above which the pool reports low space.
     pub low_water: LowWater,
+    /// The first write into an extent a snapshot shares copies the whole extent (dm-thin's
+    /// copy-on-write) instead of writing only its own granules (Clotho's remap-on-write).
+    pub copy_on_write: bool,
     /// Test-only: plant the ordering bug (see `StoreOptions::unsafe_skip_data_barrier`).
     #[doc(hidden)]
     pub unsafe_skip_data_barrier: bool,
@@ -75,6 +80,7 @@ impl PoolRuntime {
             map_commit: MapCommit::default(),
             when_full: WhenFull::default(),
             low_water: LowWater::default(),
+            copy_on_write: false,
             unsafe_skip_data_barrier: false,
         }
     }
@@ -112,6 +118,8 @@ pub struct ThinPool {
     allocator: Mutex<Allocator>,
     pub(crate) runtime: Arc<dyn Runtime>,
     pub(crate) map_commit: MapCommit,
+    /// Snapshots: copy whole extents on the first write after one, not only new granules.
+    pub(crate) copy_on_write: bool,
     when_full: WhenFull,
     pub(crate) space_watch: SpaceWatch,
     /// Volumes by name, with their map's object id. Handles are made on demand so that the
@@ -121,6 +129,14 @@ pub struct ThinPool {
     /// path reads it without the `volumes` lock; 0 once deleted (ids are never reused, and
     /// a deleted volume's cell, 16 bytes, stays).
     sizes: Mutex<BTreeMap<u32, Arc<AtomicU64>>>,
+    /// Each volume's versions as its I/O reads them, by volume id, shared with its handles
+    /// (see `snapshot`).
+    views: Mutex<BTreeMap<u32, Arc<ViewCell>>>,
+    /// Every snapshot by (volume id, epoch): a snapshot's device reads only while its
+    /// snapshot exists (checked under the extent's stripe, which a deletion's cleanup takes).
+    pub(crate) snapshot_epochs: Mutex<std::collections::BTreeSet<(u32, crate::versions::Epoch)>>,
+    /// The `history` table and `masked` bitmap, once the pool has versions.
+    pub(crate) version_ids: std::sync::OnceLock<VersionIds>,
     pub(super) locks: StripedLocks,
     /// Spare devices the server holds to grow this pool with (`grow-from`); reported only.
     spares_left: AtomicU64,
@@ -177,6 +193,7 @@ impl ThinPool {
         )
         .await?;
         let record = PoolRecord {
+            format: records::POOL_FORMAT_VERSION,
             extent_size,
             data_start,
             extents,
@@ -331,10 +348,14 @@ impl ThinPool {
             allocator: Mutex::new(Allocator::new(record.extents, head.min(record.extents))),
             runtime: settings.runtime.clone(),
             map_commit: settings.map_commit,
+            copy_on_write: settings.copy_on_write,
             when_full: settings.when_full,
             space_watch: SpaceWatch::new(settings.low_water),
             volumes: Mutex::new(BTreeMap::new()),
             sizes: Mutex::new(BTreeMap::new()),
+            views: Mutex::new(BTreeMap::new()),
+            snapshot_epochs: Mutex::new(Default::default()),
+            version_ids: std::sync::OnceLock::new(),
             locks: StripedLocks::new(LOCK_STRIPES),
             spares_left: AtomicU64::new(0),
             config: std::sync::OnceLock::new(),
@@ -342,11 +363,12 @@ impl ThinPool {
         for volume in volume_records {
             pool.attach(volume)?;
         }
+        pool.load_versions()?;
         pool.watch_low_water();
         Ok(pool)
     }
 
-    fn attach(self: &Arc<Self>, record: VolumeRecord) -> Result<Arc<ThinVolume>> {
+    pub(crate) fn attach(self: &Arc<Self>, record: VolumeRecord) -> Result<Arc<ThinVolume>> {
         let map = self
             .store
             .read(|state| state.id(&map_name(record.id)))
@@ -369,6 +391,49 @@ impl ThinPool {
             .get(&record.id)
             .cloned()
             .unwrap_or_else(|| Arc::new(AtomicU64::new(0)))
+    }
+
+    /// The view cell of a volume, shared by all its handles (made on first use).
+    pub(super) fn view_cell(&self, id: u32) -> Arc<ViewCell> {
+        self.views
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .entry(id)
+            .or_default()
+            .clone()
+    }
+
+    /// Appends a piece's bytes, read from where `sources` (runs of its granules) say.
+    pub(crate) async fn read_sources(
+        &self,
+        piece: &crate::map::Piece,
+        sources: &[(std::ops::Range<u64>, crate::chain::Source)],
+        out: &mut bytes::BytesMut,
+    ) -> Result<()> {
+        for (granules, source) in sources {
+            let start = (granules.start * GRANULE).max(piece.within);
+            let end = (granules.end * GRANULE).min(piece.within + piece.len);
+            match *source {
+                crate::chain::Source::Data(phys) => {
+                    let offset = self.extent_offset(phys) + start;
+                    let data = self.child.read(offset, (end - start) as usize).await?;
+                    out.extend_from_slice(&data);
+                }
+                crate::chain::Source::Zero => out.resize(out.len() + (end - start) as usize, 0),
+            }
+        }
+        Ok(())
+    }
+
+    /// What a walk down the chains needs.
+    pub(crate) fn chain_ids(&self) -> ChainIds {
+        let versions = self.version_ids.get();
+        ChainIds {
+            live: self.ids.live,
+            history: versions.map(|v| v.history),
+            masked: versions.map(|v| v.masked),
+            granules_per_extent: self.record.granules_per_extent(),
+        }
     }
 
     /// Sets a volume's size as its handles see it (0: deleted).

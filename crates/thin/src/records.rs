@@ -8,24 +8,48 @@
 //! - `allocated` (bitmap): one bit per physical extent, set while a volume maps it.
 //! - `live` (bitmap): one bit per 4 KiB granule of every physical extent, set while the
 //!   granule holds data written through its volume. A clear bit reads as zeros.
-//! - `map.<id>` (table of u32): virtual extent → physical extent + 1 (0 = unmapped).
+//! - `map.<id>` (table of u32): virtual extent → physical extent + 1 (0 = unmapped); with
+//!   versions, the newest extent of the virtual extent's chain.
+//!
+//! Format version 2 adds versions (Clotho); a pool is written as version 2 from its first
+//! snapshot on, so that a build that knows nothing of chains refuses it instead of reading
+//! only the newest extent of each:
+//! - `versions.<id>` (blob): a volume's epochs, snapshots and clone base
+//!   ([`VersionsRecord`]); absent for a volume that never had a version.
+//! - `history` (table of 8 bytes): physical extent → the epoch it was written in (u32) and
+//!   the next older extent of its chain + 1 (u32, 0 = none). Absent: epoch 0, no older one.
+//! - `masked` (bitmap): one bit per granule of every physical extent, set where the extent
+//!   defines the granule as zeros (a discard over data an older extent of the chain holds).
 
 use bytes::BufMut;
 use strata_meta::{ObjectId, State};
+
+use crate::versions::{Epoch, Lineage};
 
 pub const POOL: &str = "pool";
 pub const VOLUMES: &str = "volumes";
 pub const ALLOCATED: &str = "allocated";
 pub const LIVE: &str = "live";
+pub const HISTORY: &str = "history";
+pub const MASKED: &str = "masked";
+/// Pools without versions are written as version 1 (and read by builds before versions).
 pub const POOL_FORMAT_VERSION: u32 = 1;
+/// The version of a pool that has (or had) versions.
+pub const POOL_FORMAT_VERSIONS: u32 = 2;
 
 pub fn map_name(volume: u32) -> String {
     format!("map.{volume}")
 }
 
+pub fn versions_name(volume: u32) -> String {
+    format!("versions.{volume}")
+}
+
 /// The pool's fixed shape.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PoolRecord {
+    /// [`POOL_FORMAT_VERSION`] or [`POOL_FORMAT_VERSIONS`].
+    pub format: u32,
     pub extent_size: u64,
     /// Byte offset of physical extent 0 on the child.
     pub data_start: u64,
@@ -36,7 +60,7 @@ pub struct PoolRecord {
 impl PoolRecord {
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::new();
-        out.put_u32_le(POOL_FORMAT_VERSION);
+        out.put_u32_le(self.format);
         out.put_u64_le(self.extent_size);
         out.put_u64_le(self.data_start);
         out.put_u64_le(self.extents);
@@ -53,12 +77,14 @@ impl PoolRecord {
         let u64_at = |at| read(at, 8).map(|b| u64::from_le_bytes(b.try_into().unwrap()));
         let u32_at = |at| read(at, 4).map(|b| u32::from_le_bytes(b.try_into().unwrap()));
         let version = u32_at(0)?;
-        if version != POOL_FORMAT_VERSION {
+        if !(POOL_FORMAT_VERSION..=POOL_FORMAT_VERSIONS).contains(&version) {
             return Err(format!(
-                "thin pool format version {version}; this build reads {POOL_FORMAT_VERSION}"
+                "thin pool format version {version}; this build reads {POOL_FORMAT_VERSION} \
+                 and {POOL_FORMAT_VERSIONS}"
             ));
         }
         let record = PoolRecord {
+            format: version,
             extent_size: u64_at(4)?,
             data_start: u64_at(12)?,
             extents: u64_at(20)?,
@@ -115,6 +141,168 @@ pub fn decode_volumes(bytes: &[u8]) -> Result<Vec<VolumeRecord>, String> {
         volumes.push(VolumeRecord { id, size, name });
     }
     Ok(volumes)
+}
+
+/// A physical extent's place in its chain (the `history` table).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct History {
+    pub epoch: Epoch,
+    /// The next older physical extent of the chain.
+    pub older: Option<u64>,
+}
+
+impl History {
+    pub const BYTES: usize = 8;
+
+    pub fn encode(&self) -> [u8; 8] {
+        let mut out = [0u8; 8];
+        out[..4].copy_from_slice(&self.epoch.to_le_bytes());
+        let older = self.older.map_or(0, |o| o as u32 + 1);
+        out[4..].copy_from_slice(&older.to_le_bytes());
+        out
+    }
+
+    /// A missing or all-zero entry is epoch 0 with nothing older: every extent of a pool
+    /// before versions.
+    pub fn decode(bytes: Option<&[u8]>) -> History {
+        let Some(bytes) = bytes.filter(|b| b.len() == Self::BYTES) else {
+            return History::default();
+        };
+        let u32_at = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap());
+        History {
+            epoch: u32_at(0),
+            older: (u32_at(4) as u64).checked_sub(1),
+        }
+    }
+}
+
+/// A snapshot of a volume: a name for one of its epochs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SnapshotRecord {
+    pub name: String,
+    pub epoch: Epoch,
+    /// Milliseconds since the Unix epoch, when it was taken.
+    pub created_ms: u64,
+    /// The volume's size then.
+    pub size: u64,
+}
+
+/// Where a clone's data comes from before it writes its own: a volume and one of its epochs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Base {
+    pub volume: u32,
+    pub epoch: Epoch,
+}
+
+/// A volume's versions (the `versions.<id>` blob).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct VersionsRecord {
+    pub lineage: Lineage,
+    pub snapshots: Vec<SnapshotRecord>,
+    pub base: Option<Base>,
+}
+
+const VERSIONS_RECORD_VERSION: u32 = 1;
+
+impl VersionsRecord {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        out.put_u32_le(VERSIONS_RECORD_VERSION);
+        out.put_u32_le(self.lineage.current);
+        out.put_u32_le(self.lineage.jumps.len() as u32);
+        for (&epoch, &parent) in &self.lineage.jumps {
+            out.put_u32_le(epoch);
+            out.put_u32_le(parent);
+        }
+        match self.base {
+            Some(base) => {
+                out.put_u8(1);
+                out.put_u32_le(base.volume);
+                out.put_u32_le(base.epoch);
+            }
+            None => out.put_u8(0),
+        }
+        out.put_u32_le(self.snapshots.len() as u32);
+        for snapshot in &self.snapshots {
+            out.put_u32_le(snapshot.epoch);
+            out.put_u64_le(snapshot.created_ms);
+            out.put_u64_le(snapshot.size);
+            out.put_u8(snapshot.name.len() as u8);
+            out.put_slice(snapshot.name.as_bytes());
+        }
+        out
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<VersionsRecord, String> {
+        let mut at = 0usize;
+        let mut take = |len: usize| -> Result<&[u8], String> {
+            let slice = bytes
+                .get(at..at + len)
+                .ok_or_else(|| format!("versions record is short at byte {at}"))?;
+            at += len;
+            Ok(slice)
+        };
+        fn u32_of(b: &[u8]) -> u32 {
+            u32::from_le_bytes(b.try_into().unwrap())
+        }
+        fn u64_of(b: &[u8]) -> u64 {
+            u64::from_le_bytes(b.try_into().unwrap())
+        }
+        let version = u32_of(take(4)?);
+        if version != VERSIONS_RECORD_VERSION {
+            return Err(format!("versions record version {version}"));
+        }
+        let current = u32_of(take(4)?);
+        let jumps = u32_of(take(4)?);
+        let mut lineage = Lineage {
+            current,
+            jumps: Default::default(),
+        };
+        for _ in 0..jumps {
+            let epoch = u32_of(take(4)?);
+            let parent = u32_of(take(4)?);
+            if parent >= epoch || epoch > current {
+                return Err(format!(
+                    "epoch {epoch} has parent {parent} (current {current})"
+                ));
+            }
+            lineage.jumps.insert(epoch, parent);
+        }
+        let base = match take(1)?[0] {
+            0 => None,
+            1 => Some(Base {
+                volume: u32_of(take(4)?),
+                epoch: u32_of(take(4)?),
+            }),
+            other => return Err(format!("base marker {other}")),
+        };
+        let count = u32_of(take(4)?);
+        let mut snapshots = Vec::new();
+        for _ in 0..count {
+            let epoch = u32_of(take(4)?);
+            let created_ms = u64_of(take(8)?);
+            let size = u64_of(take(8)?);
+            let len = take(1)?[0] as usize;
+            let name = String::from_utf8(take(len)?.to_vec())
+                .map_err(|_| "snapshot name is not UTF-8".to_string())?;
+            if epoch >= current {
+                return Err(format!(
+                    "snapshot {name} pins epoch {epoch}, not before {current}"
+                ));
+            }
+            snapshots.push(SnapshotRecord {
+                name,
+                epoch,
+                created_ms,
+                size,
+            });
+        }
+        Ok(VersionsRecord {
+            lineage,
+            snapshots,
+            base,
+        })
+    }
 }
 
 /// Object ids of the pool-wide records.

@@ -16,10 +16,12 @@ use strata_core::{
 };
 use strata_meta::{ObjectId, State, TxnClass};
 
+use super::chain::{Reading, Source};
 use super::map::{pieces, runs, Piece, GRANULE};
 use super::policy::MapCommit;
 use super::pool::{lock_key, ThinPool};
-use super::records::VolumeRecord;
+use super::records::{History, VolumeRecord};
+use super::versions::Epoch;
 
 pub struct ThinVolume {
     pool: Arc<ThinPool>,
@@ -27,7 +29,27 @@ pub struct ThinVolume {
     map: ObjectId,
     /// The volume's size now (a resize or delete through the pool updates it; 0: deleted).
     size: Arc<AtomicU64>,
+    /// The volume's versions as its I/O sees them; shared by its handles.
+    view: Arc<ViewCell>,
 }
+
+/// How the volume now is read and written once it has versions (see `versions`). Replaced
+/// only while the pool is quiesced (every lock stripe held), so I/O, which reads it under its
+/// stripe, sees one view from start to end.
+pub(crate) struct HeadView {
+    /// The volume's map at the current epoch, then its bases'.
+    pub reading: Reading,
+    pub current: Epoch,
+    /// Extents written in an epoch up to this one are shared with a version
+    /// (`Lineage::shared_limit`): a write goes to a new extent instead.
+    pub shared_limit: Option<Epoch>,
+    /// Copy the whole extent into the new one (dm-thin's way) instead of only the new
+    /// granules (Clotho's remap-on-write); kept for comparison.
+    pub copy_on_write: bool,
+}
+
+/// A volume's view: None while it never had a version (every chain is one extent long).
+pub(crate) type ViewCell = std::sync::RwLock<Option<Arc<HeadView>>>;
 
 /// Where a virtual extent lives and which of the granules a piece touches are live.
 struct Located {
@@ -35,15 +57,40 @@ struct Located {
     runs: Vec<(std::ops::Range<u64>, bool)>,
 }
 
+/// The newest extent of a piece's chain, as a write sees it.
+struct Head {
+    phys: u64,
+    /// The current epoch sees it and no version shares it: it may be written in place.
+    writable: bool,
+    /// Which granules of the piece it holds live.
+    runs: Vec<(std::ops::Range<u64>, bool)>,
+}
+
+/// Where a write lands.
+#[derive(Clone, Copy)]
+enum Target {
+    /// The newest extent, in place.
+    InPlace(u64),
+    /// A newly allocated extent that becomes the newest of the chain, above `older`.
+    Fresh { phys: u64, older: Option<u64> },
+}
+
 impl ThinVolume {
     pub(crate) fn new(pool: Arc<ThinPool>, record: VolumeRecord, map: ObjectId) -> Self {
         let size = pool.size_cell(&record);
+        let view = pool.view_cell(record.id);
         ThinVolume {
             pool,
             record,
             map,
             size,
+            view,
         }
+    }
+
+    fn head_view(&self) -> Option<Arc<HeadView>> {
+        // Replaced whole, never half written: a poisoned lock's value is sound.
+        self.view.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     pub fn name(&self) -> &str {
@@ -82,26 +129,74 @@ impl ThinVolume {
 
     async fn read_piece(&self, piece: Piece, out: &mut BytesMut) -> Result<()> {
         let _shared = self.extent_lock().read(self.lock_key(&piece)).await;
-        let Some(located) = self.locate(&piece) else {
-            out.resize(out.len() + piece.len as usize, 0);
-            return Ok(());
-        };
-        let extent_offset = self.pool.extent_offset(located.phys);
-        for (granules, live) in located.runs {
-            let start = (granules.start * GRANULE).max(piece.within);
-            let end = (granules.end * GRANULE).min(piece.within + piece.len);
-            if live {
-                let data = self
-                    .pool
-                    .child
-                    .read(extent_offset + start, (end - start) as usize)
-                    .await?;
-                out.extend_from_slice(&data);
-            } else {
-                out.resize(out.len() + (end - start) as usize, 0);
+        let view = self.head_view();
+        self.read_current(view.as_deref(), &piece, out).await
+    }
+
+    /// Where each granule of a piece is read from now.
+    fn sources(
+        &self,
+        view: Option<&HeadView>,
+        piece: &Piece,
+    ) -> Vec<(std::ops::Range<u64>, Source)> {
+        match view {
+            None => match self.locate(piece) {
+                None => vec![(piece.granules(), Source::Zero)],
+                Some(located) => (located.runs.into_iter())
+                    .map(|(granules, live)| {
+                        let source = if live {
+                            Source::Data(located.phys)
+                        } else {
+                            Source::Zero
+                        };
+                        (granules, source)
+                    })
+                    .collect(),
+            },
+            Some(view) => {
+                let ids = self.pool.chain_ids();
+                self.pool
+                    .store
+                    .read(|state| ids.resolve(state, &view.reading, piece.extent, piece.granules()))
             }
         }
-        Ok(())
+    }
+
+    /// Appends the piece's bytes as the volume holds them now. The caller holds its stripe.
+    async fn read_current(
+        &self,
+        view: Option<&HeadView>,
+        piece: &Piece,
+        out: &mut BytesMut,
+    ) -> Result<()> {
+        let sources = self.sources(view, piece);
+        self.pool.read_sources(piece, &sources, out).await
+    }
+
+    /// The newest extent of the piece's chain and whether a write may land in it.
+    fn head(&self, view: Option<&HeadView>, piece: &Piece) -> Option<Head> {
+        let Some(view) = view else {
+            return self.locate(piece).map(|located| Head {
+                phys: located.phys,
+                writable: true,
+                runs: located.runs,
+            });
+        };
+        let ids = self.pool.chain_ids();
+        self.pool.store.read(|state| {
+            let phys = ids.head(state, self.map, piece.extent)?;
+            let History { epoch, .. } = ids.history(state, phys);
+            let own = &view.reading[0];
+            let writable = own.lineage.sees(view.current, epoch)
+                && view.shared_limit.is_none_or(|limit| epoch > limit);
+            let live = state.bitmap(self.pool.ids.live).expect("pool live bitmap");
+            let base = self.pool.first_granule(phys);
+            Some(Head {
+                phys,
+                writable,
+                runs: runs(piece.granules(), |g| live.get(base + g)),
+            })
+        })
     }
 
     /// Writes one piece. Returns whether it published metadata (a mapping or liveness).
@@ -110,9 +205,10 @@ impl ThinVolume {
         {
             let _shared = self.extent_lock().read(key).await;
             self.pool.check_live(self.live_size(), &piece)?;
-            if let Some(located) = self.locate(&piece) {
-                if located.runs.iter().all(|(_, live)| *live) {
-                    let offset = self.pool.extent_offset(located.phys) + piece.within;
+            let view = self.head_view();
+            if let Some(head) = self.head(view.as_deref(), &piece) {
+                if head.writable && head.runs.iter().all(|(_, live)| *live) {
+                    let offset = self.pool.extent_offset(head.phys) + piece.within;
                     self.pool
                         .child
                         .write(offset, data, WriteFlags { fua })
@@ -134,23 +230,33 @@ impl ThinVolume {
                 }
                 return Err(error);
             }
-            let (phys, fresh, runs) = match (self.locate(&piece), reserved) {
-                (Some(located), spare) => {
-                    // Another write mapped the extent while this one waited for space.
+            let view = self.head_view();
+            let head = self.head(view.as_deref(), &piece);
+            let (target, runs) = match (head, reserved) {
+                (Some(head), spare) if head.writable => {
+                    // Mapped already (maybe by another write while this one waited for space).
                     if let Some(phys) = spare {
                         self.pool.release_reservation(phys)?;
                     }
-                    (located.phys, false, located.runs)
+                    (Target::InPlace(head.phys), head.runs)
                 }
-                (None, Some(phys)) => (phys, true, vec![(piece.granules(), false)]),
-                (None, None) => {
+                (head, Some(phys)) => {
+                    let older = head.map(|head| head.phys);
+                    (
+                        Target::Fresh { phys, older },
+                        vec![(piece.granules(), false)],
+                    )
+                }
+                (_, None) => {
                     drop(exclusive);
                     reserved = Some(self.pool.reserve_extent().await?);
                     continue;
                 }
             };
-            let result = self.fill_and_publish(piece, data, phys, fresh, &runs).await;
-            if fresh {
+            let result = self
+                .fill_and_publish(view.as_deref(), piece, data, target, &runs)
+                .await;
+            if let Target::Fresh { phys, .. } = target {
                 self.pool.allocator()?.settle(phys);
                 if result.is_ok() {
                     self.pool.watch_low_water();
@@ -160,36 +266,64 @@ impl ThinVolume {
         }
     }
 
-    /// Writes `data` into the extent, padding dead partial granules with zeros so that a
-    /// granule, once live, holds nothing but this volume's bytes; then publishes the mapping
-    /// and the granules' liveness in one transaction.
+    /// Writes `data` into the target extent; a partial granule the target does not hold yet is
+    /// completed with what the volume holds there now (zeros, or an older extent's bytes), so
+    /// that a granule, once live, holds nothing but this volume's bytes. Then publishes the
+    /// mapping, the chain link and the granules' liveness in one transaction.
     async fn fill_and_publish(
         &self,
+        view: Option<&HeadView>,
         piece: Piece,
         data: Bytes,
-        phys: u64,
-        fresh: bool,
+        target: Target,
         runs: &[(std::ops::Range<u64>, bool)],
     ) -> Result<()> {
-        let granules = piece.granules();
+        let extent_size = self.extent_size();
         let dead = |g: u64| runs.iter().any(|(range, live)| !live && range.contains(&g));
-        let start = if dead(granules.start) {
-            granules.start * GRANULE
-        } else {
-            piece.within
+        // Copy-on-write copies what the new extent takes over from an older one or a base.
+        let copy_whole = match (target, view) {
+            (Target::Fresh { older, .. }, Some(view)) => {
+                view.copy_on_write && (older.is_some() || view.reading.len() > 1)
+            }
+            _ => false,
         };
-        let end = if dead(granules.end - 1) {
-            granules.end * GRANULE
+        let (start, end) = if copy_whole {
+            (0, extent_size)
         } else {
-            piece.within + piece.len
+            let granules = piece.granules();
+            let start = if dead(granules.start) {
+                granules.start * GRANULE
+            } else {
+                piece.within
+            };
+            let end = if dead(granules.end - 1) {
+                granules.end * GRANULE
+            } else {
+                piece.within + piece.len
+            };
+            (start, end)
         };
         let buffer = if start == piece.within && end == piece.within + piece.len {
             data
         } else {
-            let mut padded = BytesMut::zeroed((end - start) as usize);
-            let at = (piece.within - start) as usize;
-            padded[at..at + data.len()].copy_from_slice(&data);
-            padded.freeze()
+            let mut filled = BytesMut::with_capacity((end - start) as usize);
+            let before = Piece {
+                within: start,
+                len: piece.within - start,
+                ..piece
+            };
+            let after = Piece {
+                within: piece.within + piece.len,
+                len: end - (piece.within + piece.len),
+                ..piece
+            };
+            self.current_or_zeros(view, &before, &mut filled).await?;
+            filled.extend_from_slice(&data);
+            self.current_or_zeros(view, &after, &mut filled).await?;
+            filled.freeze()
+        };
+        let phys = match target {
+            Target::InPlace(phys) | Target::Fresh { phys, .. } => phys,
         };
         let offset = self.pool.extent_offset(phys) + start;
         self.pool
@@ -197,11 +331,33 @@ impl ThinVolume {
             .write(offset, buffer, WriteFlags::default())
             .await?;
         let ids = self.pool.ids;
+        let chain_ids = self.pool.chain_ids();
         let first = self.pool.first_granule(phys);
+        let granules = start / GRANULE..end.div_ceil(GRANULE);
         self.pool.store.transact(TxnClass::Normal, |_, txn| {
-            if fresh {
+            let per_extent = extent_size / GRANULE;
+            if let Target::Fresh { phys, older } = target {
                 txn.set_u32(self.map, piece.extent, phys as u32 + 1);
                 txn.set_bits(ids.allocated, phys, 1, true);
+                // In a pool with versions, a reused extent's record of its last life is
+                // overwritten here, in the transaction that maps it again.
+                if let Some(history) = chain_ids.history {
+                    let link = History {
+                        epoch: view.map_or(0, |view| view.current),
+                        older,
+                    };
+                    txn.set(history, phys, &link.encode());
+                }
+                if let Some(masked) = chain_ids.masked {
+                    txn.set_bits(masked, first, per_extent, false);
+                }
+            } else if let Some(masked) = chain_ids.masked {
+                txn.set_bits(
+                    masked,
+                    first + granules.start,
+                    granules.end - granules.start,
+                    false,
+                );
             }
             txn.set_bits(
                 ids.live,
@@ -213,19 +369,49 @@ impl ThinVolume {
         })
     }
 
+    /// Appends what the volume holds now over `piece` (zeros, without a look, for a volume
+    /// without versions: its only extent does not hold it, or the caller would not ask).
+    async fn current_or_zeros(
+        &self,
+        view: Option<&HeadView>,
+        piece: &Piece,
+        out: &mut BytesMut,
+    ) -> Result<()> {
+        if piece.len == 0 {
+            return Ok(());
+        }
+        match view {
+            None => {
+                out.resize(out.len() + piece.len as usize, 0);
+                Ok(())
+            }
+            Some(_) => self.read_current(view, piece, out).await,
+        }
+    }
+
     /// Kills the whole granules of a piece and frees its extent once nothing in it is live.
     /// With `zero`, the partial granules at its edges are overwritten with zeros.
-    async fn reclaim_piece(&self, piece: Piece, zero: bool) -> Result<()> {
+    ///
+    /// Returns false, having done nothing, for a zeroing of a volume with versions: its
+    /// caller writes zeros instead (an older extent may hold data under dead granules).
+    async fn reclaim_piece(&self, piece: Piece, zero: bool) -> Result<bool> {
         let _exclusive = self.extent_lock().write(self.lock_key(&piece)).await;
+        if let Some(view) = self.head_view() {
+            if zero {
+                return Ok(false);
+            }
+            self.mask_piece(&view, &piece)?;
+            return Ok(true);
+        }
         let Some(located) = self.locate(&piece) else {
-            return Ok(());
+            return Ok(true);
         };
         let whole = piece.whole_granules();
         if zero {
             self.zero_edges(&piece, &located, &whole).await?;
         }
         if whole.is_empty() {
-            return Ok(());
+            return Ok(true);
         }
         let ids = self.pool.ids;
         let phys = located.phys;
@@ -275,7 +461,37 @@ impl ThinVolume {
             self.pool.space_watch.extent_freed(partial);
             self.pool.watch_low_water();
         }
-        Ok(())
+        Ok(true)
+    }
+
+    /// A discard in a volume with versions: the whole granules of the piece are defined as
+    /// zeros in the newest extent if it may be written (an older extent of the chain may
+    /// hold data under them); nothing is freed here (a later version cleanup does that). If a
+    /// version shares the newest extent, the discard is a no-op: the version keeps the data
+    /// anyway, and NBD lets a trimmed range read back as anything.
+    fn mask_piece(&self, view: &HeadView, piece: &Piece) -> Result<()> {
+        let whole = piece.whole_granules();
+        if whole.is_empty() {
+            return Ok(());
+        }
+        let Some(head) = self.head(Some(view), piece).filter(|head| head.writable) else {
+            return Ok(());
+        };
+        let chain_ids = self.pool.chain_ids();
+        let masked = chain_ids.masked.ok_or_else(|| {
+            BlockError::Corrupt(format!(
+                "thin pool {}: versions without a `masked` bitmap",
+                self.pool.name()
+            ))
+        })?;
+        let first = self.pool.first_granule(head.phys) + whole.start;
+        let count = whole.end - whole.start;
+        let live = self.pool.ids.live;
+        self.pool.store.transact(TxnClass::Reclaim, |_, txn| {
+            txn.set_bits(live, first, count, false);
+            txn.set_bits(masked, first, count, true);
+            Ok(())
+        })
     }
 
     async fn zero_edges(
@@ -386,7 +602,10 @@ impl BlockDevice for ThinVolume {
             return self.write_zero_data(offset, len, flags.fua).await;
         }
         for piece in pieces(offset, len, self.extent_size()) {
-            self.reclaim_piece(piece, true).await?;
+            if !self.reclaim_piece(piece, true).await? {
+                let at = offset + piece.done;
+                self.write_zero_data(at, piece.len, false).await?;
+            }
         }
         if flags.fua {
             self.pool.flush().await?;
@@ -396,34 +615,21 @@ impl BlockDevice for ThinVolume {
 
     async fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
         self.geometry().check_range(offset, len)?;
+        let view = self.head_view();
         let mut extents = Vec::new();
-        let base = offset;
         for piece in pieces(offset, len, self.extent_size()) {
-            let piece_start = base + piece.done;
-            let Some(located) = self.locate(&piece) else {
-                push_extent(
-                    &mut extents,
-                    Extent {
-                        offset: piece_start,
-                        len: piece.len,
-                        state: ExtentState::Hole,
-                    },
-                );
-                continue;
-            };
-            for (granules, live) in located.runs {
+            let piece_start = offset + piece.done;
+            for (granules, source) in self.sources(view.as_deref(), &piece) {
                 let start = (granules.start * GRANULE).max(piece.within);
                 let end = (granules.end * GRANULE).min(piece.within + piece.len);
-                let state = if live {
-                    ExtentState::Data
-                } else {
-                    ExtentState::Hole
+                let state = match source {
+                    Source::Data(_) => ExtentState::Data,
+                    Source::Zero => ExtentState::Hole,
                 };
-                let at = piece_start + (start - piece.within);
                 push_extent(
                     &mut extents,
                     Extent {
-                        offset: at,
+                        offset: piece_start + (start - piece.within),
                         len: end - start,
                         state,
                     },
