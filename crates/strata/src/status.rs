@@ -170,4 +170,3 @@ mod tests {
         assert!(!out.contains("LOW SPACE"), "{out}");
     }
 }
-

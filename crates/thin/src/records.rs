@@ -348,6 +348,14 @@ pub fn check_state(state: &State) -> Vec<String> {
     else {
         return vec!["`allocated` or `live` is not a bitmap".into()];
     };
+    let history = state.id(HISTORY).and_then(|id| state.table(id));
+    let masked = state.id(MASKED).and_then(|id| state.bitmap(id));
+    if (history.is_some() || masked.is_some()) && pool.format != POOL_FORMAT_VERSIONS {
+        problems.push(format!(
+            "the pool has versions objects but is format version {}",
+            pool.format
+        ));
+    }
     let mut owners = std::collections::HashMap::new();
     for volume in &volumes {
         let Some(map) = state
@@ -356,6 +364,17 @@ pub fn check_state(state: &State) -> Vec<String> {
         else {
             problems.push(format!("volume {} has no map", volume.name));
             continue;
+        };
+        let versions = match state
+            .id(&versions_name(volume.id))
+            .map(|id| VersionsRecord::decode(state.blob(id).unwrap_or(&[])))
+        {
+            Some(Ok(versions)) => Some(versions),
+            Some(Err(problem)) => {
+                problems.push(format!("{}: {problem}", volume.name));
+                continue;
+            }
+            None => None,
         };
         let virtual_extents = volume.size.div_ceil(pool.extent_size);
         for (index, value) in map.iter_from(0) {
@@ -367,23 +386,56 @@ pub fn check_state(state: &State) -> Vec<String> {
                 ));
                 continue;
             };
-            if index >= virtual_extents {
+            // A rollback can leave a smaller volume whose older chains reach further; only
+            // a volume without versions has nothing past its end.
+            if index >= virtual_extents && versions.is_none() {
                 problems.push(format!(
                     "{}: extent {index} lies past the volume's end",
                     volume.name
                 ));
             }
-            if !allocated.get(phys) {
-                problems.push(format!(
-                    "{}: extent {index} → {phys}, not marked allocated",
-                    volume.name
-                ));
-            }
-            if let Some(other) = owners.insert(phys, (volume.name.clone(), index)) {
-                problems.push(format!(
-                    "physical extent {phys} mapped twice: {other:?} and ({}, {index})",
-                    volume.name
-                ));
+            // The chain, newest first: epochs fall strictly, every link allocated and owned
+            // once.
+            let mut link = Some(phys);
+            let mut newer_epoch: Option<Epoch> = None;
+            while let Some(phys) = link {
+                if phys >= pool.extents {
+                    problems.push(format!(
+                        "{}: extent {index}'s chain reaches outside the pool",
+                        volume.name
+                    ));
+                    break;
+                }
+                if !allocated.get(phys) {
+                    problems.push(format!(
+                        "{}: extent {index} → {phys}, not marked allocated",
+                        volume.name
+                    ));
+                }
+                if let Some(other) = owners.insert(phys, (volume.name.clone(), index)) {
+                    problems.push(format!(
+                        "physical extent {phys} mapped twice: {other:?} and ({}, {index})",
+                        volume.name
+                    ));
+                    break;
+                }
+                let record = History::decode(history.and_then(|t| t.get(phys)));
+                if newer_epoch.is_some_and(|newer| record.epoch >= newer) {
+                    problems.push(format!(
+                        "{}: extent {index}'s chain does not run newest first at {phys}",
+                        volume.name
+                    ));
+                    break;
+                }
+                let current = versions.as_ref().map_or(0, |v| v.lineage.current);
+                if record.epoch > current {
+                    problems.push(format!(
+                        "{}: extent {phys} is of epoch {} past the current {current}",
+                        volume.name, record.epoch
+                    ));
+                }
+                newer_epoch = Some(record.epoch);
+                link = record.older;
             }
         }
     }
@@ -395,6 +447,21 @@ pub fn check_state(state: &State) -> Vec<String> {
         ));
     }
     let per_extent = pool.granules_per_extent();
+    if let Some(masked) = masked {
+        let mut granule = masked.next(0, u64::MAX, true);
+        while let Some(g) = granule {
+            let extent = g / per_extent;
+            if !owners.contains_key(&extent) {
+                problems.push(format!("granule {g} is masked in unmapped extent {extent}"));
+                granule = masked.next((extent + 1) * per_extent, u64::MAX, true);
+            } else {
+                if live.get(g) {
+                    problems.push(format!("granule {g} is both live and masked"));
+                }
+                granule = masked.next(g + 1, u64::MAX, true);
+            }
+        }
+    }
     let mut granule = live.next(0, u64::MAX, true);
     while let Some(g) = granule {
         let extent = g / per_extent;

@@ -1,0 +1,395 @@
+//! Versions of thin volumes against an in-memory model of every version: random writes,
+//! discards, zeroing, snapshots, deletions in any order, rollbacks, clones and reopens; after
+//! each step every volume and every snapshot reads exactly as the model says, holes read as
+//! zeros, and the pool's records pass `check_state`.
+//!
+//! A discard may leave the bytes it covers as anything (NBD's TRIM), so the model marks them
+//! unknown until they are written again; a snapshot taken over unknown bytes records what the
+//! volume read then, and must read the same for ever after.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use proptest::prelude::*;
+use strata_backend::MemoryDevice;
+use strata_core::{BlockDevice, DeviceRef, ExtentState, WriteFlags, ZeroFlags};
+use strata_crash::testkit::block_on;
+use strata_thin::{check_state, ThinPool};
+
+mod common;
+use common::{format_pool, settings};
+
+const EXTENT: u64 = 64 << 10;
+const SIZE: u64 = 4 * EXTENT;
+
+#[derive(Clone, Debug)]
+enum Op {
+    Write {
+        volume: usize,
+        offset: u64,
+        len: u64,
+        fill: u8,
+    },
+    Discard {
+        volume: usize,
+        offset: u64,
+        len: u64,
+    },
+    Zero {
+        volume: usize,
+        offset: u64,
+        len: u64,
+        trim: bool,
+    },
+    Snapshot {
+        volume: usize,
+    },
+    Delete {
+        pick: usize,
+    },
+    Rollback {
+        pick: usize,
+    },
+    Clone {
+        pick: usize,
+    },
+    DeleteVolume {
+        volume: usize,
+    },
+    Reopen,
+}
+
+fn range() -> impl Strategy<Value = (u64, u64)> {
+    (0u64..SIZE / 512, 1u64..200).prop_map(|(start, sectors)| {
+        let offset = start * 512;
+        (offset, (sectors * 512).min(SIZE - offset))
+    })
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        8 => (any::<usize>(), range(), any::<u8>()).prop_map(|(volume, (offset, len), fill)| Op::Write { volume, offset, len, fill: fill | 1 }),
+        2 => (any::<usize>(), range()).prop_map(|(volume, (offset, len))| Op::Discard { volume, offset, len }),
+        2 => (any::<usize>(), range(), any::<bool>()).prop_map(|(volume, (offset, len), trim)| Op::Zero { volume, offset, len, trim }),
+        3 => any::<usize>().prop_map(|volume| Op::Snapshot { volume }),
+        2 => any::<usize>().prop_map(|pick| Op::Delete { pick }),
+        1 => any::<usize>().prop_map(|pick| Op::Rollback { pick }),
+        1 => any::<usize>().prop_map(|pick| Op::Clone { pick }),
+        1 => any::<usize>().prop_map(|volume| Op::DeleteVolume { volume }),
+        1 => Just(Op::Reopen),
+    ]
+}
+
+/// Bytes with a flag each: known (the model says what they are) or not (after a discard).
+#[derive(Clone, Debug)]
+struct Image {
+    bytes: Vec<u8>,
+    known: Vec<bool>,
+}
+
+impl Image {
+    fn zeros(len: u64) -> Image {
+        Image {
+            bytes: vec![0; len as usize],
+            known: vec![true; len as usize],
+        }
+    }
+
+    fn set(&mut self, offset: u64, data: &[u8]) {
+        let at = offset as usize;
+        self.bytes[at..at + data.len()].copy_from_slice(data);
+        self.known[at..at + data.len()].fill(true);
+    }
+
+    fn forget(&mut self, offset: u64, len: u64) {
+        self.known[offset as usize..(offset + len) as usize].fill(false);
+    }
+
+    /// Checks `read` against what is known, then learns the rest from it.
+    fn check_and_learn(&mut self, read: &[u8], what: &str) {
+        assert_eq!(read.len(), self.bytes.len(), "{what}: size");
+        for (at, (&got, (&want, &known))) in read
+            .iter()
+            .zip(self.bytes.iter().zip(&self.known))
+            .enumerate()
+        {
+            assert!(
+                !known || got == want,
+                "{what}: byte {at} reads {got}, the model says {want}"
+            );
+        }
+        self.bytes.copy_from_slice(read);
+        self.known.fill(true);
+    }
+}
+
+struct Model {
+    /// Volume name → what it holds.
+    volumes: BTreeMap<String, Image>,
+    /// (volume, snapshot) → what it holds (always fully known).
+    snapshots: BTreeMap<(String, String), Image>,
+    next: usize,
+}
+
+async fn read_all(device: &dyn BlockDevice) -> Vec<u8> {
+    let size = device.geometry().size;
+    let bytes = device.read(0, size as usize).await.unwrap();
+    // Every hole must read as zeros.
+    for extent in device.block_status(0, size).await.unwrap() {
+        if extent.state == ExtentState::Hole {
+            let at = extent.offset as usize;
+            assert!(
+                bytes[at..at + extent.len as usize].iter().all(|&b| b == 0),
+                "a hole at {} (+{}) reads non-zero",
+                extent.offset,
+                extent.len
+            );
+        }
+    }
+    bytes.to_vec()
+}
+
+async fn check_everything(pool: &Arc<ThinPool>, model: &mut Model) {
+    for (name, image) in model.volumes.iter_mut() {
+        let volume = pool.volume(name).unwrap();
+        let read = read_all(volume.as_ref()).await;
+        image.check_and_learn(&read, &format!("volume {name}"));
+    }
+    for ((volume, snapshot), image) in model.snapshots.iter_mut() {
+        let device = pool.snapshot_device(volume, snapshot).unwrap();
+        let read = read_all(&device).await;
+        image.check_and_learn(&read, &format!("snapshot {volume}@{snapshot}"));
+    }
+    let problems = pool.store().read(check_state);
+    assert!(problems.is_empty(), "check_state: {problems:?}");
+    // `list` knows every snapshot of the model.
+    let listed: Vec<(String, String)> = pool
+        .snapshots(None)
+        .unwrap()
+        .into_iter()
+        .map(|s| (s.volume, s.name))
+        .collect();
+    let expected: Vec<(String, String)> = model.snapshots.keys().cloned().collect();
+    let mut listed_sorted = listed.clone();
+    listed_sorted.sort();
+    assert_eq!(listed_sorted, expected, "snapshot list");
+}
+
+fn pick<T: Clone>(items: &[T], at: usize) -> Option<T> {
+    (!items.is_empty()).then(|| items[at % items.len()].clone())
+}
+
+fn run(ops: Vec<Op>) {
+    block_on(async {
+        let child: DeviceRef = Arc::new(MemoryDevice::new((2 << 20) + 512 * EXTENT));
+        let mut pool = format_pool(child.clone(), EXTENT, 2 << 20).await;
+        pool.create_volume("a", SIZE).await.unwrap();
+        pool.create_volume("b", SIZE).await.unwrap();
+        let mut model = Model {
+            volumes: [("a", SIZE), ("b", SIZE)]
+                .into_iter()
+                .map(|(n, s)| (n.to_string(), Image::zeros(s)))
+                .collect(),
+            snapshots: BTreeMap::new(),
+            next: 0,
+        };
+        for op in ops {
+            let names: Vec<String> = model.volumes.keys().cloned().collect();
+            let snapshots: Vec<(String, String)> = model.snapshots.keys().cloned().collect();
+            match op {
+                Op::Write {
+                    volume,
+                    offset,
+                    len,
+                    fill,
+                } => {
+                    let Some(name) = pick(&names, volume) else {
+                        continue;
+                    };
+                    let image = model.volumes.get_mut(&name).unwrap();
+                    if offset + len > image.bytes.len() as u64 {
+                        continue;
+                    }
+                    let data: Vec<u8> = (0..len)
+                        .map(|i| fill.wrapping_add((i / 512) as u8))
+                        .collect();
+                    let device = pool.volume(&name).unwrap();
+                    device
+                        .write(offset, Bytes::from(data.clone()), WriteFlags::default())
+                        .await
+                        .unwrap();
+                    image.set(offset, &data);
+                }
+                Op::Discard {
+                    volume,
+                    offset,
+                    len,
+                } => {
+                    let Some(name) = pick(&names, volume) else {
+                        continue;
+                    };
+                    let image = model.volumes.get_mut(&name).unwrap();
+                    if offset + len > image.bytes.len() as u64 {
+                        continue;
+                    }
+                    pool.volume(&name)
+                        .unwrap()
+                        .discard(offset, len)
+                        .await
+                        .unwrap();
+                    image.forget(offset, len);
+                }
+                Op::Zero {
+                    volume,
+                    offset,
+                    len,
+                    trim,
+                } => {
+                    let Some(name) = pick(&names, volume) else {
+                        continue;
+                    };
+                    let image = model.volumes.get_mut(&name).unwrap();
+                    if offset + len > image.bytes.len() as u64 {
+                        continue;
+                    }
+                    let flags = ZeroFlags {
+                        may_trim: trim,
+                        ..ZeroFlags::default()
+                    };
+                    pool.volume(&name)
+                        .unwrap()
+                        .write_zeroes(offset, len, flags)
+                        .await
+                        .unwrap();
+                    image.set(offset, &vec![0; len as usize]);
+                }
+                Op::Snapshot { volume } => {
+                    let Some(name) = pick(&names, volume) else {
+                        continue;
+                    };
+                    let snapshot = format!("s{}", model.next);
+                    model.next += 1;
+                    pool.create_snapshot(&name, Some(&snapshot)).await.unwrap();
+                    // The snapshot holds what the volume reads now, unknown bytes included.
+                    let read = read_all(pool.volume(&name).unwrap().as_ref()).await;
+                    let image = model.volumes.get_mut(&name).unwrap();
+                    image.check_and_learn(&read, &format!("volume {name} at snapshot"));
+                    model.snapshots.insert((name, snapshot), image.clone());
+                }
+                Op::Delete { pick: at } => {
+                    let Some((volume, snapshot)) = pick(&snapshots, at) else {
+                        continue;
+                    };
+                    pool.delete_snapshot(&volume, &snapshot).await.unwrap();
+                    model.snapshots.remove(&(volume, snapshot));
+                }
+                Op::Rollback { pick: at } => {
+                    let Some((volume, snapshot)) = pick(&snapshots, at) else {
+                        continue;
+                    };
+                    pool.rollback(&volume, &snapshot).await.unwrap();
+                    let image = model.snapshots[&(volume.clone(), snapshot)].clone();
+                    model.volumes.insert(volume, image);
+                }
+                Op::Clone { pick: at } => {
+                    let Some((volume, snapshot)) = pick(&snapshots, at) else {
+                        continue;
+                    };
+                    let clone = format!("c{}", model.next);
+                    model.next += 1;
+                    pool.clone_snapshot(&volume, &snapshot, &clone)
+                        .await
+                        .unwrap();
+                    let image = model.snapshots[&(volume, snapshot)].clone();
+                    model.volumes.insert(clone, image);
+                }
+                Op::DeleteVolume { volume } => {
+                    let Some(name) = pick(&names, volume) else {
+                        continue;
+                    };
+                    let refused = pool.delete_volume(&name).await;
+                    let has_snapshots = snapshots.iter().any(|(v, _)| *v == name);
+                    if has_snapshots {
+                        assert!(refused.is_err(), "volume {name} with snapshots was deleted");
+                    } else if refused.is_ok() {
+                        model.volumes.remove(&name);
+                    } else {
+                        // Refused only for clones made from it.
+                        let error = refused.unwrap_err().to_string();
+                        assert!(error.contains("clones"), "{error}");
+                    }
+                }
+                Op::Reopen => {
+                    pool.flush().await.unwrap();
+                    drop(pool);
+                    pool = ThinPool::open("pool", child.clone(), settings())
+                        .await
+                        .unwrap()
+                        .0;
+                }
+            }
+            check_everything(&pool, &mut model).await;
+        }
+    });
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(
+        std::env::var("PROPTEST_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(200)
+    ))]
+
+    #[test]
+    fn every_version_reads_as_the_model_says(ops in proptest::collection::vec(op(), 1..40)) {
+        run(ops);
+    }
+}
+
+#[test]
+fn a_write_after_a_snapshot_writes_only_its_own_granule_and_the_snapshot_keeps_the_rest() {
+    block_on(async {
+        let child: DeviceRef = Arc::new(MemoryDevice::new((2 << 20) + 64 * EXTENT));
+        let pool = format_pool(child, EXTENT, 2 << 20).await;
+        let volume = pool.create_volume("v", SIZE).await.unwrap();
+        let old = Bytes::from(vec![1u8; EXTENT as usize]);
+        volume
+            .write(0, old.clone(), WriteFlags::default())
+            .await
+            .unwrap();
+        pool.create_snapshot("v", Some("before")).await.unwrap();
+        let allocated = pool.allocated_extents();
+        volume
+            .write(8192, Bytes::from(vec![2u8; 4096]), WriteFlags::default())
+            .await
+            .unwrap();
+        assert_eq!(pool.allocated_extents(), allocated + 1, "one new extent");
+        let now = volume.read(0, EXTENT as usize).await.unwrap();
+        assert!(now[..8192].iter().all(|&b| b == 1));
+        assert!(now[8192..12288].iter().all(|&b| b == 2));
+        assert!(
+            now[12288..].iter().all(|&b| b == 1),
+            "the rest still comes from the old extent"
+        );
+        let snapshot = pool.snapshot_device("v", "before").unwrap();
+        assert_eq!(
+            &snapshot.read(0, EXTENT as usize).await.unwrap()[..],
+            &old[..]
+        );
+        let listed = pool.snapshots(Some("v")).unwrap();
+        assert_eq!(listed.len(), 1);
+        assert_eq!(
+            listed[0].unique_bytes, 4096,
+            "only the rewritten granule is its own"
+        );
+        assert_eq!(listed[0].shared_bytes, EXTENT - 4096);
+        // Deleting the snapshot frees nothing (the volume reads 15 of the old granules) but
+        // kills the overwritten one.
+        assert_eq!(pool.delete_snapshot("v", "before").await.unwrap(), 0);
+        assert!(
+            snapshot.read(0, 4096).await.is_err(),
+            "a deleted snapshot reads no more"
+        );
+        let problems = pool.store().read(check_state);
+        assert!(problems.is_empty(), "{problems:?}");
+    });
+}
