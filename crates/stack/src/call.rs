@@ -13,9 +13,11 @@ use anyhow::{bail, Context};
 use serde::{Deserialize, Serialize};
 use strata_core::{Control, ControlReply};
 
+use crate::build::NodeKind;
 use crate::control::ControlPlane;
 use crate::reconfig::route_verb;
 use crate::registry;
+use crate::volumes;
 
 /// A call as the admin socket carries it.
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -50,7 +52,7 @@ pub async fn call(plane: &ControlPlane, call: Call) -> anyhow::Result<serde_json
         );
     }
     // Routed under the reconfiguration lock, so the graph cannot change under the call.
-    let reconfig = plane.reconfig.lock().await;
+    let mut reconfig = plane.reconfig.lock().await;
     let target = route_verb(&reconfig.loaded, &call.layer, &call.verb)?;
     let kind = reconfig
         .loaded
@@ -78,10 +80,18 @@ pub async fn call(plane: &ControlPlane, call: Call) -> anyhow::Result<serde_json
             args,
         })
         .await;
-    drop(reconfig);
     match reply {
         Ok(ControlReply::Table(table)) => {
-            Ok(serde_json::to_value(table).context("the layer's answer")?)
+            let mut answer = serde_json::to_value(table).context("the layer's answer")?;
+            // A pool's verb may have made a volume (a clone) or ended a device (a deleted
+            // snapshot): its exports follow.
+            if matches!(node.kind, NodeKind::Maker(_)) {
+                let said = volumes::reconcile(plane, &mut reconfig, &target).await?;
+                if !said.is_empty() {
+                    answer["exports"] = serde_json::json!(said);
+                }
+            }
+            Ok(answer)
         }
         Ok(_) => bail!(
             "{target} answered {} with something other than a table",

@@ -51,6 +51,17 @@ pub enum VolumeRequest {
         /// Close the connections of clients using it instead of refusing.
         force: bool,
     },
+    /// Export a device the pool holds but does not export now: a snapshot
+    /// (`POOL/VOLUME@SNAPSHOT`, read-only).
+    Export {
+        volume: String,
+    },
+    /// End such an export (its device stays in the pool).
+    Unexport {
+        volume: String,
+        /// Close the connections of clients using it instead of refusing.
+        force: bool,
+    },
 }
 
 /// One pool in `strata volume list`.
@@ -94,6 +105,8 @@ pub async fn answer(
             shrink,
         } => resize(state, &volume, size, shrink).await,
         VolumeRequest::Delete { volume, force } => delete(state, &volume, force).await,
+        VolumeRequest::Export { volume } => export(state, &volume).await,
+        VolumeRequest::Unexport { volume, force } => unexport(state, &volume, force).await,
     };
     match &result {
         Ok(reply) => {
@@ -480,6 +493,135 @@ async fn delete(
         ));
     }
     Ok(done(summary))
+}
+
+async fn export(state: &ControlPlane, volume: &str) -> anyhow::Result<serde_json::Value> {
+    let mut reconfig = state.reconfig.lock().await;
+    let (pool_name, name) = split(volume)?;
+    let pool = find_pool(state, pool_name)?;
+    let full = format!("{pool_name}/{name}");
+    if let Some(other) = state.exports.lookup(&full) {
+        bail!("{full} is exported already ({})", other.description);
+    }
+    let device = pool.device(name).await?;
+    let read_only = device.capabilities().read_only;
+    let plan = Plan::new().then(ExportVolume {
+        pool,
+        name: name.to_string(),
+        full: full.clone(),
+        exports: state.exports.clone(),
+    });
+    apply(state, &mut reconfig, plan).await?;
+    Ok(done(format!(
+        "exported {full} ({}, {}) until it is unexported, deleted or the server stops",
+        ByteSize(device.geometry().size),
+        if read_only { "read-only" } else { "read-write" }
+    )))
+}
+
+async fn unexport(
+    state: &ControlPlane,
+    volume: &str,
+    force: bool,
+) -> anyhow::Result<serde_json::Value> {
+    let mut reconfig = state.reconfig.lock().await;
+    let (pool_name, name) = split(volume)?;
+    let full = format!("{pool_name}/{name}");
+    let export = state
+        .exports
+        .lookup(&full)
+        .with_context(|| format!("no export named {full:?}"))?;
+    if reconfig
+        .loaded
+        .config
+        .exports
+        .iter()
+        .any(|e| e.name.get_ref() == &full)
+    {
+        bail!("{full} is exported by the config: edit the config to remove it");
+    }
+    let exports = vec![export];
+    let busy = connected(&state.server, &exports);
+    if !busy.is_empty() && !force {
+        bail!(
+            "{full} is in use: client(s) connected ({}); disconnect them, or pass --force to \
+             close their connections",
+            busy.join(", ")
+        );
+    }
+    let plan = withdrawal(state, &full, exports, force);
+    apply(state, &mut reconfig, plan).await?;
+    Ok(done(format!("{full} is no longer exported")))
+}
+
+/// Withdraws `exports` of the node `full`, disconnects their clients (with `force`; without,
+/// there must be none), and detaches the node.
+fn withdrawal<'a>(
+    state: &ControlPlane,
+    full: &str,
+    exports: Vec<Arc<Export>>,
+    force: bool,
+) -> Plan<Applying<'a>> {
+    Plan::new()
+        .then(WithdrawExports {
+            exports: exports.clone(),
+            from: state.exports.clone(),
+        })
+        .then(Disconnect {
+            full: full.to_string(),
+            exports,
+            server: state.server.clone(),
+            force,
+        })
+        .then(DetachNode::new(full.to_string()))
+}
+
+/// After a pool's own verb ran (`strata call`, `strata snapshot …`): exports the volumes it
+/// made (a clone) as `<pool>/<volume>`, and ends the exports of devices it no longer holds
+/// (a deleted snapshot), closing their clients' connections. Returns what it did.
+pub async fn reconcile(
+    state: &ControlPlane,
+    reconfig: &mut Reconfig,
+    pool_name: &str,
+) -> anyhow::Result<Vec<String>> {
+    let pool = find_pool(state, pool_name)?;
+    let mut said = Vec::new();
+    let prefix = format!("{pool_name}/");
+    for name in pool.names().await? {
+        let full = format!("{prefix}{name}");
+        if state.nodes().iter().any(|n| n.name == full) {
+            continue;
+        }
+        let plan = Plan::new().then(ExportVolume {
+            pool: pool.clone(),
+            name: name.clone(),
+            full: full.clone(),
+            exports: state.exports.clone(),
+        });
+        apply(state, reconfig, plan).await?;
+        said.push(format!("exported {full}"));
+    }
+    let gone: Vec<String> = {
+        let mut gone = Vec::new();
+        for node in state.nodes() {
+            let Some(name) = node.name.strip_prefix(&prefix) else {
+                continue;
+            };
+            if pool.device(name).await.is_err() {
+                gone.push(node.name.clone());
+            }
+        }
+        gone
+    };
+    for full in gone {
+        let exports = node_device(state, &full)
+            .map(|d| exports_of(state, &d))
+            .unwrap_or_default();
+        let plan = withdrawal(state, &full, exports, true);
+        apply(state, reconfig, plan).await?;
+        said.push(format!("{full} is gone: its export ended"));
+    }
+    Ok(said)
 }
 
 fn config_text(loaded: &Loaded) -> anyhow::Result<Option<(PathBuf, DocumentMut)>> {

@@ -6,6 +6,7 @@ mod metrics_http;
 mod pool_metrics;
 mod serve;
 mod sim_forward;
+mod snapshot_cmd;
 mod status;
 mod volume_cmd;
 
@@ -131,6 +132,12 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Versions of thin volumes: snapshots taken, listed, deleted, rolled back to, cloned,
+    /// exported read-only while serving.
+    Snapshot {
+        #[command(subcommand)]
+        command: snapshot_cmd::SnapshotCommand,
+    },
     /// Create, list, resize and delete thin volumes while serving.
     Volume {
         #[command(subcommand)]
@@ -252,6 +259,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             json,
         } => call(&target, layer, verb, &args, json),
         Command::Volume { command } => volume_cmd::run(command),
+        Command::Snapshot { command } => snapshot_cmd::run(command),
         Command::Sim { args } => return sim_forward::run(&args),
         Command::Metrics { target } => {
             let reply = admin::request(&target.socket(), &AdminRequest::Metrics)?;

@@ -187,7 +187,12 @@ impl ThinPool {
 struct PoolNode(Arc<ThinPool>);
 
 impl PoolNode {
+    /// A volume, or a snapshot of one as `volume@snapshot` (read-only).
     fn volume(&self, name: &str) -> Result<ControlReply> {
+        if let Some((volume, snapshot)) = name.split_once('@') {
+            let device = self.0.snapshot_device(volume, snapshot)?;
+            return Ok(ControlReply::Device(Arc::new(device)));
+        }
         let volume = self.0.open_volume(name).ok_or_else(|| {
             BlockError::InvalidArgument(format!("the pool has no volume {name:?}"))
         })?;

@@ -537,7 +537,8 @@ impl ThinPool {
 
     /// Creates a volume of `size` bytes (a multiple of 512); it exists durably on return.
     pub async fn create_volume(self: &Arc<Self>, name: &str, size: u64) -> Result<Arc<ThinVolume>> {
-        if name.is_empty() || name.len() > 64 || name.contains('/') {
+        // `/` parts a pool from its volume and `@` a volume from its snapshot in names.
+        if name.is_empty() || name.len() > 64 || name.contains(['/', '@']) {
             return Err(BlockError::InvalidArgument(format!("volume name {name:?}")));
         }
         if size == 0 || !size.is_multiple_of(512) {

@@ -1,0 +1,287 @@
+//! `strata snapshot create|list|delete|rollback|clone|export|unexport`: versions of thin
+//! volumes (the pool's own verbs, sent through `strata call`'s path; exports through the
+//! volume requests).
+
+use anyhow::Context;
+use serde_json::Value;
+use strata_core::{out, outln, ByteSize};
+use strata_stack::call::Call;
+use strata_stack::volumes::VolumeRequest;
+
+use crate::admin::{self, AdminRequest};
+
+#[derive(clap::Subcommand)]
+pub enum SnapshotCommand {
+    /// Take a snapshot of POOL/VOLUME: every write acknowledged before it is in it, none after.
+    Create {
+        #[command(flatten)]
+        target: crate::AdminTarget,
+        /// POOL/VOLUME
+        volume: String,
+        /// The snapshot's name (default v<epoch>).
+        name: Option<String>,
+    },
+    /// List snapshots (of one pool, or of one POOL/VOLUME) with the space each alone holds.
+    List {
+        #[command(flatten)]
+        target: crate::AdminTarget,
+        /// POOL or POOL/VOLUME
+        of: String,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete a snapshot (any one, in any order); frees what only it held.
+    Delete {
+        #[command(flatten)]
+        target: crate::AdminTarget,
+        /// POOL/VOLUME
+        volume: String,
+        snapshot: String,
+    },
+    /// Make POOL/VOLUME read as SNAPSHOT again (its size too); later snapshots stay.
+    Rollback {
+        #[command(flatten)]
+        target: crate::AdminTarget,
+        /// POOL/VOLUME
+        volume: String,
+        snapshot: String,
+    },
+    /// Make a writable volume POOL/NEW that starts as SNAPSHOT, sharing its data; exported
+    /// at once as POOL/NEW.
+    Clone {
+        #[command(flatten)]
+        target: crate::AdminTarget,
+        /// POOL/VOLUME
+        volume: String,
+        snapshot: String,
+        /// The new volume's name (in the same pool).
+        new: String,
+    },
+    /// Export a snapshot read-only as POOL/VOLUME@SNAPSHOT while the volume is in use.
+    Export {
+        #[command(flatten)]
+        target: crate::AdminTarget,
+        /// POOL/VOLUME
+        volume: String,
+        snapshot: String,
+    },
+    /// End a snapshot's export.
+    Unexport {
+        #[command(flatten)]
+        target: crate::AdminTarget,
+        /// POOL/VOLUME
+        volume: String,
+        snapshot: String,
+        /// Close the connections of clients using it instead of refusing.
+        #[arg(long)]
+        force: bool,
+    },
+}
+
+/// `POOL/VOLUME` in two.
+fn split(volume: &str) -> anyhow::Result<(String, String)> {
+    match volume.split_once('/') {
+        Some((pool, name)) if !pool.is_empty() && !name.is_empty() => {
+            Ok((pool.to_string(), name.to_string()))
+        }
+        _ => anyhow::bail!("{volume:?}: name a volume as POOL/VOLUME"),
+    }
+}
+
+fn arg(name: &str, value: impl Into<String>) -> (String, Option<String>) {
+    (name.to_string(), Some(value.into()))
+}
+
+fn call(
+    target: &crate::AdminTarget,
+    layer: String,
+    verb: &str,
+    args: Vec<(String, Option<String>)>,
+) -> anyhow::Result<Value> {
+    let request = AdminRequest::Call(Call {
+        layer,
+        verb: verb.to_string(),
+        args,
+    });
+    let reply = admin::request(&target.socket(), &request)?;
+    Ok(reply["answer"].clone())
+}
+
+fn volume_request(target: &crate::AdminTarget, request: VolumeRequest) -> anyhow::Result<()> {
+    let reply = admin::request(&target.socket(), &AdminRequest::Volume(request))?;
+    outln!("{}", reply["done"].as_str().unwrap_or("done"));
+    Ok(())
+}
+
+fn freed(answer: &Value) -> String {
+    let bytes = answer["bytes-freed"].as_u64().unwrap_or(0);
+    let mut said = format!("{} freed", ByteSize(bytes));
+    for line in answer["exports"].as_array().into_iter().flatten() {
+        said.push_str(&format!("; {}", line.as_str().unwrap_or_default()));
+    }
+    said
+}
+
+pub fn run(command: SnapshotCommand) -> anyhow::Result<()> {
+    match command {
+        SnapshotCommand::Create {
+            target,
+            volume,
+            name,
+        } => {
+            let (pool, name_of_volume) = split(&volume)?;
+            let mut args = vec![arg("volume", name_of_volume)];
+            args.extend(name.map(|n| arg("name", n)));
+            let answer = call(&target, pool, "snapshot-create", args)?;
+            outln!(
+                "snapshot {volume}@{} taken (epoch {}, {})",
+                answer["snapshot"].as_str().unwrap_or("?"),
+                answer["epoch"],
+                ByteSize(answer["size"].as_u64().unwrap_or(0))
+            );
+        }
+        SnapshotCommand::List { target, of, json } => {
+            let (pool, volume) = match of.split_once('/') {
+                Some((pool, volume)) => (pool.to_string(), Some(volume.to_string())),
+                None => (of.clone(), None),
+            };
+            let args = volume.map(|v| vec![arg("volume", v)]).unwrap_or_default();
+            let answer = call(&target, pool.clone(), "snapshot-list", args)?;
+            let rows = answer["snapshots"].as_array().cloned().unwrap_or_default();
+            if json {
+                outln!("{}", serde_json::to_string_pretty(&rows)?);
+            } else {
+                out!(
+                    "{}",
+                    render(&pool, &rows).context("the server's snapshot list")?
+                );
+            }
+        }
+        SnapshotCommand::Delete {
+            target,
+            volume,
+            snapshot,
+        } => {
+            let (pool, name) = split(&volume)?;
+            let args = vec![arg("volume", name), arg("snapshot", snapshot.clone())];
+            let answer = call(&target, pool, "snapshot-delete", args)?;
+            outln!("deleted snapshot {volume}@{snapshot}: {}", freed(&answer));
+        }
+        SnapshotCommand::Rollback {
+            target,
+            volume,
+            snapshot,
+        } => {
+            let (pool, name) = split(&volume)?;
+            let args = vec![arg("volume", name), arg("snapshot", snapshot.clone())];
+            let answer = call(&target, pool, "snapshot-rollback", args)?;
+            outln!(
+                "{volume} reads as {snapshot} again: {} (connected clients see the change at once; \
+                 reconnect them if the size changed)",
+                freed(&answer)
+            );
+        }
+        SnapshotCommand::Clone {
+            target,
+            volume,
+            snapshot,
+            new,
+        } => {
+            let (pool, name) = split(&volume)?;
+            let args = vec![
+                arg("volume", name),
+                arg("snapshot", snapshot.clone()),
+                arg("clone", new.clone()),
+            ];
+            call(&target, pool.clone(), "snapshot-clone", args)?;
+            outln!("cloned {volume}@{snapshot} as {pool}/{new}, exported as \"{pool}/{new}\"");
+        }
+        SnapshotCommand::Export {
+            target,
+            volume,
+            snapshot,
+        } => volume_request(
+            &target,
+            VolumeRequest::Export {
+                volume: format!("{volume}@{snapshot}"),
+            },
+        )?,
+        SnapshotCommand::Unexport {
+            target,
+            volume,
+            snapshot,
+            force,
+        } => volume_request(
+            &target,
+            VolumeRequest::Unexport {
+                volume: format!("{volume}@{snapshot}"),
+                force,
+            },
+        )?,
+    }
+    Ok(())
+}
+
+/// The snapshot table: name, time taken, size, space it alone holds, space it shares.
+fn render(pool: &str, rows: &[Value]) -> anyhow::Result<String> {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    if rows.is_empty() {
+        out.push_str("no snapshots\n");
+        return Ok(out);
+    }
+    writeln!(
+        out,
+        "{:<36} {:>6} {:<20} {:>10} {:>10} {:>10}",
+        "snapshot", "epoch", "taken (UTC)", "size", "own", "shared"
+    )?;
+    for row in rows {
+        let text = |key: &str| row[key].as_str().unwrap_or("?").to_string();
+        let bytes = |key: &str| ByteSize(row[key].as_u64().unwrap_or(0)).to_string();
+        writeln!(
+            out,
+            "{:<36} {:>6} {:<20} {:>10} {:>10} {:>10}",
+            format!("{pool}/{}@{}", text("volume"), text("name")),
+            row["epoch"],
+            utc(row["created_ms"].as_u64().unwrap_or(0)),
+            bytes("size"),
+            bytes("unique_bytes"),
+            bytes("shared_bytes"),
+        )?;
+    }
+    Ok(out)
+}
+
+/// Milliseconds since the Unix epoch as `YYYY-MM-DD HH:MM:SS` (UTC; civil date from days,
+/// Howard Hinnant's algorithm).
+fn utc(ms: u64) -> String {
+    let secs = ms / 1000;
+    let (days, rest) = ((secs / 86_400) as i64, secs % 86_400);
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}",
+        rest / 3600,
+        rest % 3600 / 60,
+        rest % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn utc_renders_civil_dates() {
+        assert_eq!(super::utc(0), "1970-01-01 00:00:00");
+        // 2026-11-25 18:05:15 UTC
+        assert_eq!(super::utc(1_795_629_915_000), "2026-11-25 18:05:15");
+        assert_eq!(super::utc(951_782_400_000), "2000-02-29 00:00:00");
+    }
+}
