@@ -473,6 +473,18 @@ def run(argv, timeout=120, check=True, **kw) -> subprocess.CompletedProcess:
     return r
 
 
+def admin_command(srv: "Server", *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    """`strata ARGS… --data-dir DATA`: a client command against the running server."""
+    return run([STRATA_BIN, *args, "--data-dir", srv.data_dir], timeout=120, check=check)
+
+
+def admin_refused(srv: "Server", *args: str) -> str:
+    """Runs a client command that must fail; returns its stderr."""
+    r = admin_command(srv, *args, check=False)
+    assert r.returncode != 0, f"{args} was accepted: {r.stdout}"
+    return r.stderr
+
+
 def pattern_bytes(seed: int, n: int) -> bytes:
     import random
 

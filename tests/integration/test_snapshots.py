@@ -11,7 +11,7 @@ import subprocess
 
 import nbd
 
-from harness import (MiB, STRATA_BIN, Disk, Export, Layer, ServerSpec, Volume, nbd_handle, pattern_bytes,
+from harness import (admin_command, admin_refused, MiB, STRATA_BIN, Disk, Export, Layer, ServerSpec, Volume, nbd_handle, pattern_bytes,
                      requires_strata, run)
 
 pytestmark = requires_strata()
@@ -29,17 +29,11 @@ def spec() -> ServerSpec:
 
 
 def snapshot(srv, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    argv = [str(STRATA_BIN), "snapshot", *args, "--data-dir", str(srv.data_dir)]
-    r = subprocess.run(argv, capture_output=True, text=True, timeout=120)
-    if check:
-        assert r.returncode == 0, f"{argv} exited {r.returncode}\nstdout:{r.stdout}\nstderr:{r.stderr}"
-    return r
+    return admin_command(srv, "snapshot", *args, check=check)
 
 
 def refused(srv, *args: str) -> str:
-    r = snapshot(srv, *args, check=False)
-    assert r.returncode != 0, f"{args} was accepted: {r.stdout}"
-    return r.stderr
+    return admin_refused(srv, "snapshot", *args)
 
 
 def listed(srv, of: str = "pool/v") -> dict[str, dict]:

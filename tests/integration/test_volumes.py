@@ -11,7 +11,7 @@ import subprocess
 import nbd
 import pytest
 
-from harness import (MiB, GiB, STRATA_BIN, Disk, Export, Layer, ServerSpec, Volume, nbd_handle, pattern_bytes,
+from harness import (admin_command, admin_refused, MiB, GiB, STRATA_BIN, Disk, Export, Layer, ServerSpec, Volume, nbd_handle, pattern_bytes,
                      requires_strata, run)
 
 pytestmark = requires_strata()
@@ -30,17 +30,11 @@ def spec() -> ServerSpec:
 
 
 def volume(srv, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    argv = [str(STRATA_BIN), "volume", *args, "--data-dir", str(srv.data_dir)]
-    r = subprocess.run(argv, capture_output=True, text=True, timeout=60)
-    if check:
-        assert r.returncode == 0, f"{argv} exited {r.returncode}\nstdout:{r.stdout}\nstderr:{r.stderr}"
-    return r
+    return admin_command(srv, "volume", *args, check=check)
 
 
 def refused(srv, *args: str) -> str:
-    r = volume(srv, *args, check=False)
-    assert r.returncode != 0, f"{args} was accepted: {r.stdout}"
-    return r.stderr
+    return admin_refused(srv, "volume", *args)
 
 
 def listing(srv) -> dict:

@@ -131,6 +131,17 @@ fn split(volume: &str) -> anyhow::Result<(&str, &str)> {
     }
 }
 
+/// What a volume request names: `POOL/NAME` split, the pool found, and `POOL/NAME` again
+/// (the node's and the default export's name).
+fn target<'a>(
+    state: &ControlPlane,
+    volume: &'a str,
+) -> anyhow::Result<(&'a str, &'a str, Pool, String)> {
+    let (pool_name, name) = split(volume)?;
+    let pool = find_pool(state, pool_name)?;
+    Ok((pool_name, name, pool, format!("{pool_name}/{name}")))
+}
+
 /// A node whose devices are made by control verbs (a thin pool), as the volume plans use it:
 /// every change goes through the verbs its kind declares, so any such kind works here.
 #[derive(Clone)]
@@ -305,9 +316,7 @@ async fn create(
     size: u64,
 ) -> anyhow::Result<serde_json::Value> {
     let mut reconfig = state.reconfig.lock().await;
-    let (pool_name, name) = split(volume)?;
-    let pool = find_pool(state, pool_name)?;
-    let full = format!("{pool_name}/{name}");
+    let (_, name, pool, full) = target(state, volume)?;
     config::check_name(name).map_err(|e| anyhow::anyhow!("volume {full}: {e}"))?;
     check_size(&full, size)?;
     if pool.size_of(name).await?.is_some() {
@@ -325,12 +334,7 @@ async fn create(
             name: name.to_string(),
             size,
         })
-        .then(ExportVolume {
-            pool,
-            name: name.to_string(),
-            full: full.clone(),
-            exports: state.exports.clone(),
-        });
+        .then(ExportVolume::new(state, pool, name, &full));
     apply(state, &mut reconfig, plan).await?;
     Ok(done(format!(
         "created volume {full} of {} ({size} bytes), exported as {full:?}",
@@ -354,9 +358,7 @@ async fn resize(
     shrink: bool,
 ) -> anyhow::Result<serde_json::Value> {
     let mut reconfig = state.reconfig.lock().await;
-    let (pool_name, name) = split(volume)?;
-    let pool = find_pool(state, pool_name)?;
-    let full = format!("{pool_name}/{name}");
+    let (pool_name, name, pool, full) = target(state, volume)?;
     let old = (pool.size_of(name).await?)
         .with_context(|| format!("no volume {full} in pool {pool_name}"))?;
     check_size(&full, size)?;
@@ -426,9 +428,7 @@ async fn delete(
     force: bool,
 ) -> anyhow::Result<serde_json::Value> {
     let mut reconfig = state.reconfig.lock().await;
-    let (pool_name, name) = split(volume)?;
-    let pool = find_pool(state, pool_name)?;
-    let full = format!("{pool_name}/{name}");
+    let (pool_name, name, pool, full) = target(state, volume)?;
     if pool.size_of(name).await?.is_none() {
         bail!("no volume {full} in pool {pool_name}");
     }
@@ -440,14 +440,7 @@ async fn delete(
         .as_ref()
         .map(|d| exports_of(state, d))
         .unwrap_or_default();
-    let busy = connected(&state.server, &exports);
-    if !busy.is_empty() && !force {
-        bail!(
-            "volume {full} is in use: client(s) connected ({}); disconnect them, or pass \
-             --force to close their connections",
-            busy.join(", ")
-        );
-    }
+    refuse_if_busy(state, &format!("volume {full}"), &exports, force)?;
     // Prepared and validated before anything changes. The config is recorded before the
     // volume is deleted: a crash between them leaves the volume in the pool, exported under
     // its default name at the next start, rather than a config that would create it again.
@@ -497,20 +490,13 @@ async fn delete(
 
 async fn export(state: &ControlPlane, volume: &str) -> anyhow::Result<serde_json::Value> {
     let mut reconfig = state.reconfig.lock().await;
-    let (pool_name, name) = split(volume)?;
-    let pool = find_pool(state, pool_name)?;
-    let full = format!("{pool_name}/{name}");
+    let (_, name, pool, full) = target(state, volume)?;
     if let Some(other) = state.exports.lookup(&full) {
         bail!("{full} is exported already ({})", other.description);
     }
     let device = pool.device(name).await?;
     let read_only = device.capabilities().read_only;
-    let plan = Plan::new().then(ExportVolume {
-        pool,
-        name: name.to_string(),
-        full: full.clone(),
-        exports: state.exports.clone(),
-    });
+    let plan = Plan::new().then(ExportVolume::new(state, pool, name, &full));
     apply(state, &mut reconfig, plan).await?;
     Ok(done(format!(
         "exported {full} ({}, {}) until it is unexported, deleted or the server stops",
@@ -541,14 +527,7 @@ async fn unexport(
         bail!("{full} is exported by the config: edit the config to remove it");
     }
     let exports = vec![export];
-    let busy = connected(&state.server, &exports);
-    if !busy.is_empty() && !force {
-        bail!(
-            "{full} is in use: client(s) connected ({}); disconnect them, or pass --force to \
-             close their connections",
-            busy.join(", ")
-        );
-    }
+    refuse_if_busy(state, &full, &exports, force)?;
     let plan = withdrawal(state, &full, exports, force);
     apply(state, &mut reconfig, plan).await?;
     Ok(done(format!("{full} is no longer exported")))
@@ -592,12 +571,7 @@ pub async fn reconcile(
         if state.nodes().iter().any(|n| n.name == full) {
             continue;
         }
-        let plan = Plan::new().then(ExportVolume {
-            pool: pool.clone(),
-            name: name.clone(),
-            full: full.clone(),
-            exports: state.exports.clone(),
-        });
+        let plan = Plan::new().then(ExportVolume::new(state, pool.clone(), &name, &full));
         apply(state, reconfig, plan).await?;
         said.push(format!("exported {full}"));
     }
@@ -834,6 +808,17 @@ struct ExportVolume {
     exports: Arc<Exports>,
 }
 
+impl ExportVolume {
+    fn new(state: &ControlPlane, pool: Pool, name: &str, full: &str) -> Self {
+        ExportVolume {
+            pool,
+            name: name.to_string(),
+            full: full.to_string(),
+            exports: state.exports.clone(),
+        }
+    }
+}
+
 #[async_trait]
 impl<'a> Step<Applying<'a>> for ExportVolume {
     fn describe(&self) -> String {
@@ -966,6 +951,24 @@ impl<'a> Step<Applying<'a>> for Disconnect {
 }
 
 /// "N on export E" for each of `exports` that has clients.
+/// Refuses to go on while clients use `exports`, unless `force` (they are disconnected then).
+fn refuse_if_busy(
+    state: &ControlPlane,
+    what: &str,
+    exports: &[Arc<Export>],
+    force: bool,
+) -> anyhow::Result<()> {
+    let busy = connected(&state.server, exports);
+    if !busy.is_empty() && !force {
+        bail!(
+            "{what} is in use: client(s) connected ({}); disconnect them, or pass --force to \
+             close their connections",
+            busy.join(", ")
+        );
+    }
+    Ok(())
+}
+
 fn connected(server: &Server, exports: &[Arc<Export>]) -> Vec<String> {
     exports
         .iter()

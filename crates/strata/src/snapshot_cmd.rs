@@ -108,6 +108,18 @@ fn call(
     Ok(reply["answer"].clone())
 }
 
+/// A verb on one snapshot of POOL/VOLUME.
+fn on_snapshot(
+    target: &crate::AdminTarget,
+    volume: &str,
+    snapshot: &str,
+    verb: &str,
+) -> anyhow::Result<Value> {
+    let (pool, name) = split(volume)?;
+    let args = vec![arg("volume", name), arg("snapshot", snapshot)];
+    call(target, pool, verb, args)
+}
+
 fn volume_request(target: &crate::AdminTarget, request: VolumeRequest) -> anyhow::Result<()> {
     let reply = admin::request(&target.socket(), &AdminRequest::Volume(request))?;
     outln!("{}", reply["done"].as_str().unwrap_or("done"));
@@ -163,9 +175,7 @@ pub fn run(command: SnapshotCommand) -> anyhow::Result<()> {
             volume,
             snapshot,
         } => {
-            let (pool, name) = split(&volume)?;
-            let args = vec![arg("volume", name), arg("snapshot", snapshot.clone())];
-            let answer = call(&target, pool, "snapshot-delete", args)?;
+            let answer = on_snapshot(&target, &volume, &snapshot, "snapshot-delete")?;
             outln!("deleted snapshot {volume}@{snapshot}: {}", freed(&answer));
         }
         SnapshotCommand::Rollback {
@@ -173,9 +183,7 @@ pub fn run(command: SnapshotCommand) -> anyhow::Result<()> {
             volume,
             snapshot,
         } => {
-            let (pool, name) = split(&volume)?;
-            let args = vec![arg("volume", name), arg("snapshot", snapshot.clone())];
-            let answer = call(&target, pool, "snapshot-rollback", args)?;
+            let answer = on_snapshot(&target, &volume, &snapshot, "snapshot-rollback")?;
             outln!(
                 "{volume} reads as {snapshot} again: {} (connected clients see the change at once; \
                  reconnect them if the size changed)",

@@ -10,7 +10,10 @@
 use std::ops::Range;
 use std::sync::Arc;
 
+use strata_core::{push_extent, Extent, ExtentState};
 use strata_meta::{ObjectId, State};
+
+use crate::map::{Piece, GRANULE};
 
 use crate::records::History;
 use crate::versions::{Epoch, Lineage};
@@ -126,5 +129,31 @@ impl ChainIds {
             }
         }
         runs
+    }
+}
+
+/// Appends a piece's runs as block-status extents (data, or a hole for zeros) to `extents`;
+/// `offset` is where the request the piece belongs to starts.
+pub fn push_sources(
+    extents: &mut Vec<Extent>,
+    offset: u64,
+    piece: &Piece,
+    sources: &[(Range<u64>, Source)],
+) {
+    for (granules, source) in sources {
+        let start = (granules.start * GRANULE).max(piece.within);
+        let end = (granules.end * GRANULE).min(piece.within + piece.len);
+        let state = match source {
+            Source::Data(_) => ExtentState::Data,
+            Source::Zero => ExtentState::Hole,
+        };
+        push_extent(
+            extents,
+            Extent {
+                offset: offset + piece.done + (start - piece.within),
+                len: end - start,
+                state,
+            },
+        );
     }
 }

@@ -425,6 +425,19 @@ impl ThinPool {
         Ok(())
     }
 
+    /// The geometry of a device of `size` bytes made from this pool (a volume, a snapshot).
+    pub(crate) fn device_geometry(&self, size: u64) -> strata_core::Geometry {
+        let child = self.child.geometry();
+        strata_core::Geometry {
+            size,
+            min_io: child.min_io.max(512),
+            logical_block: 512,
+            physical_block: 4096,
+            preferred_io: GRANULE as u32,
+            max_io: child.max_io.min(32 << 20),
+        }
+    }
+
     /// What a walk down the chains needs.
     pub(crate) fn chain_ids(&self) -> ChainIds {
         let versions = self.version_ids.get();
@@ -546,30 +559,42 @@ impl ThinPool {
                 "volume size {size} is not a positive multiple of 512"
             )));
         }
-        let ids = self.ids;
         let record = self.store.transact(TxnClass::Normal, |state, txn| {
-            let mut volumes = decode_volumes(state.blob(ids.volumes).unwrap_or(&[]))
-                .map_err(BlockError::InvalidArgument)?;
-            if volumes.iter().any(|v| v.name == name) {
-                return Err(BlockError::InvalidArgument(format!("volume {name} exists")));
-            }
-            let mut pool = PoolRecord::decode(state.blob(ids.pool).unwrap_or(&[]))
-                .map_err(BlockError::InvalidArgument)?;
-            let record = VolumeRecord {
-                id: pool.next_volume,
-                size,
-                name: name.to_string(),
-            };
-            pool.next_volume += 1;
-            volumes.push(record.clone());
-            txn.put_blob(ids.pool, pool.encode());
-            txn.put_blob(ids.volumes, encode_volumes(&volumes));
-            txn.create_table(&map_name(record.id), 4);
-            Ok(record)
+            self.stage_volume(state, txn, name, size)
         })?;
         self.store.commit().await?;
         tracing::info!(pool = %self.name, volume = name, size, "thin volume created");
         self.attach(record)
+    }
+
+    /// Stages a new volume (its record, the next id, an empty map) in `txn`; refused if the
+    /// name is taken.
+    pub(crate) fn stage_volume(
+        &self,
+        state: &strata_meta::State,
+        txn: &mut strata_meta::Txn,
+        name: &str,
+        size: u64,
+    ) -> Result<VolumeRecord> {
+        let ids = self.ids;
+        let mut volumes = decode_volumes(state.blob(ids.volumes).unwrap_or(&[]))
+            .map_err(BlockError::InvalidArgument)?;
+        if volumes.iter().any(|v| v.name == name) {
+            return Err(BlockError::InvalidArgument(format!("volume {name} exists")));
+        }
+        let mut pool = PoolRecord::decode(state.blob(ids.pool).unwrap_or(&[]))
+            .map_err(BlockError::InvalidArgument)?;
+        let record = VolumeRecord {
+            id: pool.next_volume,
+            size,
+            name: name.to_string(),
+        };
+        pool.next_volume += 1;
+        volumes.push(record.clone());
+        txn.put_blob(ids.pool, pool.encode());
+        txn.put_blob(ids.volumes, encode_volumes(&volumes));
+        txn.create_table(&map_name(record.id), 4);
+        Ok(record)
     }
 
     /// A handle on the named volume. Handles share all state through the pool.

@@ -122,25 +122,57 @@ pub fn encode_volumes(volumes: &[VolumeRecord]) -> Vec<u8> {
 }
 
 pub fn decode_volumes(bytes: &[u8]) -> Result<Vec<VolumeRecord>, String> {
-    let mut at = 0usize;
-    let mut take = |len: usize| -> Result<&[u8], String> {
-        let slice = bytes
-            .get(at..at + len)
-            .ok_or_else(|| format!("volume list is short at byte {at}"))?;
-        at += len;
-        Ok(slice)
-    };
-    let count = u32::from_le_bytes(take(4)?.try_into().unwrap());
+    let mut fields = Fields::new(bytes, "volume list");
+    let count = fields.u32()?;
     let mut volumes = Vec::new();
     for _ in 0..count {
-        let id = u32::from_le_bytes(take(4)?.try_into().unwrap());
-        let size = u64::from_le_bytes(take(8)?.try_into().unwrap());
-        let len = take(1)?[0] as usize;
-        let name =
-            String::from_utf8(take(len)?.to_vec()).map_err(|_| "volume name is not UTF-8")?;
+        let id = fields.u32()?;
+        let size = fields.u64()?;
+        let name = fields.name()?;
         volumes.push(VolumeRecord { id, size, name });
     }
     Ok(volumes)
+}
+
+/// Reads a record's little-endian fields in order, saying where it fell short.
+struct Fields<'a> {
+    bytes: &'a [u8],
+    at: usize,
+    what: &'static str,
+}
+
+impl<'a> Fields<'a> {
+    fn new(bytes: &'a [u8], what: &'static str) -> Self {
+        Fields { bytes, at: 0, what }
+    }
+
+    fn take(&mut self, len: usize) -> Result<&'a [u8], String> {
+        let slice = self
+            .bytes
+            .get(self.at..self.at + len)
+            .ok_or_else(|| format!("{} is short at byte {}", self.what, self.at))?;
+        self.at += len;
+        Ok(slice)
+    }
+
+    fn u8(&mut self) -> Result<u8, String> {
+        Ok(self.take(1)?[0])
+    }
+
+    fn u32(&mut self) -> Result<u32, String> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().unwrap()))
+    }
+
+    fn u64(&mut self) -> Result<u64, String> {
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().unwrap()))
+    }
+
+    /// A name: one length byte, then UTF-8.
+    fn name(&mut self) -> Result<String, String> {
+        let len = self.u8()? as usize;
+        String::from_utf8(self.take(len)?.to_vec())
+            .map_err(|_| format!("a name in the {} is not UTF-8", self.what))
+    }
 }
 
 /// A physical extent's place in its chain (the `history` table).
@@ -234,33 +266,20 @@ impl VersionsRecord {
     }
 
     pub fn decode(bytes: &[u8]) -> Result<VersionsRecord, String> {
-        let mut at = 0usize;
-        let mut take = |len: usize| -> Result<&[u8], String> {
-            let slice = bytes
-                .get(at..at + len)
-                .ok_or_else(|| format!("versions record is short at byte {at}"))?;
-            at += len;
-            Ok(slice)
-        };
-        fn u32_of(b: &[u8]) -> u32 {
-            u32::from_le_bytes(b.try_into().unwrap())
-        }
-        fn u64_of(b: &[u8]) -> u64 {
-            u64::from_le_bytes(b.try_into().unwrap())
-        }
-        let version = u32_of(take(4)?);
+        let mut fields = Fields::new(bytes, "versions record");
+        let version = fields.u32()?;
         if version != VERSIONS_RECORD_VERSION {
             return Err(format!("versions record version {version}"));
         }
-        let current = u32_of(take(4)?);
-        let jumps = u32_of(take(4)?);
+        let current = fields.u32()?;
+        let jumps = fields.u32()?;
         let mut lineage = Lineage {
             current,
             jumps: Default::default(),
         };
         for _ in 0..jumps {
-            let epoch = u32_of(take(4)?);
-            let parent = u32_of(take(4)?);
+            let epoch = fields.u32()?;
+            let parent = fields.u32()?;
             if parent >= epoch || epoch > current {
                 return Err(format!(
                     "epoch {epoch} has parent {parent} (current {current})"
@@ -268,23 +287,21 @@ impl VersionsRecord {
             }
             lineage.jumps.insert(epoch, parent);
         }
-        let base = match take(1)?[0] {
+        let base = match fields.u8()? {
             0 => None,
             1 => Some(Base {
-                volume: u32_of(take(4)?),
-                epoch: u32_of(take(4)?),
+                volume: fields.u32()?,
+                epoch: fields.u32()?,
             }),
             other => return Err(format!("base marker {other}")),
         };
-        let count = u32_of(take(4)?);
+        let count = fields.u32()?;
         let mut snapshots = Vec::new();
         for _ in 0..count {
-            let epoch = u32_of(take(4)?);
-            let created_ms = u64_of(take(8)?);
-            let size = u64_of(take(8)?);
-            let len = take(1)?[0] as usize;
-            let name = String::from_utf8(take(len)?.to_vec())
-                .map_err(|_| "snapshot name is not UTF-8".to_string())?;
+            let epoch = fields.u32()?;
+            let created_ms = fields.u64()?;
+            let size = fields.u64()?;
+            let name = fields.name()?;
             if epoch >= current {
                 return Err(format!(
                     "snapshot {name} pins epoch {epoch}, not before {current}"
@@ -473,4 +490,51 @@ pub fn check_state(state: &State) -> Vec<String> {
         }
     }
     problems
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_versions_record_round_trips_and_damage_is_named() {
+        let mut lineage = Lineage::default();
+        lineage.advance();
+        lineage.advance();
+        lineage.branch(0);
+        let record = VersionsRecord {
+            lineage,
+            snapshots: vec![SnapshotRecord {
+                name: "nightly".into(),
+                epoch: 1,
+                created_ms: 1_795_629_915_000,
+                size: 1 << 30,
+            }],
+            base: Some(Base {
+                volume: 3,
+                epoch: 7,
+            }),
+        };
+        let bytes = record.encode();
+        assert_eq!(VersionsRecord::decode(&bytes).unwrap(), record);
+        let short = VersionsRecord::decode(&bytes[..bytes.len() - 1]).unwrap_err();
+        assert!(short.contains("versions record is short"), "{short}");
+        let mut future = bytes.clone();
+        future[0] = 9;
+        assert!(VersionsRecord::decode(&future)
+            .unwrap_err()
+            .contains("version 9"));
+        // A snapshot can only pin an epoch before the current one.
+        let mut bad = record.clone();
+        bad.snapshots[0].epoch = bad.lineage.current;
+        assert!(VersionsRecord::decode(&bad.encode())
+            .unwrap_err()
+            .contains("pins epoch"));
+        let history = History {
+            epoch: 5,
+            older: Some(0),
+        };
+        assert_eq!(History::decode(Some(&history.encode())), history);
+        assert_eq!(History::decode(None), History::default());
+    }
 }

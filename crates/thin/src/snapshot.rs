@@ -20,8 +20,8 @@ use crate::chain::{Layer, Reading};
 use crate::map::GRANULE;
 use crate::pool::ThinPool;
 use crate::records::{
-    self, decode_volumes, encode_volumes, map_name, versions_name, Base, History, PoolRecord,
-    SnapshotRecord, VersionsRecord, VolumeRecord,
+    self, decode_volumes, encode_volumes, versions_name, Base, History, PoolRecord, SnapshotRecord,
+    VersionsRecord, VolumeRecord,
 };
 use crate::versions::{self, check_name, Epoch, Granules, Link};
 use crate::volume::{HeadView, ThinVolume};
@@ -330,27 +330,8 @@ impl ThinPool {
         let quiet = self.quiesce().await;
         let (origin, _) = self.volume_record(volume)?;
         let source = self.find_snapshot(origin.id, volume, snapshot)?;
-        let ids = self.ids;
         let record = self.store.transact(TxnClass::Normal, |state, txn| {
-            let mut volumes = decode_volumes(state.blob(ids.volumes).unwrap_or(&[]))
-                .map_err(|e| corrupt(&self.name, e))?;
-            if volumes.iter().any(|v| v.name == new_volume) {
-                return Err(BlockError::InvalidArgument(format!(
-                    "volume {new_volume} exists"
-                )));
-            }
-            let mut pool = PoolRecord::decode(state.blob(ids.pool).unwrap_or(&[]))
-                .map_err(|e| corrupt(&self.name, e))?;
-            let record = VolumeRecord {
-                id: pool.next_volume,
-                size: source.size,
-                name: new_volume.to_string(),
-            };
-            pool.next_volume += 1;
-            volumes.push(record.clone());
-            txn.put_blob(ids.pool, pool.encode());
-            txn.put_blob(ids.volumes, encode_volumes(&volumes));
-            txn.create_table(&map_name(record.id), 4);
+            let record = self.stage_volume(state, txn, new_volume, source.size)?;
             let versions = VersionsRecord {
                 base: Some(Base {
                     volume: origin.id,

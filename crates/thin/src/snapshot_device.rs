@@ -2,18 +2,22 @@
 //! reported. It reads the volume's chains at the snapshot's epoch; extents a snapshot sees are
 //! never written in place (`Lineage::shared_limit`), so its bytes cannot change under it.
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 use strata_core::{
-    async_trait, push_extent, BlockDevice, BlockError, Capabilities, Extent, ExtentState, Geometry,
-    Result, WriteFlags, ZeroFlags,
+    async_trait, BlockDevice, BlockError, Capabilities, Extent, Geometry, Result, WriteFlags,
+    ZeroFlags,
 };
 
-use crate::chain::{Reading, Source};
-use crate::map::{pieces, Piece, GRANULE};
+use crate::chain::{push_sources, Reading, Source};
+use crate::map::{pieces, Piece};
 use crate::pool::{lock_key, ThinPool};
 use crate::versions::Epoch;
+
+/// A held lock stripe.
+type Stripe<'a> = tokio::sync::RwLockReadGuard<'a, ()>;
 
 pub struct SnapshotDevice {
     pub(crate) pool: Arc<ThinPool>,
@@ -31,9 +35,14 @@ impl SnapshotDevice {
         &self.name
     }
 
-    /// Where the piece's granules are read from, if the snapshot still exists. The caller
-    /// holds the piece's stripe, so a deletion's cleanup cannot free them meanwhile.
-    fn sources(&self, piece: &Piece) -> Result<Vec<(std::ops::Range<u64>, Source)>> {
+    /// Where the piece's granules are read from, if the snapshot still exists, with the
+    /// piece's stripe held so that a deletion's cleanup cannot free them meanwhile.
+    async fn sources(&self, piece: &Piece) -> Result<(Stripe<'_>, Vec<(Range<u64>, Source)>)> {
+        let stripe = self
+            .pool
+            .extent_locks()
+            .read(lock_key(self.volume, piece.extent))
+            .await;
         let exists = self
             .pool
             .snapshot_epochs
@@ -47,25 +56,16 @@ impl SnapshotDevice {
             )));
         }
         let ids = self.pool.chain_ids();
-        Ok(self
-            .pool
-            .store
-            .read(|state| ids.resolve(state, &self.reading, piece.extent, piece.granules())))
+        let sources = (self.pool.store)
+            .read(|state| ids.resolve(state, &self.reading, piece.extent, piece.granules()));
+        Ok((stripe, sources))
     }
 }
 
 #[async_trait]
 impl BlockDevice for SnapshotDevice {
     fn geometry(&self) -> Geometry {
-        let child = self.pool.child.geometry();
-        Geometry {
-            size: self.size,
-            min_io: child.min_io.max(512),
-            logical_block: 512,
-            physical_block: 4096,
-            preferred_io: GRANULE as u32,
-            max_io: child.max_io.min(32 << 20),
-        }
+        self.pool.device_geometry(self.size)
     }
 
     fn capabilities(&self) -> Capabilities {
@@ -81,12 +81,7 @@ impl BlockDevice for SnapshotDevice {
         self.geometry().check_range(offset, len as u64)?;
         let mut out = BytesMut::with_capacity(len);
         for piece in pieces(offset, len as u64, self.pool.extent_size()) {
-            let _shared = self
-                .pool
-                .extent_locks()
-                .read(lock_key(self.volume, piece.extent))
-                .await;
-            let sources = self.sources(&piece)?;
+            let (_stripe, sources) = self.sources(&piece).await?;
             self.pool.read_sources(&piece, &sources, &mut out).await?;
         }
         Ok(out)
@@ -115,27 +110,8 @@ impl BlockDevice for SnapshotDevice {
         self.geometry().check_range(offset, len)?;
         let mut extents = Vec::new();
         for piece in pieces(offset, len, self.pool.extent_size()) {
-            let _shared = self
-                .pool
-                .extent_locks()
-                .read(lock_key(self.volume, piece.extent))
-                .await;
-            for (granules, source) in self.sources(&piece)? {
-                let start = (granules.start * GRANULE).max(piece.within);
-                let end = (granules.end * GRANULE).min(piece.within + piece.len);
-                let state = match source {
-                    Source::Data(_) => ExtentState::Data,
-                    Source::Zero => ExtentState::Hole,
-                };
-                push_extent(
-                    &mut extents,
-                    Extent {
-                        offset: offset + piece.done + (start - piece.within),
-                        len: end - start,
-                        state,
-                    },
-                );
-            }
+            let (_stripe, sources) = self.sources(&piece).await?;
+            push_sources(&mut extents, offset, &piece, &sources);
         }
         Ok(extents)
     }

@@ -11,12 +11,12 @@ use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 use strata_core::{
-    async_trait, push_extent, BlockDevice, BlockError, Capabilities, Control, ControlReply, Extent,
-    ExtentState, Geometry, NodeStatus, Result, WriteFlags, ZeroFlags,
+    async_trait, BlockDevice, BlockError, Capabilities, Control, ControlReply, Extent, Geometry,
+    NodeStatus, Result, WriteFlags, ZeroFlags,
 };
 use strata_meta::{ObjectId, State, TxnClass};
 
-use super::chain::{Reading, Source};
+use super::chain::{push_sources, Reading, Source};
 use super::map::{pieces, runs, Piece, GRANULE};
 use super::policy::MapCommit;
 use super::pool::{lock_key, ThinPool};
@@ -535,16 +535,8 @@ impl ThinVolume {
 #[async_trait]
 impl BlockDevice for ThinVolume {
     fn geometry(&self) -> Geometry {
-        let child = self.pool.child.geometry();
-        Geometry {
-            // Live: a resize or delete through the pool shows in handles already open.
-            size: self.live_size(),
-            min_io: child.min_io.max(512),
-            logical_block: 512,
-            physical_block: 4096,
-            preferred_io: GRANULE as u32,
-            max_io: child.max_io.min(32 << 20),
-        }
+        // Live: a resize or delete through the pool shows in handles already open.
+        self.pool.device_geometry(self.live_size())
     }
 
     fn capabilities(&self) -> Capabilities {
@@ -618,23 +610,8 @@ impl BlockDevice for ThinVolume {
         let view = self.head_view();
         let mut extents = Vec::new();
         for piece in pieces(offset, len, self.extent_size()) {
-            let piece_start = offset + piece.done;
-            for (granules, source) in self.sources(view.as_deref(), &piece) {
-                let start = (granules.start * GRANULE).max(piece.within);
-                let end = (granules.end * GRANULE).min(piece.within + piece.len);
-                let state = match source {
-                    Source::Data(_) => ExtentState::Data,
-                    Source::Zero => ExtentState::Hole,
-                };
-                push_extent(
-                    &mut extents,
-                    Extent {
-                        offset: piece_start + (start - piece.within),
-                        len: end - start,
-                        state,
-                    },
-                );
-            }
+            let sources = self.sources(view.as_deref(), &piece);
+            push_sources(&mut extents, offset, &piece, &sources);
         }
         Ok(extents)
     }

@@ -211,17 +211,9 @@ async fn hardening_scenario(seed: u64, mode: MapCommit) -> Result<CrashStats, St
             }
             let roll = rng.random_range(0..100u32);
             if roll < 10 {
-                let id = model.flush_started();
-                match volume.flush().await {
-                    Ok(()) => model.flush_completed(id),
-                    Err(_) => model.flush_failed(id),
-                }
-                log.push("flush".to_string());
+                flush_recorded(&mut model, &volume, &mut log).await;
             } else if roll < 25 {
-                let granules = VOLUME / 4096;
-                let first = rng.random_range(0..granules);
-                let count = rng.random_range(1..=(granules - first).min(24));
-                let (offset, len) = (first * 4096, count * 4096);
+                let (offset, len) = random_granules(&mut rng);
                 let id = model.zeroes_started(offset, len);
                 match volume.discard(offset, len).await {
                     Ok(()) => model.write_completed(id, false),
@@ -229,10 +221,7 @@ async fn hardening_scenario(seed: u64, mode: MapCommit) -> Result<CrashStats, St
                 }
                 log.push(format!("{id} discard [{offset}, +{len})"));
             } else {
-                let sectors = VOLUME / 512;
-                let first = rng.random_range(0..sectors);
-                let count = rng.random_range(1..=(sectors - first).min(256));
-                let (offset, len) = (first * 512, count * 512);
+                let (offset, len) = random_sectors(&mut rng);
                 let fua = rng.random_bool(0.1);
                 let (id, data) = model.pattern_write_started(offset, len as usize);
                 let txns = volume.pool().store().next_txn();
@@ -294,6 +283,32 @@ fn versions_keep_every_completed_snapshot_and_flushed_write_through_power_cuts()
     };
     let summary = run.run_async(versions_scenario);
     assert!(summary.crash_points >= summary.iterations);
+}
+
+/// A run of up to 24 whole 4 KiB granules of the volume.
+fn random_granules(rng: &mut CrashRng) -> (u64, u64) {
+    let granules = VOLUME / 4096;
+    let first = rng.random_range(0..granules);
+    let count = rng.random_range(1..=(granules - first).min(24));
+    (first * 4096, count * 4096)
+}
+
+/// A run of up to 256 sectors of the volume.
+fn random_sectors(rng: &mut CrashRng) -> (u64, u64) {
+    let sectors = VOLUME / 512;
+    let first = rng.random_range(0..sectors);
+    let count = rng.random_range(1..=(sectors - first).min(256));
+    (first * 512, count * 512)
+}
+
+/// A flush of the volume, as the model sees it.
+async fn flush_recorded(model: &mut DeviceModel, volume: &ThinVolume, log: &mut Vec<String>) {
+    let id = model.flush_started();
+    match BlockDevice::flush(volume).await {
+        Ok(()) => model.flush_completed(id),
+        Err(_) => model.flush_failed(id),
+    }
+    log.push("flush".to_string());
 }
 
 /// Room for the versions' extents: 1 MiB of metadata and 128 extents.
@@ -358,17 +373,9 @@ async fn versions_scenario(seed: u64) -> Result<CrashStats, String> {
             let roll = rng.random_range(0..100u32);
             let names: Vec<String> = snapshots.keys().cloned().collect();
             if roll < 8 {
-                let id = model.flush_started();
-                match volume.flush().await {
-                    Ok(()) => model.flush_completed(id),
-                    Err(_) => model.flush_failed(id),
-                }
-                log.push("flush".to_string());
+                flush_recorded(&mut model, &volume, &mut log).await;
             } else if roll < 16 {
-                let granules = VOLUME / 4096;
-                let first = rng.random_range(0..granules);
-                let count = rng.random_range(1..=(granules - first).min(24));
-                let (offset, len) = (first * 4096, count * 4096);
+                let (offset, len) = random_granules(&mut rng);
                 let id = model.zeroes_started(offset, len);
                 let flags = strata_core::ZeroFlags {
                     may_trim: true,
@@ -427,10 +434,7 @@ async fn versions_scenario(seed: u64) -> Result<CrashStats, String> {
                     }
                 }
             } else {
-                let sectors = VOLUME / 512;
-                let first = rng.random_range(0..sectors);
-                let count = rng.random_range(1..=(sectors - first).min(256));
-                let (offset, len) = (first * 512, count * 512);
+                let (offset, len) = random_sectors(&mut rng);
                 let fua = rng.random_bool(0.1);
                 let (id, data) = model.pattern_write_started(offset, len as usize);
                 match volume.write(offset, data, WriteFlags { fua }).await {

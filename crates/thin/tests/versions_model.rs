@@ -23,24 +23,22 @@ use common::{format_pool, settings};
 const EXTENT: u64 = 64 << 10;
 const SIZE: u64 = 4 * EXTENT;
 
+/// What one step does to a volume's bytes.
+#[derive(Clone, Debug)]
+enum Io {
+    Write { fill: u8 },
+    Discard,
+    Zero { trim: bool },
+}
+
 #[derive(Clone, Debug)]
 enum Op {
-    Write {
+    /// `Io` over [offset, +len) of the volume picked by `volume`.
+    Io {
         volume: usize,
         offset: u64,
         len: u64,
-        fill: u8,
-    },
-    Discard {
-        volume: usize,
-        offset: u64,
-        len: u64,
-    },
-    Zero {
-        volume: usize,
-        offset: u64,
-        len: u64,
-        trim: bool,
+        io: Io,
     },
     Snapshot {
         volume: usize,
@@ -60,18 +58,21 @@ enum Op {
     Reopen,
 }
 
-fn range() -> impl Strategy<Value = (u64, u64)> {
-    (0u64..SIZE / 512, 1u64..200).prop_map(|(start, sectors)| {
-        let offset = start * 512;
-        (offset, (sectors * 512).min(SIZE - offset))
-    })
+fn io() -> impl Strategy<Value = Io> {
+    prop_oneof![
+        8 => any::<u8>().prop_map(|fill| Io::Write { fill: fill | 1 }),
+        2 => Just(Io::Discard),
+        2 => any::<bool>().prop_map(|trim| Io::Zero { trim }),
+    ]
 }
 
 fn op() -> impl Strategy<Value = Op> {
+    let sectors = (0u64..SIZE / 512, 1u64..200).prop_map(|(start, sectors)| {
+        let offset = start * 512;
+        (offset, (sectors * 512).min(SIZE - offset))
+    });
     prop_oneof![
-        8 => (any::<usize>(), range(), any::<u8>()).prop_map(|(volume, (offset, len), fill)| Op::Write { volume, offset, len, fill: fill | 1 }),
-        2 => (any::<usize>(), range()).prop_map(|(volume, (offset, len))| Op::Discard { volume, offset, len }),
-        2 => (any::<usize>(), range(), any::<bool>()).prop_map(|(volume, (offset, len), trim)| Op::Zero { volume, offset, len, trim }),
+        12 => (any::<usize>(), sectors, io()).prop_map(|(volume, (offset, len), io)| Op::Io { volume, offset, len, io }),
         3 => any::<usize>().prop_map(|volume| Op::Snapshot { volume }),
         2 => any::<usize>().prop_map(|pick| Op::Delete { pick }),
         1 => any::<usize>().prop_map(|pick| Op::Rollback { pick }),
@@ -198,11 +199,11 @@ fn run(ops: Vec<Op>) {
             let names: Vec<String> = model.volumes.keys().cloned().collect();
             let snapshots: Vec<(String, String)> = model.snapshots.keys().cloned().collect();
             match op {
-                Op::Write {
+                Op::Io {
                     volume,
                     offset,
                     len,
-                    fill,
+                    io,
                 } => {
                     let Some(name) = pick(&names, volume) else {
                         continue;
@@ -211,58 +212,32 @@ fn run(ops: Vec<Op>) {
                     if offset + len > image.bytes.len() as u64 {
                         continue;
                     }
-                    let data: Vec<u8> = (0..len)
-                        .map(|i| fill.wrapping_add((i / 512) as u8))
-                        .collect();
                     let device = pool.volume(&name).unwrap();
-                    device
-                        .write(offset, Bytes::from(data.clone()), WriteFlags::default())
-                        .await
-                        .unwrap();
-                    image.set(offset, &data);
-                }
-                Op::Discard {
-                    volume,
-                    offset,
-                    len,
-                } => {
-                    let Some(name) = pick(&names, volume) else {
-                        continue;
-                    };
-                    let image = model.volumes.get_mut(&name).unwrap();
-                    if offset + len > image.bytes.len() as u64 {
-                        continue;
+                    match io {
+                        Io::Write { fill } => {
+                            let data: Vec<u8> = (0..len)
+                                .map(|i| fill.wrapping_add((i / 512) as u8))
+                                .collect();
+                            let payload = Bytes::from(data.clone());
+                            device
+                                .write(offset, payload, WriteFlags::default())
+                                .await
+                                .unwrap();
+                            image.set(offset, &data);
+                        }
+                        Io::Discard => {
+                            device.discard(offset, len).await.unwrap();
+                            image.forget(offset, len);
+                        }
+                        Io::Zero { trim } => {
+                            let flags = ZeroFlags {
+                                may_trim: trim,
+                                ..ZeroFlags::default()
+                            };
+                            device.write_zeroes(offset, len, flags).await.unwrap();
+                            image.set(offset, &vec![0; len as usize]);
+                        }
                     }
-                    pool.volume(&name)
-                        .unwrap()
-                        .discard(offset, len)
-                        .await
-                        .unwrap();
-                    image.forget(offset, len);
-                }
-                Op::Zero {
-                    volume,
-                    offset,
-                    len,
-                    trim,
-                } => {
-                    let Some(name) = pick(&names, volume) else {
-                        continue;
-                    };
-                    let image = model.volumes.get_mut(&name).unwrap();
-                    if offset + len > image.bytes.len() as u64 {
-                        continue;
-                    }
-                    let flags = ZeroFlags {
-                        may_trim: trim,
-                        ..ZeroFlags::default()
-                    };
-                    pool.volume(&name)
-                        .unwrap()
-                        .write_zeroes(offset, len, flags)
-                        .await
-                        .unwrap();
-                    image.set(offset, &vec![0; len as usize]);
                 }
                 Op::Snapshot { volume } => {
                     let Some(name) = pick(&names, volume) else {
