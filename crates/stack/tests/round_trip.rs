@@ -257,6 +257,7 @@ fn thin_pool(pick: &mut Picks, size: u64) -> Option<String> {
         ("start-mid", pick.maybe(&["true", "false"])),
         ("when-full", when_full),
         ("full-wait", full_wait),
+        ("snapshot-write", pick.maybe(&["\"remap\"", "\"copy\""])),
     ]))
 }
 

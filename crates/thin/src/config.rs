@@ -36,6 +36,23 @@ pub struct PoolConfig {
     pub full_wait: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub low_water: Option<String>,
+    /// The first write into an extent a snapshot shares: `remap` (only the written granules
+    /// go to a new extent: Clotho's remap-on-write, the default) or `copy` (the whole extent
+    /// is copied: dm-thin's copy-on-write, kept for comparison).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub snapshot_write: Option<String>,
+}
+
+/// Whether a `snapshot-write` value asks for whole-extent copies.
+fn copies_extents(mode: &str) -> Result<bool, String> {
+    match mode {
+        "remap" => Ok(false),
+        "copy" => Ok(true),
+        other => Err(field(
+            "snapshot-write",
+            format!("{other:?}: use \"remap\" or \"copy\""),
+        )),
+    }
 }
 
 /// The option names, for the config checks' "known: …" list.
@@ -48,6 +65,7 @@ pub const OPTIONS: &[&str] = &[
     "when-full",
     "full-wait",
     "low-water",
+    "snapshot-write",
 ];
 
 /// A field and what is wrong with it.
@@ -74,6 +92,9 @@ impl PoolConfig {
         if let Some(mark) = &self.low_water {
             LowWater::parse(mark).map_err(|e| field("low-water", e))?;
         }
+        if let Some(mode) = &self.snapshot_write {
+            copies_extents(mode)?;
+        }
         Ok(())
     }
 
@@ -97,6 +118,11 @@ impl PoolConfig {
                 self.low_water
                     .clone()
                     .unwrap_or_else(|| format!("{}%", LowWater::default().percent())),
+            ),
+            snapshot_write: Some(
+                self.snapshot_write
+                    .clone()
+                    .unwrap_or_else(|| "remap".into()),
             ),
             ..self.clone()
         }
@@ -138,6 +164,9 @@ impl PoolConfig {
         if let Some(mark) = &self.low_water {
             settings.low_water = LowWater::parse(mark).map_err(|e| field("low-water", e))?;
         }
+        if let Some(mode) = &self.snapshot_write {
+            settings.copy_on_write = copies_extents(mode)?;
+        }
         Ok(settings)
     }
 }
@@ -160,7 +189,21 @@ mod tests {
         assert_eq!(default.extent_size(), DEFAULT_EXTENT_SIZE);
         assert_eq!(default.pool_options().metadata_size, None);
         let names: Vec<&str> = OPTIONS.to_vec();
-        assert_eq!(names.len(), 8);
+        assert_eq!(names.len(), 9);
+        assert_eq!(default.explicit().snapshot_write.as_deref(), Some("remap"));
+    }
+
+    #[tokio::test]
+    async fn snapshot_write_chooses_remap_or_whole_extent_copies() {
+        let settings = |text: &str| {
+            parse(text)
+                .unwrap()
+                .settings(strata_core::TokioRuntime::current(), |_| Ok(Duration::ZERO))
+                .unwrap()
+        };
+        assert!(settings("snapshot-write = \"copy\"\n").copy_on_write);
+        assert!(!settings("snapshot-write = \"remap\"\n").copy_on_write);
+        assert!(!settings("").copy_on_write);
     }
 
     #[test]
@@ -193,5 +236,7 @@ mod tests {
         );
         let error = parse("low-water = \"lots\"\n").unwrap_err();
         assert!(error.starts_with("field `low-water`"), "{error}");
+        let error = parse("snapshot-write = \"cow\"\n").unwrap_err();
+        assert!(error.starts_with("field `snapshot-write`"), "{error}");
     }
 }

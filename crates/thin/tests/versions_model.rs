@@ -15,10 +15,11 @@ use proptest::prelude::*;
 use strata_backend::MemoryDevice;
 use strata_core::{BlockDevice, DeviceRef, ExtentState, WriteFlags, ZeroFlags};
 use strata_crash::testkit::block_on;
+use strata_stateless::count::Count;
 use strata_thin::{check_state, ThinPool};
 
 mod common;
-use common::{format_pool, settings};
+use common::{pool_options, settings};
 
 const EXTENT: u64 = 64 << 10;
 const SIZE: u64 = 4 * EXTENT;
@@ -181,10 +182,21 @@ fn pick<T: Clone>(items: &[T], at: usize) -> Option<T> {
     (!items.is_empty()).then(|| items[at % items.len()].clone())
 }
 
-fn run(ops: Vec<Op>) {
+/// Pool settings with the commit timer off, copying whole extents on the first write after a
+/// snapshot when `copy` (dm-thin's way) instead of remapping granules.
+fn settings_for(copy: bool) -> strata_thin::PoolRuntime {
+    let mut settings = settings();
+    settings.copy_on_write = copy;
+    settings
+}
+
+fn run(copy: bool, ops: Vec<Op>) {
     block_on(async {
         let child: DeviceRef = Arc::new(MemoryDevice::new((2 << 20) + 512 * EXTENT));
-        let mut pool = format_pool(child.clone(), EXTENT, 2 << 20).await;
+        let options = pool_options(EXTENT, 2 << 20);
+        let mut pool = ThinPool::format("pool", child.clone(), &options, settings_for(copy))
+            .await
+            .unwrap();
         pool.create_volume("a", SIZE).await.unwrap();
         pool.create_volume("b", SIZE).await.unwrap();
         let mut model = Model {
@@ -298,7 +310,7 @@ fn run(ops: Vec<Op>) {
                 Op::Reopen => {
                     pool.flush().await.unwrap();
                     drop(pool);
-                    pool = ThinPool::open("pool", child.clone(), settings())
+                    pool = ThinPool::open("pool", child.clone(), settings_for(copy))
                         .await
                         .unwrap()
                         .0;
@@ -315,16 +327,54 @@ proptest! {
     ))]
 
     #[test]
-    fn every_version_reads_as_the_model_says(ops in proptest::collection::vec(op(), 1..40)) {
-        run(ops);
+    fn every_version_reads_as_the_model_says(
+        copy in any::<bool>(),
+        ops in proptest::collection::vec(op(), 1..40),
+    ) {
+        run(copy, ops);
     }
+}
+
+/// A pool over a `count` filter over a memory disk, to count the data I/O the pool does.
+async fn counted_pool(copy: bool) -> (Arc<ThinPool>, Arc<Count>) {
+    let disk: DeviceRef = Arc::new(MemoryDevice::new((2 << 20) + 64 * EXTENT));
+    let counted = Arc::new(Count::new("counted".into(), disk));
+    let options = pool_options(EXTENT, 2 << 20);
+    let pool = ThinPool::format("pool", counted.clone(), &options, settings_for(copy))
+        .await
+        .unwrap();
+    (pool, counted)
+}
+
+#[test]
+fn copy_mode_copies_the_whole_extent_on_the_first_write_after_a_snapshot() {
+    block_on(async {
+        let (pool, counted) = counted_pool(true).await;
+        let volume = pool.create_volume("v", SIZE).await.unwrap();
+        let old = Bytes::from(vec![1u8; EXTENT as usize]);
+        volume.write(0, old, WriteFlags::default()).await.unwrap();
+        pool.create_snapshot("v", None).await.unwrap();
+        let before = counted.counts();
+        volume
+            .write(8192, Bytes::from(vec![2u8; 4096]), WriteFlags::default())
+            .await
+            .unwrap();
+        let after = counted.counts();
+        assert_eq!(after.bytes_written - before.bytes_written, EXTENT);
+        assert!(
+            after.bytes_read - before.bytes_read >= EXTENT - 4096,
+            "the old extent is read"
+        );
+        let now = volume.read(0, EXTENT as usize).await.unwrap();
+        assert!(now[..8192].iter().all(|&b| b == 1) && now[12288..].iter().all(|&b| b == 1));
+        assert!(now[8192..12288].iter().all(|&b| b == 2));
+    });
 }
 
 #[test]
 fn a_write_after_a_snapshot_writes_only_its_own_granule_and_the_snapshot_keeps_the_rest() {
     block_on(async {
-        let child: DeviceRef = Arc::new(MemoryDevice::new((2 << 20) + 64 * EXTENT));
-        let pool = format_pool(child, EXTENT, 2 << 20).await;
+        let (pool, counted) = counted_pool(false).await;
         let volume = pool.create_volume("v", SIZE).await.unwrap();
         let old = Bytes::from(vec![1u8; EXTENT as usize]);
         volume
@@ -333,11 +383,19 @@ fn a_write_after_a_snapshot_writes_only_its_own_granule_and_the_snapshot_keeps_t
             .unwrap();
         pool.create_snapshot("v", Some("before")).await.unwrap();
         let allocated = pool.allocated_extents();
+        let before = counted.counts();
         volume
             .write(8192, Bytes::from(vec![2u8; 4096]), WriteFlags::default())
             .await
             .unwrap();
+        let after = counted.counts();
         assert_eq!(pool.allocated_extents(), allocated + 1, "one new extent");
+        assert_eq!(after.writes - before.writes, 1, "exactly one data write");
+        assert_eq!(after.bytes_written - before.bytes_written, 4096);
+        assert_eq!(
+            after.reads, before.reads,
+            "nothing of the old extent is read"
+        );
         let now = volume.read(0, EXTENT as usize).await.unwrap();
         assert!(now[..8192].iter().all(|&b| b == 1));
         assert!(now[8192..12288].iter().all(|&b| b == 2));
