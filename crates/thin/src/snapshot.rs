@@ -160,7 +160,6 @@ impl ThinPool {
                     reading: self.reading(&records, id, record.lineage.current)?,
                     current: record.lineage.current,
                     shared_limit: record.lineage.shared_limit(Self::pinned(&records, id)),
-                    copy_on_write: self.copy_on_write,
                 })),
             };
             *self
@@ -232,6 +231,9 @@ impl ThinPool {
         if let Some(name) = name {
             check_name(name).map_err(BlockError::InvalidArgument)?;
         }
+        // Most of what is dirty goes down before I/O is held, so the hold is short; the
+        // flush under the quiesce then covers what was acknowledged since.
+        self.flush().await?;
         let quiet = self.quiesce().await;
         let (record, _) = self.volume_record(volume)?;
         // Everything acknowledged is made durable first, under the quiesce: it is the

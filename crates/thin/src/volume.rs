@@ -43,9 +43,6 @@ pub(crate) struct HeadView {
     /// Extents written in an epoch up to this one are shared with a version
     /// (`Lineage::shared_limit`): a write goes to a new extent instead.
     pub shared_limit: Option<Epoch>,
-    /// Copy the whole extent into the new one (dm-thin's way) instead of only the new
-    /// granules (Clotho's remap-on-write); kept for comparison.
-    pub copy_on_write: bool,
 }
 
 /// A volume's view: None while it never had a version (every chain is one extent long).
@@ -283,7 +280,7 @@ impl ThinVolume {
         // Copy-on-write copies what the new extent takes over from an older one or a base.
         let copy_whole = match (target, view) {
             (Target::Fresh { older, .. }, Some(view)) => {
-                view.copy_on_write && (older.is_some() || view.reading.len() > 1)
+                self.pool.copy_on_write && (older.is_some() || view.reading.len() > 1)
             }
             _ => false,
         };
