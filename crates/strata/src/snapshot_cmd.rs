@@ -1,4 +1,4 @@
-//! `strata snapshot create|list|delete|rollback|clone|export|unexport`: versions of thin
+//! `strata snapshot create|list|delete|rollback|clone|compact|uncompact|export|unexport`: versions of thin
 //! volumes (the pool's own verbs, sent through `strata call`'s path; exports through the
 //! volume requests).
 
@@ -57,6 +57,23 @@ pub enum SnapshotCommand {
         snapshot: String,
         /// The new volume's name (in the same pool).
         new: String,
+    },
+    /// Store what only SNAPSHOT holds as deltas against the next snapshot (Clotho's
+    /// differential compaction); it stays readable. Run again to finish one cut short.
+    Compact {
+        #[command(flatten)]
+        target: crate::AdminTarget,
+        /// POOL/VOLUME
+        volume: String,
+        snapshot: String,
+    },
+    /// Write a compacted snapshot's extents back whole and drop its deltas.
+    Uncompact {
+        #[command(flatten)]
+        target: crate::AdminTarget,
+        /// POOL/VOLUME
+        volume: String,
+        snapshot: String,
     },
     /// Export a snapshot read-only as POOL/VOLUME@SNAPSHOT while the volume is in use.
     Export {
@@ -205,6 +222,40 @@ pub fn run(command: SnapshotCommand) -> anyhow::Result<()> {
             call(&target, pool.clone(), "snapshot-clone", args)?;
             outln!("cloned {volume}@{snapshot} as {pool}/{new}, exported as \"{pool}/{new}\"");
         }
+        SnapshotCommand::Compact {
+            target,
+            volume,
+            snapshot,
+        } => {
+            let answer = on_snapshot(&target, &volume, &snapshot, "snapshot-compact")?;
+            let number = |key: &str| answer[key].as_u64().unwrap_or(0);
+            outln!(
+                "compacted {volume}@{snapshot} against {}: {} extents as {} of deltas \
+                 (their data: {}; {} kept whole), {} extents freed, {} delta extents; {} saved",
+                answer["base"].as_str().unwrap_or("?"),
+                number("extents-compacted"),
+                ByteSize(number("delta-bytes")),
+                ByteSize(number("data-bytes")),
+                number("extents-kept"),
+                number("extents-freed"),
+                number("delta-extents"),
+                signed_bytes(answer["bytes-saved"].as_i64().unwrap_or(0)),
+            );
+        }
+        SnapshotCommand::Uncompact {
+            target,
+            volume,
+            snapshot,
+        } => {
+            let answer = on_snapshot(&target, &volume, &snapshot, "snapshot-uncompact")?;
+            outln!(
+                "uncompacted {volume}@{snapshot}: {} extents restored into {} extents, {} delta \
+                 extents freed",
+                answer["extents-restored"],
+                answer["extents-allocated"],
+                answer["delta-extents-freed"],
+            );
+        }
         SnapshotCommand::Export {
             target,
             volume,
@@ -231,7 +282,14 @@ pub fn run(command: SnapshotCommand) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The snapshot table: name, time taken, size, space it alone holds, space it shares.
+/// A byte count that may be negative (a compaction that cost space).
+fn signed_bytes(bytes: i64) -> String {
+    let sign = if bytes < 0 { "-" } else { "" };
+    format!("{sign}{}", ByteSize(bytes.unsigned_abs()))
+}
+
+/// The snapshot table: name, time taken, size, space it alone holds, space it shares, and
+/// for a compacted one, its deltas' size and what they are made against.
 fn render(pool: &str, rows: &[Value]) -> anyhow::Result<String> {
     use std::fmt::Write as _;
     let mut out = String::new();
@@ -241,15 +299,19 @@ fn render(pool: &str, rows: &[Value]) -> anyhow::Result<String> {
     }
     writeln!(
         out,
-        "{:<36} {:>6} {:<20} {:>10} {:>10} {:>10}",
+        "{:<36} {:>6} {:<20} {:>10} {:>10} {:>10}  compacted",
         "snapshot", "epoch", "taken (UTC)", "size", "own", "shared"
     )?;
     for row in rows {
         let text = |key: &str| row[key].as_str().unwrap_or("?").to_string();
         let bytes = |key: &str| ByteSize(row[key].as_u64().unwrap_or(0)).to_string();
+        let compacted = match row["compacted_against"].as_str() {
+            Some(base) => format!("{} against {base}", bytes("delta_bytes")),
+            None => "-".to_string(),
+        };
         writeln!(
             out,
-            "{:<36} {:>6} {:<20} {:>10} {:>10} {:>10}",
+            "{:<36} {:>6} {:<20} {:>10} {:>10} {:>10}  {compacted}",
             format!("{pool}/{}@{}", text("volume"), text("name")),
             row["epoch"],
             utc(row["created_ms"].as_u64().unwrap_or(0)),

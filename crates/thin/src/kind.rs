@@ -128,6 +128,16 @@ pub static VERBS: &[Verb] = &[
         ],
         help: "make a writable volume that starts as a snapshot and shares its data",
     },
+    Verb {
+        name: SNAPSHOT_COMPACT,
+        args: &[VOLUME, SNAPSHOT],
+        help: "store a snapshot's own extents as deltas against the next snapshot (Clotho)",
+    },
+    Verb {
+        name: SNAPSHOT_UNCOMPACT,
+        args: &[VOLUME, SNAPSHOT],
+        help: "write a compacted snapshot's extents back whole and drop its deltas",
+    },
 ];
 
 pub const SNAPSHOT_CREATE: &str = "snapshot-create";
@@ -135,6 +145,8 @@ pub const SNAPSHOT_LIST: &str = "snapshot-list";
 pub const SNAPSHOT_DELETE: &str = "snapshot-delete";
 pub const SNAPSHOT_ROLLBACK: &str = "snapshot-rollback";
 pub const SNAPSHOT_CLONE: &str = "snapshot-clone";
+pub const SNAPSHOT_COMPACT: &str = "snapshot-compact";
+pub const SNAPSHOT_UNCOMPACT: &str = "snapshot-uncompact";
 
 const SNAPSHOT: Arg = Arg {
     name: "snapshot",
@@ -225,6 +237,16 @@ fn text<'a>(args: &'a toml::Table, name: &str) -> Result<&'a str> {
         .ok_or_else(|| BlockError::InvalidArgument(format!("argument {name:?} is missing")))
 }
 
+/// A report as a reply table (field names in kebab-case, as the CLI prints them).
+fn as_table(report: &impl serde::Serialize) -> Result<toml::Table> {
+    let table = toml::Table::try_from(report)
+        .map_err(|e| BlockError::InvalidArgument(format!("report: {e}")))?;
+    Ok(table
+        .into_iter()
+        .map(|(key, value)| (key.replace('_', "-"), value))
+        .collect())
+}
+
 impl PoolNode {
     /// The pool's own verbs (versions), called through `strata call` / `strata snapshot`.
     async fn call(&self, verb: &str, args: &toml::Table) -> Result<toml::Table> {
@@ -272,6 +294,18 @@ impl PoolNode {
                 pool.clone_snapshot(text(args, "volume")?, text(args, "snapshot")?, clone)
                     .await?;
                 answer.insert("volume".into(), clone.into());
+            }
+            SNAPSHOT_COMPACT => {
+                let report = pool
+                    .compact_snapshot(text(args, "volume")?, text(args, "snapshot")?)
+                    .await?;
+                answer = as_table(&report)?;
+            }
+            SNAPSHOT_UNCOMPACT => {
+                let report = pool
+                    .uncompact_snapshot(text(args, "volume")?, text(args, "snapshot")?)
+                    .await?;
+                answer = as_table(&report)?;
             }
             _ => return Err(BlockError::Unsupported("call")),
         }

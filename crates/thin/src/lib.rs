@@ -17,7 +17,9 @@
 
 mod alloc;
 mod chain;
+mod compact;
 pub mod config;
+pub mod delta;
 mod kind;
 mod lifecycle;
 mod map;
@@ -30,6 +32,7 @@ mod space;
 pub mod versions;
 mod volume;
 
+pub use compact::{CompactReport, UncompactReport};
 pub use config::PoolConfig;
 pub use kind::{KIND, VERBS};
 pub use lifecycle::VolumeUsage;

@@ -138,6 +138,11 @@ pub struct ThinPool {
     /// The `history` table and `masked` bitmap, once the pool has versions.
     pub(crate) version_ids: std::sync::OnceLock<VersionIds>,
     pub(super) locks: StripedLocks,
+    /// Held shared by every changing request of a volume for its whole length, and
+    /// exclusively by a snapshot or a rollback: a request that spans extents takes their
+    /// stripes one at a time, and a version must not fall between two of its pieces.
+    /// Taken before any stripe.
+    pub(crate) requests: tokio::sync::RwLock<()>,
     /// Spare devices the server holds to grow this pool with (`grow-from`); reported only.
     spares_left: AtomicU64,
     /// The `[[layer]]` options it was built from, defaults explicit (see
@@ -357,6 +362,7 @@ impl ThinPool {
             snapshot_epochs: Mutex::new(Default::default()),
             version_ids: std::sync::OnceLock::new(),
             locks: StripedLocks::new(LOCK_STRIPES),
+            requests: tokio::sync::RwLock::new(()),
             spares_left: AtomicU64::new(0),
             config: std::sync::OnceLock::new(),
         });

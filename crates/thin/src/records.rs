@@ -45,6 +45,88 @@ pub fn versions_name(volume: u32) -> String {
     format!("versions.{volume}")
 }
 
+/// The extents holding a compacted snapshot's deltas.
+pub fn compaction_name(volume: u32, epoch: Epoch) -> String {
+    format!("compact.{volume}.{epoch}")
+}
+
+/// A compacted snapshot's records, by virtual extent.
+pub fn deltas_name(volume: u32, epoch: Epoch) -> String {
+    format!("deltas.{volume}.{epoch}")
+}
+
+/// Where one compacted extent's delta record lies (a `deltas.<id>.<epoch>` entry).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeltaEntry {
+    /// The physical extent holding the record (one of the compaction's delta extents).
+    pub phys: u64,
+    pub offset: u32,
+    pub len: u32,
+    /// crc32c of the record's bytes.
+    pub crc: u32,
+}
+
+impl DeltaEntry {
+    pub const BYTES: usize = 16;
+
+    pub fn encode(&self) -> [u8; 16] {
+        let mut out = [0u8; 16];
+        out[..4].copy_from_slice(&(self.phys as u32 + 1).to_le_bytes());
+        out[4..8].copy_from_slice(&self.offset.to_le_bytes());
+        out[8..12].copy_from_slice(&self.len.to_le_bytes());
+        out[12..].copy_from_slice(&self.crc.to_le_bytes());
+        out
+    }
+
+    /// The encoding of "no entry": a removed one is written as zeros.
+    pub const NONE: [u8; 16] = [0; 16];
+
+    pub fn decode(bytes: Option<&[u8]>) -> Option<DeltaEntry> {
+        let bytes = bytes.filter(|b| b.len() == Self::BYTES)?;
+        let u32_at = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap());
+        Some(DeltaEntry {
+            phys: (u32_at(0) as u64).checked_sub(1)?,
+            offset: u32_at(4),
+            len: u32_at(8),
+            crc: u32_at(12),
+        })
+    }
+}
+
+/// The extents a compaction wrote its deltas to (the `compact.<id>.<epoch>` blob): they
+/// belong to it until it is undone or its snapshot deleted.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CompactionRecord {
+    pub delta_extents: Vec<u64>,
+}
+
+const COMPACTION_RECORD_VERSION: u32 = 1;
+
+impl CompactionRecord {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        out.put_u32_le(COMPACTION_RECORD_VERSION);
+        out.put_u32_le(self.delta_extents.len() as u32);
+        for &extent in &self.delta_extents {
+            out.put_u64_le(extent);
+        }
+        out
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<CompactionRecord, String> {
+        let mut fields = Fields::new(bytes, "compaction record");
+        let version = fields.u32()?;
+        if version != COMPACTION_RECORD_VERSION {
+            return Err(format!("compaction record version {version}"));
+        }
+        let count = fields.u32()?;
+        let delta_extents = (0..count)
+            .map(|_| fields.u64())
+            .collect::<Result<Vec<u64>, String>>()?;
+        Ok(CompactionRecord { delta_extents })
+    }
+}
+
 /// The pool's fixed shape.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PoolRecord {
@@ -217,6 +299,9 @@ pub struct SnapshotRecord {
     pub created_ms: u64,
     /// The volume's size then.
     pub size: u64,
+    /// Compacted (maybe in part) as deltas against the version at this epoch, which stays
+    /// pinned while it is (a "shadow" if its snapshot is deleted).
+    pub compacted: Option<Epoch>,
 }
 
 /// Where a clone's data comes from before it writes its own: a volume and one of its epochs.
@@ -234,7 +319,8 @@ pub struct VersionsRecord {
     pub base: Option<Base>,
 }
 
-const VERSIONS_RECORD_VERSION: u32 = 1;
+/// Version 2 adds each snapshot's compaction base; version 1 records are read as having none.
+const VERSIONS_RECORD_VERSION: u32 = 2;
 
 impl VersionsRecord {
     pub fn encode(&self) -> Vec<u8> {
@@ -261,6 +347,13 @@ impl VersionsRecord {
             out.put_u64_le(snapshot.size);
             out.put_u8(snapshot.name.len() as u8);
             out.put_slice(snapshot.name.as_bytes());
+            match snapshot.compacted {
+                Some(base) => {
+                    out.put_u8(1);
+                    out.put_u32_le(base);
+                }
+                None => out.put_u8(0),
+            }
         }
         out
     }
@@ -268,7 +361,7 @@ impl VersionsRecord {
     pub fn decode(bytes: &[u8]) -> Result<VersionsRecord, String> {
         let mut fields = Fields::new(bytes, "versions record");
         let version = fields.u32()?;
-        if version != VERSIONS_RECORD_VERSION {
+        if !(1..=VERSIONS_RECORD_VERSION).contains(&version) {
             return Err(format!("versions record version {version}"));
         }
         let current = fields.u32()?;
@@ -307,11 +400,29 @@ impl VersionsRecord {
                     "snapshot {name} pins epoch {epoch}, not before {current}"
                 ));
             }
+            let compacted = match version {
+                1 => None,
+                _ => match fields.u8()? {
+                    0 => None,
+                    1 => {
+                        let base = fields.u32()?;
+                        if base <= epoch || base >= current {
+                            return Err(format!(
+                                "snapshot {name} (epoch {epoch}) is compacted against epoch \
+                                 {base} (current {current})"
+                            ));
+                        }
+                        Some(base)
+                    }
+                    other => return Err(format!("snapshot {name}: compaction marker {other}")),
+                },
+            };
             snapshots.push(SnapshotRecord {
                 name,
                 epoch,
                 created_ms,
                 size,
+                compacted,
             });
         }
         Ok(VersionsRecord {
@@ -455,6 +566,15 @@ pub fn check_state(state: &State) -> Vec<String> {
                 link = record.older;
             }
         }
+        if let Some(versions) = &versions {
+            let found = Found {
+                pool: &pool,
+                allocated,
+            };
+            for snapshot in &versions.snapshots {
+                found.check_compaction(state, volume, snapshot, &mut owners, &mut problems);
+            }
+        }
     }
     if allocated.count_ones() != owners.len() as u64 {
         problems.push(format!(
@@ -492,6 +612,71 @@ pub fn check_state(state: &State) -> Vec<String> {
     problems
 }
 
+/// What `check_state` has found of the pool, for the checks of its parts.
+struct Found<'a> {
+    pool: &'a PoolRecord,
+    allocated: &'a strata_meta::Bitmap,
+}
+
+/// Owner of each physical extent found so far: (volume, virtual extent or a description).
+type Owners = std::collections::HashMap<u64, (String, u64)>;
+
+impl Found<'_> {
+    /// A compacted snapshot's objects: both present exactly when it is compacted, its delta
+    /// extents allocated and owned by it alone, every entry inside one of them.
+    fn check_compaction(
+        &self,
+        state: &State,
+        volume: &VolumeRecord,
+        snapshot: &SnapshotRecord,
+        owners: &mut Owners,
+        problems: &mut Vec<String>,
+    ) {
+        let what = format!("{}@{}", volume.name, snapshot.name);
+        let blob = state.id(&compaction_name(volume.id, snapshot.epoch));
+        let table = state
+            .id(&deltas_name(volume.id, snapshot.epoch))
+            .and_then(|id| state.table(id));
+        let (Some(blob), Some(table)) = (blob, table) else {
+            if snapshot.compacted.is_some() || blob.is_some() || table.is_some() {
+                problems.push(format!("{what}: compaction records are incomplete"));
+            }
+            return;
+        };
+        if snapshot.compacted.is_none() {
+            problems.push(format!(
+                "{what}: compaction records of a snapshot not compacted"
+            ));
+        }
+        let record = match CompactionRecord::decode(state.blob(blob).unwrap_or(&[])) {
+            Ok(record) => record,
+            Err(problem) => {
+                problems.push(format!("{what}: {problem}"));
+                return;
+            }
+        };
+        for &phys in &record.delta_extents {
+            if phys >= self.pool.extents || !self.allocated.get(phys) {
+                problems.push(format!("{what}: delta extent {phys} is not allocated"));
+            }
+            if let Some(other) = owners.insert(phys, (what.clone(), u64::MAX)) {
+                problems.push(format!("delta extent {phys} of {what} is also {other:?}'s"));
+            }
+        }
+        for (index, value) in table.iter_from(0) {
+            let Some(entry) = DeltaEntry::decode(Some(value)) else {
+                continue;
+            };
+            let end = entry.offset as u64 + entry.len as u64;
+            if !record.delta_extents.contains(&entry.phys) || end > self.pool.extent_size {
+                problems.push(format!(
+                    "{what}: extent {index}'s delta lies outside its delta extents"
+                ));
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -504,12 +689,22 @@ mod tests {
         lineage.branch(0);
         let record = VersionsRecord {
             lineage,
-            snapshots: vec![SnapshotRecord {
-                name: "nightly".into(),
-                epoch: 1,
-                created_ms: 1_795_629_915_000,
-                size: 1 << 30,
-            }],
+            snapshots: vec![
+                SnapshotRecord {
+                    name: "nightly".into(),
+                    epoch: 1,
+                    created_ms: 1_795_629_915_000,
+                    size: 1 << 30,
+                    compacted: None,
+                },
+                SnapshotRecord {
+                    name: "first".into(),
+                    epoch: 0,
+                    created_ms: 1_795_629_000_000,
+                    size: 1 << 30,
+                    compacted: Some(1),
+                },
+            ],
             base: Some(Base {
                 volume: 3,
                 epoch: 7,
@@ -517,6 +712,11 @@ mod tests {
         };
         let bytes = record.encode();
         assert_eq!(VersionsRecord::decode(&bytes).unwrap(), record);
+        // A compaction base must be a later epoch than the snapshot's own.
+        let mut backwards = record.clone();
+        backwards.snapshots[1].compacted = Some(0);
+        let problem = VersionsRecord::decode(&backwards.encode()).unwrap_err();
+        assert!(problem.contains("compacted against epoch 0"), "{problem}");
         let short = VersionsRecord::decode(&bytes[..bytes.len() - 1]).unwrap_err();
         assert!(short.contains("versions record is short"), "{short}");
         let mut future = bytes.clone();

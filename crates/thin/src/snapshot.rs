@@ -48,6 +48,10 @@ pub struct SnapshotInfo {
     pub unique_bytes: u64,
     /// Bytes it reads that the volume or another version reads too.
     pub shared_bytes: u64,
+    /// The snapshot it is compacted against (None: not compacted), and its deltas' bytes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub compacted_against: Option<String>,
+    pub delta_bytes: u64,
 }
 
 fn corrupt(pool: &str, problem: impl std::fmt::Display) -> BlockError {
@@ -76,7 +80,7 @@ impl ThinPool {
         })
     }
 
-    fn versions_records(&self, state: &State) -> Result<Records> {
+    pub(crate) fn versions_records(&self, state: &State) -> Result<Records> {
         let mut out = Records::new();
         for (record, _) in self.volumes_lock().values() {
             let Some(id) = state.id(&versions_name(record.id)) else {
@@ -92,12 +96,14 @@ impl ThinPool {
 
     /// The epochs of volume `id` some version reads: the current one, its snapshots', and
     /// those its clones were made from.
-    fn pinned(records: &Records, id: u32) -> Vec<Epoch> {
+    pub(crate) fn pinned(records: &Records, id: u32) -> Vec<Epoch> {
         let Some(own) = records.get(&id) else {
             return vec![0];
         };
         let mut pinned: Vec<Epoch> = std::iter::once(own.lineage.current)
             .chain(own.snapshots.iter().map(|s| s.epoch))
+            // A compacted snapshot's deltas are read against its base: pinned while they are.
+            .chain(own.snapshots.iter().filter_map(|s| s.compacted))
             .chain(
                 records
                     .values()
@@ -110,7 +116,7 @@ impl ThinPool {
     }
 
     /// How volume `id` is read at epoch `at`: its own map, then its bases'.
-    fn reading(&self, records: &Records, id: u32, at: Epoch) -> Result<Reading> {
+    pub(crate) fn reading(&self, records: &Records, id: u32, at: Epoch) -> Result<Reading> {
         let maps: std::collections::BTreeMap<u32, ObjectId> = self
             .volumes_lock()
             .values()
@@ -143,7 +149,7 @@ impl ThinPool {
 
     /// Sets every volume's view from the records in `state`. Called with the pool quiesced
     /// (or before it serves).
-    fn refresh_views(&self, state: &State) -> Result<()> {
+    pub(crate) fn refresh_views(&self, state: &State) -> Result<()> {
         let records = self.versions_records(state)?;
         *self
             .snapshot_epochs
@@ -170,7 +176,7 @@ impl ThinPool {
         Ok(())
     }
 
-    fn volume_record(&self, name: &str) -> Result<(VolumeRecord, ObjectId)> {
+    pub(crate) fn volume_record(&self, name: &str) -> Result<(VolumeRecord, ObjectId)> {
         self.volumes_lock()
             .get(name)
             .cloned()
@@ -180,20 +186,25 @@ impl ThinPool {
     /// Runs `change` on volume `id`'s versions record (a default one if it has none) in one
     /// transaction, creating the versions objects and moving the pool to format 2 the first
     /// time, then sets the views. The caller holds the pool quiesced.
-    fn change_versions<R>(
+    pub(crate) fn change_versions<R>(
         &self,
         id: u32,
-        change: impl FnOnce(&mut VersionsRecord, &State, &mut strata_meta::Txn) -> Result<R>,
+        change: impl FnOnce(
+            &mut VersionsRecord,
+            &State,
+            &mut strata_meta::Txn,
+            &mut Vec<u64>,
+        ) -> Result<R>,
     ) -> Result<R> {
         let pool_id = self.ids.pool;
-        let result = self.store.transact(TxnClass::Normal, |state, txn| {
+        let result = self.freeing_transaction(TxnClass::Normal, |state, txn, freed| {
             let name = versions_name(id);
             let mut record = match state.id(&name) {
                 Some(object) => VersionsRecord::decode(state.blob(object).unwrap_or(&[]))
                     .map_err(|e| corrupt(&self.name, e))?,
                 None => VersionsRecord::default(),
             };
-            let result = change(&mut record, state, txn)?;
+            let result = change(&mut record, state, txn, freed)?;
             if state.id(records::HISTORY).is_none() {
                 txn.create_table(records::HISTORY, History::BYTES);
                 txn.create_bitmap(records::MASKED);
@@ -234,12 +245,14 @@ impl ThinPool {
         // Most of what is dirty goes down before I/O is held, so the hold is short; the
         // flush under the quiesce then covers what was acknowledged since.
         self.flush().await?;
+        // No request is half done when the epoch changes: those in flight finish first.
+        let _whole = self.requests.write().await;
         let quiet = self.quiesce().await;
         let (record, _) = self.volume_record(volume)?;
         // Everything acknowledged is made durable first, under the quiesce: it is the
         // snapshot's.
         self.flush().await?;
-        let snapshot = self.change_versions(record.id, |versions, _, _| {
+        let snapshot = self.change_versions(record.id, |versions, _, _, _| {
             let epoch = versions.lineage.current;
             let name = name.map_or_else(|| format!("v{epoch}"), str::to_string);
             if versions.snapshots.iter().any(|s| s.name == name) {
@@ -252,6 +265,7 @@ impl ThinPool {
                 epoch,
                 created_ms: now_ms(),
                 size: record.size,
+                compacted: None,
             };
             versions.snapshots.push(snapshot.clone());
             versions.lineage.advance();
@@ -272,11 +286,14 @@ impl ThinPool {
         if !has_versions {
             return Err(no_snapshot(volume, name));
         }
-        self.change_versions(record.id, |versions, _, _| {
-            let before = versions.snapshots.len();
-            versions.snapshots.retain(|s| s.name != name);
-            if versions.snapshots.len() == before {
+        self.change_versions(record.id, |versions, state, txn, freed| {
+            let Some(at) = versions.snapshots.iter().position(|s| s.name == name) else {
                 return Err(no_snapshot(volume, name));
+            };
+            let gone = versions.snapshots.remove(at);
+            if gone.compacted.is_some() {
+                // Its deltas go with it, in the same transaction.
+                self.drop_compaction(state, txn, record.id, gone.epoch, freed)?;
             }
             Ok(())
         })?;
@@ -290,12 +307,14 @@ impl ThinPool {
     /// Makes `volume` read as `snapshot` again (its size too). The snapshot and every other
     /// version stay; what the volume wrote since and no version reads is freed.
     pub async fn rollback(&self, volume: &str, snapshot: &str) -> Result<u64> {
+        let whole = self.requests.write().await;
         let quiet = self.quiesce().await;
         let (record, _) = self.volume_record(volume)?;
         let target = self.find_snapshot(record.id, volume, snapshot)?;
+        refuse_if_compacted(&target, volume, "roll back to")?;
         let ids = self.ids;
         self.flush().await?;
-        self.change_versions(record.id, |versions, state, txn| {
+        self.change_versions(record.id, |versions, state, txn, _| {
             versions.lineage.branch(target.epoch);
             let mut volumes = decode_volumes(state.blob(ids.volumes).unwrap_or(&[]))
                 .map_err(|e| corrupt(&self.name, e))?;
@@ -311,6 +330,7 @@ impl ThinPool {
         self.set_live_size(record.id, target.size);
         self.store.commit().await?;
         drop(quiet);
+        drop(whole);
         let freed = self.collect(volume).await?;
         tracing::info!(pool = %self.name, volume, snapshot, extents_freed = freed, "volume rolled back");
         Ok(freed)
@@ -332,6 +352,7 @@ impl ThinPool {
         let quiet = self.quiesce().await;
         let (origin, _) = self.volume_record(volume)?;
         let source = self.find_snapshot(origin.id, volume, snapshot)?;
+        refuse_if_compacted(&source, volume, "clone")?;
         let record = self.store.transact(TxnClass::Normal, |state, txn| {
             let record = self.stage_volume(state, txn, new_volume, source.size)?;
             let versions = VersionsRecord {
@@ -374,6 +395,7 @@ impl ThinPool {
             epoch: found.epoch,
             size: found.size,
             reading: self.reading(&all, record.id, found.epoch)?,
+            base: Default::default(),
         })
     }
 
@@ -396,7 +418,7 @@ impl ThinPool {
             .map(|(r, _)| r.name.clone())
     }
 
-    fn versions_record(&self, id: u32) -> Result<Option<VersionsRecord>> {
+    pub(crate) fn versions_record(&self, id: u32) -> Result<Option<VersionsRecord>> {
         self.store.read(|state| {
             let Some(object) = state.id(&versions_name(id)) else {
                 return Ok(None);
@@ -407,7 +429,12 @@ impl ThinPool {
         })
     }
 
-    fn find_snapshot(&self, id: u32, volume: &str, name: &str) -> Result<SnapshotRecord> {
+    pub(crate) fn find_snapshot(
+        &self,
+        id: u32,
+        volume: &str,
+        name: &str,
+    ) -> Result<SnapshotRecord> {
         self.versions_record(id)?
             .and_then(|versions| versions.snapshots.into_iter().find(|s| s.name == name))
             .ok_or_else(|| no_snapshot(volume, name))
@@ -477,7 +504,17 @@ impl ThinPool {
             let others = Self::pinned(&all, record.id);
             let (unique, shared) = self.reader_space(map, &versions.lineage, &pinned, &others);
             for (i, snapshot) in versions.snapshots.iter().enumerate() {
+                let compacted_against = snapshot.compacted.map(|base| {
+                    (versions.snapshots.iter())
+                        .find(|s| s.epoch == base)
+                        .map_or_else(|| format!("epoch {base} (deleted)"), |s| s.name.clone())
+                });
+                let delta_bytes = self
+                    .store
+                    .read(|state| self.delta_bytes(state, record.id, snapshot.epoch));
                 out.push(SnapshotInfo {
+                    compacted_against,
+                    delta_bytes,
                     volume: record.name.clone(),
                     name: snapshot.name.clone(),
                     epoch: snapshot.epoch,
@@ -547,7 +584,7 @@ impl ThinPool {
     }
 
     /// A chain as policy links, with each link's physical extent.
-    fn links(&self, state: &State, map: ObjectId, extent: u64) -> Vec<(u64, Link)> {
+    pub(crate) fn links(&self, state: &State, map: ObjectId, extent: u64) -> Vec<(u64, Link)> {
         let ids = self.chain_ids();
         let live = state.bitmap(self.ids.live).expect("pool live bitmap");
         let per_extent = self.record.granules_per_extent();
@@ -613,7 +650,6 @@ impl ThinPool {
             return Ok(0);
         };
         let ids = self.ids;
-        let per_extent = self.record.granules_per_extent();
         let freed = self.freeing_transaction(TxnClass::Reclaim, |state, txn, freed| {
             let chain = self.links(state, map, extent);
             if chain.is_empty() {
@@ -621,45 +657,79 @@ impl ThinPool {
             }
             let links: Vec<Link> = chain.iter().map(|(_, link)| link.clone()).collect();
             let needed = versions::needed(&links, lineage, pinned);
-            let mut kept: Vec<(u64, History)> = Vec::new();
+            let mut kept: Vec<(u64, Epoch)> = Vec::new();
             for ((phys, link), needed) in chain.iter().zip(&needed) {
                 let first = self.first_granule(*phys);
                 if needed.is_empty() {
-                    freed.push(*phys);
-                    txn.set_bits(ids.allocated, *phys, 1, false);
-                    txn.set_bits(ids.live, first, per_extent, false);
-                    txn.set_bits(masked, first, per_extent, false);
+                    self.unlink_extent(txn, *phys, freed);
                     continue;
                 }
                 for g in link.defines.minus(needed).iter() {
                     txn.set_bits(ids.live, first + g, 1, false);
                     txn.set_bits(masked, first + g, 1, false);
                 }
-                kept.push((
-                    *phys,
-                    History {
-                        epoch: link.epoch,
-                        older: None,
-                    },
-                ));
+                kept.push((*phys, link.epoch));
             }
             if freed.is_empty() {
                 return Ok(0);
             }
-            // Relink what is left, newest first.
-            let head = kept.first().map_or(0, |(phys, _)| *phys as u32 + 1);
-            txn.set_u32(map, extent, head);
-            for i in 0..kept.len() {
-                let older = kept.get(i + 1).map(|(phys, _)| *phys);
-                let (phys, link) = kept[i];
-                txn.set(history, phys, &History { older, ..link }.encode());
-            }
+            relink(txn, history, map, extent, &kept);
             Ok(freed.len() as u64)
         })?;
         Ok(freed)
     }
 }
 
-fn no_snapshot(volume: &str, name: &str) -> BlockError {
+impl ThinPool {
+    /// Frees a physical extent of a chain (the caller relinks the chain): not allocated,
+    /// nothing live or masked in it.
+    pub(crate) fn unlink_extent(
+        &self,
+        txn: &mut strata_meta::Txn,
+        phys: u64,
+        freed: &mut Vec<u64>,
+    ) {
+        let per_extent = self.record.granules_per_extent();
+        let first = self.first_granule(phys);
+        freed.push(phys);
+        txn.set_bits(self.ids.allocated, phys, 1, false);
+        txn.set_bits(self.ids.live, first, per_extent, false);
+        if let Some(masked) = self.chain_ids().masked {
+            txn.set_bits(masked, first, per_extent, false);
+        }
+    }
+}
+
+/// Writes a chain anew: `links` (physical extent, epoch), newest first, become the map's
+/// head and each one's older link.
+pub(crate) fn relink(
+    txn: &mut strata_meta::Txn,
+    history: ObjectId,
+    map: ObjectId,
+    extent: u64,
+    links: &[(u64, Epoch)],
+) {
+    debug_assert!(links.windows(2).all(|w| w[0].1 > w[1].1), "newest first");
+    let head = links.first().map_or(0, |(phys, _)| *phys as u32 + 1);
+    txn.set_u32(map, extent, head);
+    for (i, &(phys, epoch)) in links.iter().enumerate() {
+        let older = links.get(i + 1).map(|(phys, _)| *phys);
+        txn.set(history, phys, &History { epoch, older }.encode());
+    }
+}
+
+/// A compacted snapshot is read through its deltas, which a rollback or a clone would not
+/// see: it must be uncompacted first.
+fn refuse_if_compacted(snapshot: &SnapshotRecord, volume: &str, what: &str) -> Result<()> {
+    if snapshot.compacted.is_some() {
+        return Err(BlockError::InvalidArgument(format!(
+            "snapshot {volume}@{} is compacted; uncompact it before you {what} it",
+            snapshot.name
+        )));
+    }
+    Ok(())
+}
+
+pub(crate) fn no_snapshot(volume: &str, name: &str) -> BlockError {
     BlockError::InvalidArgument(format!("volume {volume} has no snapshot named {name:?}"))
 }

@@ -1,6 +1,8 @@
 //! A snapshot as a block device: read-only, readable while the volume is in use, holes
 //! reported. It reads the volume's chains at the snapshot's epoch; extents a snapshot sees are
 //! never written in place (`Lineage::shared_limit`), so its bytes cannot change under it.
+//! Where the snapshot is compacted, the extent's delta gives the granules it covers
+//! ([`crate::compact`]); the chains give the rest.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -12,7 +14,8 @@ use strata_core::{
 };
 
 use crate::chain::{push_sources, Reading, Source};
-use crate::map::{pieces, Piece};
+use crate::compact::{Given, Restored};
+use crate::map::{pieces, Piece, GRANULE};
 use crate::pool::{lock_key, ThinPool};
 use crate::versions::Epoch;
 
@@ -28,6 +31,23 @@ pub struct SnapshotDevice {
     pub(crate) epoch: Epoch,
     pub(crate) size: u64,
     pub(crate) reading: Reading,
+    /// How the compaction base is read, once the snapshot is found compacted.
+    pub(crate) base: std::sync::Mutex<Option<(Epoch, Reading)>>,
+}
+
+/// Where a piece's granules come from: the chains, and a compacted extent's delta over them.
+struct PieceSources {
+    chains: Vec<(Range<u64>, Source)>,
+    restored: Option<Restored>,
+}
+
+impl PieceSources {
+    /// The chain source of granule `g`.
+    fn chain(&self, g: u64) -> Source {
+        (self.chains.iter())
+            .find(|(run, _)| run.contains(&g))
+            .map_or(Source::Zero, |(_, source)| *source)
+    }
 }
 
 impl SnapshotDevice {
@@ -36,8 +56,9 @@ impl SnapshotDevice {
     }
 
     /// Where the piece's granules are read from, if the snapshot still exists, with the
-    /// piece's stripe held so that a deletion's cleanup cannot free them meanwhile.
-    async fn sources(&self, piece: &Piece) -> Result<(Stripe<'_>, Vec<(Range<u64>, Source)>)> {
+    /// piece's stripe held so that a deletion's cleanup (or a compaction) cannot change them
+    /// meanwhile.
+    async fn sources(&self, piece: &Piece) -> Result<(Stripe<'_>, PieceSources)> {
         let stripe = self
             .pool
             .extent_locks()
@@ -56,9 +77,76 @@ impl SnapshotDevice {
             )));
         }
         let ids = self.pool.chain_ids();
-        let sources = (self.pool.store)
+        let chains = (self.pool.store)
             .read(|state| ids.resolve(state, &self.reading, piece.extent, piece.granules()));
-        Ok((stripe, sources))
+        let restored = match self
+            .pool
+            .compacted_entry(self.volume, self.epoch, piece.extent)
+        {
+            Some(entry) => {
+                let base = self.base_reading()?;
+                Some(
+                    self.pool
+                        .restore(&self.name, piece.extent, entry, &base)
+                        .await?,
+                )
+            }
+            None => None,
+        };
+        Ok((stripe, PieceSources { chains, restored }))
+    }
+
+    /// How the snapshot's compaction base is read (found once; a snapshot is compacted
+    /// against one base until it is uncompacted).
+    fn base_reading(&self) -> Result<Reading> {
+        let mut cached = self.base.lock().unwrap_or_else(|p| p.into_inner());
+        let found = self.pool.compaction_reading(self.volume, self.epoch)?;
+        match (&*cached, found) {
+            (Some((epoch, reading)), Some((base, _))) if *epoch == base => Ok(reading.clone()),
+            (_, Some((base, reading))) => {
+                *cached = Some((base, reading.clone()));
+                Ok(reading)
+            }
+            (_, None) => Err(BlockError::Corrupt(format!(
+                "snapshot {} has deltas but no compaction base",
+                self.name
+            ))),
+        }
+    }
+
+    /// Appends a piece's bytes: the delta's granules where it has them, the chains' elsewhere.
+    async fn read_piece(
+        &self,
+        piece: &Piece,
+        sources: &PieceSources,
+        out: &mut BytesMut,
+    ) -> Result<()> {
+        let Some(restored) = &sources.restored else {
+            return self.pool.read_sources(piece, &sources.chains, out).await;
+        };
+        for g in piece.granules() {
+            let start = (g * GRANULE).max(piece.within);
+            let end = ((g + 1) * GRANULE).min(piece.within + piece.len);
+            match restored.given(g) {
+                Some(Given::Data(bytes)) => {
+                    out.extend_from_slice(
+                        &bytes[(start - g * GRANULE) as usize..(end - g * GRANULE) as usize],
+                    );
+                }
+                Some(Given::Zeros) => out.resize(out.len() + (end - start) as usize, 0),
+                None => {
+                    let one = Piece {
+                        within: start,
+                        len: end - start,
+                        ..*piece
+                    };
+                    self.pool
+                        .read_sources(&one, &[(g..g + 1, sources.chain(g))], out)
+                        .await?;
+                }
+            }
+        }
+        Ok(())
     }
 }
 
@@ -82,7 +170,7 @@ impl BlockDevice for SnapshotDevice {
         let mut out = BytesMut::with_capacity(len);
         for piece in pieces(offset, len as u64, self.pool.extent_size()) {
             let (_stripe, sources) = self.sources(&piece).await?;
-            self.pool.read_sources(&piece, &sources, &mut out).await?;
+            self.read_piece(&piece, &sources, &mut out).await?;
         }
         Ok(out)
     }
@@ -111,7 +199,21 @@ impl BlockDevice for SnapshotDevice {
         let mut extents = Vec::new();
         for piece in pieces(offset, len, self.pool.extent_size()) {
             let (_stripe, sources) = self.sources(&piece).await?;
-            push_sources(&mut extents, offset, &piece, &sources);
+            let runs = match &sources.restored {
+                None => sources.chains,
+                Some(restored) => (piece.granules())
+                    .map(|g| {
+                        let source = match restored.given(g) {
+                            // Data the delta gives is reported as data, wherever it lies.
+                            Some(Given::Data(_)) => Source::Data(u64::MAX),
+                            Some(Given::Zeros) => Source::Zero,
+                            None => sources.chain(g),
+                        };
+                        (g..g + 1, source)
+                    })
+                    .collect(),
+            };
+            push_sources(&mut extents, offset, &piece, &runs);
         }
         Ok(extents)
     }

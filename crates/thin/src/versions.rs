@@ -206,6 +206,29 @@ pub fn needed(chain: &[Link], lineage: &Lineage, pinned: &[Epoch]) -> Vec<Granul
     readers(chain, lineage, pinned).needed
 }
 
+/// What compacting the version at `at` may take out of a chain (newest first): per link, the
+/// granules `at` reads from it, when no epoch of `others` reads anything from that link (the
+/// link is then freed and the version's granules kept as a delta); empty otherwise.
+pub fn compactable(
+    chain: &[Link],
+    lineage: &Lineage,
+    at: Epoch,
+    others: &[Epoch],
+) -> Vec<Granules> {
+    let mine = needed(chain, lineage, &[at]);
+    let theirs = needed(chain, lineage, others);
+    mine.into_iter()
+        .zip(theirs)
+        .map(|(mine, theirs)| {
+            if theirs.is_empty() {
+                mine
+            } else {
+                Granules::empty(mine.len())
+            }
+        })
+        .collect()
+}
+
 /// What each pinned epoch reads from a chain, and which of it no other pinned epoch reads.
 pub struct Readers {
     /// Per link: the granules some pinned epoch reads from it.
@@ -288,6 +311,39 @@ mod tests {
 
     fn set(len: u64, members: &[u64]) -> Granules {
         Granules::from_fn(len, |g| members.contains(&g))
+    }
+
+    #[test]
+    fn compaction_takes_only_links_no_other_version_reads() {
+        // Snapshots at 0 and 1, the volume at 2. Extent of 4 granules: epoch 0 wrote all,
+        // epoch 1 rewrote granule 1, epoch 2 (the volume) rewrote granules 1 and 2.
+        let lineage = Lineage {
+            current: 2,
+            jumps: Default::default(),
+        };
+        let chain = vec![
+            Link {
+                epoch: 2,
+                defines: set(4, &[1, 2]),
+            },
+            Link {
+                epoch: 1,
+                defines: set(4, &[1]),
+            },
+            Link {
+                epoch: 0,
+                defines: set(4, &[0, 1, 2, 3]),
+            },
+        ];
+        // Compacting snapshot 1 against the volume: only the epoch-1 link is its alone.
+        let take = compactable(&chain, &lineage, 1, &[0, 2]);
+        assert_eq!(take, vec![set(4, &[]), set(4, &[1]), set(4, &[])]);
+        // Snapshot 0 shares its link with snapshot 1 (granules 0, 2, 3): nothing to take.
+        let take = compactable(&chain, &lineage, 0, &[1, 2]);
+        assert!(take.iter().all(Granules::is_empty));
+        // With snapshot 1 gone, the epoch-1 link is garbage, not snapshot 0's: still nothing.
+        let take = compactable(&chain, &lineage, 0, &[2]);
+        assert_eq!(take, vec![set(4, &[]), set(4, &[]), set(4, &[])]);
     }
 
     #[test]

@@ -557,17 +557,8 @@ impl BlockDevice for ThinVolume {
 
     async fn write(&self, offset: u64, data: Bytes, flags: WriteFlags) -> Result<()> {
         self.geometry().check_range(offset, data.len() as u64)?;
-        let mut published = false;
-        for piece in pieces(offset, data.len() as u64, self.extent_size()) {
-            let slice = data.slice(piece.done as usize..(piece.done + piece.len) as usize);
-            published |= self.write_piece(piece, slice, flags.fua).await?;
-        }
-        // The data went down without FUA; a commit flushes it and then the mapping. In
-        // extent mode every write that published a mapping or liveness change does this.
-        if published && (flags.fua || self.pool.map_commit == MapCommit::Extent) {
-            self.pool.store.commit().await?;
-        }
-        Ok(())
+        let _whole = self.pool.requests.read().await;
+        self.write_pieces(offset, data, flags).await
     }
 
     async fn flush(&self) -> Result<()> {
@@ -576,6 +567,7 @@ impl BlockDevice for ThinVolume {
 
     async fn discard(&self, offset: u64, len: u64) -> Result<()> {
         self.geometry().check_range(offset, len)?;
+        let _whole = self.pool.requests.read().await;
         for piece in pieces(offset, len, self.extent_size()) {
             self.reclaim_piece(piece, false).await?;
         }
@@ -584,6 +576,7 @@ impl BlockDevice for ThinVolume {
 
     async fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> {
         self.geometry().check_range(offset, len)?;
+        let _whole = self.pool.requests.read().await;
         if !flags.may_trim {
             if flags.fast {
                 return Err(BlockError::Unsupported("fast zeroing without trimming"));
@@ -632,14 +625,29 @@ impl ThinVolume {
         lock_key(self.record.id, piece.extent)
     }
 
-    /// NO_HOLE zeroing: real zeros, allocated like any write.
+    /// A write's pieces, one extent at a time (the caller holds the pool's request gate).
+    async fn write_pieces(&self, offset: u64, data: Bytes, flags: WriteFlags) -> Result<()> {
+        let mut published = false;
+        for piece in pieces(offset, data.len() as u64, self.extent_size()) {
+            let slice = data.slice(piece.done as usize..(piece.done + piece.len) as usize);
+            published |= self.write_piece(piece, slice, flags.fua).await?;
+        }
+        // The data went down without FUA; a commit flushes it and then the mapping. In
+        // extent mode every write that published a mapping or liveness change does this.
+        if published && (flags.fua || self.pool.map_commit == MapCommit::Extent) {
+            self.pool.store.commit().await?;
+        }
+        Ok(())
+    }
+
+    /// NO_HOLE zeroing: real zeros, allocated like any write (under the caller's gate).
     async fn write_zero_data(&self, offset: u64, len: u64, fua: bool) -> Result<()> {
         let chunk = self.extent_size().min(1 << 20);
         let zeros = Bytes::from(vec![0u8; chunk as usize]);
         let mut at = offset;
         while at < offset + len {
             let n = chunk.min(offset + len - at);
-            self.write(at, zeros.slice(..n as usize), WriteFlags { fua: false })
+            self.write_pieces(at, zeros.slice(..n as usize), WriteFlags { fua: false })
                 .await?;
             at += n;
         }

@@ -269,11 +269,12 @@ async fn hardening_scenario(seed: u64, mode: MapCommit) -> Result<CrashStats, St
 }
 
 /// Versions under power cuts: writes, zeroing and flushes on a volume mixed with snapshots
-/// taken, deleted and rolled back to. After every cut: the pool's records are consistent;
-/// every snapshot whose creation completed (and whose deletion did not) is listed and reads
-/// exactly what the volume read when it was taken; a snapshot caught mid-creation or
-/// mid-deletion either is gone or reads as it should; the volume keeps every flushed write
-/// (a rollback caught mid-way leaves it as before or as the snapshot, nothing else).
+/// taken, deleted, rolled back to, compacted and uncompacted. After every cut: the pool's
+/// records are consistent; every snapshot whose creation completed (and whose deletion did
+/// not) is listed and reads exactly what the volume read when it was taken; a snapshot
+/// caught mid-creation or mid-deletion either is gone or reads as it should; the volume keeps
+/// every flushed write (a rollback caught mid-way leaves it as before or as the snapshot,
+/// nothing else).
 #[test]
 fn versions_keep_every_completed_snapshot_and_flushed_write_through_power_cuts() {
     let run = CrashRun {
@@ -433,8 +434,28 @@ async fn versions_scenario(seed: u64) -> Result<CrashStats, String> {
                         log.push(format!("rollback to {name}: failed"));
                     }
                 }
+            } else if roll < 40 && !names.is_empty() {
+                // Compaction changes where a snapshot's bytes live, never what they are.
+                let name = names[rng.random_range(0..names.len())].clone();
+                let done = pool.compact_snapshot("v", &name).await;
+                log.push(format!(
+                    "compact {name}: {:?}",
+                    done.map(|r| r.extents_compacted)
+                ));
+            } else if roll < 42 && !names.is_empty() {
+                let name = names[rng.random_range(0..names.len())].clone();
+                let done = pool.uncompact_snapshot("v", &name).await;
+                log.push(format!(
+                    "uncompact {name}: {:?}",
+                    done.map(|r| r.extents_restored)
+                ));
             } else {
-                let (offset, len) = random_sectors(&mut rng);
+                // Now and then the whole volume, so that older versions own extents alone.
+                let (offset, len) = if roll < 46 {
+                    (0, VOLUME)
+                } else {
+                    random_sectors(&mut rng)
+                };
                 let fua = rng.random_bool(0.1);
                 let (id, data) = model.pattern_write_started(offset, len as usize);
                 match volume.write(offset, data, WriteFlags { fua }).await {

@@ -1,5 +1,6 @@
 //! Versions of thin volumes against an in-memory model of every version: random writes,
-//! discards, zeroing, snapshots, deletions in any order, rollbacks, clones and reopens; after
+//! discards, zeroing, snapshots, deletions in any order, rollbacks, clones, compactions and
+//! uncompactions, and reopens; after
 //! each step every volume and every snapshot reads exactly as the model says, holes read as
 //! zeros, and the pool's records pass `check_state`.
 //!
@@ -7,7 +8,7 @@
 //! unknown until they are written again; a snapshot taken over unknown bytes records what the
 //! volume read then, and must read the same for ever after.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -56,6 +57,12 @@ enum Op {
     DeleteVolume {
         volume: usize,
     },
+    Compact {
+        pick: usize,
+    },
+    Uncompact {
+        pick: usize,
+    },
     Reopen,
 }
 
@@ -67,19 +74,37 @@ fn io() -> impl Strategy<Value = Io> {
     ]
 }
 
-fn op() -> impl Strategy<Value = Op> {
+/// How often each step comes: `[partial I/O, whole-volume write, snapshot, delete,
+/// rollback, clone, volume delete, compact, uncompact, reopen]`.
+type Weights = [u32; 10];
+
+/// Every kind of step.
+const EVERYTHING: Weights = [12, 2, 3, 2, 1, 1, 1, 2, 1, 1];
+/// Many snapshots of whole-volume rewrites, so that versions own extents alone: what
+/// compaction takes.
+const COMPACTION: Weights = [4, 4, 5, 1, 1, 1, 0, 4, 2, 1];
+
+fn op(w: Weights) -> impl Strategy<Value = Op> {
     let sectors = (0u64..SIZE / 512, 1u64..200).prop_map(|(start, sectors)| {
         let offset = start * 512;
         (offset, (sectors * 512).min(SIZE - offset))
     });
     prop_oneof![
-        12 => (any::<usize>(), sectors, io()).prop_map(|(volume, (offset, len), io)| Op::Io { volume, offset, len, io }),
-        3 => any::<usize>().prop_map(|volume| Op::Snapshot { volume }),
-        2 => any::<usize>().prop_map(|pick| Op::Delete { pick }),
-        1 => any::<usize>().prop_map(|pick| Op::Rollback { pick }),
-        1 => any::<usize>().prop_map(|pick| Op::Clone { pick }),
-        1 => any::<usize>().prop_map(|volume| Op::DeleteVolume { volume }),
-        1 => Just(Op::Reopen),
+        w[0] => (any::<usize>(), sectors, io()).prop_map(|(volume, (offset, len), io)| Op::Io { volume, offset, len, io }),
+        w[1] => (any::<usize>(), any::<u8>()).prop_map(|(volume, fill)| Op::Io {
+            volume,
+            offset: 0,
+            len: SIZE,
+            io: Io::Write { fill: fill | 1 },
+        }),
+        w[2] => any::<usize>().prop_map(|volume| Op::Snapshot { volume }),
+        w[3] => any::<usize>().prop_map(|pick| Op::Delete { pick }),
+        w[4] => any::<usize>().prop_map(|pick| Op::Rollback { pick }),
+        w[5] => any::<usize>().prop_map(|pick| Op::Clone { pick }),
+        w[6] => any::<usize>().prop_map(|volume| Op::DeleteVolume { volume }),
+        w[7] => any::<usize>().prop_map(|pick| Op::Compact { pick }),
+        w[8] => any::<usize>().prop_map(|pick| Op::Uncompact { pick }),
+        w[9] => Just(Op::Reopen),
     ]
 }
 
@@ -131,6 +156,8 @@ struct Model {
     volumes: BTreeMap<String, Image>,
     /// (volume, snapshot) → what it holds (always fully known).
     snapshots: BTreeMap<(String, String), Image>,
+    /// Snapshots with extents stored as deltas.
+    compacted: BTreeSet<(String, String)>,
     next: usize,
 }
 
@@ -178,6 +205,22 @@ async fn check_everything(pool: &Arc<ThinPool>, model: &mut Model) {
     assert_eq!(listed_sorted, expected, "snapshot list");
 }
 
+/// Whether a rollback to or a clone of a snapshot was refused because it is compacted; it
+/// must be refused exactly then.
+fn refused_while_compacted(
+    model: &Model,
+    key: &(String, String),
+    result: strata_core::Result<u64>,
+) -> bool {
+    if model.compacted.contains(key) {
+        let error = result.expect_err("a compacted snapshot was rolled back to or cloned");
+        assert!(error.to_string().contains("uncompact it"), "{error}");
+        return true;
+    }
+    result.unwrap();
+    false
+}
+
 fn pick<T: Clone>(items: &[T], at: usize) -> Option<T> {
     (!items.is_empty()).then(|| items[at % items.len()].clone())
 }
@@ -205,6 +248,7 @@ fn run(copy: bool, ops: Vec<Op>) {
                 .map(|(n, s)| (n.to_string(), Image::zeros(s)))
                 .collect(),
             snapshots: BTreeMap::new(),
+            compacted: BTreeSet::new(),
             next: 0,
         };
         for op in ops {
@@ -269,13 +313,21 @@ fn run(copy: bool, ops: Vec<Op>) {
                         continue;
                     };
                     pool.delete_snapshot(&volume, &snapshot).await.unwrap();
+                    model.compacted.remove(&(volume.clone(), snapshot.clone()));
                     model.snapshots.remove(&(volume, snapshot));
                 }
                 Op::Rollback { pick: at } => {
                     let Some((volume, snapshot)) = pick(&snapshots, at) else {
                         continue;
                     };
-                    pool.rollback(&volume, &snapshot).await.unwrap();
+                    let key = (volume.clone(), snapshot.clone());
+                    if refused_while_compacted(
+                        &model,
+                        &key,
+                        pool.rollback(&volume, &snapshot).await,
+                    ) {
+                        continue;
+                    }
                     let image = model.snapshots[&(volume.clone(), snapshot)].clone();
                     model.volumes.insert(volume, image);
                 }
@@ -285,9 +337,11 @@ fn run(copy: bool, ops: Vec<Op>) {
                     };
                     let clone = format!("c{}", model.next);
                     model.next += 1;
-                    pool.clone_snapshot(&volume, &snapshot, &clone)
-                        .await
-                        .unwrap();
+                    let key = (volume.clone(), snapshot.clone());
+                    let made = pool.clone_snapshot(&volume, &snapshot, &clone).await;
+                    if refused_while_compacted(&model, &key, made.map(|_| 0)) {
+                        continue;
+                    }
                     let image = model.snapshots[&(volume, snapshot)].clone();
                     model.volumes.insert(clone, image);
                 }
@@ -305,6 +359,39 @@ fn run(copy: bool, ops: Vec<Op>) {
                         // Refused only for clones made from it.
                         let error = refused.unwrap_err().to_string();
                         assert!(error.contains("clones"), "{error}");
+                    }
+                }
+                Op::Compact { pick: at } => {
+                    let Some(key) = pick(&snapshots, at) else {
+                        continue;
+                    };
+                    match pool.compact_snapshot(&key.0, &key.1).await {
+                        Ok(report) => {
+                            if report.extents_compacted > 0 {
+                                model.compacted.insert(key);
+                            }
+                        }
+                        Err(error) => {
+                            // Refused only for a reason the pool names: nothing to compact
+                            // against, clones, or a compaction it would depend on.
+                            let error = error.to_string();
+                            assert!(
+                                error.contains("no later snapshot")
+                                    || error.contains("cannot be compacted"),
+                                "{error}"
+                            );
+                        }
+                    }
+                }
+                Op::Uncompact { pick: at } => {
+                    let Some(key) = pick(&snapshots, at) else {
+                        continue;
+                    };
+                    let done = pool.uncompact_snapshot(&key.0, &key.1).await;
+                    if model.compacted.remove(&key) {
+                        done.unwrap();
+                    } else {
+                        assert!(done.unwrap_err().to_string().contains("not compacted"));
                     }
                 }
                 Op::Reopen => {
@@ -329,9 +416,16 @@ proptest! {
     #[test]
     fn every_version_reads_as_the_model_says(
         copy in any::<bool>(),
-        ops in proptest::collection::vec(op(), 1..40),
+        ops in proptest::collection::vec(op(EVERYTHING), 1..40),
     ) {
         run(copy, ops);
+    }
+
+    #[test]
+    fn compacted_versions_read_as_the_model_says(
+        ops in proptest::collection::vec(op(COMPACTION), 1..40),
+    ) {
+        run(false, ops);
     }
 }
 
