@@ -542,14 +542,17 @@ def assert_alive_and_working(srv: Server, offset: int = 200 * MiB, length: int =
 
 
 @contextlib.contextmanager
-def block_device(srv: "Server", workdir: Path, tag: str, export: str | None = None):
+def block_device(srv: "Server", workdir: Path, tag: str, export: str | None = None, read_only: bool = False):
     """An export (the server's default one unless named) as a block device: nbdfuse exposes
-    it as a file, a loop device over it. `tag` names the fuse folder and its log."""
+    it as a file, a loop device over it. `tag` names the fuse folder and its log. With
+    `read_only` both are attached read-only on purpose (over a read-only export, such as a
+    snapshot, losetup would otherwise fall back to read-only by itself)."""
+    ro = ["-r"] if read_only else []
     fusedir = workdir / f"fuse-{tag}"
     fusedir.mkdir()
     log_path = workdir / f"nbdfuse-{tag}.log"
     log = open(log_path, "wb")
-    fuse = subprocess.Popen(["nbdfuse", str(fusedir), srv.uri(export)], stdout=log, stderr=subprocess.STDOUT,
+    fuse = subprocess.Popen(["nbdfuse", *ro, str(fusedir), srv.uri(export)], stdout=log, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL)
     loop = None
     try:
@@ -559,7 +562,7 @@ def block_device(srv: "Server", workdir: Path, tag: str, export: str | None = No
             assert fuse.poll() is None, log_path.read_text()
             assert time.monotonic() < deadline, "nbdfuse did not expose the export"
             time.sleep(0.05)
-        loop = run(["losetup", "-f", "--show", dev]).stdout.strip()
+        loop = run(["losetup", "-f", "--show", *ro, dev]).stdout.strip()
         yield loop
     finally:
         if loop:
@@ -571,3 +574,37 @@ def block_device(srv: "Server", workdir: Path, tag: str, export: str | None = No
             fuse.kill()
             fuse.wait()
         log.close()
+
+
+@contextlib.contextmanager
+def mounted(dev: str, mnt: Path, options: str | None = None):
+    """`dev` mounted as ext4 at `mnt` (made if missing) with mount `options` ("ro", …).
+    Unmounted on the way out unless the body did it; a failing unmount fails the test, since
+    a test that goes on to fsck or detach the device would otherwise check a mounted one."""
+    mnt.mkdir(exist_ok=True)
+    run(["mount", "-t", "ext4", *(["-o", options] if options else []), dev, mnt])
+    try:
+        yield mnt
+    except BaseException:
+        subprocess.run(["umount", str(mnt)], check=False)
+        raise
+    if os.path.ismount(mnt):
+        run(["umount", mnt])
+
+
+def assert_fsck_clean(dev: str, what: str) -> None:
+    """`e2fsck -fn`: a full check that changes nothing; exit 0 means no problem found."""
+    r = run(["e2fsck", "-fn", dev], check=False, timeout=180)
+    assert r.returncode == 0, f"e2fsck ({what}) exited {r.returncode}:\n{r.stdout}\n{r.stderr}"
+
+
+def export_sha256(srv: Server, export: str, length: int | None = None) -> str:
+    """sha256 of an export's first `length` bytes (all of it by default), read over NBD."""
+    import hashlib
+
+    hsh = hashlib.sha256()
+    with nbd_handle(srv, export=export) as h:
+        end = h.get_size() if length is None else length
+        for off in range(0, end, 4 * MiB):
+            hsh.update(h.pread(min(4 * MiB, end - off), off))
+    return hsh.hexdigest()

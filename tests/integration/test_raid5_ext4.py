@@ -5,36 +5,23 @@ which proves the rebuilt one holds the right data."""
 
 from __future__ import annotations
 
-import contextlib
 import os
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from harness import MiB, STRATA_BIN, Disk, Export, Layer, ServerSpec, block_device, run
+from harness import MiB, Disk, Export, Layer, ServerSpec, assert_fsck_clean, block_device, mounted, run
 from test_ext4 import _can_do_block_devices, make_tree, tree_digests
 from test_hierarchy import layer_node, strata, wait_idle
 
 pytestmark = pytest.mark.skipif(_can_do_block_devices() is not None, reason=str(_can_do_block_devices()))
 
 
-@contextlib.contextmanager
-def mounted(loop: str, mnt: Path, readonly: bool):
-    mnt.mkdir(exist_ok=True)
-    run(["mount", "-t", "ext4", *(["-o", "ro"] if readonly else []), loop, mnt])
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", str(mnt)], check=False)
-
-
 def fsck_and_compare(srv, workdir: Path, tag: str, want: dict) -> None:
     with block_device(srv, workdir, tag) as loop:
-        r = run(["e2fsck", "-fn", loop], check=False, timeout=180)
-        assert r.returncode == 0, f"e2fsck ({tag}) found problems:\n{r.stdout}\n{r.stderr}"
-        with mounted(loop, workdir / f"mnt-{tag}", readonly=True) as mnt:
+        assert_fsck_clean(loop, tag)
+        with mounted(loop, workdir / f"mnt-{tag}", "ro") as mnt:
             assert tree_digests(mnt / "tree") == want, f"files differ ({tag})"
 
 
@@ -57,7 +44,7 @@ def test_ext4_on_raid5_and_crypt_survives_failure_rebuild_and_kill9(server_facto
 
     with block_device(srv, workdir, "mkfs") as loop:
         run(["mkfs.ext4", "-q", "-F", loop], timeout=120)
-        with mounted(loop, workdir / "mnt", readonly=False) as mnt:
+        with mounted(loop, workdir / "mnt") as mnt:
             import shutil
             shutil.copytree(src, mnt / "tree")
             run(["sync"])
