@@ -23,7 +23,7 @@ use bytes::BytesMut;
 use strata_core::{BlockError, Result, WriteFlags};
 use strata_meta::{ObjectId, State, TxnClass};
 
-use crate::chain::{Reading, Source};
+use crate::chain::Source;
 use crate::delta::{self, Decoded, TakenLink};
 use crate::map::{Piece, GRANULE};
 use crate::pool::ThinPool;
@@ -87,7 +87,6 @@ struct Subject {
     epoch: Epoch,
     base: Epoch,
     lineage: Lineage,
-    base_reading: Reading,
 }
 
 impl ThinPool {
@@ -111,14 +110,13 @@ impl ThinPool {
                 ))
             })?,
         };
-        self.check_compactable(&all, record.id, volume, target, base)?;
+        self.check_compactable(&all, record.id, volume, target)?;
         let subject = Subject {
             volume_id: record.id,
             map,
             epoch: target.epoch,
             base,
             lineage: versions.lineage.clone(),
-            base_reading: self.reading(&all, record.id, base)?,
         };
         let base_name = (versions.snapshots.iter())
             .find(|s| s.epoch == base)
@@ -166,22 +164,14 @@ impl ThinPool {
         Ok(report)
     }
 
-    /// The refusals: a snapshot others read through (clones, a compacted predecessor) or
-    /// whose base is itself compacted.
+    /// The refusal: a snapshot clones read through (they would not see its deltas).
     fn check_compactable(
         &self,
         all: &BTreeMap<u32, VersionsRecord>,
         id: u32,
         volume: &str,
         target: &SnapshotRecord,
-        base: Epoch,
     ) -> Result<()> {
-        let refuse = |why: String| {
-            Err(BlockError::InvalidArgument(format!(
-                "snapshot {volume}@{} cannot be compacted: {why}",
-                target.name
-            )))
-        };
         let clones = all
             .values()
             .filter(|r| {
@@ -190,26 +180,10 @@ impl ThinPool {
             })
             .count();
         if clones > 0 {
-            return refuse(format!("{clones} clone(s) read it"));
-        }
-        let own = &all[&id];
-        if let Some(dependent) = own
-            .snapshots
-            .iter()
-            .find(|s| s.compacted == Some(target.epoch))
-        {
-            return refuse(format!(
-                "snapshot {} is compacted against it",
-                dependent.name
-            ));
-        }
-        if let Some(compacted_base) =
-            (own.snapshots.iter()).find(|s| s.epoch == base && s.compacted.is_some())
-        {
-            return refuse(format!(
-                "its successor {} is compacted (recursive compaction is not built)",
-                compacted_base.name
-            ));
+            return Err(BlockError::InvalidArgument(format!(
+                "snapshot {volume}@{} cannot be compacted: {clones} clone(s) read it",
+                target.name
+            )));
         }
         Ok(())
     }
@@ -238,19 +212,15 @@ impl ThinPool {
             }
             let others = self.others(state, subject)?;
             let taken = self.takeable(state, subject, extent, &others);
-            if taken.is_empty() {
-                return Ok(None);
-            }
-            let per_extent = self.record.granules_per_extent();
-            let ids = self.chain_ids();
-            let base = ids.resolve(state, &subject.base_reading, extent, 0..per_extent);
-            Ok(Some((taken, base)))
+            Ok((!taken.is_empty()).then_some(taken))
         })?;
-        let Some((taken, base_sources)) = planned else {
+        let Some(taken) = planned else {
             return Ok(None);
         };
         let data = self.read_taken(&taken).await?;
-        let base = self.read_whole(extent, &base_sources).await?;
+        let base = self
+            .extent_view(subject.volume_id, subject.base, extent)
+            .await?;
         let record = delta::encode(
             &taken.iter().map(|(_, l)| l.clone()).collect::<Vec<_>>(),
             &data,
@@ -271,7 +241,14 @@ impl ThinPool {
     ) -> Vec<(u64, TakenLink)> {
         let chain = self.links(state, subject.map, extent);
         let links: Vec<Link> = chain.iter().map(|(_, l)| l.clone()).collect();
-        let take = versions::compactable(&links, &subject.lineage, subject.epoch, others);
+        let compacted = self
+            .subject_record(state, subject)
+            .map(|(versions, _)| compacted_epochs(&versions))
+            .unwrap_or_default();
+        let given = self.given_at(state, subject.volume_id, &compacted, extent);
+        let take = versions::compactable(&links, &subject.lineage, subject.epoch, others, &|e| {
+            given.get(&e).cloned()
+        });
         let live = state.bitmap(self.ids.live).expect("pool live bitmap");
         chain
             .iter()
@@ -411,7 +388,7 @@ impl ThinPool {
             let table = table.unwrap_or_else(|| {
                 txn.create_table(
                     &deltas_name(subject.volume_id, subject.epoch),
-                    DeltaEntry::BYTES,
+                    DeltaEntry::value_bytes(self.record.granules_per_extent()),
                 )
             });
             for plan in &applied {
@@ -421,7 +398,12 @@ impl ThinPool {
                     len: plan.len,
                     crc: plan.crc,
                 };
-                txn.set(table, plan.extent, &entry.encode());
+                let mut covered = Granules::empty(self.record.granules_per_extent());
+                for (_, link) in &plan.links {
+                    covered.union_with(&link.data);
+                    covered.union_with(&link.zeros);
+                }
+                txn.set(table, plan.extent, &entry.encode(&covered));
             }
             let mut compaction = match blob {
                 Some(id) => CompactionRecord::decode(state.blob(id).unwrap_or(&[]))
@@ -473,6 +455,14 @@ impl ThinPool {
     }
 }
 
+/// The epochs of a volume's compacted snapshots.
+pub(crate) fn compacted_epochs(versions: &VersionsRecord) -> Vec<Epoch> {
+    (versions.snapshots.iter())
+        .filter(|s| s.compacted.is_some())
+        .map(|s| s.epoch)
+        .collect()
+}
+
 /// The nearest later snapshot that descends from `target`: what it is compacted against.
 fn successor(versions: &VersionsRecord, target: &SnapshotRecord) -> Option<Epoch> {
     (versions.snapshots.iter())
@@ -515,22 +505,66 @@ impl Restored {
 }
 
 impl ThinPool {
-    /// How the compaction base of snapshot `epoch` of volume `volume` is read, if it is
-    /// compacted.
-    pub(crate) fn compaction_reading(
-        &self,
-        volume: u32,
-        epoch: Epoch,
-    ) -> Result<Option<(Epoch, Reading)>> {
-        let all = self.store.read(|state| self.versions_records(state))?;
-        let base = (all.get(&volume).into_iter())
+    /// The epoch snapshot `epoch` of `volume` is compacted against, if it is.
+    pub(crate) fn compaction_base(&self, volume: u32, epoch: Epoch) -> Result<Option<Epoch>> {
+        let record = self.versions_record(volume)?;
+        Ok((record.iter())
             .flat_map(|v| v.snapshots.iter())
             .find(|s| s.epoch == epoch)
-            .and_then(|s| s.compacted);
-        match base {
-            Some(base) => Ok(Some((base, self.reading(&all, volume, base)?))),
-            None => Ok(None),
-        }
+            .and_then(|s| s.compacted))
+    }
+
+    /// What version `epoch` of `volume` reads in the whole of `extent`: its chains, and its
+    /// delta where it is compacted (decoded against its own base's view, and so on down a
+    /// series of compacted snapshots, each base later than the last).
+    pub(crate) fn extent_view<'a>(
+        &'a self,
+        volume: u32,
+        epoch: Epoch,
+        extent: u64,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Vec<u8>>> + Send + 'a>> {
+        Box::pin(async move {
+            let all = self.store.read(|state| self.versions_records(state))?;
+            let reading = self.reading(&all, volume, epoch)?;
+            let per_extent = self.record.granules_per_extent();
+            let sources = self.store.read(|state| {
+                self.chain_ids()
+                    .resolve(state, &reading, extent, 0..per_extent)
+            });
+            let mut bytes = self.read_whole(extent, &sources).await?;
+            let (Some(entry), Some(base)) = (
+                self.compacted_entry(volume, epoch, extent),
+                self.compaction_base(volume, epoch)?,
+            ) else {
+                return Ok(bytes);
+            };
+            let what = format!("volume {volume} epoch {epoch}");
+            let restored = self
+                .restore_compacted(&what, volume, base, extent, entry)
+                .await?;
+            for g in 0..per_extent {
+                let at = (g * GRANULE) as usize..((g + 1) * GRANULE) as usize;
+                match restored.given(g) {
+                    Some(Given::Data(data)) => bytes[at].copy_from_slice(data),
+                    Some(Given::Zeros) => bytes[at].fill(0),
+                    None => {}
+                }
+            }
+            Ok(bytes)
+        })
+    }
+
+    /// Decodes a compacted extent against its base's view of it.
+    pub(crate) async fn restore_compacted(
+        &self,
+        what: &str,
+        volume: u32,
+        base: Epoch,
+        extent: u64,
+        entry: DeltaEntry,
+    ) -> Result<Restored> {
+        let base_view = self.extent_view(volume, base, extent).await?;
+        self.restore(what, extent, entry, &base_view).await
     }
 
     /// The delta entry of `extent` of snapshot `epoch` of `volume`, if it is compacted there.
@@ -553,7 +587,7 @@ impl ThinPool {
         what: &str,
         extent: u64,
         entry: DeltaEntry,
-        base_reading: &Reading,
+        base: &[u8],
     ) -> Result<Restored> {
         let damaged = |problem: String| {
             tracing::error!(pool = %self.name, snapshot = what, extent, %problem, "compacted extent is damaged");
@@ -583,12 +617,7 @@ impl ThinPool {
             return Err(damaged("its checksum does not match".into()));
         }
         let per_extent = self.record.granules_per_extent();
-        let sources = self.store.read(|state| {
-            self.chain_ids()
-                .resolve(state, base_reading, extent, 0..per_extent)
-        });
-        let base = self.read_whole(extent, &sources).await?;
-        let decoded = delta::decode(record, per_extent, &base).map_err(damaged)?;
+        let decoded = delta::decode(record, per_extent, base).map_err(damaged)?;
         Ok(Restored::new(decoded))
     }
 
@@ -616,6 +645,26 @@ impl ThinPool {
             txn.delete(table);
         }
         Ok(dropped)
+    }
+
+    /// The granules each of the `compacted` snapshots of `volume` reads from its delta, not
+    /// from the chains, at `extent` (a walk over a chain must not let them fall through).
+    pub(crate) fn given_at(
+        &self,
+        state: &State,
+        volume: u32,
+        compacted: &[Epoch],
+        extent: u64,
+    ) -> BTreeMap<Epoch, Granules> {
+        let per_extent = self.record.granules_per_extent();
+        (compacted.iter())
+            .filter_map(|&epoch| {
+                let table = state.table(self.delta_table(state, volume, epoch)?)?;
+                let value = table.get(extent)?;
+                DeltaEntry::decode(Some(value))?;
+                Some((epoch, DeltaEntry::covered(Some(value), per_extent)))
+            })
+            .collect()
     }
 
     /// Bytes of a snapshot's delta records (0 when it is not compacted).
@@ -655,7 +704,6 @@ impl ThinPool {
             epoch: target.epoch,
             base,
             lineage: all[&record.id].lineage.clone(),
-            base_reading: self.reading(&all, record.id, base)?,
         };
         let what = format!("{volume}@{snapshot}");
         let entries: Vec<(u64, DeltaEntry)> = self.store.read(|state| {
@@ -672,7 +720,7 @@ impl ThinPool {
             let mut restored = Vec::new();
             for &(extent, entry) in chunk {
                 let restored_extent = self
-                    .restore(&what, extent, entry, &subject.base_reading)
+                    .restore_compacted(&what, subject.volume_id, subject.base, extent, entry)
                     .await?;
                 let links = self.write_back(&restored_extent).await;
                 let links = match links {
@@ -816,7 +864,7 @@ impl ThinPool {
                         txn.set_bits(masked, first + g, 1, true);
                     }
                 }
-                txn.set(table, *extent, &DeltaEntry::NONE);
+                txn.set(table, *extent, &DeltaEntry::none(per_extent));
                 applied.push(*extent);
             }
             Ok(applied)

@@ -24,7 +24,7 @@
 use bytes::BufMut;
 use strata_meta::{ObjectId, State};
 
-use crate::versions::{Epoch, Lineage};
+use crate::versions::{Epoch, Granules, Lineage};
 
 pub const POOL: &str = "pool";
 pub const VOLUMES: &str = "volumes";
@@ -55,7 +55,10 @@ pub fn deltas_name(volume: u32, epoch: Epoch) -> String {
     format!("deltas.{volume}.{epoch}")
 }
 
-/// Where one compacted extent's delta record lies (a `deltas.<id>.<epoch>` entry).
+/// Where one compacted extent's delta record lies (a `deltas.<id>.<epoch>` entry), followed
+/// in the table by the granules the record gives the snapshot (data or zeros), so that walks
+/// over the chains know what the snapshot no longer reads from them without reading the
+/// record.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DeltaEntry {
     /// The physical extent holding the record (one of the compaction's delta extents).
@@ -67,28 +70,50 @@ pub struct DeltaEntry {
 }
 
 impl DeltaEntry {
-    pub const BYTES: usize = 16;
+    const FIXED: usize = 16;
 
-    pub fn encode(&self) -> [u8; 16] {
-        let mut out = [0u8; 16];
-        out[..4].copy_from_slice(&(self.phys as u32 + 1).to_le_bytes());
-        out[4..8].copy_from_slice(&self.offset.to_le_bytes());
-        out[8..12].copy_from_slice(&self.len.to_le_bytes());
-        out[12..].copy_from_slice(&self.crc.to_le_bytes());
+    /// Bytes of a table entry in a pool of `per_extent` granules per extent.
+    pub fn value_bytes(per_extent: u64) -> usize {
+        Self::FIXED + per_extent.div_ceil(8) as usize
+    }
+
+    /// The entry and the granules its record covers.
+    pub fn encode(&self, covered: &Granules) -> Vec<u8> {
+        let mut out = Vec::with_capacity(Self::value_bytes(covered.len()));
+        out.put_u32_le(self.phys as u32 + 1);
+        out.put_u32_le(self.offset);
+        out.put_u32_le(self.len);
+        out.put_u32_le(self.crc);
+        let mut set = vec![0u8; covered.len().div_ceil(8) as usize];
+        for g in covered.iter() {
+            set[(g / 8) as usize] |= 1 << (g % 8);
+        }
+        out.extend_from_slice(&set);
         out
     }
 
     /// The encoding of "no entry": a removed one is written as zeros.
-    pub const NONE: [u8; 16] = [0; 16];
+    pub fn none(per_extent: u64) -> Vec<u8> {
+        vec![0; Self::value_bytes(per_extent)]
+    }
 
     pub fn decode(bytes: Option<&[u8]>) -> Option<DeltaEntry> {
-        let bytes = bytes.filter(|b| b.len() == Self::BYTES)?;
+        let bytes = bytes.filter(|b| b.len() >= Self::FIXED)?;
         let u32_at = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap());
         Some(DeltaEntry {
             phys: (u32_at(0) as u64).checked_sub(1)?,
             offset: u32_at(4),
             len: u32_at(8),
             crc: u32_at(12),
+        })
+    }
+
+    /// The granules an entry's record covers (empty for no entry).
+    pub fn covered(bytes: Option<&[u8]>, per_extent: u64) -> Granules {
+        let set = bytes.and_then(|b| b.get(Self::FIXED..)).unwrap_or(&[]);
+        Granules::from_fn(per_extent, |g| {
+            set.get((g / 8) as usize)
+                .is_some_and(|byte| byte & (1 << (g % 8)) != 0)
         })
     }
 }

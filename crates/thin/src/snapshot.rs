@@ -290,6 +290,17 @@ impl ThinPool {
             let Some(at) = versions.snapshots.iter().position(|s| s.name == name) else {
                 return Err(no_snapshot(volume, name));
             };
+            if let Some(dependent) = (versions.snapshots.iter())
+                .find(|s| s.compacted == Some(versions.snapshots[at].epoch))
+                .filter(|_| versions.snapshots[at].compacted.is_some())
+            {
+                // Its deltas are part of the dependent's base view.
+                return Err(BlockError::InvalidArgument(format!(
+                    "snapshot {volume}@{name} is compacted and {} is compacted against it; \
+                     uncompact {} first",
+                    dependent.name, dependent.name
+                )));
+            }
             let gone = versions.snapshots.remove(at);
             if gone.compacted.is_some() {
                 // Its deltas go with it, in the same transaction.
@@ -395,7 +406,6 @@ impl ThinPool {
             epoch: found.epoch,
             size: found.size,
             reading: self.reading(&all, record.id, found.epoch)?,
-            base: Default::default(),
         })
     }
 
@@ -502,7 +512,7 @@ impl ThinPool {
             }
             let pinned: Vec<Epoch> = versions.snapshots.iter().map(|s| s.epoch).collect();
             let others = Self::pinned(&all, record.id);
-            let (unique, shared) = self.reader_space(map, &versions.lineage, &pinned, &others);
+            let (unique, shared) = self.reader_space(record.id, map, versions, &pinned, &others);
             for (i, snapshot) in versions.snapshots.iter().enumerate() {
                 let compacted_against = snapshot.compacted.map(|base| {
                     (versions.snapshots.iter())
@@ -531,11 +541,14 @@ impl ThinPool {
     /// Granules each of `pinned` reads alone and shares, among every epoch in `all`.
     fn reader_space(
         &self,
+        id: u32,
         map: ObjectId,
-        lineage: &versions::Lineage,
+        versions: &VersionsRecord,
         pinned: &[Epoch],
         all: &[Epoch],
     ) -> (Vec<u64>, Vec<u64>) {
+        let lineage = &versions.lineage;
+        let compacted = crate::compact::compacted_epochs(versions);
         let readers: Vec<Epoch> = pinned
             .iter()
             .copied()
@@ -543,8 +556,9 @@ impl ThinPool {
             .collect();
         let mut unique = vec![0u64; pinned.len()];
         let mut shared = vec![0u64; pinned.len()];
-        self.each_chain(map, |links| {
-            let got = versions::readers(links, lineage, &readers);
+        self.each_chain(id, map, &compacted, |links, given| {
+            let got =
+                versions::readers_given(links, lineage, &readers, &|e| given.get(&e).cloned());
             for i in 0..pinned.len() {
                 unique[i] += got.unique[i];
                 shared[i] += got.shared[i];
@@ -553,8 +567,15 @@ impl ThinPool {
         (unique, shared)
     }
 
-    /// Calls `visit` with every chain of a map (as policy links), reading a chunk at a time.
-    fn each_chain(&self, map: ObjectId, mut visit: impl FnMut(&[Link])) {
+    /// Calls `visit` with every chain of a map (as policy links) and what the `compacted`
+    /// snapshots read there from their deltas, reading a chunk at a time.
+    fn each_chain(
+        &self,
+        id: u32,
+        map: ObjectId,
+        compacted: &[Epoch],
+        mut visit: impl FnMut(&[Link], &std::collections::BTreeMap<Epoch, Granules>),
+    ) {
         const CHUNK: usize = 1024;
         let mut from = 0;
         loop {
@@ -565,19 +586,18 @@ impl ThinPool {
                 let extents: Vec<u64> = table.iter_from(from).take(CHUNK).map(|(i, _)| i).collect();
                 extents
                     .into_iter()
-                    .map(|extent| (extent, self.links(state, map, extent)))
+                    .map(|extent| {
+                        let given = self.given_at(state, id, compacted, extent);
+                        (extent, self.links(state, map, extent), given)
+                    })
                     .collect::<Vec<_>>()
             });
-            let Some(&(last, _)) = chains.last() else {
+            let Some(&(last, _, _)) = chains.last() else {
                 return;
             };
-            for (_, links) in &chains {
-                visit(
-                    &links
-                        .iter()
-                        .map(|(_, link)| link.clone())
-                        .collect::<Vec<_>>(),
-                );
+            for (_, links, given) in &chains {
+                let links: Vec<Link> = links.iter().map(|(_, link)| link.clone()).collect();
+                visit(&links, given);
             }
             from = last + 1;
         }
@@ -629,7 +649,7 @@ impl ThinPool {
                 .extent_locks()
                 .write(crate::pool::lock_key(record.id, extent))
                 .await;
-            freed_total += self.collect_chain(map, extent, &versions.lineage, &pinned)?;
+            freed_total += self.collect_chain(record.id, map, extent, &versions, &pinned)?;
         }
         if freed_total > 0 {
             self.store.commit().await?;
@@ -640,11 +660,14 @@ impl ThinPool {
 
     fn collect_chain(
         &self,
+        id: u32,
         map: ObjectId,
         extent: u64,
-        lineage: &versions::Lineage,
+        versions: &VersionsRecord,
         pinned: &[Epoch],
     ) -> Result<u64> {
+        let lineage = &versions.lineage;
+        let compacted = crate::compact::compacted_epochs(versions);
         let chain_ids = self.chain_ids();
         let (Some(history), Some(masked)) = (chain_ids.history, chain_ids.masked) else {
             return Ok(0);
@@ -656,7 +679,11 @@ impl ThinPool {
                 return Ok(0);
             }
             let links: Vec<Link> = chain.iter().map(|(_, link)| link.clone()).collect();
-            let needed = versions::needed(&links, lineage, pinned);
+            // A compacted snapshot reads its delta's granules from there, not from older
+            // links: they may die in those.
+            let given = self.given_at(state, id, &compacted, extent);
+            let needed =
+                versions::needed_given(&links, lineage, pinned, &|e| given.get(&e).cloned());
             let mut kept: Vec<(u64, Epoch)> = Vec::new();
             for ((phys, link), needed) in chain.iter().zip(&needed) {
                 let first = self.first_granule(*phys);

@@ -31,8 +31,6 @@ pub struct SnapshotDevice {
     pub(crate) epoch: Epoch,
     pub(crate) size: u64,
     pub(crate) reading: Reading,
-    /// How the compaction base is read, once the snapshot is found compacted.
-    pub(crate) base: std::sync::Mutex<Option<(Epoch, Reading)>>,
 }
 
 /// Where a piece's granules come from: the chains, and a compacted extent's delta over them.
@@ -84,34 +82,22 @@ impl SnapshotDevice {
             .compacted_entry(self.volume, self.epoch, piece.extent)
         {
             Some(entry) => {
-                let base = self.base_reading()?;
+                let base =
+                    (self.pool.compaction_base(self.volume, self.epoch)?).ok_or_else(|| {
+                        BlockError::Corrupt(format!(
+                            "snapshot {} has deltas but no compaction base",
+                            self.name
+                        ))
+                    })?;
+                let pool = &self.pool;
                 Some(
-                    self.pool
-                        .restore(&self.name, piece.extent, entry, &base)
+                    pool.restore_compacted(&self.name, self.volume, base, piece.extent, entry)
                         .await?,
                 )
             }
             None => None,
         };
         Ok((stripe, PieceSources { chains, restored }))
-    }
-
-    /// How the snapshot's compaction base is read (found once; a snapshot is compacted
-    /// against one base until it is uncompacted).
-    fn base_reading(&self) -> Result<Reading> {
-        let mut cached = self.base.lock().unwrap_or_else(|p| p.into_inner());
-        let found = self.pool.compaction_reading(self.volume, self.epoch)?;
-        match (&*cached, found) {
-            (Some((epoch, reading)), Some((base, _))) if *epoch == base => Ok(reading.clone()),
-            (_, Some((base, reading))) => {
-                *cached = Some((base, reading.clone()));
-                Ok(reading)
-            }
-            (_, None) => Err(BlockError::Corrupt(format!(
-                "snapshot {} has deltas but no compaction base",
-                self.name
-            ))),
-        }
     }
 
     /// Appends a piece's bytes: the delta's granules where it has them, the chains' elsewhere.

@@ -206,6 +206,20 @@ pub fn needed(chain: &[Link], lineage: &Lineage, pinned: &[Epoch]) -> Vec<Granul
     readers(chain, lineage, pinned).needed
 }
 
+/// Granules a pinned epoch does not read from the chain: a compacted snapshot's delta gives
+/// them (None: it reads the chain for every granule).
+pub type Given<'a> = &'a dyn Fn(Epoch) -> Option<Granules>;
+
+/// [`needed`], for pinned epochs some of which are given some granules.
+pub fn needed_given(
+    chain: &[Link],
+    lineage: &Lineage,
+    pinned: &[Epoch],
+    given: Given,
+) -> Vec<Granules> {
+    readers_given(chain, lineage, pinned, given).needed
+}
+
 /// What compacting the version at `at` may take out of a chain (newest first): per link, the
 /// granules `at` reads from it, when no epoch of `others` reads anything from that link (the
 /// link is then freed and the version's granules kept as a delta); empty otherwise.
@@ -214,9 +228,10 @@ pub fn compactable(
     lineage: &Lineage,
     at: Epoch,
     others: &[Epoch],
+    given: Given,
 ) -> Vec<Granules> {
-    let mine = needed(chain, lineage, &[at]);
-    let theirs = needed(chain, lineage, others);
+    let mine = needed_given(chain, lineage, &[at], given);
+    let theirs = needed_given(chain, lineage, others, given);
     mine.into_iter()
         .zip(theirs)
         .map(|(mine, theirs)| {
@@ -241,6 +256,11 @@ pub struct Readers {
 
 /// Resolves every pinned epoch's reads of one chain (newest first). O(pinned × links).
 pub fn readers(chain: &[Link], lineage: &Lineage, pinned: &[Epoch]) -> Readers {
+    readers_given(chain, lineage, pinned, &|_| None)
+}
+
+/// [`readers`], for pinned epochs some of which are given some granules.
+pub fn readers_given(chain: &[Link], lineage: &Lineage, pinned: &[Epoch], given: Given) -> Readers {
     debug_assert!(
         chain.windows(2).all(|w| w[0].epoch > w[1].epoch),
         "a chain runs newest first, one link per epoch"
@@ -248,7 +268,7 @@ pub fn readers(chain: &[Link], lineage: &Lineage, pinned: &[Epoch]) -> Readers {
     let len = chain.first().map_or(0, |l| l.defines.len());
     let mut reads: Vec<Vec<Granules>> = Vec::with_capacity(pinned.len());
     for &at in pinned {
-        let mut covered = Granules::empty(len);
+        let mut covered = given(at).unwrap_or_else(|| Granules::empty(len));
         let mut from = Vec::with_capacity(chain.len());
         for link in chain {
             if lineage.sees(at, link.epoch) && !covered.is_full() {
@@ -336,14 +356,22 @@ mod tests {
             },
         ];
         // Compacting snapshot 1 against the volume: only the epoch-1 link is its alone.
-        let take = compactable(&chain, &lineage, 1, &[0, 2]);
+        let none = |_| None;
+        let take = compactable(&chain, &lineage, 1, &[0, 2], &none);
         assert_eq!(take, vec![set(4, &[]), set(4, &[1]), set(4, &[])]);
         // Snapshot 0 shares its link with snapshot 1 (granules 0, 2, 3): nothing to take.
-        let take = compactable(&chain, &lineage, 0, &[1, 2]);
+        let take = compactable(&chain, &lineage, 0, &[1, 2], &none);
         assert!(take.iter().all(Granules::is_empty));
         // With snapshot 1 gone, the epoch-1 link is garbage, not snapshot 0's: still nothing.
-        let take = compactable(&chain, &lineage, 0, &[2]);
+        let take = compactable(&chain, &lineage, 0, &[2], &none);
         assert_eq!(take, vec![set(4, &[]), set(4, &[]), set(4, &[])]);
+        // Snapshot 1 compacted, its delta giving granule 1: with its own link gone it must
+        // not fall through to the epoch-0 link's granule 1, which then no one reads.
+        let compacted = |e: Epoch| (e == 1).then(|| set(4, &[1]));
+        let needed_now = needed_given(&chain[2..], &lineage, &[1], &compacted);
+        assert_eq!(needed_now, vec![set(4, &[0, 2, 3])]);
+        let falls_through = needed(&chain[2..], &lineage, &[1]);
+        assert_eq!(falls_through, vec![set(4, &[0, 1, 2, 3])]);
     }
 
     #[test]
