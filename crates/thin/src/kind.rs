@@ -128,6 +128,10 @@ pub static VERBS: &[Verb] = &[
         ],
         help: "make a writable volume that starts as a snapshot and shares its data",
     },
+    // Versions policies (policy_verbs.rs).
+    crate::policy_verbs::POLICY,
+    crate::policy_verbs::PROTECT,
+    crate::policy_verbs::UNPROTECT,
 ];
 
 pub const SNAPSHOT_CREATE: &str = "snapshot-create";
@@ -273,7 +277,8 @@ impl PoolNode {
                     .await?;
                 answer.insert("volume".into(), clone.into());
             }
-            _ => return Err(BlockError::Unsupported("call")),
+            // Versions policies (policy_verbs.rs).
+            other => return crate::policy_verbs::call(pool, other, args).await,
         }
         Ok(answer)
     }

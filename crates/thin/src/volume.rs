@@ -31,6 +31,8 @@ pub struct ThinVolume {
     size: Arc<AtomicU64>,
     /// The volume's versions as its I/O sees them; shared by its handles.
     view: Arc<ViewCell>,
+    /// Write requests since the last automatic snapshot (the versions policy's count).
+    writes: Arc<AtomicU64>,
 }
 
 /// How the volume now is read and written once it has versions (see `versions`). Replaced
@@ -76,12 +78,14 @@ impl ThinVolume {
     pub(crate) fn new(pool: Arc<ThinPool>, record: VolumeRecord, map: ObjectId) -> Self {
         let size = pool.size_cell(&record);
         let view = pool.view_cell(record.id);
+        let writes = pool.versions_policy.write_counter(record.id);
         ThinVolume {
             pool,
             record,
             map,
             size,
             view,
+            writes,
         }
     }
 
@@ -556,17 +560,8 @@ impl BlockDevice for ThinVolume {
     }
 
     async fn write(&self, offset: u64, data: Bytes, flags: WriteFlags) -> Result<()> {
-        self.geometry().check_range(offset, data.len() as u64)?;
-        let mut published = false;
-        for piece in pieces(offset, data.len() as u64, self.extent_size()) {
-            let slice = data.slice(piece.done as usize..(piece.done + piece.len) as usize);
-            published |= self.write_piece(piece, slice, flags.fua).await?;
-        }
-        // The data went down without FUA; a commit flushes it and then the mapping. In
-        // extent mode every write that published a mapping or liveness change does this.
-        if published && (flags.fua || self.pool.map_commit == MapCommit::Extent) {
-            self.pool.store.commit().await?;
-        }
+        self.write_data(offset, data, flags).await?;
+        self.wrote();
         Ok(())
     }
 
@@ -579,6 +574,7 @@ impl BlockDevice for ThinVolume {
         for piece in pieces(offset, len, self.extent_size()) {
             self.reclaim_piece(piece, false).await?;
         }
+        self.wrote();
         Ok(())
     }
 
@@ -588,7 +584,9 @@ impl BlockDevice for ThinVolume {
             if flags.fast {
                 return Err(BlockError::Unsupported("fast zeroing without trimming"));
             }
-            return self.write_zero_data(offset, len, flags.fua).await;
+            self.write_zero_data(offset, len, flags.fua).await?;
+            self.wrote();
+            return Ok(());
         }
         for piece in pieces(offset, len, self.extent_size()) {
             if !self.reclaim_piece(piece, true).await? {
@@ -599,6 +597,7 @@ impl BlockDevice for ThinVolume {
         if flags.fua {
             self.pool.flush().await?;
         }
+        self.wrote();
         Ok(())
     }
 
@@ -622,6 +621,29 @@ impl BlockDevice for ThinVolume {
 }
 
 impl ThinVolume {
+    /// A write, without counting it for the versions policy (zeroing writes through here
+    /// in chunks and counts once).
+    async fn write_data(&self, offset: u64, data: Bytes, flags: WriteFlags) -> Result<()> {
+        self.geometry().check_range(offset, data.len() as u64)?;
+        let mut published = false;
+        for piece in pieces(offset, data.len() as u64, self.extent_size()) {
+            let slice = data.slice(piece.done as usize..(piece.done + piece.len) as usize);
+            published |= self.write_piece(piece, slice, flags.fua).await?;
+        }
+        // The data went down without FUA; a commit flushes it and then the mapping. In
+        // extent mode every write that published a mapping or liveness change does this.
+        if published && (flags.fua || self.pool.map_commit == MapCommit::Extent) {
+            self.pool.store.commit().await?;
+        }
+        Ok(())
+    }
+
+    /// Counts one acknowledged write request (WRITE, WRITE_ZEROES or TRIM) for the volume's
+    /// `every-writes` snapshot policy.
+    fn wrote(&self) {
+        self.writes.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// The pool's extent locks (see [`ThinPool::extent_locks`]).
     fn extent_lock(&self) -> &strata_core::StripedLocks {
         self.pool.extent_locks()
@@ -639,7 +661,7 @@ impl ThinVolume {
         let mut at = offset;
         while at < offset + len {
             let n = chunk.min(offset + len - at);
-            self.write(at, zeros.slice(..n as usize), WriteFlags { fua: false })
+            self.write_data(at, zeros.slice(..n as usize), WriteFlags { fua: false })
                 .await?;
             at += n;
         }
