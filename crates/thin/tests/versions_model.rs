@@ -3,6 +3,11 @@
 //! each step every volume and every snapshot reads exactly as the model says, holes read as
 //! zeros, and the pool's records pass `check_state`.
 //!
+//! Volume `a` also has a versions policy (a snapshot every write request, keep 2): policy
+//! ticks take snapshots and delete the policy's oldest beyond the last 2, which the model
+//! predicts on its own; protect and unprotect flip a snapshot's protection, which keep-K and
+//! a manual delete must respect.
+//!
 //! A discard may leave the bytes it covers as anything (NBD's TRIM), so the model marks them
 //! unknown until they are written again; a snapshot taken over unknown bytes records what the
 //! volume read then, and must read the same for ever after.
@@ -23,6 +28,8 @@ use common::{pool_options, settings};
 
 const EXTENT: u64 = 64 << 10;
 const SIZE: u64 = 4 * EXTENT;
+/// The clock the policy ticks start from (2026-11-25 18:00:00 UTC).
+const T0: u64 = 1_795_629_600_000;
 
 /// What one step does to a volume's bytes.
 #[derive(Clone, Debug)]
@@ -57,6 +64,12 @@ enum Op {
         volume: usize,
     },
     Reopen,
+    /// Protects the picked snapshot, or unprotects it if it is protected.
+    Protect {
+        pick: usize,
+    },
+    /// One pass of the versions policies, one second after the last.
+    Tick,
 }
 
 fn io() -> impl Strategy<Value = Io> {
@@ -80,6 +93,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => any::<usize>().prop_map(|pick| Op::Clone { pick }),
         1 => any::<usize>().prop_map(|volume| Op::DeleteVolume { volume }),
         1 => Just(Op::Reopen),
+        1 => any::<usize>().prop_map(|pick| Op::Protect { pick }),
+        2 => Just(Op::Tick),
     ]
 }
 
@@ -132,7 +147,18 @@ struct Model {
     /// (volume, snapshot) → what it holds (always fully known).
     snapshots: BTreeMap<(String, String), Image>,
     next: usize,
+    /// Snapshots of the policy volume the policy took and that exist, oldest first.
+    policy_made: Vec<String>,
+    protected: std::collections::BTreeSet<(String, String)>,
+    /// Write requests to the policy volume since its last automatic snapshot (or the open).
+    policy_writes: u64,
+    /// The wall clock the ticks are given.
+    clock: u64,
 }
+
+/// The volume with a policy, and the policy: a snapshot every write request, keep 2.
+const POLICY_VOLUME: &str = "a";
+const KEEP: usize = 2;
 
 async fn read_all(device: &dyn BlockDevice) -> Vec<u8> {
     let size = device.geometry().size;
@@ -176,6 +202,23 @@ async fn check_everything(pool: &Arc<ThinPool>, model: &mut Model) {
     let mut listed_sorted = listed.clone();
     listed_sorted.sort();
     assert_eq!(listed_sorted, expected, "snapshot list");
+    // The protections and the policy's snapshots are what the model says.
+    for name in model.volumes.keys() {
+        let status = pool.snapshot_policy(name).unwrap();
+        let mut protected = status.protected.clone();
+        protected.sort();
+        let expected: Vec<String> = (model.protected.iter())
+            .filter(|(volume, _)| volume == name)
+            .map(|(_, snapshot)| snapshot.clone())
+            .collect();
+        assert_eq!(protected, expected, "protected snapshots of {name}");
+        if name == POLICY_VOLUME {
+            assert_eq!(
+                status.policy_snapshots, model.policy_made,
+                "policy snapshots"
+            );
+        }
+    }
 }
 
 fn pick<T: Clone>(items: &[T], at: usize) -> Option<T> {
@@ -206,7 +249,15 @@ fn run(copy: bool, ops: Vec<Op>) {
                 .collect(),
             snapshots: BTreeMap::new(),
             next: 0,
+            policy_made: Vec::new(),
+            protected: Default::default(),
+            policy_writes: 0,
+            clock: T0,
         };
+        let every_write = strata_thin::Schedule::parse(None, Some("1"), Some("2")).unwrap();
+        pool.set_snapshot_policy(POLICY_VOLUME, Some(every_write), T0)
+            .await
+            .unwrap();
         for op in ops {
             let names: Vec<String> = model.volumes.keys().cloned().collect();
             let snapshots: Vec<(String, String)> = model.snapshots.keys().cloned().collect();
@@ -225,6 +276,9 @@ fn run(copy: bool, ops: Vec<Op>) {
                         continue;
                     }
                     let device = pool.volume(&name).unwrap();
+                    if name == POLICY_VOLUME {
+                        model.policy_writes += 1;
+                    }
                     match io {
                         Io::Write { fill } => {
                             let data: Vec<u8> = (0..len)
@@ -268,8 +322,18 @@ fn run(copy: bool, ops: Vec<Op>) {
                     let Some((volume, snapshot)) = pick(&snapshots, at) else {
                         continue;
                     };
-                    pool.delete_snapshot(&volume, &snapshot).await.unwrap();
-                    model.snapshots.remove(&(volume, snapshot));
+                    let key = (volume.clone(), snapshot.clone());
+                    let deleted = pool.delete_snapshot(&volume, &snapshot).await;
+                    if model.protected.contains(&key) {
+                        let error = deleted.unwrap_err().to_string();
+                        assert!(error.contains("is protected"), "{error}");
+                        continue;
+                    }
+                    deleted.unwrap();
+                    model
+                        .policy_made
+                        .retain(|made| volume != POLICY_VOLUME || *made != snapshot);
+                    model.snapshots.remove(&key);
                 }
                 Op::Rollback { pick: at } => {
                     let Some((volume, snapshot)) = pick(&snapshots, at) else {
@@ -314,6 +378,70 @@ fn run(copy: bool, ops: Vec<Op>) {
                         .await
                         .unwrap()
                         .0;
+                    // Write counts live in memory.
+                    model.policy_writes = 0;
+                }
+                Op::Protect { pick: at } => {
+                    let Some(key) = pick(&snapshots, at) else {
+                        continue;
+                    };
+                    let protect = !model.protected.contains(&key);
+                    pool.protect_snapshot(&key.0, &key.1, protect)
+                        .await
+                        .unwrap();
+                    if protect {
+                        model.protected.insert(key);
+                    } else {
+                        model.protected.remove(&key);
+                    }
+                }
+                Op::Tick => {
+                    model.clock += 1000;
+                    let report = pool.policy_tick(model.clock).await;
+                    assert!(report.refused.is_empty(), "{report:?}");
+                    if !model.volumes.contains_key(POLICY_VOLUME) {
+                        assert!(report.taken.is_empty(), "{report:?}");
+                        continue;
+                    }
+                    let mut taken = Vec::new();
+                    if model.policy_writes >= 1 {
+                        let name = strata_thin::schedule::auto_name(model.clock, |name| {
+                            snapshots
+                                .iter()
+                                .any(|(v, s)| v == POLICY_VOLUME && s == name)
+                        });
+                        let read = read_all(pool.volume(POLICY_VOLUME).unwrap().as_ref()).await;
+                        let image = model.volumes.get_mut(POLICY_VOLUME).unwrap();
+                        image.check_and_learn(&read, "policy volume at its snapshot");
+                        let image = image.clone();
+                        model
+                            .snapshots
+                            .insert((POLICY_VOLUME.to_string(), name.clone()), image);
+                        model.policy_made.push(name.clone());
+                        model.policy_writes = 0;
+                        taken.push((POLICY_VOLUME.to_string(), name));
+                    }
+                    assert_eq!(report.taken, taken, "automatic snapshots");
+                    // Keep 2: the policy's oldest beyond the newest two go, unless protected.
+                    let beyond = model.policy_made.len().saturating_sub(KEEP);
+                    let gone: Vec<String> = model.policy_made[..beyond]
+                        .iter()
+                        .filter(|name| {
+                            !model
+                                .protected
+                                .contains(&(POLICY_VOLUME.to_string(), (*name).clone()))
+                        })
+                        .cloned()
+                        .collect();
+                    let expected: Vec<(String, String)> = gone
+                        .iter()
+                        .map(|name| (POLICY_VOLUME.to_string(), name.clone()))
+                        .collect();
+                    assert_eq!(report.kept_deleted, expected, "keep-K deletions");
+                    for name in gone {
+                        model.policy_made.retain(|made| *made != name);
+                        model.snapshots.remove(&(POLICY_VOLUME.to_string(), name));
+                    }
                 }
             }
             check_everything(&pool, &mut model).await;
