@@ -117,6 +117,8 @@ def test_periodic_snapshots_by_writes_keep_k_status_and_restart(server_factory):
     pool = node(status, "pool")
     assert detail(pool, "automatic snapshots taken") == "4"
     assert detail(pool, "automatic snapshots deleted (keep)") == "2"
+    assert metric(srv, "strata_thin_snapshots_automatic_total") == 4
+    assert metric(srv, "strata_thin_snapshots_automatic_deleted_total") == 2
     human = srv.status(json_out=False)
     assert "snapshot policy = every 4 writes, keep 2" in human, human
     assert "automatic snapshot deleted: the policy keeps only its last K" in srv.stderr_text()
@@ -159,6 +161,14 @@ def size(n: int) -> str:
     return f"{n}B"
 
 
+def metric(srv, name: str) -> float:
+    """One sample of the pool's metrics (`strata metrics`)."""
+    for line in admin_command(srv, "metrics").stdout.splitlines():
+        if line.startswith(f'{name}{{pool="pool"}} '):
+            return float(line.rsplit(None, 1)[1])
+    raise AssertionError(f"no {name} for the pool")
+
+
 def write(srv, offset: int, length: int, seed: int) -> bytes:
     data = pattern_bytes(seed, length)
     with nbd_handle(srv, export="v") as h:
@@ -185,6 +195,7 @@ def test_a_snapshot_reserve_refuses_snapshots_below_it(server_factory):
     assert detail(pool, "snapshot reserve") == \
         f"50% ({size(reserve * EXTENT)} in {reserve} extents; free {size(free * EXTENT)}, BELOW)"
     assert "refused a snapshot of v" in detail(pool, "last versions action")
+    assert metric(srv, "strata_thin_snapshot_reserve_refusals_total") == 1
     log = srv.stderr_text()
     assert "snapshot refused: the pool's free space is below its snapshot reserve" in log, log[-3000:]
 
@@ -193,15 +204,19 @@ def test_delete_oldest_deletes_the_oldest_unprotected_snapshot_when_writes_go_be
     srv = server_factory(reserve_spec("delete-oldest"))
     write(srv, 0, 2 * MiB, 1)
     snapshot(srv, "create", "pool/v", "old")
+    snapshot(srv, "export", "pool/v", "old")
     second = write(srv, 0, 2 * MiB, 2)       # "old" alone holds the first 2 MiB now
     snapshot(srv, "create", "pool/v", "kept")
     snapshot(srv, "protect", "pool/v", "kept")
     third = write(srv, 16 * MiB, 4 * MiB, 3)  # 8 MiB allocated, 7 MiB free: below 7.5 MiB
     wait_for("the oldest snapshot deleted", lambda: "old" not in listed(srv))
     assert list(listed(srv)) == ["kept"]
+    # Its export went with the pool's next verb (the list above).
+    assert "pool/v@old" not in [e["name"] for e in srv.status()["exports"]]
     pool = node(srv.status(), "pool")
     assert detail(pool, "snapshots deleted for the reserve") == "1"
     assert "deleted v@old for the reserve" in detail(pool, "last versions action")
+    assert metric(srv, "strata_thin_snapshot_reserve_deletes_total") == 1
     assert not detail(pool, "snapshot reserve").endswith("BELOW)"), detail(pool, "snapshot reserve")
     log = srv.stderr_text()
     line = next((l for l in log.splitlines() if "snapshot deleted: the pool's free space is below" in l), None)

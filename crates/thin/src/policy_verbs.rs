@@ -82,6 +82,9 @@ fn required<'a>(args: &'a toml::Table, name: &str) -> Result<&'a str> {
 
 /// Answers one of the verbs above; `Unsupported` for any other.
 pub async fn call(pool: &ThinPool, verb: &str, args: &toml::Table) -> Result<toml::Table> {
+    if ![SNAPSHOT_POLICY, SNAPSHOT_PROTECT, SNAPSHOT_UNPROTECT].contains(&verb) {
+        return Err(BlockError::Unsupported("call"));
+    }
     let volume = required(args, "volume")?;
     match verb {
         SNAPSHOT_POLICY => {
