@@ -18,6 +18,14 @@ impl ThinPool {
         (free, policy.reserve.extents(extents, self.extent_size()))
     }
 
+    /// Whether the pool has a reserve and its free space is below it now.
+    pub(crate) fn below_reserve(&self) -> bool {
+        self.versions_policy.reserve.is_some_and(|policy| {
+            let (free, reserve) = self.reserve_state(&policy);
+            reserve::below(free, reserve)
+        })
+    }
+
     /// Called as allocation changes (with the low-water watch): wakes the runner when free
     /// space fell under a `delete-oldest` reserve. Two counters, no walk: cheap on the write
     /// path.

@@ -292,17 +292,26 @@ impl ThinPool {
         let sleeper = runtime.clone();
         self.background()
             .spawn(runtime.as_ref(), |worker| async move {
+                let mut listen = true;
                 loop {
                     {
                         let nap = std::pin::pin!(worker.sleep(sleeper.as_ref(), interval));
-                        let low = std::pin::pin!(woken.notified());
-                        futures_util::future::select(nap, low).await;
+                        if listen {
+                            let low = std::pin::pin!(woken.notified());
+                            futures_util::future::select(nap, low).await;
+                        } else {
+                            nap.await;
+                        }
                     }
                     let Some(_step) = worker.step().await else {
                         return;
                     };
                     let Some(pool) = pool.upgrade() else { return };
-                    pool.run_policies(schedule::wall_ms()).await;
+                    let report = pool.run_policies(schedule::wall_ms()).await;
+                    // Under the reserve with nothing left to delete (only protected
+                    // snapshots), every allocating write would wake the runner again for
+                    // nothing: it waits out its interval instead.
+                    listen = !report.reserve_deleted.is_empty() || !pool.below_reserve();
                 }
             });
     }
