@@ -10,7 +10,7 @@ use strata_meta::{State, Txn, TxnClass};
 
 use crate::pool::ThinPool;
 use crate::records::policy::{policy_name, PolicyRecord};
-use crate::records::{versions_name, SnapshotRecord, VersionsRecord};
+use crate::records::{decode_volumes, versions_name, SnapshotRecord, VersionsRecord};
 use crate::schedule::{self, Schedule};
 
 /// A volume's policy as `strata snapshot policy` shows it.
@@ -79,6 +79,15 @@ impl ThinPool {
         id: u32,
         change: impl FnOnce(&mut PolicyRecord, Option<&VersionsRecord>) -> Result<()>,
     ) -> Result<()> {
+        // Checked in the transaction: a volume deleted since its id was looked up must not
+        // get a record again (it would outlive it).
+        let volumes = decode_volumes(state.blob(self.ids.volumes).unwrap_or(&[]))
+            .map_err(|e| self.policy_corrupt(e))?;
+        if !volumes.iter().any(|v| v.id == id) {
+            return Err(BlockError::InvalidArgument(format!(
+                "volume {id} was deleted"
+            )));
+        }
         let records = self.read_policy_records(state, id)?;
         let mut policy = records.policy.unwrap_or_default();
         policy.prune(records.versions.as_ref());
