@@ -7,6 +7,7 @@ mod pool_metrics;
 mod serve;
 mod sim_forward;
 mod snapshot_cmd;
+mod snapshot_policy_cmd;
 mod status;
 mod volume_cmd;
 

@@ -97,10 +97,11 @@ impl Collector for PoolCollector {
         };
         let space = |p: &ThinPool| p.store().space();
         let counters = |p: &ThinPool| p.store().counters().snapshot();
+        let policies = |p: &ThinPool| p.policy_counts();
         use Kind::{Counter, Gauge};
         // One row a family: name, help, type, values.
         #[rustfmt::skip]
-        let families: [Family; 23] = [
+        let families: [Family; 28] = [
             ("strata_meta_used_bytes", "Metadata checkpoint space in use", Gauge, per_pool(&|p| space(p).used_bytes as f64)),
             ("strata_meta_capacity_bytes", "Metadata checkpoint space in all", Gauge, per_pool(&|p| space(p).capacity_bytes as f64)),
             ("strata_meta_reserve_bytes", "Metadata space kept for discard and delete", Gauge, per_pool(&|p| space(p).reserve_bytes as f64)),
@@ -121,6 +122,11 @@ impl Collector for PoolCollector {
             ("strata_thin_writes_waiting", "Allocating writes waiting for space (when-full = wait)", Gauge, per_pool_space(&|s| s.writes_waiting)),
             ("strata_thin_spares", "Spare devices left to grow the pool with (grow-from)", Gauge, per_pool_space(&|s| s.spares_left)),
             ("strata_thin_low_water_extents", "Allocated extents at which the pool reports low space", Gauge, per_pool_space(&|s| s.low_water_extents)),
+            ("strata_thin_snapshots_automatic", "Snapshots taken by the volumes' periodic policies", Counter, per_pool(&|p| policies(p).taken as f64)),
+            ("strata_thin_snapshots_automatic_deleted", "Automatic snapshots deleted because a policy keeps only its last K", Counter, per_pool(&|p| policies(p).kept_deleted as f64)),
+            ("strata_thin_snapshot_reserve_deletes", "Snapshots deleted because free space was below the snapshot reserve (delete-oldest)", Counter, per_pool(&|p| policies(p).reserve_deleted as f64)),
+            ("strata_thin_snapshot_reserve_refusals", "Snapshots refused because free space was below the snapshot reserve", Counter, per_pool(&|p| policies(p).refused as f64)),
+            ("strata_thin_snapshot_policy_failures", "Versions-policy passes that failed for a volume", Counter, per_pool(&|p| policies(p).failed as f64)),
             ("strata_thin_volume_extents_allocated", "Extents a volume maps", Gauge, per_volume(&|v| v.extents_allocated)),
             ("strata_thin_volume_granules_live", "4 KiB granules holding a volume's data", Gauge, per_volume(&|v| v.granules_live)),
             ("strata_thin_volume_extents_partly_dead", "A volume's extents with some granules not live", Gauge, per_volume(&|v| v.extents_partly_dead)),

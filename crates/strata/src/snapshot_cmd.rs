@@ -7,8 +7,11 @@ use serde_json::Value;
 use strata_core::{out, outln, ByteSize};
 use strata_stack::call::Call;
 use strata_stack::volumes::VolumeRequest;
+// One civil-date rendering for the list and the policies (tested in strata-thin).
+use strata_thin::schedule::utc;
 
 use crate::admin::{self, AdminRequest};
+use crate::snapshot_policy_cmd;
 
 #[derive(clap::Subcommand)]
 pub enum SnapshotCommand {
@@ -94,10 +97,49 @@ pub enum SnapshotCommand {
         #[arg(long)]
         force: bool,
     },
+    /// Show POOL/VOLUME's periodic snapshots, or set them (--every, --every-writes, --keep)
+    /// or remove them (--off); see snapshot_policy_cmd.rs.
+    Policy {
+        #[command(flatten)]
+        target: crate::AdminTarget,
+        /// POOL/VOLUME
+        volume: String,
+        /// Take a snapshot this often: 30s, 10m, 2h, 1d.
+        #[arg(long)]
+        every: Option<String>,
+        /// Take a snapshot after this many write requests (counted in memory).
+        #[arg(long)]
+        every_writes: Option<String>,
+        /// Keep only the last K snapshots the policy made (manual ones are never deleted).
+        #[arg(long)]
+        keep: Option<String>,
+        /// Stop taking periodic snapshots (the ones taken stay).
+        #[arg(long)]
+        off: bool,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Protect a snapshot: no policy (keep-K, the reserve) deletes it; a delete is refused.
+    Protect {
+        #[command(flatten)]
+        target: crate::AdminTarget,
+        /// POOL/VOLUME
+        volume: String,
+        snapshot: String,
+    },
+    /// End a snapshot's protection.
+    Unprotect {
+        #[command(flatten)]
+        target: crate::AdminTarget,
+        /// POOL/VOLUME
+        volume: String,
+        snapshot: String,
+    },
 }
 
 /// `POOL/VOLUME` in two.
-fn split(volume: &str) -> anyhow::Result<(String, String)> {
+pub(crate) fn split(volume: &str) -> anyhow::Result<(String, String)> {
     match volume.split_once('/') {
         Some((pool, name)) if !pool.is_empty() && !name.is_empty() => {
             Ok((pool.to_string(), name.to_string()))
@@ -106,11 +148,11 @@ fn split(volume: &str) -> anyhow::Result<(String, String)> {
     }
 }
 
-fn arg(name: &str, value: impl Into<String>) -> (String, Option<String>) {
+pub(crate) fn arg(name: &str, value: impl Into<String>) -> (String, Option<String>) {
     (name.to_string(), Some(value.into()))
 }
 
-fn call(
+pub(crate) fn call(
     target: &crate::AdminTarget,
     layer: String,
     verb: &str,
@@ -278,6 +320,33 @@ pub fn run(command: SnapshotCommand) -> anyhow::Result<()> {
                 force,
             },
         )?,
+        SnapshotCommand::Policy {
+            target,
+            volume,
+            every,
+            every_writes,
+            keep,
+            off,
+            json,
+        } => {
+            let flags = snapshot_policy_cmd::PolicyFlags {
+                every,
+                every_writes,
+                keep,
+                off,
+            };
+            snapshot_policy_cmd::policy(&target, &volume, flags, json)?
+        }
+        SnapshotCommand::Protect {
+            target,
+            volume,
+            snapshot,
+        } => snapshot_policy_cmd::protect(&target, &volume, &snapshot, true)?,
+        SnapshotCommand::Unprotect {
+            target,
+            volume,
+            snapshot,
+        } => snapshot_policy_cmd::protect(&target, &volume, &snapshot, false)?,
     }
     Ok(())
 }
@@ -321,37 +390,4 @@ fn render(pool: &str, rows: &[Value]) -> anyhow::Result<String> {
         )?;
     }
     Ok(out)
-}
-
-/// Milliseconds since the Unix epoch as `YYYY-MM-DD HH:MM:SS` (UTC; civil date from days,
-/// Howard Hinnant's algorithm).
-fn utc(ms: u64) -> String {
-    let secs = ms / 1000;
-    let (days, rest) = ((secs / 86_400) as i64, secs % 86_400);
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}",
-        rest / 3600,
-        rest % 3600 / 60,
-        rest % 60
-    )
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn utc_renders_civil_dates() {
-        assert_eq!(super::utc(0), "1970-01-01 00:00:00");
-        // 2026-11-25 18:05:15 UTC
-        assert_eq!(super::utc(1_795_629_915_000), "2026-11-25 18:05:15");
-        assert_eq!(super::utc(951_782_400_000), "2000-02-29 00:00:00");
-    }
 }

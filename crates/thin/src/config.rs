@@ -12,7 +12,7 @@ use strata_core::{ByteSize, Runtime};
 use crate::pool::{
     check_extent_size, PoolOptions, PoolRuntime, DEFAULT_COMMIT_INTERVAL, DEFAULT_EXTENT_SIZE,
 };
-use crate::{LowWater, MapCommit, WhenFull};
+use crate::{LowWater, MapCommit, ReservePolicy, WhenFull, WhenReserveLow};
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
@@ -41,6 +41,12 @@ pub struct PoolConfig {
     /// is copied: dm-thin's copy-on-write, kept for comparison).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub snapshot_write: Option<String>,
+    /// Free space versions may not eat: `"10%"` of the data space or a size (default: none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub snapshot_reserve: Option<String>,
+    /// Below the reserve: `refuse` new snapshots (the default) or `delete-oldest`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub when_reserve_low: Option<String>,
 }
 
 /// Whether a `snapshot-write` value asks for whole-extent copies.
@@ -66,6 +72,8 @@ pub const OPTIONS: &[&str] = &[
     "full-wait",
     "low-water",
     "snapshot-write",
+    "snapshot-reserve",
+    "when-reserve-low",
 ];
 
 /// A field and what is wrong with it.
@@ -95,7 +103,16 @@ impl PoolConfig {
         if let Some(mode) = &self.snapshot_write {
             copies_extents(mode)?;
         }
+        self.reserve()?;
         Ok(())
+    }
+
+    /// The space reserve for versions, if one is configured.
+    fn reserve(&self) -> Result<Option<ReservePolicy>, String> {
+        ReservePolicy::parse(
+            self.snapshot_reserve.as_deref(),
+            self.when_reserve_low.as_deref(),
+        )
     }
 
     /// The same configuration with every default that does not depend on the device made
@@ -124,6 +141,12 @@ impl PoolConfig {
                     .clone()
                     .unwrap_or_else(|| "remap".into()),
             ),
+            // Only with a reserve: alone it is refused.
+            when_reserve_low: self.snapshot_reserve.as_ref().map(|_| {
+                self.when_reserve_low
+                    .clone()
+                    .unwrap_or_else(|| WhenReserveLow::default().name().into())
+            }),
             ..self.clone()
         }
     }
@@ -167,6 +190,7 @@ impl PoolConfig {
         if let Some(mode) = &self.snapshot_write {
             settings.copy_on_write = copies_extents(mode)?;
         }
+        settings.snapshot_reserve = self.reserve()?;
         Ok(settings)
     }
 }
@@ -189,7 +213,7 @@ mod tests {
         assert_eq!(default.extent_size(), DEFAULT_EXTENT_SIZE);
         assert_eq!(default.pool_options().metadata_size, None);
         let names: Vec<&str> = OPTIONS.to_vec();
-        assert_eq!(names.len(), 9);
+        assert_eq!(names.len(), 11);
         assert_eq!(default.explicit().snapshot_write.as_deref(), Some("remap"));
     }
 
@@ -238,5 +262,36 @@ mod tests {
         assert!(error.starts_with("field `low-water`"), "{error}");
         let error = parse("snapshot-write = \"cow\"\n").unwrap_err();
         assert!(error.starts_with("field `snapshot-write`"), "{error}");
+        let error = parse("snapshot-reserve = \"lots\"\n").unwrap_err();
+        assert!(error.starts_with("field `snapshot-reserve`"), "{error}");
+        let error = parse("when-reserve-low = \"refuse\"\n").unwrap_err();
+        assert!(error.contains("only with `snapshot-reserve`"), "{error}");
+    }
+
+    #[tokio::test]
+    async fn a_snapshot_reserve_reaches_the_pool_with_its_policy() {
+        let settings = |text: &str| {
+            parse(text)
+                .unwrap()
+                .settings(strata_core::TokioRuntime::current(), |_| Ok(Duration::ZERO))
+                .unwrap()
+        };
+        assert_eq!(settings("").snapshot_reserve, None, "no reserve by default");
+        let reserve = settings("snapshot-reserve = \"10%\"\n")
+            .snapshot_reserve
+            .unwrap();
+        assert_eq!(reserve.when_low, WhenReserveLow::Refuse);
+        let reserve =
+            settings("snapshot-reserve = \"1GiB\"\nwhen-reserve-low = \"delete-oldest\"\n")
+                .snapshot_reserve
+                .unwrap();
+        assert_eq!(reserve.reserve, crate::Reserve::Bytes(1 << 30));
+        assert_eq!(reserve.when_low, WhenReserveLow::DeleteOldest);
+        // The explicit configuration names the policy only with a reserve, and parses back.
+        let given = parse("snapshot-reserve = \"10%\"\n").unwrap().explicit();
+        assert_eq!(given.when_reserve_low.as_deref(), Some("refuse"));
+        assert_eq!(parse("").unwrap().explicit().when_reserve_low, None);
+        let table = toml::Table::try_from(&given).unwrap();
+        assert_eq!(PoolConfig::from_table(table).unwrap(), given);
     }
 }

@@ -138,6 +138,10 @@ pub static VERBS: &[Verb] = &[
         args: &[VOLUME, SNAPSHOT],
         help: "write a compacted snapshot's extents back whole and drop its deltas",
     },
+    // Versions policies (policy_verbs.rs).
+    crate::policy_verbs::POLICY,
+    crate::policy_verbs::PROTECT,
+    crate::policy_verbs::UNPROTECT,
 ];
 
 pub const SNAPSHOT_CREATE: &str = "snapshot-create";
@@ -307,7 +311,8 @@ impl PoolNode {
                     .await?;
                 answer = as_table(&report)?;
             }
-            _ => return Err(BlockError::Unsupported("call")),
+            // Versions policies (policy_verbs.rs).
+            other => return crate::policy_verbs::call(pool, other, args).await,
         }
         Ok(answer)
     }

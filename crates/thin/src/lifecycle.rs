@@ -118,6 +118,9 @@ impl ThinPool {
             if let Some(versions) = state.id(&super::records::versions_name(id)) {
                 txn.delete(versions);
             }
+            if let Some(policy) = state.id(&super::records::policy::policy_name(id)) {
+                txn.delete(policy);
+            }
             let mut volumes = self.stored_volumes(state)?;
             let before = volumes.len();
             volumes.retain(|v| v.id != id);

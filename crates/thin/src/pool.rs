@@ -25,6 +25,8 @@ use super::policy::{pool_start, LowWater, MapCommit, MetadataFound, PoolStart, W
 use super::records::{
     self, decode_volumes, encode_volumes, map_name, PoolIds, PoolRecord, VolumeRecord,
 };
+use super::reserve::ReservePolicy;
+use super::runner::{VersionsPolicy, DEFAULT_POLICY_INTERVAL};
 use super::snapshot::VersionIds;
 use super::space::{PoolSpace, SpaceWatch, VolumeSpace};
 use super::volume::{ThinVolume, ViewCell};
@@ -67,6 +69,11 @@ pub struct PoolRuntime {
     /// The first write into an extent a snapshot shares copies the whole extent (dm-thin's
     /// copy-on-write) instead of writing only its own granules (Clotho's remap-on-write).
     pub copy_on_write: bool,
+    /// Free space versions may not eat, and what to do when the pool is below it.
+    pub snapshot_reserve: Option<ReservePolicy>,
+    /// How often the versions policies are looked at (periodic snapshots, the reserve);
+    /// None: never by themselves (tests drive [`ThinPool::run_policies`]).
+    pub policy_interval: Option<Duration>,
     /// Test-only: plant the ordering bug (see `StoreOptions::unsafe_skip_data_barrier`).
     #[doc(hidden)]
     pub unsafe_skip_data_barrier: bool,
@@ -81,6 +88,8 @@ impl PoolRuntime {
             when_full: WhenFull::default(),
             low_water: LowWater::default(),
             copy_on_write: false,
+            snapshot_reserve: None,
+            policy_interval: Some(DEFAULT_POLICY_INTERVAL),
             unsafe_skip_data_barrier: false,
         }
     }
@@ -148,6 +157,8 @@ pub struct ThinPool {
     /// The `[[layer]]` options it was built from, defaults explicit (see
     /// [`crate::PoolConfig::explicit`]), for `describe`; unset for a pool opened directly.
     config: std::sync::OnceLock<toml::Table>,
+    /// Periodic snapshots, protections and the space reserve at work (`runner`).
+    pub(crate) versions_policy: VersionsPolicy,
 }
 
 /// How often a pool commits its metadata when its config does not say.
@@ -365,12 +376,16 @@ impl ThinPool {
             requests: tokio::sync::RwLock::new(()),
             spares_left: AtomicU64::new(0),
             config: std::sync::OnceLock::new(),
+            versions_policy: VersionsPolicy::new(settings.snapshot_reserve),
         });
         for volume in volume_records {
             pool.attach(volume)?;
         }
         pool.load_versions()?;
         pool.watch_low_water();
+        if let Some(interval) = settings.policy_interval {
+            pool.spawn_policy_runner(settings.runtime.clone(), interval);
+        }
         Ok(pool)
     }
 
@@ -706,6 +721,7 @@ impl ThinPool {
 
     /// Judges the low-water mark against the extents allocated now (logs a crossing).
     pub(crate) fn watch_low_water(&self) -> bool {
+        self.watch_reserve();
         self.space_watch
             .observe(&self.name, self.extents(), || self.allocated_extents())
     }
@@ -795,6 +811,12 @@ impl ThinPool {
     }
 
     fn volume_node(&self, record: &VolumeRecord, space: &VolumeSpace) -> NodeStatus {
+        let mut node = self.volume_space_node(record, space);
+        node.detail.extend(self.volume_policy_detail(&record.name));
+        node
+    }
+
+    fn volume_space_node(&self, record: &VolumeRecord, space: &VolumeSpace) -> NodeStatus {
         NodeStatus {
             name: record.name.clone(),
             kind: "thin".into(),
@@ -852,7 +874,7 @@ impl ThinPool {
         }
         let percent = |n: u64, of: u64| format!("{:.1} %", n as f64 * 100.0 / of.max(1) as f64);
         let count = |key: &str, n: u64| (key.to_string(), n.to_string());
-        Ok(NodeStatus {
+        let mut node = NodeStatus {
             name: self.name.clone(),
             kind: "thin-pool".into(),
             size: self.extents() * self.record.extent_size,
@@ -908,7 +930,9 @@ impl ThinPool {
             children,
             activity: None,
             config: self.config.get().cloned(),
-        })
+        };
+        node.detail.extend(self.policy_detail());
+        Ok(node)
     }
 
     /// Records the configuration the pool runs with, for `describe` (and so for the labels

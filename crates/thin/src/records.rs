@@ -26,6 +26,9 @@ use strata_meta::{ObjectId, State};
 
 use crate::versions::{Epoch, Granules, Lineage};
 
+// Versions policies (periodic snapshots, protected snapshots): `versions-policy.<id>`.
+pub mod policy;
+
 pub const POOL: &str = "pool";
 pub const VOLUMES: &str = "volumes";
 pub const ALLOCATED: &str = "allocated";
@@ -634,6 +637,7 @@ pub fn check_state(state: &State) -> Vec<String> {
             granule = live.next(g + 1, u64::MAX, true);
         }
     }
+    problems.extend(policy::check(state, &volumes));
     problems
 }
 

@@ -239,6 +239,21 @@ impl ThinPool {
         volume: &str,
         name: Option<&str>,
     ) -> Result<SnapshotRecord> {
+        // The space reserve for versions may refuse it, or delete old ones first (runner.rs).
+        self.reserve_for_snapshot(volume).await?;
+        self.take_snapshot(volume, name, now_ms(), |_, _, _| Ok(()))
+            .await
+    }
+
+    /// [`ThinPool::create_snapshot`] past the reserve, taken at `created_ms`; `also` stages
+    /// more in the snapshot's own transaction (the versions policy records what it made).
+    pub(crate) async fn take_snapshot(
+        &self,
+        volume: &str,
+        name: Option<&str>,
+        created_ms: u64,
+        also: impl FnOnce(&SnapshotRecord, &State, &mut strata_meta::Txn) -> Result<()>,
+    ) -> Result<SnapshotRecord> {
         if let Some(name) = name {
             check_name(name).map_err(BlockError::InvalidArgument)?;
         }
@@ -252,7 +267,7 @@ impl ThinPool {
         // Everything acknowledged is made durable first, under the quiesce: it is the
         // snapshot's.
         self.flush().await?;
-        let snapshot = self.change_versions(record.id, |versions, _, _, _| {
+        let snapshot = self.change_versions(record.id, |versions, state, txn, _| {
             let epoch = versions.lineage.current;
             let name = name.map_or_else(|| format!("v{epoch}"), str::to_string);
             if versions.snapshots.iter().any(|s| s.name == name) {
@@ -263,12 +278,13 @@ impl ThinPool {
             let snapshot = SnapshotRecord {
                 name,
                 epoch,
-                created_ms: now_ms(),
+                created_ms,
                 size: record.size,
                 compacted: None,
             };
             versions.snapshots.push(snapshot.clone());
             versions.lineage.advance();
+            also(&snapshot, state, txn)?;
             Ok(snapshot)
         })?;
         self.store.commit().await?;
@@ -282,6 +298,7 @@ impl ThinPool {
     pub async fn delete_snapshot(&self, volume: &str, name: &str) -> Result<u64> {
         let quiet = self.quiesce().await;
         let (record, _) = self.volume_record(volume)?;
+        self.refuse_protected(record.id, volume, name)?;
         let has_versions = self.versions_record(record.id)?.is_some();
         if !has_versions {
             return Err(no_snapshot(volume, name));

@@ -31,6 +31,8 @@ pub struct ThinVolume {
     size: Arc<AtomicU64>,
     /// The volume's versions as its I/O sees them; shared by its handles.
     view: Arc<ViewCell>,
+    /// Write requests since the last automatic snapshot (the versions policy's count).
+    writes: Arc<AtomicU64>,
 }
 
 /// How the volume now is read and written once it has versions (see `versions`). Replaced
@@ -76,12 +78,14 @@ impl ThinVolume {
     pub(crate) fn new(pool: Arc<ThinPool>, record: VolumeRecord, map: ObjectId) -> Self {
         let size = pool.size_cell(&record);
         let view = pool.view_cell(record.id);
+        let writes = pool.versions_policy.write_counter(record.id);
         ThinVolume {
             pool,
             record,
             map,
             size,
             view,
+            writes,
         }
     }
 
@@ -558,7 +562,9 @@ impl BlockDevice for ThinVolume {
     async fn write(&self, offset: u64, data: Bytes, flags: WriteFlags) -> Result<()> {
         self.geometry().check_range(offset, data.len() as u64)?;
         let _whole = self.pool.requests.read().await;
-        self.write_pieces(offset, data, flags).await
+        self.write_pieces(offset, data, flags).await?;
+        self.wrote();
+        Ok(())
     }
 
     async fn flush(&self) -> Result<()> {
@@ -571,6 +577,7 @@ impl BlockDevice for ThinVolume {
         for piece in pieces(offset, len, self.extent_size()) {
             self.reclaim_piece(piece, false).await?;
         }
+        self.wrote();
         Ok(())
     }
 
@@ -581,7 +588,9 @@ impl BlockDevice for ThinVolume {
             if flags.fast {
                 return Err(BlockError::Unsupported("fast zeroing without trimming"));
             }
-            return self.write_zero_data(offset, len, flags.fua).await;
+            self.write_zero_data(offset, len, flags.fua).await?;
+            self.wrote();
+            return Ok(());
         }
         for piece in pieces(offset, len, self.extent_size()) {
             if !self.reclaim_piece(piece, true).await? {
@@ -592,6 +601,7 @@ impl BlockDevice for ThinVolume {
         if flags.fua {
             self.pool.flush().await?;
         }
+        self.wrote();
         Ok(())
     }
 
@@ -615,6 +625,12 @@ impl BlockDevice for ThinVolume {
 }
 
 impl ThinVolume {
+    /// Counts one acknowledged write request (WRITE, WRITE_ZEROES or TRIM) for the volume's
+    /// `every-writes` snapshot policy.
+    fn wrote(&self) {
+        self.writes.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// The pool's extent locks (see [`ThinPool::extent_locks`]).
     fn extent_lock(&self) -> &strata_core::StripedLocks {
         self.pool.extent_locks()

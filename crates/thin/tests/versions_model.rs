@@ -4,6 +4,11 @@
 //! each step every volume and every snapshot reads exactly as the model says, holes read as
 //! zeros, and the pool's records pass `check_state`.
 //!
+//! Volume `a` also has a versions policy (a snapshot every write request, keep 2): policy
+//! ticks take snapshots and delete the policy's oldest beyond the last 2, which the model
+//! predicts on its own; protect and unprotect flip a snapshot's protection, which keep-K and
+//! a manual delete must respect.
+//!
 //! A discard may leave the bytes it covers as anything (NBD's TRIM), so the model marks them
 //! unknown until they are written again; a snapshot taken over unknown bytes records what the
 //! volume read then, and must read the same for ever after.
@@ -24,6 +29,8 @@ use common::{pool_options, settings};
 
 const EXTENT: u64 = 64 << 10;
 const SIZE: u64 = 4 * EXTENT;
+/// The clock the policy ticks start from (2026-11-25 18:00:00 UTC).
+const T0: u64 = 1_795_629_600_000;
 
 /// What one step does to a volume's bytes.
 #[derive(Clone, Debug)]
@@ -64,6 +71,12 @@ enum Op {
         pick: usize,
     },
     Reopen,
+    /// Protects the picked snapshot, or unprotects it if it is protected.
+    Protect {
+        pick: usize,
+    },
+    /// One pass of the versions policies, one second after the last.
+    Tick,
 }
 
 fn io() -> impl Strategy<Value = Io> {
@@ -75,14 +88,14 @@ fn io() -> impl Strategy<Value = Io> {
 }
 
 /// How often each step comes: `[partial I/O, whole-volume write, snapshot, delete,
-/// rollback, clone, volume delete, compact, uncompact, reopen]`.
-type Weights = [u32; 10];
+/// rollback, clone, volume delete, compact, uncompact, reopen, protect, policy tick]`.
+type Weights = [u32; 12];
 
 /// Every kind of step.
-const EVERYTHING: Weights = [12, 2, 3, 2, 1, 1, 1, 2, 1, 1];
+const EVERYTHING: Weights = [12, 2, 3, 2, 1, 1, 1, 2, 1, 1, 1, 2];
 /// Many snapshots of whole-volume rewrites, so that versions own extents alone: what
 /// compaction takes.
-const COMPACTION: Weights = [4, 4, 5, 1, 1, 1, 0, 4, 2, 1];
+const COMPACTION: Weights = [4, 4, 5, 1, 1, 1, 1, 4, 2, 1, 1, 1];
 
 fn op(w: Weights) -> impl Strategy<Value = Op> {
     let sectors = (0u64..SIZE / 512, 1u64..200).prop_map(|(start, sectors)| {
@@ -105,6 +118,8 @@ fn op(w: Weights) -> impl Strategy<Value = Op> {
         w[7] => any::<usize>().prop_map(|pick| Op::Compact { pick }),
         w[8] => any::<usize>().prop_map(|pick| Op::Uncompact { pick }),
         w[9] => Just(Op::Reopen),
+        w[10] => any::<usize>().prop_map(|pick| Op::Protect { pick }),
+        w[11] => Just(Op::Tick),
     ]
 }
 
@@ -159,7 +174,18 @@ struct Model {
     /// Snapshots with extents stored as deltas.
     compacted: BTreeSet<(String, String)>,
     next: usize,
+    /// Snapshots of the policy volume the policy took and that exist, oldest first.
+    policy_made: Vec<String>,
+    protected: std::collections::BTreeSet<(String, String)>,
+    /// Write requests to the policy volume since its last automatic snapshot (or the open).
+    policy_writes: u64,
+    /// The wall clock the ticks are given.
+    clock: u64,
 }
+
+/// The volume with a policy, and the policy: a snapshot every write request, keep 2.
+const POLICY_VOLUME: &str = "a";
+const KEEP: usize = 2;
 
 async fn read_all(device: &dyn BlockDevice) -> Vec<u8> {
     let size = device.geometry().size;
@@ -203,6 +229,23 @@ async fn check_everything(pool: &Arc<ThinPool>, model: &mut Model) {
     let mut listed_sorted = listed.clone();
     listed_sorted.sort();
     assert_eq!(listed_sorted, expected, "snapshot list");
+    // The protections and the policy's snapshots are what the model says.
+    for name in model.volumes.keys() {
+        let status = pool.snapshot_policy(name).unwrap();
+        let mut protected = status.protected.clone();
+        protected.sort();
+        let expected: Vec<String> = (model.protected.iter())
+            .filter(|(volume, _)| volume == name)
+            .map(|(_, snapshot)| snapshot.clone())
+            .collect();
+        assert_eq!(protected, expected, "protected snapshots of {name}");
+        if name == POLICY_VOLUME {
+            assert_eq!(
+                status.policy_snapshots, model.policy_made,
+                "policy snapshots"
+            );
+        }
+    }
 }
 
 /// Whether a rollback to or a clone of a snapshot was refused because it is compacted; it
@@ -250,7 +293,15 @@ fn run(copy: bool, ops: Vec<Op>) {
             snapshots: BTreeMap::new(),
             compacted: BTreeSet::new(),
             next: 0,
+            policy_made: Vec::new(),
+            protected: Default::default(),
+            policy_writes: 0,
+            clock: T0,
         };
+        let every_write = strata_thin::Schedule::parse(None, Some("1"), Some("2")).unwrap();
+        pool.set_snapshot_policy(POLICY_VOLUME, Some(every_write), T0)
+            .await
+            .unwrap();
         for op in ops {
             let names: Vec<String> = model.volumes.keys().cloned().collect();
             let snapshots: Vec<(String, String)> = model.snapshots.keys().cloned().collect();
@@ -269,6 +320,9 @@ fn run(copy: bool, ops: Vec<Op>) {
                         continue;
                     }
                     let device = pool.volume(&name).unwrap();
+                    if name == POLICY_VOLUME {
+                        model.policy_writes += 1;
+                    }
                     match io {
                         Io::Write { fill } => {
                             let data: Vec<u8> = (0..len)
@@ -313,17 +367,24 @@ fn run(copy: bool, ops: Vec<Op>) {
                         continue;
                     };
                     let key = (volume.clone(), snapshot.clone());
-                    if let Err(error) = pool.delete_snapshot(&volume, &snapshot).await {
+                    let deleted = pool.delete_snapshot(&volume, &snapshot).await;
+                    if model.protected.contains(&key) {
+                        let error = deleted.unwrap_err().to_string();
+                        assert!(error.contains("is protected"), "{error}");
+                        continue;
+                    }
+                    if let Err(error) = deleted {
                         // Only a compacted snapshot another one is compacted against stays.
                         assert!(model.compacted.contains(&key), "{error}");
-                        assert!(
-                            error.to_string().contains("compacted against it"),
-                            "{error}"
-                        );
+                        let error = error.to_string();
+                        assert!(error.contains("compacted against it"), "{error}");
                         continue;
                     }
                     model.compacted.remove(&key);
-                    model.snapshots.remove(&(volume, snapshot));
+                    model
+                        .policy_made
+                        .retain(|made| volume != POLICY_VOLUME || *made != snapshot);
+                    model.snapshots.remove(&key);
                 }
                 Op::Rollback { pick: at } => {
                     let Some((volume, snapshot)) = pick(&snapshots, at) else {
@@ -371,7 +432,13 @@ fn run(copy: bool, ops: Vec<Op>) {
                     }
                 }
                 Op::Compact { pick: at } => {
-                    let Some(key) = pick(&snapshots, at) else {
+                    // Not the policy's volume: its keep-K deletions, which the model
+                    // predicts, would meet compacted snapshots others depend on.
+                    let others: Vec<(String, String)> = (snapshots.iter())
+                        .filter(|(volume, _)| volume != POLICY_VOLUME)
+                        .cloned()
+                        .collect();
+                    let Some(key) = pick(&others, at) else {
                         continue;
                     };
                     match pool.compact_snapshot(&key.0, &key.1).await {
@@ -410,6 +477,70 @@ fn run(copy: bool, ops: Vec<Op>) {
                         .await
                         .unwrap()
                         .0;
+                    // Write counts live in memory.
+                    model.policy_writes = 0;
+                }
+                Op::Protect { pick: at } => {
+                    let Some(key) = pick(&snapshots, at) else {
+                        continue;
+                    };
+                    let protect = !model.protected.contains(&key);
+                    pool.protect_snapshot(&key.0, &key.1, protect)
+                        .await
+                        .unwrap();
+                    if protect {
+                        model.protected.insert(key);
+                    } else {
+                        model.protected.remove(&key);
+                    }
+                }
+                Op::Tick => {
+                    model.clock += 1000;
+                    let report = pool.policy_tick(model.clock).await;
+                    assert!(report.refused.is_empty(), "{report:?}");
+                    if !model.volumes.contains_key(POLICY_VOLUME) {
+                        assert!(report.taken.is_empty(), "{report:?}");
+                        continue;
+                    }
+                    let mut taken = Vec::new();
+                    if model.policy_writes >= 1 {
+                        let name = strata_thin::schedule::auto_name(model.clock, |name| {
+                            snapshots
+                                .iter()
+                                .any(|(v, s)| v == POLICY_VOLUME && s == name)
+                        });
+                        let read = read_all(pool.volume(POLICY_VOLUME).unwrap().as_ref()).await;
+                        let image = model.volumes.get_mut(POLICY_VOLUME).unwrap();
+                        image.check_and_learn(&read, "policy volume at its snapshot");
+                        let image = image.clone();
+                        model
+                            .snapshots
+                            .insert((POLICY_VOLUME.to_string(), name.clone()), image);
+                        model.policy_made.push(name.clone());
+                        model.policy_writes = 0;
+                        taken.push((POLICY_VOLUME.to_string(), name));
+                    }
+                    assert_eq!(report.taken, taken, "automatic snapshots");
+                    // Keep 2: the policy's oldest beyond the newest two go, unless protected.
+                    let beyond = model.policy_made.len().saturating_sub(KEEP);
+                    let gone: Vec<String> = model.policy_made[..beyond]
+                        .iter()
+                        .filter(|name| {
+                            !model
+                                .protected
+                                .contains(&(POLICY_VOLUME.to_string(), (*name).clone()))
+                        })
+                        .cloned()
+                        .collect();
+                    let expected: Vec<(String, String)> = gone
+                        .iter()
+                        .map(|name| (POLICY_VOLUME.to_string(), name.clone()))
+                        .collect();
+                    assert_eq!(report.kept_deleted, expected, "keep-K deletions");
+                    for name in gone {
+                        model.policy_made.retain(|made| *made != name);
+                        model.snapshots.remove(&(POLICY_VOLUME.to_string(), name));
+                    }
                 }
             }
             check_everything(&pool, &mut model).await;

@@ -8,10 +8,12 @@ use std::sync::Arc;
 use strata_core::{DeviceRef, TokioRuntime};
 use strata_thin::{PoolOptions, PoolRuntime, ThinPool};
 
-/// Pool settings with no commit timer: commits happen at flushes the test issues.
+/// Pool settings with no commit timer and no versions-policy runner: commits happen at
+/// flushes the test issues, and policies run when the test drives them.
 pub fn settings() -> PoolRuntime {
     let mut settings = PoolRuntime::new(TokioRuntime::current());
     settings.commit_interval = None;
+    settings.policy_interval = None;
     settings
 }
 
