@@ -198,3 +198,39 @@ def test_a_thin_pool_over_a_raid5_serves_nbd_and_runs_in_the_simulator(workdir):
     assert report["read_mismatches"] == 0
     for disk in report["disks"]:
         assert disk["stats"]["reads"] + disk["stats"]["writes"] > 300, disk
+
+
+# ---- Clotho §3.4 on the thin pool's versions (docs/versions-sim.md) ------------------------
+
+
+def test_clotho_reports_the_three_parts_and_is_deterministic():
+    # 1/64 of the paper's sizes: seconds of wall time. The shape itself is asserted at larger
+    # scales by crates/sim/tests/clotho.rs; this checks the command and its JSON.
+    args = ["clotho", "--scale", "64", "--json"]
+    first = sim(*args).stdout
+    report = json.loads(first)
+    assert report["config"]["scale"] == 64 and report["config"]["seed"] == 1
+    reads = {(r["layout"], r["versions"] > 0): r for r in report["reads"]}
+    assert set(reads) == {("disk", False), ("remap", False), ("remap", True)}
+    for run in reads.values():
+        assert run["reads"]["failed"] == 0
+        assert run["reads"]["disk_reads_per_io"] == 1.0, run  # chains are walked in memory
+    assert reads[("disk", False)]["overhead_percent"] == 0.0
+    writes = {(w["layout"], w["period_ns"]): w for w in report["writes"]}
+    periods = report["config"]["version_periods"]
+    expected = {("disk", None), ("remap", None), ("copy", min(periods))}
+    assert set(writes) == expected | {("remap", p) for p in periods}
+    assert writes[("remap", None)]["versions_taken"] == 0
+    assert writes[("remap", min(periods))]["versions_taken"] == 7
+    compacted = report["compacted"]
+    assert compacted["disk_reads_per_read"] is None
+    assert compacted["status"].startswith("not built")
+    assert sim(*args).stdout == first  # the same seed, byte for byte
+    assert sim("clotho", "--scale", "64", "--json", "--seed", "2").stdout != first
+
+    table = sim("clotho", "--scale", "64", "--part", "c").stdout
+    assert "(c) reads of a compacted version: not built" in table
+    assert "(a)" not in table and "(b)" not in table
+
+    refused = sim("clotho", "--part", "z", check=False)
+    assert refused.returncode != 0 and "--part" in refused.stderr, refused.stderr

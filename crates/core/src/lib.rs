@@ -31,7 +31,7 @@ pub use filter::Filter;
 pub use geometry::{Capabilities, Geometry};
 pub use lifecycle::{Background, Worker};
 pub use pages::PageStore;
-pub use runtime::{run_blocking, BoxFuture, Runtime, TokioRuntime};
+pub use runtime::{os_random_u64, run_blocking, BoxFuture, Runtime, TokioRuntime};
 pub use size::ByteSize;
 pub use stats::{DeviceStats, Metered, MetricsRegistry, Op, OpSnapshot, StatsSnapshot};
 pub use striped::StripedLocks;

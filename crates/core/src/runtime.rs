@@ -1,5 +1,6 @@
-//! Time and concurrency come from the runtime a device runs in, never from the OS directly:
-//! that is what lets the simulator run the same layer code in virtual time.
+//! Time, concurrency and randomness come from the runtime a device runs in, never from the OS
+//! directly: that is what lets the simulator run the same layer code in virtual time, and
+//! the same way from the same seed.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -19,6 +20,20 @@ pub trait Runtime: Send + Sync + 'static {
 
     /// Runs blocking work (a system call) off the async threads.
     fn spawn_blocking(&self, work: Box<dyn FnOnce() + Send + 'static>);
+
+    /// 64 random bits, for what a layer picks at random when it formats (a metadata store's
+    /// first generation). From the OS by default; the simulator draws them from its seed.
+    fn random_u64(&self) -> u64 {
+        os_random_u64()
+    }
+}
+
+/// 64 random bits from the OS, by way of the standard library's randomly keyed hasher.
+pub fn os_random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u64(u64::from(std::process::id()));
+    hasher.finish()
 }
 
 /// Runs `work` through [`Runtime::spawn_blocking`] and waits for its result.
@@ -87,5 +102,12 @@ mod tests {
         let before = runtime.now();
         runtime.sleep(Duration::from_millis(2)).await;
         assert!(runtime.now() >= before + Duration::from_millis(2));
+    }
+
+    #[tokio::test]
+    async fn the_real_runtime_draws_random_bits_from_the_os() {
+        let runtime = TokioRuntime::current();
+        let draws: std::collections::BTreeSet<u64> = (0..8).map(|_| runtime.random_u64()).collect();
+        assert_eq!(draws.len(), 8, "{draws:?}");
     }
 }

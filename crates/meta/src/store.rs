@@ -59,6 +59,14 @@ impl FormatOptions {
             first_generation: None,
         }
     }
+
+    /// The first generation drawn from `runtime`: random under `strata serve`, from the seed
+    /// in the simulator (the generation's parity decides which superblock copy a checkpoint
+    /// writes, and so where on the disk, so a seeded run must not draw it from the OS).
+    pub fn random_from(mut self, runtime: &dyn strata_core::Runtime) -> Self {
+        self.first_generation = Some(generation_from(runtime.random_u64()));
+        self
+    }
 }
 
 /// Settings of an open store.
@@ -716,17 +724,18 @@ impl Failure {
     }
 }
 
-/// 64 random bits from the OS, by way of the standard library's randomly keyed hasher.
 fn random_u64() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u64(std::process::id() as u64);
-    hasher.finish()
+    strata_core::os_random_u64()
 }
 
-/// A random first generation with room below 2^63 for every checkpoint a store will write.
+/// A first generation from 64 random bits, with room below 2^63 for every checkpoint a store
+/// will write.
+fn generation_from(bits: u64) -> u64 {
+    (bits >> 16) + 1
+}
+
 fn random_generation() -> u64 {
-    (random_u64() >> 16) + 1
+    generation_from(random_u64())
 }
 
 /// A random (version 4) UUID, for stores and hierarchies.

@@ -26,7 +26,7 @@ use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
 use rand::seq::SliceRandom;
-use rand::SeedableRng;
+use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use strata_core::{BoxFuture, Runtime};
 
@@ -155,6 +155,8 @@ struct Shared {
     timers: Mutex<Timers>,
     world: Mutex<World>,
     tie_rng: Mutex<ChaCha8Rng>,
+    /// What layers draw through [`Runtime::random_u64`], from the seed.
+    layer_rng: Mutex<ChaCha8Rng>,
     running: AtomicBool,
 }
 
@@ -327,6 +329,7 @@ impl Simulation {
 
     pub fn with_config(config: SimConfig) -> Self {
         let tie_rng = ChaCha8Rng::seed_from_u64(derive_seed(config.seed, "executor-ties"));
+        let layer_rng = ChaCha8Rng::seed_from_u64(derive_seed(config.seed, "runtime-random"));
         Simulation {
             shared: Arc::new(Shared {
                 time_limit: AtomicU64::new(config.time_limit.unwrap_or(u64::MAX)),
@@ -341,6 +344,7 @@ impl Simulation {
                 }),
                 world: Mutex::new(World::default()),
                 tie_rng: Mutex::new(tie_rng),
+                layer_rng: Mutex::new(layer_rng),
                 running: AtomicBool::new(false),
             }),
         }
@@ -566,6 +570,12 @@ impl Runtime for SimRuntime {
     fn spawn_blocking(&self, work: Box<dyn FnOnce() + Send + 'static>) {
         work();
     }
+
+    /// From the seed (the stream `"runtime-random"`), in the order layers ask, which is
+    /// itself a function of the seed.
+    fn random_u64(&self) -> u64 {
+        lock(&self.shared.layer_rng).random()
+    }
 }
 
 /// A virtual-time timer (see [`SimRuntime::sleep_until`]).
@@ -697,5 +707,17 @@ mod tests {
         assert_ne!(derive_seed(1, "a"), derive_seed(1, "b"));
         assert_ne!(derive_seed(1, "a"), derive_seed(2, "a"));
         assert_eq!(derive_seed(1, "a"), derive_seed(1, "a"));
+    }
+
+    #[test]
+    fn layers_draw_random_bits_from_the_seed() {
+        let draws = |seed| {
+            let runtime = Simulation::new(seed).runtime();
+            (0..4).map(|_| runtime.random_u64()).collect::<Vec<u64>>()
+        };
+        assert_eq!(draws(1), draws(1));
+        assert_ne!(draws(1), draws(2));
+        let first = draws(1);
+        assert!(first.windows(2).all(|w| w[0] != w[1]), "{first:?}");
     }
 }

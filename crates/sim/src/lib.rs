@@ -3,6 +3,7 @@
 //! and policies compared on identical input. See `docs/simulator.md`.
 
 pub mod birthday;
+pub mod clotho;
 pub mod disk;
 pub mod driver;
 pub mod executor;

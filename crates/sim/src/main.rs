@@ -8,6 +8,7 @@ use strata_core::{errln, out, outln};
 
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
+use strata_sim::clotho;
 use strata_sim::experiment::{self, Experiment};
 use strata_sim::validate;
 use strata_sim::workload::{TraceFormat, WorkloadSpec};
@@ -68,6 +69,29 @@ enum SimCommand {
         device: Option<u32>,
         #[command(flatten)]
         report: ReportArgs,
+    },
+    /// Clotho's evaluation (§3.4) on a thin pool with versions over a simulated Cheetah:
+    /// random read overhead, overwrites with a version every 10 and 5 minutes, compacted
+    /// reads (not built). See docs/versions-sim.md.
+    Clotho {
+        /// Divide the partition, the region, the run and the version periods by this (1: the
+        /// paper's sizes).
+        #[arg(long, default_value_t = 1)]
+        scale: u64,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Only part a (random reads) or b (overwrites with versions); c is a row either way.
+        #[arg(long)]
+        part: Option<String>,
+        /// (a): versions taken before the reads, each followed by an overwrite (default 3).
+        #[arg(long)]
+        read_versions: Option<u32>,
+        /// (a): share of the region's 4 KiB blocks each overwrite writes (default 0.1).
+        #[arg(long)]
+        overwrite_share: Option<f64>,
+        /// Print JSON instead of tables.
+        #[arg(long)]
+        json: bool,
     },
     /// List the device-model presets.
     Models,
@@ -158,6 +182,51 @@ fn run(command: SimCommand) -> anyhow::Result<()> {
             let loaded = Experiment::parse(&toml::to_string(&table)?, base)
                 .map_err(|e| anyhow::anyhow!("{}: {e}", stack.display()))?;
             run_and_report(loaded, &stack, &report)
+        }
+        SimCommand::Clotho {
+            scale,
+            seed,
+            part,
+            read_versions,
+            overwrite_share,
+            json,
+        } => {
+            if scale == 0 {
+                bail!("--scale must be at least 1");
+            }
+            let mut config = clotho::ClothoConfig::scaled(seed, scale);
+            if let Some(versions) = read_versions {
+                config.read_versions = versions;
+            }
+            if let Some(share) = overwrite_share {
+                if !(share.is_finite() && (0.0..=10.0).contains(&share)) {
+                    bail!("--overwrite-share must be from 0 to 10 (1: as many writes as the region has blocks)");
+                }
+                config.overwrite_share = share;
+            }
+            let parts = match part.as_deref() {
+                None => clotho::Parts::ALL,
+                Some("a") => clotho::Parts {
+                    reads: true,
+                    writes: false,
+                },
+                Some("b") => clotho::Parts {
+                    reads: false,
+                    writes: true,
+                },
+                Some("c") => clotho::Parts {
+                    reads: false,
+                    writes: false,
+                },
+                Some(other) => bail!("--part: {other:?} is not a, b or c"),
+            };
+            let report = clotho::run_parts(&config, parts).map_err(anyhow::Error::msg)?;
+            if json {
+                outln!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                out!("{}", clotho::format_report(&report));
+            }
+            Ok(())
         }
         SimCommand::Models => {
             for name in strata_sim::models::preset_names() {

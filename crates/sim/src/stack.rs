@@ -37,11 +37,14 @@ pub struct StackSpec {
     pub top: Option<String>,
 }
 
-/// A built stack: its disks (for sampling and reports) and its top device.
+/// A built stack: its disks (for sampling and reports), its top device, and every layer's
+/// node by layer name (a thin pool's node included, which is not a device but answers the
+/// pool's verbs: `Control::Call { verb: "snapshot-create", .. }`).
 pub struct Stack {
     pub disks: Vec<Arc<SimDisk>>,
     pub top: DeviceRef,
     pub top_name: String,
+    pub nodes: BTreeMap<String, DeviceRef>,
 }
 
 /// Makes a device model from a preset name and its options.
@@ -146,6 +149,7 @@ impl StackSpec {
         base: &Path,
     ) -> Result<Stack, String> {
         let mut built: BTreeMap<String, DeviceRef> = BTreeMap::new();
+        let mut nodes: BTreeMap<String, DeviceRef> = BTreeMap::new();
         let mut disks = Vec::new();
         for (i, spec) in self.disks.iter().enumerate() {
             let seed = crate::executor::derive_seed(sim.seed(), &format!("disk-{i}"));
@@ -186,15 +190,17 @@ impl StackSpec {
             {
                 Some(volumes) => built.extend(volumes),
                 None => {
-                    built.insert(layer.name.clone(), device);
+                    built.insert(layer.name.clone(), device.clone());
                 }
             }
+            nodes.insert(layer.name.clone(), device);
         }
         let top_name = self.top_name(&self.used())?;
         Ok(Stack {
             disks,
             top: built[&top_name].clone(),
             top_name,
+            nodes,
         })
     }
 }

@@ -4,9 +4,13 @@
 
 use std::path::{Path, PathBuf};
 
+use strata_sim::disk::DataMode;
+use strata_sim::executor::Simulation;
 use strata_sim::experiment::{Experiment, Report};
 use strata_sim::model::IoRecord;
+use strata_sim::models;
 use strata_sim::results;
+use strata_sim::stack::StackSpec;
 
 fn repo_sim_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../sim")
@@ -299,6 +303,32 @@ children = ["low", "high"]
             && error.contains("\"high\" uses bytes 512MiB..1536MiB"),
         "{error}"
     );
+}
+
+#[test]
+fn a_thin_pool_formatted_in_the_simulator_draws_its_metadata_generation_from_the_seed() {
+    // The store's first generation decides which superblock copy each checkpoint writes, and
+    // so where on the disk: drawn from the OS, it made seeded runs that checkpoint differ.
+    let text = "[[disk]]\nname = \"d0\"\nmodel = \"cheetah-15k5-300g\"\n\n\
+                [[layer]]\nname = \"part\"\nkind = \"slice\"\nchildren = [\"d0\"]\n\
+                length = \"1GiB\"\n\n\
+                [[layer]]\nname = \"pool\"\nkind = \"thin-pool\"\nchildren = [\"part\"]\n\
+                volumes = [{ name = \"vol\", size = \"64MiB\" }]\n";
+    let spec = StackSpec::from_toml(&text.parse().unwrap()).unwrap();
+    let generation = |seed| {
+        let sim = Simulation::new(seed);
+        let stack = spec
+            .build(&sim, &models::build, DataMode::Stored, Path::new("."))
+            .unwrap();
+        let part = stack.nodes["part"].clone();
+        let (superblock, faults) = sim
+            .block_on(async move { strata_meta::read_superblock(part.as_ref(), 0).await })
+            .unwrap();
+        assert!(faults.is_empty(), "{faults:?}");
+        superblock.generation
+    };
+    assert_eq!(generation(1), generation(1));
+    assert_ne!(generation(1), generation(2));
 }
 
 #[test]

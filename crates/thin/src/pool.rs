@@ -204,7 +204,7 @@ impl ThinPool {
             child.clone(),
             0,
             metadata,
-            FormatOptions::new("thin-pool"),
+            FormatOptions::new("thin-pool").random_from(settings.runtime.as_ref()),
             store_options(name, &settings),
         )
         .await?;
