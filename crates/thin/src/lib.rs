@@ -29,6 +29,7 @@ mod chain;
 mod compact;
 pub mod config;
 pub mod delta;
+pub mod fuzzing;
 mod kind;
 mod lifecycle;
 mod map;
