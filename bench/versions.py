@@ -18,7 +18,8 @@ write. Each write job starts right after the snapshot, for BENCH_SECONDS (defaul
 first write into each extent after the snapshot is the remapped one, and a 10 s job at these
 rates touches most of the volume's 16,384 extents. BENCH_ROUNDS rounds (default 3), medians.
 
-Run: bench/versions.sh
+Run: bench/versions.sh (BENCH_DIR=/dev/shm puts every disk image in memory, so that the rows
+compare the layers' own paths rather than a disk file's)
 """
 
 from __future__ import annotations
@@ -45,13 +46,15 @@ GIB = 1 << 30
 # Room for the volume (1 GiB), three write jobs' remapped extents (1 GiB each at most) and the
 # 1 TiB volume's 2 GiB of mapped extents, with metadata.
 DISK_GIB = 7
+# Where the disk images go (default: the system's temporary directory).
+WORK_DIR = os.environ.get("BENCH_DIR") or None
 
 
 class Strata:
     """A strata server with one pool: volume `v` (1 GiB) and volume `big` (1 TiB)."""
 
     def __init__(self, snapshot_write: str):
-        self.work = Path(tempfile.mkdtemp(prefix="strata-versions-bench."))
+        self.work = Path(tempfile.mkdtemp(prefix="strata-versions-bench.", dir=WORK_DIR))
         config = "\n".join([
             'listen = ["unix:nbd.sock"]', 'admin = "admin.sock"',
             "[[disk]]", 'name = "d0"', 'path = "d0.img"', f'size = "{DISK_GIB}GiB"',
@@ -138,7 +141,7 @@ class QemuNbd:
     """qemu-nbd serving a qcow2: one with an internal snapshot, or the top of a chain of 10."""
 
     def __init__(self, chain: int):
-        self.work = Path(tempfile.mkdtemp(prefix="strata-versions-qemu."))
+        self.work = Path(tempfile.mkdtemp(prefix="strata-versions-qemu.", dir=WORK_DIR))
         base = self.work / "base.qcow2"
         subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(base), "1G"], check=True)
         self.sock = self.work / "nbd.sock"

@@ -248,6 +248,11 @@ fn thin_pool(pick: &mut Picks, size: u64) -> Option<String> {
     } else {
         None
     };
+    // A reserve for versions comes with its policy (the pool describes both once set).
+    let snapshot_reserve = pick.maybe(&["\"10%\"", "\"2.5%\"", "\"1MiB\""]);
+    let when_reserve_low = snapshot_reserve
+        .as_ref()
+        .map(|_| pick.one_of(&["\"refuse\"", "\"delete-oldest\""]).to_string());
     Some(lines([
         ("extent", option_text(&extent)),
         ("metadata-size", option_text(&metadata)),
@@ -258,6 +263,8 @@ fn thin_pool(pick: &mut Picks, size: u64) -> Option<String> {
         ("when-full", when_full),
         ("full-wait", full_wait),
         ("snapshot-write", pick.maybe(&["\"remap\"", "\"copy\""])),
+        ("snapshot-reserve", snapshot_reserve),
+        ("when-reserve-low", when_reserve_low),
     ]))
 }
 
