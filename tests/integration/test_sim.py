@@ -222,14 +222,21 @@ def test_clotho_reports_the_three_parts_and_is_deterministic():
     assert set(writes) == expected | {("remap", p) for p in periods}
     assert writes[("remap", None)]["versions_taken"] == 0
     assert writes[("remap", min(periods))]["versions_taken"] == 7
-    compacted = report["compacted"]
-    assert compacted["disk_reads_per_read"] is None
-    assert compacted["status"].startswith("not built")
+    compacted = {(c["superseded_share"], c["compacted"]): c for c in report["compacted"]}
+    assert set(compacted) == {(0.0, True), (0.5, True), (1.0, True), (1.0, False)}
+    for run in compacted.values():
+        assert run["reads"]["ios"] == 2000 and run["reads"]["failed"] == 0, run
+        assert run["verified_blocks"] > 0, run
+    assert compacted[(0.0, True)]["reads"]["disk_reads_per_io"] == 1.0
+    assert compacted[(1.0, True)]["extents_compacted"] == compacted[(1.0, True)]["extents"]
+    assert compacted[(1.0, True)]["reads"]["disk_reads_per_io"] == 2.0  # delta + base extent
+    assert compacted[(1.0, False)]["reads"]["disk_reads_per_io"] == 1.0
     assert sim(*args).stdout == first  # the same seed, byte for byte
     assert sim("clotho", "--scale", "64", "--json", "--seed", "2").stdout != first
 
     table = sim("clotho", "--scale", "64", "--part", "c").stdout
-    assert "(c) reads of a compacted version: not built" in table
+    assert "(c) random 4 KiB reads of a compacted version" in table
+    assert "100 % superseded, compacted" in table
     assert "(a)" not in table and "(b)" not in table
 
     refused = sim("clotho", "--part", "z", check=False)

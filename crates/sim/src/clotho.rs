@@ -15,8 +15,14 @@
 //!   every 5 and every 10 minutes; "more frequent versions mean higher performance"): closed
 //!   loop random 4 KiB overwrites of the written region for a fixed virtual duration, with a
 //!   snapshot taken through the pool's `snapshot-create` verb every period.
-//! - **(c) reads of a compacted version** (the paper: 2 disk accesses per read at 100 %
-//!   compaction): not built; the row says so ([`compacted_read_row`]).
+//! - **(c) reads of a compacted version** (the paper: 2,000 random reads of a version after
+//!   differential compaction; at 100 % compaction 2 disk accesses per read, about half the
+//!   throughput of 0 %): a region written with incompressible data (v1), a snapshot, a share
+//!   of its extents overwritten whole with the same bytes but a few per 4 KiB (v2), a
+//!   snapshot, v1 compacted against v2 through the pool's `snapshot-compact` verb, then
+//!   random 4 KiB reads of v1 through its snapshot device at queue depth 1. Only extents v2
+//!   superseded can be compacted, so the share overwritten sets the share compacted. The
+//!   disks store data here ([`DataMode::Stored`]): compaction encodes real bytes.
 //!
 //! Sizes and times scale together ([`ClothoConfig::scaled`]): dividing the region, the
 //! partition, the run and the version periods by the same factor keeps the writes per
@@ -27,11 +33,13 @@
 use std::path::Path;
 
 use futures_util::future::join;
-use strata_core::{Control, ControlReply, DeviceRef};
+use rand::{Rng, RngExt, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use strata_core::{Control, ControlReply, DeviceRef, WriteFlags};
 
 use crate::disk::DataMode;
 use crate::driver::{self, DriverConfig, RunOutput};
-use crate::executor::{SimConfig, SimRuntime, Simulation};
+use crate::executor::{splitmix64, SimConfig, SimRuntime, Simulation};
 use crate::model::{Io, Nanos, Workload, MILLIS, SECONDS};
 use crate::results;
 use crate::stack::{Stack, StackSpec};
@@ -89,6 +97,18 @@ pub struct ClothoConfig {
     pub version_periods: Vec<Nanos>,
     /// (b): overwrites outstanding (an NFS server's daemons; SPEC SFS drives many clients).
     pub write_queue_depth: usize,
+    /// (c): the region written, versioned and compacted (the paper: "large files", no size).
+    pub compacted_file_bytes: u64,
+    /// (c): random 4 KiB reads of the compacted version (the paper: 2,000).
+    pub compacted_read_ios: u64,
+    /// (c): reads outstanding (the paper's micro-benchmark: one process, assumed).
+    pub compacted_queue_depth: usize,
+    /// (c): shares of the region's extents superseded before the second version, each
+    /// compacted (the paper plots 0 % to 100 % compaction).
+    pub compacted_shares: Vec<f64>,
+    /// (c): bytes that differ between the two versions in each 4 KiB block of a superseded
+    /// extent (the "controlled similarity").
+    pub changed_bytes_per_block: usize,
 }
 
 impl ClothoConfig {
@@ -113,12 +133,18 @@ impl ClothoConfig {
             write_duration: 40 * MINUTE,
             version_periods: vec![10 * MINUTE, 5 * MINUTE],
             write_queue_depth: 8,
+            compacted_file_bytes: 512 * MIB,
+            compacted_read_ios: 2_000,
+            compacted_queue_depth: 1,
+            compacted_shares: vec![0.0, 0.5, 1.0],
+            changed_bytes_per_block: 16,
         }
     }
 
     /// The paper's configuration with the partition, the region, the run and the version
     /// periods divided by `scale`: at the same write rate the writes per extent per version
-    /// stay the same. The number of reads, queue depths and shares do not change.
+    /// stay the same. (c)'s region is divided too. The number of reads, queue depths and
+    /// shares do not change.
     pub fn scaled(seed: u64, scale: u64) -> Self {
         let scale = scale.max(1);
         let paper = Self::paper(seed);
@@ -127,6 +153,7 @@ impl ClothoConfig {
             scale,
             partition_bytes: size(paper.partition_bytes),
             file_bytes: size(paper.file_bytes),
+            compacted_file_bytes: size(paper.compacted_file_bytes),
             write_duration: paper.write_duration / scale,
             version_periods: paper.version_periods.iter().map(|p| p / scale).collect(),
             ..paper
@@ -259,13 +286,37 @@ pub fn new_extent_share(allocated: u64, region: u64, extent: u64, writes: u64) -
     (allocated.saturating_sub(region) / extent) as f64 / writes as f64
 }
 
-/// Part (c): a placeholder until compaction exists.
+/// One configuration of part (c).
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
-pub struct CompactedRead {
-    pub paper: String,
-    /// None: not measured.
-    pub disk_reads_per_read: Option<f64>,
-    pub status: String,
+pub struct CompactedRun {
+    pub configuration: String,
+    /// Share of the region's extents the second version superseded (overwritten whole).
+    pub superseded_share: f64,
+    /// Whether the first version was compacted (the control row is not).
+    pub compacted: bool,
+    /// The region's extents, and those of the first version now read through a delta.
+    pub extents: u64,
+    pub extents_compacted: u64,
+    /// Extents the compaction could take but kept, their delta not halving them.
+    pub extents_kept: u64,
+    /// The first version's bytes replaced by deltas, and the deltas' bytes.
+    pub data_bytes: u64,
+    pub delta_bytes: u64,
+    /// The random reads of the first version.
+    pub reads: Measured,
+    /// Bytes the disk read per 4 KiB read.
+    pub disk_bytes_per_read: f64,
+    /// Blocks of the first version read back after the run and found as written.
+    pub verified_blocks: u64,
+    /// Throughput against the 0 % configuration.
+    pub ratio_to_uncompacted: f64,
+}
+
+impl CompactedRun {
+    /// The share of the first version's extents compacted.
+    pub fn compacted_share(&self) -> f64 {
+        self.extents_compacted as f64 / self.extents.max(1) as f64
+    }
 }
 
 /// Everything `strata sim clotho` reports.
@@ -274,7 +325,7 @@ pub struct ClothoReport {
     pub config: ClothoConfig,
     pub reads: Vec<ReadRun>,
     pub writes: Vec<WriteRun>,
-    pub compacted: CompactedRead,
+    pub compacted: Vec<CompactedRun>,
 }
 
 impl ClothoReport {
@@ -293,22 +344,9 @@ impl ClothoReport {
     }
 }
 
-/// Part (c), reads of a compacted version: **not built**. Compaction of old versions (Clotho
-/// §3.3) is being built in crates/thin; when it exists, this runs the paper's micro-benchmark
-/// (versions with a controlled share of identical blocks, compacted, then 2,000 random
-/// reads of a compacted version) and reports disk reads per read and throughput against
-/// an uncompacted version. Until then it measures nothing.
-pub fn compacted_read_row() -> CompactedRead {
-    CompactedRead {
-        paper: "100 % compaction: 2 disk accesses per read, about half the throughput".into(),
-        disk_reads_per_read: None,
-        status: "not built: the thin pool has no compaction yet".into(),
-    }
-}
-
 /// The stack of a run, in the serve config's syntax: the disk, the partition, and (but for
-/// [`Layout::Disk`]) a thin pool on it with one volume the size of the region.
-fn stack_text(config: &ClothoConfig, layout: Layout) -> String {
+/// [`Layout::Disk`]) a thin pool on it with one volume of `volume_bytes` (the region).
+fn stack_text(config: &ClothoConfig, layout: Layout, volume_bytes: u64) -> String {
     let mut text = format!(
         "[[disk]]\nname = \"d0\"\nmodel = \"{}\"\n\n\
          [[layer]]\nname = \"part\"\nkind = \"slice\"\nchildren = [\"d0\"]\nlength = {}\n",
@@ -322,24 +360,24 @@ fn stack_text(config: &ClothoConfig, layout: Layout) -> String {
     text.push_str(&format!(
         "\n[[layer]]\nname = \"pool\"\nkind = \"thin-pool\"\nchildren = [\"part\"]\n\
          extent = {}\nsnapshot-write = \"{mode}\"\nvolumes = [{{ name = \"vol\", size = {} }}]\n",
-        config.extent_bytes, config.file_bytes
+        config.extent_bytes, volume_bytes
     ));
     text
 }
 
-/// A freshly built stack in a new simulation.
-fn build(config: &ClothoConfig, layout: Layout) -> Result<(Simulation, Stack), String> {
-    let table: toml::Table = stack_text(config, layout)
+/// A freshly built stack in a new simulation, its disk keeping data or not (`mode`).
+fn build(
+    config: &ClothoConfig,
+    layout: Layout,
+    volume_bytes: u64,
+    mode: DataMode,
+) -> Result<(Simulation, Stack), String> {
+    let table: toml::Table = stack_text(config, layout, volume_bytes)
         .parse()
         .map_err(|e| format!("{e}"))?;
     let spec = StackSpec::from_toml(&table)?;
     let sim = Simulation::with_config(SimConfig::new(config.seed));
-    let stack = spec.build(
-        &sim,
-        &crate::models::build,
-        DataMode::TimingOnly,
-        Path::new("."),
-    )?;
+    let stack = spec.build(&sim, &crate::models::build, mode, Path::new("."))?;
     Ok((sim, stack))
 }
 
@@ -379,12 +417,22 @@ struct Bench {
 }
 
 impl Bench {
+    /// (a) and (b): the region is `file_bytes`, and nothing is stored (timing only).
     fn new(config: &ClothoConfig, layout: Layout) -> Result<Bench, String> {
-        let (sim, stack) = build(config, layout)?;
+        Self::with(config, layout, config.file_bytes, DataMode::TimingOnly)
+    }
+
+    fn with(
+        config: &ClothoConfig,
+        layout: Layout,
+        file: u64,
+        mode: DataMode,
+    ) -> Result<Bench, String> {
+        let (sim, stack) = build(config, layout, file, mode)?;
         Ok(Bench {
             sim,
             stack,
-            file: config.file_bytes,
+            file,
             phase: 0,
         })
     }
@@ -396,6 +444,17 @@ impl Bench {
 
     /// Runs `workload` on the region and returns what the driver recorded.
     fn drive(&mut self, workload: &mut dyn Workload, queue_depth: usize) -> RunOutput {
+        let top = self.stack.top.clone();
+        self.drive_on(top, workload, queue_depth)
+    }
+
+    /// Runs `workload` on `device` (the volume, or a snapshot of it).
+    fn drive_on(
+        &mut self,
+        device: DeviceRef,
+        workload: &mut dyn Workload,
+        queue_depth: usize,
+    ) -> RunOutput {
         let config = DriverConfig {
             queue_depth,
             sample_interval: None,
@@ -403,7 +462,7 @@ impl Bench {
         };
         self.sim.block_on(driver::drive(
             self.sim.handle(),
-            self.stack.top.clone(),
+            device,
             workload,
             &self.stack.disks,
             &config,
@@ -433,10 +492,21 @@ impl Bench {
 
     /// `count` random 4 KiB reads of the region.
     fn random_reads(&mut self, count: u64, queue_depth: usize) -> Result<RunOutput, String> {
+        let top = self.stack.top.clone();
+        self.random_reads_of(top, count, queue_depth)
+    }
+
+    /// `count` random 4 KiB reads of the region on `device`.
+    fn random_reads_of(
+        &mut self,
+        device: DeviceRef,
+        count: u64,
+        queue_depth: usize,
+    ) -> Result<RunOutput, String> {
         let seed = self.next_seed();
         let inner = ClosedLoop::new(pattern(AddressDist::Uniform, BLOCK, 1.0), self.file, seed)?;
         let mut workload = Limited::new(inner, Some(count), None);
-        let output = self.drive(&mut workload, queue_depth);
+        let output = self.drive_on(device, &mut workload, queue_depth);
         check(&output, "random reads")?;
         Ok(output)
     }
@@ -496,6 +566,30 @@ impl Bench {
         self.sim.block_on(snapshot(&pool))
     }
 
+    /// Calls one of the pool's verbs on the volume with `args` besides (as `strata snapshot
+    /// create --name`, `strata snapshot compact` do).
+    fn call(&mut self, verb: &str, args: &[(&str, &str)]) -> Result<toml::Table, String> {
+        let pool = self.pool().ok_or("versions need a thin pool")?.clone();
+        let args = (args.iter())
+            .map(|&(key, value)| (key.to_string(), toml::Value::from(value)))
+            .collect();
+        self.sim.block_on(call(&pool, verb, args))
+    }
+
+    /// A snapshot of the volume as a read-only device (`vol@name`, as the stack names it).
+    fn snapshot_device(&mut self, snapshot: &str) -> Result<DeviceRef, String> {
+        let pool = self.pool().ok_or("versions need a thin pool")?.clone();
+        let name = format!("vol@{snapshot}");
+        match self
+            .sim
+            .block_on(pool.control(Control::Volume { name: name.clone() }))
+        {
+            Ok(ControlReply::Device(device)) => Ok(device),
+            Ok(other) => Err(format!("{name} answered {other:?}")),
+            Err(e) => Err(format!("{name}: {e}")),
+        }
+    }
+
     fn flush(&mut self) -> Result<(), String> {
         let top = self.stack.top.clone();
         self.sim
@@ -518,16 +612,22 @@ impl Bench {
 
 /// Takes a version of the volume through the pool's verb, as `strata snapshot create` does.
 async fn snapshot(pool: &DeviceRef) -> Result<(), String> {
-    let mut args = toml::Table::new();
+    call(pool, "snapshot-create", toml::Table::new())
+        .await
+        .map(|_| ())
+}
+
+/// Calls the pool's `verb` on the volume "vol" with `args` besides.
+async fn call(pool: &DeviceRef, verb: &str, mut args: toml::Table) -> Result<toml::Table, String> {
     args.insert("volume".into(), "vol".into());
-    let verb = Control::Call {
-        verb: "snapshot-create".into(),
+    let request = Control::Call {
+        verb: verb.into(),
         args,
     };
-    match pool.control(verb).await {
-        Ok(ControlReply::Table(_)) => Ok(()),
-        Ok(other) => Err(format!("snapshot-create answered {other:?}")),
-        Err(e) => Err(format!("snapshot-create: {e}")),
+    match pool.control(request).await {
+        Ok(ControlReply::Table(table)) => Ok(table),
+        Ok(other) => Err(format!("{verb} answered {other:?}")),
+        Err(e) => Err(format!("{verb}: {e}")),
     }
 }
 
@@ -658,17 +758,225 @@ pub fn write_path(config: &ClothoConfig) -> Result<Vec<WriteRun>, String> {
     Ok(runs)
 }
 
+/// Version 1's bytes of extent `index` in part (c): a ChaCha8 keystream drawn from the seed
+/// and the extent, so that no block is like another and nothing compresses on its own: a
+/// small delta can only come from the base being like it.
+pub fn first_version(seed: u64, index: u64, extent_bytes: u64) -> Vec<u8> {
+    let stream = crate::executor::derive_seed(seed, "clotho-first-version");
+    let mut rng = ChaCha8Rng::seed_from_u64(splitmix64(stream.wrapping_add(index)));
+    let mut bytes = vec![0u8; extent_bytes as usize];
+    rng.fill_bytes(&mut bytes);
+    bytes
+}
+
+/// Version 2's bytes of extent `index` in part (c): version 1's with `changed` bytes of each
+/// 4 KiB block altered, one in each of `changed` equal stretches of the block, at a place
+/// and by a value drawn from the seed.
+pub fn second_version(seed: u64, index: u64, extent_bytes: u64, changed: usize) -> Vec<u8> {
+    let mut bytes = first_version(seed, index, extent_bytes);
+    let changed = changed.min(BLOCK as usize);
+    if changed == 0 {
+        return bytes;
+    }
+    let stream = crate::executor::derive_seed(seed, "clotho-second-version");
+    let mut rng = ChaCha8Rng::seed_from_u64(splitmix64(stream.wrapping_add(index)));
+    let stretch = BLOCK as usize / changed;
+    for block in bytes.chunks_mut(BLOCK as usize) {
+        for k in 0..changed {
+            let at = k * stretch + rng.random_range(0..stretch);
+            block[at] ^= rng.random_range(1..=u8::MAX);
+        }
+    }
+    bytes
+}
+
+/// Whether part (c)'s second version supersedes extent `index` when it overwrites `share`
+/// of the region's extents: spread evenly (every other one at 0.5), floor(n x share) of
+/// the first n.
+pub fn superseded(index: u64, share: f64) -> bool {
+    let upto = |n: u64| (n as f64 * share).floor();
+    upto(index + 1) > upto(index)
+}
+
+impl Bench {
+    /// Writes the extents `indices` (ascending) with `content`, adjacent ones together up
+    /// to 1 MiB a write, one write at a time, then flushes.
+    fn write_extents(
+        &mut self,
+        extent_bytes: u64,
+        indices: impl Iterator<Item = u64>,
+        content: impl Fn(u64) -> Vec<u8>,
+    ) -> Result<(), String> {
+        let per_write = (MIB / extent_bytes).max(1);
+        let top = self.stack.top.clone();
+        let mut pending: Option<(u64, Vec<u8>, u64)> = None;
+        let write = |sim: &Simulation, offset: u64, data: Vec<u8>| {
+            let top = top.clone();
+            sim.block_on(async move {
+                top.write(offset, data.into(), WriteFlags::default())
+                    .await
+                    .map_err(|e| format!("write at {offset}: {e}"))
+            })
+        };
+        for index in indices {
+            match &mut pending {
+                Some((first, data, count)) if *first + *count == index && *count < per_write => {
+                    data.extend_from_slice(&content(index));
+                    *count += 1;
+                }
+                _ => {
+                    if let Some((first, data, _)) = pending.take() {
+                        write(&self.sim, first * extent_bytes, data)?;
+                    }
+                    pending = Some((index, content(index), 1));
+                }
+            }
+        }
+        if let Some((first, data, _)) = pending {
+            write(&self.sim, first * extent_bytes, data)?;
+        }
+        self.flush()
+    }
+
+    /// Reads one 4 KiB block of every few extents of `device` (a different block in each,
+    /// and extents of both parities) and compares it with `expected`'s.
+    fn verify_blocks(
+        &mut self,
+        device: &DeviceRef,
+        extent_bytes: u64,
+        expected: impl Fn(u64) -> Vec<u8>,
+    ) -> Result<u64, String> {
+        let extents = self.file / extent_bytes;
+        let blocks = extent_bytes / BLOCK;
+        let step = ((extents / 128).max(1)) | 1;
+        let mut checked = 0;
+        for index in (0..extents).step_by(step as usize) {
+            let block = index % blocks;
+            let offset = index * extent_bytes + block * BLOCK;
+            let device = device.clone();
+            let read = self
+                .sim
+                .block_on(async move { device.read(offset, BLOCK as usize).await })
+                .map_err(|e| format!("reading back {offset}: {e}"))?;
+            let want = expected(index);
+            let want = &want[(block * BLOCK) as usize..((block + 1) * BLOCK) as usize];
+            if read[..] != *want {
+                return Err(format!(
+                    "the block at {offset} does not read back as the version wrote it"
+                ));
+            }
+            checked += 1;
+        }
+        Ok(checked)
+    }
+}
+
+/// A count from a verb's reply.
+fn reply_count(table: &toml::Table, key: &str) -> Result<u64, String> {
+    table
+        .get(key)
+        .and_then(toml::Value::as_integer)
+        .and_then(|n| u64::try_from(n).ok())
+        .ok_or_else(|| format!("the reply has no count {key:?}: {table:?}"))
+}
+
+/// Part (c): one configuration. The region is written as version 1 and snapshotted ("v1");
+/// `share` of its extents is overwritten whole with version 2's bytes and the volume is
+/// snapshotted again ("v2"); v1 is compacted against v2 (or not); then v1 is read at random
+/// through its snapshot device.
+fn compacted_run(config: &ClothoConfig, share: f64, compact: bool) -> Result<CompactedRun, String> {
+    let (seed, extent) = (config.seed, config.extent_bytes);
+    let extents = config.compacted_file_bytes / extent;
+    let changed = config.changed_bytes_per_block;
+    // The disk keeps what is written: compaction encodes the bytes it reads, and zeros
+    // against zeros (what a timing-only disk returns) give tiny deltas whatever the
+    // versions are.
+    let mut bench = Bench::with(
+        config,
+        Layout::Remap,
+        config.compacted_file_bytes,
+        DataMode::Stored,
+    )?;
+    bench.write_extents(extent, 0..extents, |i| first_version(seed, i, extent))?;
+    bench.call("snapshot-create", &[("name", "v1")])?;
+    let overwritten = (0..extents).filter(|&i| superseded(i, share));
+    bench.write_extents(extent, overwritten, |i| {
+        second_version(seed, i, extent, changed)
+    })?;
+    bench.call("snapshot-create", &[("name", "v2")])?;
+    let (mut compacted, mut kept, mut data_bytes, mut delta_bytes) = (0, 0, 0, 0);
+    if compact {
+        let report = bench.call("snapshot-compact", &[("snapshot", "v1")])?;
+        compacted = reply_count(&report, "extents-compacted")?;
+        kept = reply_count(&report, "extents-kept")?;
+        data_bytes = reply_count(&report, "data-bytes")?;
+        delta_bytes = reply_count(&report, "delta-bytes")?;
+    }
+    bench.flush()?;
+    let v1 = bench.snapshot_device("v1")?;
+    let output = bench.random_reads_of(
+        v1.clone(),
+        config.compacted_read_ios,
+        config.compacted_queue_depth,
+    )?;
+    let reads = Measured::of(&output);
+    let read_bytes: u64 = output.disks.iter().map(|d| d.stats.read_bytes).sum();
+    let verified_blocks = bench.verify_blocks(&v1, extent, |i| first_version(seed, i, extent))?;
+    let percent = share * 100.0;
+    Ok(CompactedRun {
+        configuration: if compact {
+            format!("{percent:.0} % superseded, compacted")
+        } else {
+            format!("{percent:.0} % superseded, not compacted")
+        },
+        superseded_share: share,
+        compacted: compact,
+        extents,
+        extents_compacted: compacted,
+        extents_kept: kept,
+        data_bytes,
+        delta_bytes,
+        disk_bytes_per_read: read_bytes as f64 / reads.ios.max(1) as f64,
+        reads,
+        verified_blocks,
+        ratio_to_uncompacted: 1.0,
+    })
+}
+
+/// Part (c): v1 compacted at each of the shares, then, as a control, the largest share
+/// superseded but not compacted (the same history and placement, no deltas). Throughput is
+/// compared with the first share's (0 %: nothing to compact).
+pub fn compacted_reads(config: &ClothoConfig) -> Result<Vec<CompactedRun>, String> {
+    let mut runs = config
+        .compacted_shares
+        .iter()
+        .map(|&share| compacted_run(config, share, true))
+        .collect::<Result<Vec<_>, _>>()?;
+    let largest = config.compacted_shares.iter().copied().fold(0.0, f64::max);
+    if largest > 0.0 {
+        runs.push(compacted_run(config, largest, false)?);
+    }
+    if let Some(baseline) = runs.first().map(|r| r.reads.iops) {
+        for run in &mut runs {
+            run.ratio_to_uncompacted = run.reads.iops / baseline;
+        }
+    }
+    Ok(runs)
+}
+
 /// Which parts a run measures.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Parts {
     pub reads: bool,
     pub writes: bool,
+    pub compacted: bool,
 }
 
 impl Parts {
     pub const ALL: Parts = Parts {
         reads: true,
         writes: true,
+        compacted: true,
     };
 }
 
@@ -677,7 +985,7 @@ pub fn run(config: &ClothoConfig) -> Result<ClothoReport, String> {
     run_parts(config, Parts::ALL)
 }
 
-/// Runs the parts asked for ((c) is always its "not built" row).
+/// Runs the parts asked for.
 pub fn run_parts(config: &ClothoConfig, parts: Parts) -> Result<ClothoReport, String> {
     Ok(ClothoReport {
         config: config.clone(),
@@ -691,7 +999,11 @@ pub fn run_parts(config: &ClothoConfig, parts: Parts) -> Result<ClothoReport, St
         } else {
             Vec::new()
         },
-        compacted: compacted_read_row(),
+        compacted: if parts.compacted {
+            compacted_reads(config)?
+        } else {
+            Vec::new()
+        },
     })
 }
 
@@ -817,11 +1129,54 @@ pub fn format_report(report: &ClothoReport) -> String {
         out.push_str(&table(&rows));
         out.push('\n');
     }
-    let compacted = &report.compacted;
-    out.push_str(&format!(
-        "(c) reads of a compacted version: {} (paper: {})\n",
-        compacted.status, compacted.paper
-    ));
+    if !report.compacted.is_empty() {
+        out.push_str(&format!(
+            "(c) random 4 KiB reads of a compacted version, QD {}, {} reads: a {} region \
+             written (v1), a share of its extents overwritten whole with {} bytes per 4 KiB \
+             changed (v2), v1 compacted against v2\n",
+            c.compacted_queue_depth,
+            c.compacted_read_ios,
+            bytes_text(c.compacted_file_bytes),
+            c.changed_bytes_per_block,
+        ));
+        let mut rows = vec![row(&[
+            "configuration",
+            "compacted %",
+            "delta/data %",
+            "reads/s",
+            "mean ms",
+            "p99 ms",
+            "disk reads/read",
+            "disk KiB/read",
+            "x 0 %",
+            "paper",
+        ])];
+        for r in &report.compacted {
+            let paper = match (r.compacted, r.superseded_share) {
+                (false, _) => "(not in the paper)",
+                (true, 0.0) => "baseline",
+                (true, 1.0) => "2 accesses/read, about 0.5x",
+                (true, _) => "(figure data unavailable)",
+            };
+            rows.push(vec![
+                r.configuration.clone(),
+                format!("{:.1}", r.compacted_share() * 100.0),
+                if r.data_bytes == 0 {
+                    "-".into()
+                } else {
+                    format!("{:.2}", 100.0 * r.delta_bytes as f64 / r.data_bytes as f64)
+                },
+                format!("{:.1}", r.reads.iops),
+                format!("{:.3}", r.reads.mean_ms),
+                format!("{:.3}", r.reads.p99_ms),
+                format!("{:.3}", r.reads.disk_reads_per_io),
+                format!("{:.1}", r.disk_bytes_per_read / KIB as f64),
+                format!("{:.3}", r.ratio_to_uncompacted),
+                paper.into(),
+            ]);
+        }
+        out.push_str(&table(&rows));
+    }
     out
 }
 
@@ -907,25 +1262,96 @@ mod tests {
     }
 
     #[test]
-    fn the_compacted_row_measures_nothing_until_compaction_exists() {
-        let row = compacted_read_row();
-        assert_eq!(row.disk_reads_per_read, None);
-        assert!(row.status.starts_with("not built"), "{}", row.status);
+    fn the_second_version_differs_from_the_first_in_a_few_bytes_per_block() {
+        let extent = 64 * KIB;
+        let first = first_version(1, 7, extent);
+        let second = second_version(1, 7, extent, 16);
+        assert_eq!(
+            (first.len(), second.len()),
+            (extent as usize, extent as usize)
+        );
+        for (a, b) in first
+            .chunks(BLOCK as usize)
+            .zip(second.chunks(BLOCK as usize))
+        {
+            let differ = a.iter().zip(b).filter(|(x, y)| x != y).count();
+            assert_eq!(differ, 16);
+        }
+        assert_eq!(second_version(1, 7, extent, 0), first);
+        assert_eq!(
+            first_version(1, 7, extent),
+            first,
+            "a function of seed and extent"
+        );
+        assert_ne!(first_version(1, 8, extent), first);
+        assert_ne!(first_version(2, 7, extent), first);
+        // No two blocks alike.
+        let blocks: std::collections::BTreeSet<&[u8]> = first.chunks(BLOCK as usize).collect();
+        assert_eq!(blocks.len(), (extent / BLOCK) as usize);
+    }
+
+    #[test]
+    fn only_the_similarity_makes_the_delta_small() {
+        // The pool's own encoder: v1 against v2 of the same extent is a small delta, v1
+        // against an unrelated extent is not worth keeping (v1 does not compress by itself).
+        use strata_thin::delta::{encode, worth_compacting, TakenLink};
+        use strata_thin::versions::Granules;
+        let extent = 64 * KIB;
+        let granules = extent / BLOCK;
+        let link = TakenLink {
+            epoch: 1,
+            data: Granules::from_fn(granules, |_| true),
+            zeros: Granules::empty(granules),
+        };
+        let v1 = first_version(1, 3, extent);
+        let similar = encode(
+            std::slice::from_ref(&link),
+            &v1,
+            &second_version(1, 3, extent, 16),
+        )
+        .unwrap();
+        assert!(worth_compacting(v1.len(), similar.len()));
+        assert!(similar.len() < v1.len() / 20, "{}", similar.len());
+        let unrelated = encode(
+            std::slice::from_ref(&link),
+            &v1,
+            &first_version(1, 4, extent),
+        )
+        .unwrap();
+        assert!(
+            !worth_compacting(v1.len(), unrelated.len()),
+            "{}",
+            unrelated.len()
+        );
+    }
+
+    #[test]
+    fn a_share_supersedes_that_share_of_the_extents_spread_evenly() {
+        let count = |share: f64| (0..128).filter(|&i| superseded(i, share)).count();
+        assert_eq!(count(0.0), 0);
+        assert_eq!(count(1.0), 128);
+        assert_eq!(count(0.5), 64);
+        assert_eq!(count(0.25), 32);
+        let half: Vec<u64> = (0..6).filter(|&i| superseded(i, 0.5)).collect();
+        assert_eq!(half, vec![1, 3, 5]);
     }
 
     #[test]
     fn the_stack_is_serve_config_text_with_the_pool_on_the_partition() {
         let config = ClothoConfig::scaled(1, 16);
-        let thin = stack_text(&config, Layout::Remap);
+        let thin = stack_text(&config, Layout::Remap, config.file_bytes);
         assert!(thin.contains("kind = \"thin-pool\""), "{thin}");
         assert!(thin.contains("children = [\"part\"]"), "{thin}");
         assert!(thin.contains("snapshot-write = \"remap\""), "{thin}");
-        let copy = stack_text(&config, Layout::Copy);
+        let copy = stack_text(&config, Layout::Copy, config.file_bytes);
         assert!(copy.contains("snapshot-write = \"copy\""), "{copy}");
-        assert!(!stack_text(&config, Layout::Disk).contains("thin-pool"));
+        assert!(!stack_text(&config, Layout::Disk, config.file_bytes).contains("thin-pool"));
+        let size = format!("size = {} }}", config.compacted_file_bytes);
+        assert!(stack_text(&config, Layout::Remap, config.compacted_file_bytes).contains(&size));
         // Each parses and checks as a stack (registry kinds, children, one top).
         for layout in [Layout::Disk, Layout::Remap, Layout::Copy] {
-            let table: toml::Table = stack_text(&config, layout).parse().unwrap();
+            let text = stack_text(&config, layout, config.file_bytes);
+            let table: toml::Table = text.parse().unwrap();
             StackSpec::from_toml(&table).unwrap();
         }
     }
@@ -990,13 +1416,29 @@ mod tests {
                 layout: Layout::Remap,
                 period_ns: Some(5 * MINUTE),
                 versions_taken: 7,
-                writes: measured,
+                writes: measured.clone(),
                 allocated_bytes: 3 * GIB,
                 new_extent_share: 0.159,
                 expected_new_extent_share: 0.158,
                 ratio_to_no_versions: 1.084,
             }],
-            compacted: compacted_read_row(),
+            compacted: vec![CompactedRun {
+                configuration: "100 % superseded, compacted".into(),
+                superseded_share: 1.0,
+                compacted: true,
+                extents: 128,
+                extents_compacted: 128,
+                extents_kept: 0,
+                data_bytes: 8 * MIB,
+                delta_bytes: 78_000,
+                reads: Measured {
+                    disk_reads_per_io: 2.0,
+                    ..measured
+                },
+                disk_bytes_per_read: 68.5 * KIB as f64,
+                verified_blocks: 128,
+                ratio_to_uncompacted: 0.456,
+            }],
         };
         let text = format_report(&report);
         for expected in [
@@ -1007,19 +1449,30 @@ mod tests {
             "15.8",
             "1.084",
             "higher when more frequent",
-            "(c) reads of a compacted version: not built",
+            "(c) random 4 KiB reads of a compacted version, QD 1, 2000 reads: a 32 MiB region",
+            "100 % superseded, compacted",
+            "0.93",
+            "2.000",
+            "68.5",
+            "0.456",
+            "2 accesses/read, about 0.5x",
         ] {
             assert!(text.contains(expected), "{expected:?} in:\n{text}");
         }
         let only_c = format_report(&ClothoReport {
             reads: Vec::new(),
             writes: Vec::new(),
-            ..report
+            ..report.clone()
         });
         assert!(
-            !only_c.contains("(a)") && !only_c.contains("(b)"),
+            !only_c.contains("(a)") && !only_c.contains("(b)") && only_c.contains("(c)"),
             "{only_c}"
         );
+        let without_c = format_report(&ClothoReport {
+            compacted: Vec::new(),
+            ..report
+        });
+        assert!(!without_c.contains("(c)"), "{without_c}");
     }
 
     #[test]

@@ -71,8 +71,8 @@ enum SimCommand {
         report: ReportArgs,
     },
     /// Clotho's evaluation (§3.4) on a thin pool with versions over a simulated Cheetah:
-    /// random read overhead, overwrites with a version every 10 and 5 minutes, compacted
-    /// reads (not built). See docs/versions-sim.md.
+    /// random read overhead, overwrites with a version every 10 and 5 minutes, random reads
+    /// of a compacted version. See docs/versions-sim.md.
     Clotho {
         /// Divide the partition, the region, the run and the version periods by this (1: the
         /// paper's sizes).
@@ -80,7 +80,8 @@ enum SimCommand {
         scale: u64,
         #[arg(long, default_value_t = 1)]
         seed: u64,
-        /// Only part a (random reads) or b (overwrites with versions); c is a row either way.
+        /// Only part a (random reads), b (overwrites with versions) or c (reads of a
+        /// compacted version).
         #[arg(long)]
         part: Option<String>,
         /// (a): versions taken before the reads, each followed by an overwrite (default 3).
@@ -209,14 +210,17 @@ fn run(command: SimCommand) -> anyhow::Result<()> {
                 Some("a") => clotho::Parts {
                     reads: true,
                     writes: false,
+                    compacted: false,
                 },
                 Some("b") => clotho::Parts {
                     reads: false,
                     writes: true,
+                    compacted: false,
                 },
                 Some("c") => clotho::Parts {
                     reads: false,
                     writes: false,
+                    compacted: true,
                 },
                 Some(other) => bail!("--part: {other:?} is not a, b or c"),
             };

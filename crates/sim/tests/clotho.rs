@@ -2,7 +2,8 @@
 //! paper's results on the thin pool's versions over the calibrated Cheetah model. Nothing
 //! here is a recorded number: every figure is simulated afresh and checked against the
 //! paper's claim (or against another simulated figure), so a thin pool whose reads walked
-//! chains on disk, or whose writes after a version copied extents, would fail.
+//! chains on disk, whose writes after a version copied extents, or whose compacted reads
+//! did not go to the disk twice (or returned other bytes), would fail.
 
 use strata_sim::clotho::{self, ClothoConfig, Layout, Parts};
 use strata_sim::model::SECONDS;
@@ -19,7 +20,7 @@ fn random_reads_of_a_volume_with_versions_cost_at_most_the_papers_overhead() {
         config: config.clone(),
         reads: runs.clone(),
         writes: Vec::new(),
-        compacted: clotho::compacted_read_row(),
+        compacted: Vec::new(),
     });
     println!("{table}");
     let [disk, thin, chains] = runs.as_slice() else {
@@ -67,7 +68,7 @@ fn more_frequent_versions_do_not_slow_random_overwrites() {
         config: config.clone(),
         reads: Vec::new(),
         writes: runs.clone(),
-        compacted: clotho::compacted_read_row(),
+        compacted: Vec::new(),
     });
     println!("{table}");
     let (longer, shorter) = (config.version_periods[0], config.version_periods[1]);
@@ -125,7 +126,14 @@ fn more_frequent_versions_do_not_slow_random_overwrites() {
 
 #[test]
 fn the_same_seed_gives_the_same_report_and_another_seed_another() {
-    let run = |seed| clotho::run_parts(&ClothoConfig::scaled(seed, 64), Parts::ALL).unwrap();
+    let run = |seed| {
+        // (c) at one share (half the extents compacted) and its control: both read paths.
+        let config = ClothoConfig {
+            compacted_shares: vec![0.5],
+            ..ClothoConfig::scaled(seed, 64)
+        };
+        clotho::run_parts(&config, Parts::ALL).unwrap()
+    };
     let json = |report: &clotho::ClothoReport| serde_json::to_string(report).unwrap();
     let first = run(1);
     assert_eq!(json(&first), json(&run(1)));
@@ -135,5 +143,64 @@ fn the_same_seed_gives_the_same_report_and_another_seed_another() {
     assert!(shortest < 5 * SECONDS);
     let every_shortest = first.write(Layout::Remap, Some(shortest)).unwrap();
     assert_eq!(every_shortest.versions_taken, 7);
-    assert_eq!(first.compacted.disk_reads_per_read, None);
+    let [half, control] = first.compacted.as_slice() else {
+        panic!("50 % and its control: {:?}", first.compacted);
+    };
+    assert_eq!(half.extents_compacted, half.extents / 2);
+    assert!(!control.compacted);
+}
+
+#[test]
+fn reads_of_a_fully_compacted_version_cost_two_disk_reads_and_about_half_the_throughput() {
+    // 1/64 of the paper's sizes: an 8 MiB region (128 extents of 64 KiB), 2,000 random
+    // 4 KiB reads of v1 at queue depth 1 after it was compacted against v2.
+    let config = ClothoConfig::scaled(1, 64);
+    assert_eq!(config.compacted_shares, vec![0.0, 0.5, 1.0]);
+    let runs = clotho::compacted_reads(&config).unwrap();
+    let table = clotho::format_report(&clotho::ClothoReport {
+        config: config.clone(),
+        reads: Vec::new(),
+        writes: Vec::new(),
+        compacted: runs.clone(),
+    });
+    println!("{table}");
+    let [none, half, all, control] = runs.as_slice() else {
+        panic!("four configurations:\n{table}");
+    };
+    let extents = config.compacted_file_bytes / config.extent_bytes;
+    for run in &runs {
+        assert_eq!(run.extents, extents, "{table}");
+        assert_eq!(run.reads.ios, config.compacted_read_ios, "{table}");
+        assert_eq!(run.reads.failed, 0, "{table}");
+        // The version reads back as it was written (so the deltas were made of real bytes
+        // and decode to them: a disk that stored nothing would read zeros here).
+        assert!(run.verified_blocks >= extents / 2, "{table}");
+        // Every superseded extent's delta halves it (a few bytes per 4 KiB changed).
+        assert_eq!(run.extents_kept, 0, "{table}");
+    }
+    // 0 %: nothing superseded, nothing to compact, one disk read per read.
+    assert_eq!((none.superseded_share, none.extents_compacted), (0.0, 0));
+    assert_eq!(none.reads.disk_reads_per_io, 1.0, "{table}");
+    // 100 %: every extent compacted, and every read costs its delta record and the base's
+    // extent: the paper's 2 disk accesses per read (not 1: nothing caches the base or the
+    // delta; not 3), about half the throughput.
+    assert_eq!(all.extents_compacted, extents, "{table}");
+    assert!(2 * all.delta_bytes <= all.data_bytes, "{table}");
+    let per_read = all.reads.disk_reads_per_io;
+    assert!((1.9..=2.1).contains(&per_read), "{table}");
+    assert!(all.ratio_to_uncompacted <= 0.7, "{table}");
+    // 50 %: half the extents, half the reads pay the second access.
+    assert_eq!(half.extents_compacted, extents / 2, "{table}");
+    let per_read = half.reads.disk_reads_per_io;
+    assert!((1.4..=1.6).contains(&per_read), "{table}");
+    assert!(
+        all.reads.iops < half.reads.iops && half.reads.iops < none.reads.iops,
+        "{table}"
+    );
+    // The control: the same history (every extent superseded), not compacted, reads as
+    // 0 % does. What costs is the compaction, not where v1's data lies.
+    assert!(!control.compacted && control.superseded_share == 1.0);
+    assert_eq!(control.extents_compacted, 0, "{table}");
+    assert_eq!(control.reads.disk_reads_per_io, 1.0, "{table}");
+    assert!(control.ratio_to_uncompacted >= 0.9, "{table}");
 }
