@@ -250,9 +250,10 @@ fn thin_pool(pick: &mut Picks, size: u64) -> Option<String> {
     };
     // A reserve for versions comes with its policy (the pool describes both once set).
     let snapshot_reserve = pick.maybe(&["\"10%\"", "\"2.5%\"", "\"1MiB\""]);
-    let when_reserve_low = snapshot_reserve
-        .as_ref()
-        .map(|_| pick.one_of(&["\"refuse\"", "\"delete-oldest\""]).to_string());
+    let when_reserve_low = snapshot_reserve.as_ref().map(|_| {
+        pick.one_of(&["\"refuse\"", "\"delete-oldest\""])
+            .to_string()
+    });
     Some(lines([
         ("extent", option_text(&extent)),
         ("metadata-size", option_text(&metadata)),
