@@ -80,6 +80,12 @@ struct Batch {
     planned: Vec<Planned>,
 }
 
+/// The other readers of a volume's chains, as [`ThinPool::readers`] finds them.
+struct Readers {
+    others: Vec<Epoch>,
+    compacted: Vec<Epoch>,
+}
+
 /// The snapshot a compaction works on, and what its checks need.
 struct Subject {
     volume_id: u32,
@@ -134,8 +140,10 @@ impl ThinPool {
             bytes: Vec::new(),
             planned: Vec::new(),
         };
+        let readers = self.store.read(|state| self.readers(state, &subject))?;
         for extent in extents {
-            let Some((links, data, record)) = self.plan_extent(&subject, extent).await? else {
+            let plan = self.plan_extent(&subject, &readers, extent).await?;
+            let Some((links, data, record)) = plan else {
                 continue;
             };
             if !delta::worth_compacting(data.len(), record.len()) {
@@ -188,32 +196,39 @@ impl ThinPool {
         Ok(())
     }
 
-    /// The epochs other than the subject's that read the volume's chains now.
-    fn others(&self, state: &State, subject: &Subject) -> Result<Vec<Epoch>> {
+    /// Who else reads the volume's chains now: the pinned epochs other than the subject's
+    /// (its base included), and the compacted snapshots, whose deltas give them granules.
+    /// One decode of the versions records, for a whole pass or a whole batch.
+    fn readers(&self, state: &State, subject: &Subject) -> Result<Readers> {
         let all = self.versions_records(state)?;
         let mut others = Self::pinned(&all, subject.volume_id);
         others.retain(|&e| e != subject.epoch);
         if !others.contains(&subject.base) {
             others.push(subject.base);
         }
-        Ok(others)
+        let compacted = all
+            .get(&subject.volume_id)
+            .map(compacted_epochs)
+            .unwrap_or_default();
+        Ok(Readers { others, compacted })
     }
 
     /// What the subject reads only from this extent's chain, with the links it lives in,
     /// its bytes and their delta record; None when there is nothing to take or it is done.
+    /// `readers` may be stale: the batch's transaction checks the plan again.
     async fn plan_extent(
         &self,
         subject: &Subject,
+        readers: &Readers,
         extent: u64,
     ) -> Result<Option<(Vec<(u64, TakenLink)>, Vec<u8>, Vec<u8>)>> {
-        let planned = self.store.read(|state| -> Result<_> {
+        let planned = self.store.read(|state| {
             if self.delta_entry(state, subject, extent).is_some() {
-                return Ok(None);
+                return None;
             }
-            let others = self.others(state, subject)?;
-            let taken = self.takeable(state, subject, extent, &others);
-            Ok((!taken.is_empty()).then_some(taken))
-        })?;
+            let taken = self.takeable(state, subject, extent, readers);
+            (!taken.is_empty()).then_some(taken)
+        });
         let Some(taken) = planned else {
             return Ok(None);
         };
@@ -237,18 +252,18 @@ impl ThinPool {
         state: &State,
         subject: &Subject,
         extent: u64,
-        others: &[Epoch],
+        readers: &Readers,
     ) -> Vec<(u64, TakenLink)> {
         let chain = self.links(state, subject.map, extent);
         let links: Vec<Link> = chain.iter().map(|(_, l)| l.clone()).collect();
-        let compacted = self
-            .subject_record(state, subject)
-            .map(|(versions, _)| compacted_epochs(&versions))
-            .unwrap_or_default();
-        let given = self.given_at(state, subject.volume_id, &compacted, extent);
-        let take = versions::compactable(&links, &subject.lineage, subject.epoch, others, &|e| {
-            given.get(&e).cloned()
-        });
+        let given = self.given_at(state, subject.volume_id, &readers.compacted, extent);
+        let take = versions::compactable(
+            &links,
+            &subject.lineage,
+            subject.epoch,
+            &readers.others,
+            &|e| given.get(&e).cloned(),
+        );
         let live = state.bitmap(self.ids.live).expect("pool live bitmap");
         chain
             .iter()
@@ -359,7 +374,7 @@ impl ThinPool {
                 None => (None, None),
             };
             snapshot.compacted = Some(subject.base);
-            let others = self.others(state, subject)?;
+            let readers = self.readers(state, subject)?;
             let history = self
                 .chain_ids()
                 .history
@@ -367,7 +382,7 @@ impl ThinPool {
             let mut applied = Vec::new();
             for plan in &planned {
                 let unchanged = self.delta_entry(state, subject, plan.extent).is_none()
-                    && self.takeable(state, subject, plan.extent, &others) == plan.links;
+                    && self.takeable(state, subject, plan.extent, &readers) == plan.links;
                 if !unchanged {
                     continue;
                 }
