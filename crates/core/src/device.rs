@@ -47,6 +47,12 @@ pub enum Control {
     Describe,
     /// Add a member (a mirror leg; a disk to grow onto).
     AddMember(Member),
+    /// Add several members at once and spread the data over them all (a raid5 grow), online;
+    /// `options` are the kind's (raid5: `policy`, `on-failure`).
+    GrowMembers {
+        members: Vec<Member>,
+        options: toml::Table,
+    },
     /// Put `member` in the place of child `index` (a failed disk's replacement) and rebuild
     /// onto it in the background.
     ReplaceMember { index: usize, member: Member },
@@ -91,6 +97,7 @@ impl Control {
         match self {
             Control::Describe => "describe",
             Control::AddMember(_) => "add-member",
+            Control::GrowMembers { .. } => "grow-members",
             Control::ReplaceMember { .. } => "replace-member",
             Control::FailMember { .. } => "fail-member",
             Control::Grow { .. } => "grow",

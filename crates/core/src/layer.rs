@@ -332,6 +332,30 @@ pub mod verbs {
         args: &[PATH, DISK_NAME],
         help: "add a new disk as a member, online",
     };
+    pub const GROW_MEMBERS: Verb = Verb {
+        name: "grow-members",
+        args: &[
+            Arg {
+                name: "path",
+                kind: ArgKind::Path,
+                help: "the new disks (one or more)",
+                optional: false,
+            },
+            Arg {
+                name: "policy",
+                kind: ArgKind::Name,
+                help: "how the data move: alv (default) or md (md's reshape, the baseline)",
+                optional: true,
+            },
+            Arg {
+                name: "on-failure",
+                kind: ArgKind::Name,
+                help: "with a member failed: continue (default, degraded) or wait (for its replacement)",
+                optional: true,
+            },
+        ],
+        help: "add disks and spread the data over them all, online (the size grows at the end)",
+    };
     pub const FAIL_MEMBER: Verb = Verb {
         name: "fail-member",
         args: &[MEMBER],

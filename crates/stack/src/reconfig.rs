@@ -45,6 +45,14 @@ pub enum Change {
         path: PathBuf,
         name: Option<String>,
     },
+    /// Add new disks at `paths` to `layer` at once and spread the data over them all (a
+    /// raid5 grow); `options` are the layer's (raid5: `policy`, `on-failure`).
+    GrowMembers {
+        layer: String,
+        paths: Vec<PathBuf>,
+        #[serde(default)]
+        options: toml::Table,
+    },
     /// Stop using `member`, as if it had failed.
     FailMember { layer: String, member: String },
     /// Grow `layer` (a slice) to `size` bytes.
@@ -60,6 +68,7 @@ impl Change {
         match self {
             Change::Replace { .. } => "replace",
             Change::AddMember { .. } => "add-member",
+            Change::GrowMembers { .. } => "grow-members",
             Change::FailMember { .. } => "fail-member",
             Change::Grow { .. } => "grow",
             Change::GrowPool { .. } => "grow-pool",
@@ -71,6 +80,7 @@ impl Change {
         match self {
             Change::Replace { layer, .. }
             | Change::AddMember { layer, .. }
+            | Change::GrowMembers { layer, .. }
             | Change::FailMember { layer, .. }
             | Change::Grow { layer, .. } => layer,
             Change::GrowPool { pool } => pool,
@@ -81,6 +91,7 @@ impl Change {
         match &mut self {
             Change::Replace { layer, .. }
             | Change::AddMember { layer, .. }
+            | Change::GrowMembers { layer, .. }
             | Change::FailMember { layer, .. }
             | Change::Grow { layer, .. } => *layer = target,
             Change::GrowPool { pool } => *pool = target,
@@ -327,7 +338,7 @@ impl Reconfig {
         let mut state = Applying {
             reconfig: self,
             nodes: std::mem::take(nodes),
-            attached: None,
+            attached: Vec::new(),
             summary: String::new(),
         };
         let result = plan.apply(&mut state).await;
@@ -340,7 +351,7 @@ impl Reconfig {
     /// drop the member it replaced, record the config and relabel.
     fn plan<'a>(&self, change: &Change, nodes: &[Node]) -> anyhow::Result<Plan<Applying<'a>>> {
         let text = std::fs::read_to_string(self.source()?)?;
-        let (layer_name, doc, new_disk) = match change {
+        let (layer_name, doc, new_disks) = match change {
             Change::Replace {
                 layer,
                 member,
@@ -358,7 +369,7 @@ impl Reconfig {
                 add_disk(&mut doc, &name, path, size);
                 let old = self.loaded.layers[index].children[at].clone();
                 remove_disk(&mut doc, &old);
-                (layer.clone(), doc, Some((name, path.clone(), size)))
+                (layer.clone(), doc, vec![(name, path.clone(), size)])
             }
             Change::AddMember { layer, path, name } => {
                 let index = layer_index(&self.loaded, layer)?;
@@ -369,7 +380,40 @@ impl Reconfig {
                     Ok(())
                 })?;
                 add_disk(&mut doc, &name, path, size);
-                (layer.clone(), doc, Some((name, path.clone(), size)))
+                (layer.clone(), doc, vec![(name, path.clone(), size)])
+            }
+            Change::GrowMembers { layer, paths, .. } => {
+                let index = layer_index(&self.loaded, layer)?;
+                let size = self.member_size(index, nodes)?;
+                if paths.is_empty() {
+                    bail!("grow needs at least one new disk");
+                }
+                let mut names: Vec<String> = Vec::new();
+                for path in paths {
+                    let name = new_disk_name(&self.loaded, path, None)?;
+                    if names.contains(&name) {
+                        bail!(
+                            "two new disks would both be named {name:?}: give files distinct names"
+                        );
+                    }
+                    names.push(name);
+                }
+                let mut doc = edit_config(&text, layer, |t| {
+                    let children = children_array(t)?;
+                    for name in &names {
+                        children.push(name.as_str());
+                    }
+                    Ok(())
+                })?;
+                for (name, path) in names.iter().zip(paths) {
+                    add_disk(&mut doc, name, path, size);
+                }
+                let disks = names
+                    .into_iter()
+                    .zip(paths)
+                    .map(|(name, path)| (name, path.clone(), size))
+                    .collect();
+                (layer.clone(), doc, disks)
             }
             Change::GrowPool { pool } => {
                 let index = layer_index(&self.loaded, pool)?;
@@ -397,15 +441,15 @@ impl Reconfig {
                 // Recorded as written in `grow-from` (relative to the data folder, like every
                 // disk path); opened resolved.
                 add_disk(&mut doc, &name, Path::new(spare), size);
-                (concat, doc, Some((name, path, size)))
+                (concat, doc, vec![(name, path, size)])
             }
-            Change::FailMember { layer, .. } => (layer.clone(), text.parse()?, None),
+            Change::FailMember { layer, .. } => (layer.clone(), text.parse()?, Vec::new()),
             Change::Grow { layer, size } => {
                 let doc = edit_config(&text, layer, |t| {
                     t.insert("length", value(*size as i64));
                     Ok(())
                 })?;
-                (layer.clone(), doc, None)
+                (layer.clone(), doc, Vec::new())
             }
         };
         let new_text = doc.to_string();
@@ -423,14 +467,17 @@ impl Reconfig {
                 (Order::ReplaceMember(at), Some(children[at].clone()))
             }
             Change::AddMember { .. } | Change::GrowPool { .. } => (Order::AddMember, None),
+            Change::GrowMembers { options, .. } => (Order::GrowMembers(options.clone()), None),
             Change::FailMember { member, .. } => {
                 (Order::FailMember(member_index(children, member)?), None)
             }
             Change::Grow { size, .. } => (Order::Grow(*size), None),
         };
-        let attach = new_disk.map(|(name, path, size)| AttachDisk { name, path, size });
-        Ok(Plan::new()
-            .then_some(attach)
+        let mut plan = Plan::new();
+        for (name, path, size) in new_disks {
+            plan = plan.then(AttachDisk { name, path, size });
+        }
+        Ok(plan
             .then(Quiesced::new(
                 device.clone(),
                 TellLayer {
@@ -491,7 +538,8 @@ impl Reconfig {
 pub struct Applying<'a> {
     pub reconfig: &'a mut Reconfig,
     pub nodes: Vec<Node>,
-    attached: Option<DeviceRef>,
+    /// In the order attached.
+    attached: Vec<DeviceRef>,
     pub summary: String,
 }
 
@@ -500,7 +548,7 @@ impl<'a> Applying<'a> {
         Applying {
             reconfig,
             nodes,
-            attached: None,
+            attached: Vec::new(),
             summary: String::new(),
         }
     }
@@ -529,13 +577,13 @@ impl<'a> Step<Applying<'a>> for AttachDisk {
             kind: NodeKind::Device(device.clone()),
             label_disk: Some(disk),
         });
-        state.attached = Some(device);
+        state.attached.push(device);
         Ok(())
     }
 
     async fn undo(&mut self, state: &mut Applying<'a>) -> anyhow::Result<()> {
         state.nodes.retain(|n| n.name != self.name);
-        state.attached = None;
+        state.attached.pop();
         Ok(())
     }
 }
@@ -544,6 +592,7 @@ impl<'a> Step<Applying<'a>> for AttachDisk {
 enum Order {
     ReplaceMember(usize),
     AddMember,
+    GrowMembers(toml::Table),
     FailMember(usize),
     Grow(u64),
 }
@@ -563,27 +612,37 @@ impl<'a> Step<Applying<'a>> for TellLayer {
     }
 
     async fn apply(&mut self, state: &mut Applying<'a>) -> anyhow::Result<()> {
-        let member = || -> anyhow::Result<Member> {
-            let device = state
-                .attached
-                .clone()
-                .context("no disk was attached for the layer")?;
+        let named = |device: &DeviceRef| -> Member {
             let name = state
                 .nodes
                 .iter()
-                .find(|n| n.device().is_some_and(|d| Arc::ptr_eq(d, &device)))
+                .find(|n| n.device().is_some_and(|d| Arc::ptr_eq(d, device)))
                 .map(|n| n.name.clone())
                 .unwrap_or_default();
-            Ok(Member { name, device })
+            Member {
+                name,
+                device: device.clone(),
+            }
         };
-        let control = match self.order {
+        let member = || -> anyhow::Result<Member> {
+            let device = state
+                .attached
+                .last()
+                .context("no disk was attached for the layer")?;
+            Ok(named(device))
+        };
+        let control = match &self.order {
             Order::ReplaceMember(index) => Control::ReplaceMember {
-                index,
+                index: *index,
                 member: member()?,
             },
             Order::AddMember => Control::AddMember(member()?),
-            Order::FailMember(index) => Control::FailMember { index },
-            Order::Grow(size) => Control::Grow { size },
+            Order::GrowMembers(options) => Control::GrowMembers {
+                members: state.attached.iter().map(named).collect(),
+                options: options.clone(),
+            },
+            Order::FailMember(index) => Control::FailMember { index: *index },
+            Order::Grow(size) => Control::Grow { size: *size },
         };
         match self.device.control(control).await? {
             ControlReply::Done => Ok(()),

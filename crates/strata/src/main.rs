@@ -4,6 +4,7 @@ mod admin;
 mod kinds;
 mod metrics_http;
 mod pool_metrics;
+mod raid5_cmd;
 mod serve;
 mod sim_forward;
 mod snapshot_cmd;
@@ -110,6 +111,11 @@ enum Command {
         layer: String,
         /// The new size, e.g. 8GiB.
         size: String,
+    },
+    /// Grow a raid5 onto new disks online, pause or resume the grow, watch its progress.
+    Raid5 {
+        #[command(subcommand)]
+        command: raid5_cmd::Raid5Command,
     },
     /// List the layer kinds, their options and the online verbs each declares.
     Kinds,
@@ -260,6 +266,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             json,
         } => call(&target, layer, verb, &args, json),
         Command::Volume { command } => volume_cmd::run(command),
+        Command::Raid5 { command } => raid5_cmd::run(command),
         Command::Snapshot { command } => snapshot_cmd::run(command),
         Command::Sim { args } => return sim_forward::run(&args),
         Command::Metrics { target } => {
@@ -307,7 +314,7 @@ fn run_check(devices: &[PathBuf], repair: bool, json: bool) -> anyhow::Result<Ex
 }
 
 /// The server resolves paths against its own folder; the operator means the shell's.
-fn absolute(path: &std::path::Path) -> anyhow::Result<PathBuf> {
+pub(crate) fn absolute(path: &std::path::Path) -> anyhow::Result<PathBuf> {
     Ok(std::env::current_dir()?.join(path))
 }
 

@@ -17,10 +17,12 @@ use strata_core::{
 };
 use strata_meta::{MetaStore, ObjectId, TxnClass};
 
+use super::grow::GrowControl;
 use super::journal::{Appended, Journal, Record, MAX_DONE};
 use super::layout::Layout;
 use super::members::{array_failed, MemberState, Members};
 use super::record::ArrayRecord;
+use super::shape::Shape;
 
 /// Stripe locks are a fixed table indexed by stripe number: two stripes that share a slot
 /// serialize, which is rare at this size and costs no allocation per request.
@@ -44,7 +46,8 @@ pub struct FullWrites {
 pub struct Array {
     pub name: String,
     pub runtime: Arc<dyn Runtime>,
-    pub layout: Layout,
+    /// The geometry, which a grow changes (read it with [`Array::shape`]).
+    pub shape: std::sync::RwLock<Shape>,
     pub min_io: u32,
     pub members: Arc<Members>,
     pub store: Arc<MetaStore>,
@@ -52,7 +55,8 @@ pub struct Array {
     pub lost_id: ObjectId,
     /// The record as last made durable (shape, states, rebuild checkpoint).
     pub record: Mutex<ArrayRecord>,
-    pub journals: Vec<Journal>,
+    /// One per member (a grow adds some).
+    pub journals: std::sync::RwLock<Vec<Arc<Journal>>>,
     /// The device holding every member's journal, if the array was created with one.
     pub journal_device: Option<DeviceRef>,
     /// Why the journal device stopped working; writes are refused from then on.
@@ -75,9 +79,26 @@ pub struct Array {
     pub journal_findings: AtomicU64,
     /// The rebuild: quiesced by online changes, stopped at shutdown.
     pub background: Background,
+    /// A grow's coordination with the data path (see `grow`).
+    pub grow: GrowControl,
 }
 
 impl Array {
+    /// The geometry now (and where a grow stands).
+    pub fn shape(&self) -> Shape {
+        *self.shape.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The geometry the array has, or grows to: its member count is every member's.
+    pub fn layout(&self) -> Layout {
+        self.shape().layout
+    }
+
+    /// Member `member`'s stripe journal.
+    pub fn journal(&self, member: usize) -> Arc<Journal> {
+        self.journals.read().unwrap_or_else(|p| p.into_inner())[member].clone()
+    }
+
     /// The full-stripe writes table, or a failure of the array if a panic poisoned it (on the
     /// request path, so a client gets an error, not a crashed server).
     pub fn full_writes(&self) -> Result<MutexGuard<'_, FullWrites>> {
@@ -202,7 +223,7 @@ impl Array {
     /// Writes the member states (and rebuild checkpoint) to the metadata and commits. Loops
     /// while the commit itself loses members (at most once per member).
     pub async fn persist(&self) -> Result<()> {
-        for _ in 0..=self.layout.members {
+        for _ in 0..=self.layout().members {
             let snapshot = self.members.snapshot();
             let record = self.array_record()?.with_members(&snapshot);
             let blob = self.blob_id;
@@ -243,7 +264,7 @@ impl Array {
 
     /// Flushes the members until one round succeeds, failing the members that do not.
     pub async fn flush_all(&self) -> Result<()> {
-        for _ in 0..=self.layout.members {
+        for _ in 0..=self.layout().members {
             match self.flush_members().await? {
                 None => return Ok(()),
                 Some(member) => self.fail_member(member).await?,
@@ -272,7 +293,7 @@ impl Array {
             .filter(|&m| on_device || snapshot[m].state != MemberState::Failed)
             .map(|m| async move {
                 let device = self.journal_target(m).ok_or(Fault { member: m })?;
-                self.journals[m]
+                self.journal(m)
                     .reset(&device, epoch)
                     .await
                     .map_err(|_| Fault { member: m })
@@ -310,7 +331,8 @@ impl Array {
                 let record = Record::Done {
                     seqs: part.to_vec(),
                 };
-                match self.journals[member]
+                match self
+                    .journal(member)
                     .append(&device, &record, Some(epoch))
                     .await
                 {

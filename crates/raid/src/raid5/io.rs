@@ -12,6 +12,7 @@ use strata_core::Result;
 
 use super::array::{Array, Fault};
 use super::journal::{Appended, Record};
+use super::layout::Layout;
 use super::plan::{plan_read, plan_write, xor_into, ReadSource, WriteKind};
 
 /// What one attempt at a stripe update ended with.
@@ -38,6 +39,7 @@ const FULL_RETRIES: usize = 1000;
 impl Array {
     pub async fn write_stripe(
         &self,
+        layout: Layout,
         stripe: u64,
         within: u64,
         data: &[u8],
@@ -45,7 +47,10 @@ impl Array {
     ) -> Result<()> {
         let (mut failures, mut resets) = (0, 0);
         while failures < ATTEMPTS && resets < FULL_RETRIES {
-            match self.try_write_stripe(stripe, within, data, fua).await? {
+            match self
+                .try_write_stripe(layout, stripe, within, data, fua)
+                .await?
+            {
                 Step::Done => return Ok(()),
                 Step::DoneReset => return self.reset_journals().await,
                 Step::Failed(member) => {
@@ -66,6 +71,7 @@ impl Array {
 
     async fn try_write_stripe(
         &self,
+        layout: Layout,
         stripe: u64,
         within: u64,
         data: &[u8],
@@ -73,13 +79,12 @@ impl Array {
     ) -> Result<Step> {
         let _gate = self.gate.read().await;
         let _lock = self.lock_stripe(stripe).await;
-        let failed = self.members.unusable(stripe)?;
+        let failed = self.members.unusable(stripe, layout.members)?;
         if let Some(f) = failed {
             if !self.members.lock()[f].durable {
                 return Ok(Step::Failed(f));
             }
         }
-        let layout = self.layout;
         let parity = layout.parity_member(stripe);
         let (chunk, members, len) = (layout.chunk_bytes, layout.members, data.len() as u64);
         let plan = plan_write(chunk, members, parity, stripe, within, len, failed);
@@ -121,8 +126,8 @@ impl Array {
             let Some(device) = self.journal_target(parity) else {
                 return Ok(Step::Failed(parity));
             };
-            let epoch = self.journals[parity].epoch();
-            match self.journals[parity].append(&device, &record, None).await {
+            let epoch = self.journal(parity).epoch();
+            match self.journal(parity).append(&device, &record, None).await {
                 Ok(Appended::Full) => return Ok(Step::JournalFull),
                 Ok(Appended::Durable(seq)) if plan.kind == WriteKind::FullStripe => {
                     intent = Some((parity, epoch, seq));
@@ -159,7 +164,7 @@ impl Array {
             let whole = plan
                 .pieces
                 .iter()
-                .any(|p| p.member == member && p.start == 0 && p.len == self.layout.chunk_bytes);
+                .any(|p| p.member == member && p.start == 0 && p.len == self.layout().chunk_bytes);
             if whole {
                 self.clear_lost(stripe).await?;
             }
@@ -177,7 +182,8 @@ impl Array {
             return Ok(Step::Done);
         };
         let done = Record::Done { seqs: vec![seq] };
-        match self.journals[parity]
+        match self
+            .journal(parity)
             .append(&device, &done, Some(epoch))
             .await
         {
@@ -193,9 +199,15 @@ impl Array {
         }
     }
 
-    pub async fn read_stripe(&self, stripe: u64, within: u64, out: &mut [u8]) -> Result<()> {
+    pub async fn read_stripe(
+        &self,
+        layout: Layout,
+        stripe: u64,
+        within: u64,
+        out: &mut [u8],
+    ) -> Result<()> {
         for _ in 0..ATTEMPTS {
-            match self.try_read_stripe(stripe, within, out).await? {
+            match self.try_read_stripe(layout, stripe, within, out).await? {
                 None => return Ok(()),
                 Some(member) => self.fail_member(member).await?,
             }
@@ -208,17 +220,17 @@ impl Array {
 
     async fn try_read_stripe(
         &self,
+        layout: Layout,
         stripe: u64,
         within: u64,
         out: &mut [u8],
     ) -> Result<Option<usize>> {
-        let layout = self.layout;
-        let mut failed = self.members.unusable(stripe)?;
+        let mut failed = self.members.unusable(stripe, layout.members)?;
         // Reconstructing reads the whole stripe, so it must not see half an update.
         let _lock = match failed {
             Some(_) => {
                 let lock = self.lock_stripe(stripe).await;
-                failed = self.members.unusable(stripe)?;
+                failed = self.members.unusable(stripe, layout.members)?;
                 Some(lock)
             }
             None => None,

@@ -97,11 +97,21 @@ impl Members {
         self.lock().clone()
     }
 
-    /// The one member that cannot serve `stripe`, or an error when two cannot.
-    pub fn unusable(&self, stripe: u64) -> Result<Option<usize>> {
+    /// Appends a member (a grow's new disk).
+    pub fn add(&self, device: DeviceRef, member: Member) {
+        let mut devices = self.devices.write().unwrap_or_else(|p| p.into_inner());
+        let mut table = self.lock();
+        devices.push(Some(device));
+        table.push(member);
+    }
+
+    /// The one member among the first `count` (a geometry's) that cannot serve `stripe`, or
+    /// an error when two cannot.
+    pub fn unusable(&self, stripe: u64, count: usize) -> Result<Option<usize>> {
         let table = self.lock();
         let mut out = table
             .iter()
+            .take(count)
             .enumerate()
             .filter(|(_, m)| !usable(m, stripe))
             .map(|(i, _)| i);

@@ -25,19 +25,25 @@
 //! request needs), `members` (member states and the mirrored metadata device), `record`
 //! (the persistent record), `journal` (write-hole log), `array` (shared state, failures,
 //! flushes), `io` (the data path), `recover` (journal replay at open), `open` (create and
-//! assemble), `rebuild`.
+//! assemble), `rebuild`, `shape` (the geometry during a grow: where a request goes),
+//! `reshape` (pure: ALV's and MD-Reshape's policies), `grow` (starting a grow, its critical
+//! section, checkpoints), `mover` (the grow's background copy).
 
 mod array;
 pub mod assembly;
+mod grow;
 mod io;
 pub mod journal;
 pub mod layout;
 pub mod members;
+mod mover;
 mod open;
 pub mod plan;
 mod rebuild;
 pub mod record;
 mod recover;
+pub mod reshape;
+pub mod shape;
 
 use std::sync::Arc;
 use strata_core::layer::verbs;
@@ -49,6 +55,7 @@ use strata_core::{
     Geometry, Health, NodeStatus, Result, Runtime, WriteFlags, ZeroFlags,
 };
 
+pub use grow::GrowOptions;
 pub use layout::Layout;
 pub use members::{MemberState, META_BYTES};
 pub use open::{default_journal, Settings, DEFAULT_CHUNK, DEFAULT_JOURNAL};
@@ -63,7 +70,27 @@ pub static KIND: LayerKind =
     })
     .about("distributed parity over ≥ 3 members (left-asymmetric), journaled, degraded, rebuild")
     .tolerating(|_| 1)
-    .verbs(&[verbs::REPLACE, verbs::FAIL_MEMBER]);
+    .verbs(&[
+        verbs::REPLACE,
+        verbs::FAIL_MEMBER,
+        verbs::GROW_MEMBERS,
+        GROW_PAUSE,
+        GROW_RESUME,
+    ]);
+
+/// `strata raid5 pause`: the grow under way stops after its current window, durably.
+pub const GROW_PAUSE: layer::Verb = layer::Verb {
+    name: "grow-pause",
+    args: &[],
+    help: "pause the grow under way (it stays paused across restarts)",
+};
+
+/// `strata raid5 resume`.
+pub const GROW_RESUME: layer::Verb = layer::Verb {
+    name: "grow-resume",
+    args: &[],
+    help: "resume a paused grow",
+};
 
 /// A `[[layer]]` table of kind `raid5`. Chunk and journal are fixed at creation: absent,
 /// an array takes what it was created with, and a new one [`DEFAULT_CHUNK`] and
@@ -147,14 +174,23 @@ impl Raid5 {
         if let Some(index) = rebuilding {
             array.spawn_rebuild(index);
         }
+        if array.reshape_record()?.is_some() {
+            array.spawn_grow();
+        }
         Ok(Raid5 {
             array,
             journal_device_name: None,
         })
     }
 
+    /// The geometry the array has, or grows to.
     pub fn layout(&self) -> Layout {
-        self.array.layout
+        self.array.layout()
+    }
+
+    /// Where a grow stands (None when no grow is under way).
+    pub fn moving(&self) -> Option<shape::Moving> {
+        self.array.shape().moving
     }
 
     /// Member states now.
@@ -169,13 +205,14 @@ impl Raid5 {
 
     /// Array byte ranges that read as errors because a crash tore them while degraded.
     pub fn lost_ranges(&self) -> Vec<(u64, u64)> {
-        let layout = self.array.layout;
+        let shape = self.array.shape();
         let lost = self.array.lost.lock();
         let lost = lost
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone();
         lost.into_iter()
             .filter_map(|(stripe, member)| {
+                let layout = shape.row_layout(stripe)?;
                 let r = layout.data_index(stripe, member)? as u64;
                 let offset = stripe * layout.stripe_bytes() + r * layout.chunk_bytes;
                 Some((offset, layout.chunk_bytes))
@@ -200,18 +237,21 @@ impl Raid5 {
 
     async fn describe(&self) -> Result<NodeStatus> {
         let a = &self.array;
-        let mut node = NodeStatus::new(&a.name, "raid5", a.layout.size());
+        let shape = a.shape();
+        let layout = shape.layout;
+        let mut node = NodeStatus::new(&a.name, "raid5", shape.size());
         // Activity before health: a rebuild marks its member in sync just before clearing
         // its activity, and a healthy array must not show a rebuild still running.
         let activity = poison::check(a.activity.lock(), &a.name, "the rebuild progress")?.clone();
+        let grow = a.grow_status()?;
         node.health = self.health();
         let journal_bytes = a.array_record()?.journal_bytes;
         let journal_failed =
             poison::check(a.journal_failed.lock(), &a.name, "the journal state")?.clone();
         let states = a.members.snapshot();
         node.detail = vec![
-            ("chunk".into(), a.layout.chunk_bytes.to_string()),
-            ("members".into(), a.layout.members.to_string()),
+            ("chunk".into(), layout.chunk_bytes.to_string()),
+            ("members".into(), layout.members.to_string()),
             ("layout".into(), "left-asymmetric".into()),
             ("journal bytes".into(), journal_bytes.to_string()),
             ("lost chunks".into(), a.lost_chunks()?.len().to_string()),
@@ -243,7 +283,7 @@ impl Raid5 {
             node.children.push(child);
         }
         let mut config = Raid5Config {
-            chunk: Some(ByteSize(a.layout.chunk_bytes)),
+            chunk: Some(ByteSize(layout.chunk_bytes)),
             journal: Some(ByteSize(journal_bytes)),
             journal_device: None,
         };
@@ -272,20 +312,39 @@ impl Raid5 {
         }
         node.config = layer::to_table(&config);
         node.activity = activity.filter(|_| node.health != Health::Ok);
+        if let Some(grow) = grow {
+            // A rebuild during a (waiting) grow is the more urgent news.
+            if node.activity.is_none() {
+                node.activity = Some(grow.activity);
+            }
+            node.detail.extend(grow.detail);
+        }
         Ok(node)
     }
 
     async fn write_range(&self, offset: u64, data: Bytes, fua: bool) -> Result<()> {
         let a = &self.array;
         a.check_writable()?;
-        let pieces = a.layout.split(offset, data.len() as u64);
+        let started = a.runtime.now();
+        let (routed, _window) = a.route(offset, data.len() as u64, true).await?;
+        let mut stripes = Vec::new();
+        for (layout, at, len, src) in routed {
+            for (stripe, within, part, done) in layout.split(at, len) {
+                stripes.push((layout, stripe, within, src + done, part));
+            }
+        }
         // join_all, not try_join_all: a failed stripe must not cancel its siblings halfway
         // through their updates (the journal would then hold records nobody waits for).
-        let results = join_all(pieces.into_iter().map(|(stripe, within, len, src)| {
-            let data = data.slice(src as usize..(src + len) as usize);
-            async move { a.write_stripe(stripe, within, &data, fua).await }
-        }))
+        let results = join_all(
+            stripes
+                .into_iter()
+                .map(|(layout, stripe, within, src, len)| {
+                    let data = data.slice(src as usize..(src + len) as usize);
+                    async move { a.write_stripe(layout, stripe, within, &data, fua).await }
+                }),
+        )
         .await;
+        a.observe(started, data.len() as u64);
         results.into_iter().collect()
     }
 }
@@ -293,9 +352,10 @@ impl Raid5 {
 #[async_trait]
 impl BlockDevice for Raid5 {
     fn geometry(&self) -> Geometry {
-        let layout = self.array.layout;
+        let shape = self.array.shape();
+        let layout = shape.layout;
         Geometry {
-            size: layout.size(),
+            size: shape.size(),
             min_io: self.array.min_io,
             logical_block: self.array.min_io,
             physical_block: 4096.max(self.array.min_io),
@@ -317,15 +377,21 @@ impl BlockDevice for Raid5 {
         self.geometry().check_range(offset, len as u64)?;
         let a = &self.array;
         a.check_alive()?;
+        let started = a.runtime.now();
+        let (routed, _window) = a.route(offset, len as u64, false).await?;
         let mut buf = BytesMut::zeroed(len);
         let mut rest: &mut [u8] = &mut buf;
         let mut parts = Vec::new();
-        for (stripe, within, len, _) in a.layout.split(offset, len as u64) {
-            let (head, tail) = rest.split_at_mut(len as usize);
-            parts.push(a.read_stripe(stripe, within, head));
-            rest = tail;
+        // Pieces come in request order, and so do their stripes.
+        for (layout, at, piece, _) in routed {
+            for (stripe, within, part, _) in layout.split(at, piece) {
+                let (head, tail) = rest.split_at_mut(part as usize);
+                parts.push(a.read_stripe(layout, stripe, within, head));
+                rest = tail;
+            }
         }
         try_join_all(parts).await?;
+        a.observe(started, len as u64);
         Ok(buf)
     }
 
@@ -349,7 +415,7 @@ impl BlockDevice for Raid5 {
             return Err(BlockError::Unsupported("raid5: fast zero"));
         }
         // Zeros go through the ordinary write path, in stripe-aligned pieces of bounded size.
-        let step = self.array.layout.stripe_bytes() * 16;
+        let step = self.array.layout().stripe_bytes() * 16;
         let mut pos = offset;
         while pos < offset + len {
             let take = (step - pos % step).min(offset + len - pos);
@@ -366,7 +432,7 @@ impl BlockDevice for Raid5 {
         }
         match request {
             Control::Describe => Ok(ControlReply::Describe(self.describe().await?)),
-            Control::FailMember { index } if index < self.array.layout.members => {
+            Control::FailMember { index } if index < self.array.layout().members => {
                 let result = self.array.fail_member(index).await;
                 if self.array.members.unhealthy() >= 2 {
                     return Err(result
@@ -379,6 +445,15 @@ impl BlockDevice for Raid5 {
                 self.array.replace_member(index, member).await?;
                 Ok(ControlReply::Done)
             }
+            Control::GrowMembers { members, options } => {
+                let options = grow_options(&self.array.name, &options)?;
+                self.array.start_grow(members, options).await?;
+                Ok(ControlReply::Done)
+            }
+            Control::Call { verb, .. } if verb == GROW_PAUSE.name || verb == GROW_RESUME.name => {
+                self.array.pause_grow(verb == GROW_PAUSE.name).await?;
+                Ok(ControlReply::Table(toml::Table::new()))
+            }
             Control::FailMember { index } => Err(BlockError::InvalidArgument(format!(
                 "raid5 {}: no member {index}",
                 self.array.name
@@ -386,4 +461,33 @@ impl BlockDevice for Raid5 {
             _ => Err(BlockError::Unsupported("raid5: control")),
         }
     }
+}
+
+/// A grow's options from the verb's arguments: `policy = "alv" | "md"` (default alv) and
+/// `on-failure = "continue" | "wait"` (default continue).
+fn grow_options(name: &str, args: &toml::Table) -> Result<GrowOptions> {
+    let invalid = |what: String| BlockError::InvalidArgument(format!("raid5 {name}: {what}"));
+    let text = |key: &str, default: &str| -> Result<String> {
+        match args.get(key) {
+            None => Ok(default.to_string()),
+            Some(toml::Value::String(s)) => Ok(s.clone()),
+            Some(other) => Err(invalid(format!("{key} = {other}: expected a string"))),
+        }
+    };
+    let policy = text("policy", "alv")?
+        .parse()
+        .map_err(|e: String| invalid(format!("policy: {e}")))?;
+    let wait_on_failure = match text("on-failure", "continue")?.as_str() {
+        "continue" => false,
+        "wait" => true,
+        other => {
+            return Err(invalid(format!(
+                "on-failure = {other:?}: expected \"continue\" or \"wait\""
+            )))
+        }
+    };
+    Ok(GrowOptions {
+        policy,
+        wait_on_failure,
+    })
 }

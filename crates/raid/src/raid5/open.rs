@@ -25,6 +25,7 @@ use super::journal::{
 use super::layout::Layout;
 use super::members::{metadata_device, Member, MemberState, Members, META_BYTES};
 use super::record::{ArrayRecord, BLOB, LOST};
+use super::shape::{Moving, Shape};
 use strata_core::layer::StartPolicy;
 
 pub const OWNER: &str = "raid5";
@@ -177,6 +178,12 @@ pub async fn assemble(
     // choice among metadata copies rely on it).
     array.persist().await?;
     drop(_gate);
+    let critical = array
+        .reshape_record()?
+        .is_some_and(|r| r.phase == super::record::ReshapePhase::Critical);
+    if critical {
+        array.redo_critical().await?;
+    }
     Ok(array)
 }
 
@@ -236,6 +243,28 @@ fn check_shape(
     children: usize,
     settings: &Settings,
 ) -> Result<()> {
+    if let Some(reshape) = record
+        .reshape
+        .as_ref()
+        .filter(|_| record.members != children)
+    {
+        return Err(invalid(
+            name,
+            format!(
+                "a grow from {} to {} members is under way (it added {}), but the configuration \
+                 names {children} members: list the added disks after the others in `children` \
+                 (`strata raid5 grow` does; a crash before it rewrote the configuration leaves \
+                 it behind). Nothing was written",
+                reshape.old_members,
+                record.members,
+                if reshape.added.is_empty() {
+                    "disks not named in the record".to_string()
+                } else {
+                    reshape.added.join(", ")
+                }
+            ),
+        ));
+    }
     if record.members != children {
         return Err(invalid(
             name,
@@ -315,8 +344,9 @@ async fn check_journal_device(
     };
     let header = device.read(0, JBLOCK as usize).await?;
     match decode_device_header(&header) {
+        // The header is written once, at creation: a grow adds members after it.
         Some((found, members, bytes))
-            if found == uuid && members == record.members && bytes == record.journal_bytes =>
+            if found == uuid && members <= record.members && bytes == record.journal_bytes =>
         {
             Ok(())
         }
@@ -444,6 +474,7 @@ async fn create(
         uuid: store.uuid(),
         states: vec![(MemberState::Active, 0); n],
         journal_device: journal_device.is_some(),
+        reshape: None,
     };
     if let Some(device) = &journal_device {
         // Before the record that names it is committed: an array whose record says it has a
@@ -501,6 +532,18 @@ fn build(
         record.data_start,
         record.stripes,
     );
+    let moving = record.reshape.as_ref().map(|reshape| Moving {
+        old: Layout::new(
+            reshape.old_members,
+            record.chunk_bytes,
+            record.data_start,
+            record.stripes,
+        ),
+        checkpoint: reshape.checkpoint,
+        moved: reshape.checkpoint,
+        inflight: None,
+        unrecorded_reads_wait: reshape.policy == 1,
+    });
     let min_io = (0..record.members)
         .filter_map(|m| members.device(m))
         .map(|d| d.geometry().min_io)
@@ -514,21 +557,27 @@ fn build(
                 Some(_) => device_journal_base(m, record.journal_bytes),
                 None => META_BYTES,
             };
-            Journal::new(m, base, record.journal_bytes, max_record, record.uuid)
+            Arc::new(Journal::new(
+                m,
+                base,
+                record.journal_bytes,
+                max_record,
+                record.uuid,
+            ))
         })
         .collect();
     Ok(Array {
         epoch_base: store.next_txn() << 20,
         name,
         runtime,
-        layout,
+        shape: std::sync::RwLock::new(Shape { layout, moving }),
         min_io,
         members,
         store,
         blob_id,
         lost_id,
         record: Mutex::new(record),
-        journals,
+        journals: std::sync::RwLock::new(journals),
         journal_device,
         journal_failed: Mutex::new(None),
         locks: StripedLocks::new(STRIPE_LOCKS),
@@ -541,5 +590,6 @@ fn build(
         resets: AtomicU64::new(0),
         journal_findings: AtomicU64::new(0),
         background: strata_core::Background::new(),
+        grow: Default::default(),
     })
 }

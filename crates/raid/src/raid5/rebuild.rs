@@ -27,7 +27,8 @@ pub const CHECKPOINT_STRIPES: u64 = 64;
 
 impl Array {
     pub async fn replace_member(self: &Arc<Self>, index: usize, member: Member) -> Result<()> {
-        let n = self.layout.members;
+        let layout = self.layout();
+        let n = layout.members;
         if index >= n {
             return Err(BlockError::InvalidArgument(format!(
                 "raid5 {}: no member {index}",
@@ -41,7 +42,7 @@ impl Array {
                 self.name
             )));
         }
-        let need = self.layout.data_start + self.layout.stripes * self.layout.chunk_bytes;
+        let need = layout.data_start + layout.stripes * layout.chunk_bytes;
         let size = member.device.geometry().size;
         if size < need {
             return Err(BlockError::InvalidArgument(format!(
@@ -116,8 +117,9 @@ impl Array {
         Ok(())
     }
 
-    async fn metadata_region(&self) -> Result<Bytes> {
-        for m in 0..self.layout.members {
+    /// The metadata region of an active member (a new member's first copy of it).
+    pub(crate) async fn metadata_region(&self) -> Result<Bytes> {
+        for m in 0..self.layout().members {
             if self.members.lock()[m].state != MemberState::Active {
                 continue;
             }
@@ -135,7 +137,7 @@ impl Array {
     /// durable checkpoint), checkpointing when one is due; marks the member active once
     /// every stripe is rebuilt. Ok(false) when the rebuild is complete.
     async fn rebuild_batch(&self, index: usize, next: &mut Option<u64>) -> Result<bool> {
-        let stripes = self.layout.stripes;
+        let stripes = self.layout().stripes;
         let start = match *next {
             Some(start) => start,
             None => self.members.lock()[index].cursor,
@@ -193,9 +195,19 @@ impl Array {
         if self.members.lock()[index].state != MemberState::Rebuilding {
             return Ok(());
         }
-        let chunk = self.layout.chunk_bytes;
-        let offset = self.layout.member_offset(stripe, 0);
-        let sources = (0..self.layout.members).filter(|&m| m != index);
+        // During a (paused) grow each row is rebuilt in its own geometry; a row nothing reads,
+        // or an old row on a member the old geometry does not have, holds nothing to rebuild.
+        let Some(layout) = self
+            .shape()
+            .row_layout(stripe)
+            .filter(|layout| index < layout.members)
+        else {
+            self.members.lock()[index].extra.insert(stripe);
+            return Ok(());
+        };
+        let chunk = layout.chunk_bytes;
+        let offset = layout.member_offset(stripe, 0);
+        let sources = (0..layout.members).filter(|&m| m != index);
         let reads = join_all(sources.map(|m| self.m_read(m, offset, chunk))).await;
         let mut sum = vec![0u8; chunk as usize];
         for read in reads {
@@ -222,12 +234,13 @@ impl Array {
     }
 
     fn set_activity(&self, index: usize, done: u64) -> Result<()> {
-        let bytes = self.layout.chunk_bytes;
+        let layout = self.layout();
+        let bytes = layout.chunk_bytes;
         *poison::check(self.activity.lock(), &self.name, "the rebuild progress")? =
             Some(Activity {
                 what: format!("rebuilding member {index}"),
                 done_bytes: done * bytes,
-                total_bytes: self.layout.stripes * bytes,
+                total_bytes: layout.stripes * bytes,
             });
         Ok(())
     }

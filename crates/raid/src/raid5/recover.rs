@@ -20,6 +20,7 @@ use strata_meta::TxnClass;
 
 use super::array::{Array, Fault};
 use super::journal::{device_journal_base, scan, Record, JOURNAL_VERSION};
+use super::layout::Layout;
 use super::members::{MemberState, META_BYTES};
 use super::plan::xor_into;
 
@@ -96,7 +97,7 @@ impl Array {
         let mut report = Replayed::default();
         let mut lost = Vec::new();
         for (stripe, log) in stripes {
-            if stripe >= self.layout.stripes {
+            if stripe >= self.layout().stripes {
                 continue;
             }
             let last_intent = log
@@ -114,12 +115,17 @@ impl Array {
             if after < log.len() || done.contains(&(*member, *seq)) {
                 continue;
             }
-            match self.members.unusable(stripe)? {
+            // During a grow a row is in one geometry or the other, or holds nothing anybody
+            // reads (see `shape`): only a live row's parity is worth resyncing.
+            let Some(layout) = self.shape().row_layout(stripe) else {
+                continue;
+            };
+            match self.members.unusable(stripe, layout.members)? {
                 None => {
-                    self.resync(stripe).await?;
+                    self.resync(layout, stripe).await?;
                     report.resynced += 1;
                 }
-                Some(f) if f == self.layout.parity_member(stripe) => {}
+                Some(f) if f == layout.parity_member(stripe) => {}
                 Some(f) => lost.push((stripe, f)),
             }
         }
@@ -141,12 +147,13 @@ impl Array {
     }
 
     async fn replay_update(&self, stripe: u64, writes: &[(usize, u64, Bytes)]) -> Result<()> {
-        let unusable = self.members.unusable(stripe)?;
+        let layout = self.layout();
+        let unusable = self.members.unusable(stripe, layout.members)?;
         for (member, start, bytes) in writes {
-            if Some(*member) == unusable || *start + bytes.len() as u64 > self.layout.chunk_bytes {
+            if Some(*member) == unusable || *start + bytes.len() as u64 > layout.chunk_bytes {
                 continue;
             }
-            let offset = self.layout.member_offset(stripe, *start);
+            let offset = layout.member_offset(stripe, *start);
             if let Err(Fault { member }) = self.m_write(*member, offset, bytes.clone(), false).await
             {
                 self.fail_member(member).await?;
@@ -156,8 +163,7 @@ impl Array {
     }
 
     /// Parity := XOR of the data chunks of `stripe` (every member present).
-    pub async fn resync(&self, stripe: u64) -> Result<()> {
-        let layout = self.layout;
+    pub async fn resync(&self, layout: Layout, stripe: u64) -> Result<()> {
         let parity = layout.parity_member(stripe);
         let offset = layout.member_offset(stripe, 0);
         let mut sum = vec![0u8; layout.chunk_bytes as usize];
