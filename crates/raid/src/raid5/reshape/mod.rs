@@ -16,7 +16,8 @@
 //!   sliding window (R from the checkpoint, aligned to new rows) is used up, or when a user
 //!   write hits copied-but-unrecorded data. Copies never overwrite their originals inside
 //!   the window (the row rule), so a crash only wastes work. Windows grow about N1/(m−1)
-//!   times each, so checkpoints are logarithmic in the volume (31 for Table 1's A(3,1)).
+//!   times each, so checkpoints are logarithmic in the volume (31 sliding windows for
+//!   Table 1's A(3,1), where the paper counts 28 metadata updates).
 //! - **Valve** (§2.4, `valve`): the mover runs or sleeps per 1 s period by whether the last
 //!   period saw congestion or too many requests slower than B.
 //!
