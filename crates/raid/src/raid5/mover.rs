@@ -194,17 +194,17 @@ impl Array {
             m: old.members,
             n: shape.layout.members - old.members,
         };
-        self.set_boundaries(|m| m.inflight = Some((lo, hi))).await;
+        self.change_boundaries(|m| m.inflight = Some((lo, hi)));
+        self.drain(lo, hi).await;
         let copied = self.copy_window(shape, policy, grow, lo, hi).await;
         // Requests waiting on the window go on whatever happened; it counts as moved only if
         // it was copied whole.
-        self.set_boundaries(|m| {
+        self.change_boundaries(|m| {
             m.inflight = None;
             if copied.is_ok() {
                 m.moved = hi;
             }
-        })
-        .await;
+        });
         copied?;
         self.grow_stats()?.windows += 1;
         Ok(())
@@ -240,27 +240,14 @@ impl Array {
             .await
     }
 
-    /// Changes the grow's boundaries with no routed request in flight.
-    async fn set_boundaries(&self, change: impl FnOnce(&mut super::shape::Moving)) {
-        let _x = self.grow.window_gate.write().await;
-        let mut shape = self.shape();
-        if let Some(moving) = shape.moving.as_mut() {
-            change(moving);
-        }
-        *self.shape.write().unwrap_or_else(|p| p.into_inner()) = shape;
-        self.grow.changed.send_modify(|n| *n += 1);
-    }
-
     /// Ends the grow: the new capacity is in use from here on.
     async fn finish_grow(&self) -> Result<()> {
         let _mover = self.grow.mover.lock().await;
         self.array_record()?.reshape = None;
         self.persist().await?;
-        let _x = self.grow.window_gate.write().await;
         let mut shape = self.shape();
         shape.moving = None;
-        *self.shape.write().unwrap_or_else(|p| p.into_inner()) = shape;
-        self.grow.changed.send_modify(|n| *n += 1);
+        self.set_shape(shape);
         *poison::check(self.activity.lock(), &self.name, "the grow progress")? = None;
         tracing::info!(array = %self.name, members = shape.layout.members, size = shape.layout.size(), "raid5: grow complete");
         Ok(())
