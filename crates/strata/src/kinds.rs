@@ -38,8 +38,15 @@ mod tests {
     const NOT_VERBS: [&str; 8] = [
         "serve", "status", "check", "metrics", "sim", "kinds", "help", "call",
     ];
-    /// Changes of the exports, which the stack makes itself.
-    const EXPORT_CHANGES: [&str; 2] = ["snapshot-export", "snapshot-unexport"];
+    /// Changes of the exports, which the stack makes itself, and views (`raid5 watch` polls
+    /// the status).
+    const EXPORT_CHANGES: [&str; 3] = ["snapshot-export", "snapshot-unexport", "raid5-watch"];
+    /// CLI commands whose verb has another name (`strata raid5 grow` sends `grow-members`).
+    const SENDS: [(&str, &str); 3] = [
+        ("raid5-grow", "grow-members"),
+        ("raid5-pause", "grow-pause"),
+        ("raid5-resume", "grow-resume"),
+    ];
 
     /// The verbs the command line offers: its change commands, and `volume X` as `volume-X`.
     fn cli_verbs() -> Vec<String> {
@@ -58,6 +65,10 @@ mod tests {
             let subcommands: Vec<String> = subcommands
                 .into_iter()
                 .filter(|sub| !EXPORT_CHANGES.contains(&sub.as_str()))
+                .map(|sub| match SENDS.iter().find(|(cli, _)| *cli == sub) {
+                    Some((_, verb)) => verb.to_string(),
+                    None => sub,
+                })
                 .collect();
             if subcommands.is_empty() {
                 verbs.push(name.to_string());
@@ -79,6 +90,8 @@ mod tests {
             "volume-create",
             "snapshot-create",
             "snapshot-rollback",
+            "grow-members",
+            "grow-pause",
         ] {
             assert!(verbs.iter().any(|v| v == verb), "{verb} in {verbs:?}");
         }
