@@ -36,11 +36,60 @@ use super::reshape::{self, Grow, PolicyKind};
 use super::shape::{Moving, Piece, Route, Shape};
 
 /// How a grow is asked to run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct GrowOptions {
     pub policy: PolicyKind,
     /// With a member failed: wait for its replacement (true) or go on degraded.
     pub wait_on_failure: bool,
+    pub tuning: GrowTuning,
+}
+
+/// The rate control's knobs for one grow, where they differ from the paper's defaults
+/// (options `bound-ms`, `slack` for ALV's valve; `speed-min`, `speed-max` for md's funnel).
+/// For experiments (the sensitivity sweeps of `strata sim alv`): kept in memory only, not in
+/// the record, so a grow resumed after a restart runs with the defaults again.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct GrowTuning {
+    /// The valve's latency bound B (default 15 ms).
+    pub latency_bound: Option<Duration>,
+    /// The valve's slack θ (default 0.1).
+    pub slack: Option<f64>,
+    /// md's `speed_limit_min` in KiB/s per member (default 1,000).
+    pub speed_min_kibps: Option<u64>,
+    /// md's `speed_limit_max` in KiB/s per member (default 200,000).
+    pub speed_max_kibps: Option<u64>,
+}
+
+impl GrowTuning {
+    /// `policy` with these knobs set; a knob of the other policy's rate control is ignored
+    /// (the options refuse that combination before it gets here).
+    pub fn apply(&self, policy: reshape::Policy) -> reshape::Policy {
+        match policy {
+            reshape::Policy::Alv(mut alv) => {
+                if let Some(bound) = self.latency_bound {
+                    alv.valve.latency_bound = bound;
+                }
+                if let Some(slack) = self.slack {
+                    alv.valve.slack = slack;
+                }
+                reshape::Policy::Alv(alv)
+            }
+            reshape::Policy::Md(mut md) => {
+                let funnel = &mut md.params.funnel;
+                if let Some(min) = self.speed_min_kibps {
+                    funnel.speed_limit_min_kbps = min;
+                }
+                if let Some(max) = self.speed_max_kibps {
+                    funnel.speed_limit_max_kbps = max;
+                }
+                assert!(
+                    funnel.speed_limit_min_kbps <= funnel.speed_limit_max_kbps,
+                    "md's minimum speed is above its maximum"
+                );
+                reshape::Policy::Md(md)
+            }
+        }
+    }
 }
 
 /// What the data path and the mover share during a grow.
@@ -53,6 +102,8 @@ pub struct GrowControl {
     /// One window or one checkpoint at a time.
     pub mover: tokio::sync::Mutex<()>,
     pub stats: Mutex<GrowStats>,
+    /// The knobs the grow was started with (defaults after a restart).
+    pub tuning: Mutex<GrowTuning>,
 }
 
 impl Default for GrowControl {
@@ -62,6 +113,7 @@ impl Default for GrowControl {
             changed: watch::Sender::new(0),
             mover: tokio::sync::Mutex::new(()),
             stats: Mutex::new(GrowStats::default()),
+            tuning: Mutex::new(GrowTuning::default()),
         }
     }
 }
@@ -85,6 +137,10 @@ pub struct GrowStats {
     pub seen: Observed,
     /// Why the mover stopped, if it did on an error.
     pub stopped: Option<String>,
+    /// Runtime time this grow was started (in this process), and when it ended: `describe`
+    /// keeps the counters of the last grow as "last grow …" lines once it is done.
+    pub started: Option<Duration>,
+    pub finished: Option<Duration>,
 }
 
 /// User requests the rate control has not looked at yet.
@@ -305,6 +361,11 @@ impl Array {
                 critical.backup_rows(old)
             )));
         }
+        // Counters start from zero for each grow (they outlive it, for "last grow" lines).
+        *self.grow_stats()? = GrowStats {
+            started: Some(self.runtime.now()),
+            ..GrowStats::default()
+        };
         // The new members' journals are zeroed before any record names them: recovery reads
         // zeros as an empty journal.
         let zero = ZeroFlags {
@@ -403,6 +464,7 @@ impl Array {
             });
         }
         self.persist().await?;
+        *poison::check(self.grow.tuning.lock(), &self.name, "the grow's tuning")? = options.tuning;
         tracing::info!(array = %self.name, from = m, to = m + n, policy = %options.policy, "raid5: grow started");
         critical.write_rows(self, &sources).await?;
         self.finish_critical(critical.chunks).await?;

@@ -99,7 +99,8 @@ impl Array {
             n: shape.layout.members - record.old_members,
         };
         let kind = policy_of(record.policy);
-        let policy = Policy::new(kind, grow, shape.layout.chunk_bytes);
+        let tuning = *poison::check(self.grow.tuning.lock(), &self.name, "the grow's tuning")?;
+        let policy = tuning.apply(Policy::new(kind, grow, shape.layout.chunk_bytes));
         Ok(Some(MoverState {
             policy,
             aggregation_chunks: grow
@@ -262,6 +263,7 @@ impl Array {
         *self.shape.write().unwrap_or_else(|p| p.into_inner()) = shape;
         self.grow.changed.send_modify(|n| *n += 1);
         *poison::check(self.activity.lock(), &self.name, "the grow progress")? = None;
+        self.grow_stats()?.finished = Some(self.runtime.now());
         tracing::info!(array = %self.name, members = shape.layout.members, size = shape.layout.size(), "raid5: grow complete");
         Ok(())
     }
@@ -338,6 +340,35 @@ impl Array {
             ),
         ];
         Ok(Some(GrowStatus { activity, detail }))
+    }
+
+    /// What the last grow completed in this process did, for `describe` once it is over
+    /// (empty if none did): its time from the start ("-" for a grow resumed after a
+    /// restart), windows, metadata writes and bytes moved.
+    pub fn last_grow_detail(&self) -> Result<Vec<(String, String)>> {
+        let stats = self.grow_stats()?;
+        let Some(finished) = stats.finished else {
+            return Ok(Vec::new());
+        };
+        let time = stats.started.map_or("-".into(), |s| {
+            format!("{:.3} s", finished.saturating_sub(s).as_secs_f64())
+        });
+        Ok(vec![
+            ("last grow time".into(), time),
+            ("last grow windows".into(), stats.windows.to_string()),
+            (
+                "last grow metadata writes".into(),
+                stats.checkpoints.to_string(),
+            ),
+            (
+                "last grow forced checkpoints".into(),
+                stats.forced.to_string(),
+            ),
+            (
+                "last grow bytes read / written".into(),
+                format!("{} / {}", stats.bytes_read, stats.bytes_written),
+            ),
+        ])
     }
 
     /// Pauses (true) or resumes the grow, durably.
