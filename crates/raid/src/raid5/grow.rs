@@ -45,7 +45,8 @@ pub struct GrowOptions {
 }
 
 /// The rate control's knobs for one grow, where they differ from the paper's defaults
-/// (options `bound-ms`, `slack` for ALV's valve; `speed-min`, `speed-max` for md's funnel).
+/// (options `bound-ms`, `slack` for ALV's valve; `speed-min`, `speed-max` for md's funnel,
+/// `stripe-cache` for md's pipeline).
 /// For experiments (the sensitivity sweeps of `strata sim alv`): kept in memory only, not in
 /// the record, so a grow resumed after a restart runs with the defaults again.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -58,6 +59,9 @@ pub struct GrowTuning {
     pub speed_min_kibps: Option<u64>,
     /// md's `speed_limit_max` in KiB/s per member (default 200,000).
     pub speed_max_kibps: Option<u64>,
+    /// md's stripe cache in entries (`stripe_cache_size`; default 512, the paper's): it
+    /// bounds the rows md moves at once.
+    pub stripe_cache_pages: Option<u64>,
 }
 
 impl GrowTuning {
@@ -81,6 +85,9 @@ impl GrowTuning {
                 }
                 if let Some(max) = self.speed_max_kibps {
                     funnel.speed_limit_max_kbps = max;
+                }
+                if let Some(pages) = self.stripe_cache_pages {
+                    md.params.stripe_cache_pages = pages;
                 }
                 assert!(
                     funnel.speed_limit_min_kbps <= funnel.speed_limit_max_kbps,
@@ -129,6 +136,10 @@ pub struct GrowStats {
     pub forced: u64,
     pub bytes_read: u64,
     pub bytes_written: u64,
+    /// Member I/Os the grow issued (one per member range for ALV, one per 4 KiB for md),
+    /// metadata and journals not counted.
+    pub reads: u64,
+    pub writes: u64,
     /// Runtime time the mover started (or resumed) and the chunks moved then: the rate.
     pub since: Option<(Duration, u64)>,
     /// Whether the rate control let the mover run in the last period.
@@ -518,7 +529,8 @@ impl Array {
     /// Reads every old member's rows of a window (`reads`), reconstructing a failed old
     /// member's from the others (the rows are whole old stripes, intact with their parity).
     /// With `unit`, each range is read in I/Os of that many bytes (md's 4 KiB), all issued
-    /// at once; else in one I/O.
+    /// at once, skipping the old parity (md reads the data blocks of its source stripes);
+    /// else in one I/O, old parity read through.
     pub async fn read_window(
         &self,
         old: Layout,
@@ -536,15 +548,8 @@ impl Array {
             let failed = self.members.unusable(first, old.members)?;
             let result = match failed {
                 None => {
-                    let all = join_all(reads.iter().map(|r| {
-                        self.read_in_units(
-                            r.member,
-                            old.member_offset(r.first_row, 0),
-                            r.rows * chunk,
-                            unit,
-                        )
-                    }))
-                    .await;
+                    let all =
+                        join_all(reads.iter().map(|r| self.read_in_units(old, r, unit))).await;
                     all.into_iter()
                         .collect::<std::result::Result<Vec<_>, Fault>>()
                 }
@@ -552,6 +557,11 @@ impl Array {
                     // Every other old member's rows over the whole span, XORed.
                     let span = (last - first) * chunk;
                     let offset = old.member_offset(first, 0);
+                    {
+                        let mut stats = self.grow_stats()?;
+                        stats.reads += old.members as u64 - 1;
+                        stats.bytes_read += span * (old.members as u64 - 1);
+                    }
                     let others = (0..old.members).filter(|&m| m != missing);
                     let all = join_all(others.map(|m| async move {
                         self.m_read(m, offset, span).await.map(|b| (m, b))
@@ -586,11 +596,7 @@ impl Array {
                 }
             };
             match result {
-                Ok(buffers) => {
-                    let bytes: u64 = buffers.iter().map(|b| b.len() as u64).sum();
-                    self.grow_stats()?.bytes_read += bytes;
-                    return Ok(buffers);
-                }
+                Ok(buffers) => return Ok(buffers),
                 Err(Fault { member }) => self.fail_member(member).await?,
             }
         }
@@ -600,25 +606,58 @@ impl Array {
         )))
     }
 
+    /// One old member's rows of a window: in one I/O, or (with `unit`) in I/Os of that size
+    /// over the rows where it holds data, its parity rows left as zeros (the shuffle drops
+    /// them).
     async fn read_in_units(
         &self,
-        member: usize,
-        offset: u64,
-        len: u64,
+        old: Layout,
+        rows: &reshape::MemberRows,
         unit: Option<u64>,
     ) -> std::result::Result<Vec<u8>, Fault> {
-        let Some(unit) = unit.filter(|&u| u < len) else {
-            return self.m_read(member, offset, len).await;
+        let chunk = old.chunk_bytes;
+        let (member, len) = (rows.member, rows.rows * chunk);
+        let Some(unit) = unit.map(|u| u.min(chunk)) else {
+            self.count_reads(1, len);
+            return self
+                .m_read(member, old.member_offset(rows.first_row, 0), len)
+                .await;
         };
-        let parts = (0..len.div_ceil(unit)).map(|i| {
-            let at = i * unit;
-            self.m_read(member, offset + at, unit.min(len - at))
+        let data_rows: Vec<u64> = (rows.first_row..rows.end_row())
+            .filter(|&row| old.parity_member(row) != member)
+            .collect();
+        let units = chunk.div_ceil(unit);
+        self.count_reads(
+            data_rows.len() as u64 * units,
+            data_rows.len() as u64 * chunk,
+        );
+        let parts = data_rows.iter().flat_map(|&row| {
+            (0..units).map(move |i| {
+                let at = i * unit;
+                let offset = old.member_offset(row, at);
+                async move {
+                    (
+                        row,
+                        at,
+                        self.m_read(member, offset, unit.min(chunk - at)).await,
+                    )
+                }
+            })
         });
-        let mut out = Vec::with_capacity(len as usize);
-        for part in join_all(parts).await {
-            out.extend(part?);
+        let mut out = vec![0u8; len as usize];
+        for (row, at, part) in join_all(parts).await {
+            let start = ((row - rows.first_row) * chunk + at) as usize;
+            let part = part?;
+            out[start..start + part.len()].copy_from_slice(&part);
         }
         Ok(out)
+    }
+
+    fn count_reads(&self, ios: u64, bytes: u64) {
+        if let Ok(mut stats) = self.grow_stats() {
+            stats.reads += ios;
+            stats.bytes_read += bytes;
+        }
     }
 
     /// Writes a window's new rows (`writes`, one buffer each) to every member but a failed
@@ -638,6 +677,9 @@ impl Array {
             let offset = new.member_offset(w.first_row, 0);
             let bytes = Bytes::from(bytes);
             let step = unit.unwrap_or(len).max(1);
+            if let Ok(mut stats) = self.grow_stats() {
+                stats.writes += len.div_ceil(step);
+            }
             let parts = (0..len.div_ceil(step)).map(|i| {
                 let at = i * step;
                 let part = bytes.slice(at as usize..(at + step).min(len) as usize);

@@ -469,7 +469,8 @@ impl BlockDevice for Raid5 {
 /// `on-failure = "continue" | "wait"` (default continue), and the rate control's knobs for
 /// experiments (`GrowTuning`, not persisted): ALV's `bound-ms` (B, default 15) and `slack`
 /// (θ, 0 to 1, default 0.1), md's `speed-min` and `speed-max` (KiB/s per member, defaults
-/// 1,000 and 200,000). A knob of the other policy, or an unknown key, is refused.
+/// 1,000 and 200,000) and `stripe-cache` (entries, default 512). A knob of the other
+/// policy, or an unknown key, is refused.
 fn grow_options(name: &str, args: &toml::Table) -> Result<GrowOptions> {
     let invalid = |what: String| BlockError::InvalidArgument(format!("raid5 {name}: {what}"));
     let text = |key: &str, default: &str| -> Result<String> {
@@ -495,13 +496,14 @@ fn grow_options(name: &str, args: &toml::Table) -> Result<GrowOptions> {
         }
         Ok(Some(value))
     };
-    const KEYS: [&str; 6] = [
+    const KEYS: [&str; 7] = [
         "policy",
         "on-failure",
         "bound-ms",
         "slack",
         "speed-min",
         "speed-max",
+        "stripe-cache",
     ];
     if let Some(key) = args.keys().find(|k| !KEYS.contains(&k.as_str())) {
         return Err(invalid(format!(
@@ -531,6 +533,7 @@ fn grow_options(name: &str, args: &toml::Table) -> Result<GrowOptions> {
         slack: number("slack")?,
         speed_min_kibps: number("speed-min")?.map(|v| v as u64),
         speed_max_kibps: number("speed-max")?.map(|v| v as u64),
+        stripe_cache_pages: number("stripe-cache")?.map(|v| v as u64),
     };
     check_tuning(policy, &tuning).map_err(invalid)?;
     Ok(GrowOptions {
@@ -546,17 +549,17 @@ fn check_tuning(
     tuning: &GrowTuning,
 ) -> std::result::Result<(), String> {
     let valve = tuning.latency_bound.is_some() || tuning.slack.is_some();
-    let funnel = tuning.speed_min_kibps.is_some() || tuning.speed_max_kibps.is_some();
-    match policy {
-        reshape::PolicyKind::Md if valve => return Err(
-            "bound-ms and slack tune ALV's valve; policy md has a funnel (speed-min, speed-max)"
-                .into(),
-        ),
-        reshape::PolicyKind::Alv if funnel => return Err(
-            "speed-min and speed-max tune md's funnel; policy alv has a valve (bound-ms, slack)"
-                .into(),
-        ),
-        _ => {}
+    let md = tuning.speed_min_kibps.is_some()
+        || tuning.speed_max_kibps.is_some()
+        || tuning.stripe_cache_pages.is_some();
+    if policy == reshape::PolicyKind::Md && valve {
+        return Err("bound-ms and slack tune ALV's valve; policy md has a funnel (speed-min, speed-max) and a stripe cache".into());
+    }
+    if policy == reshape::PolicyKind::Alv && md {
+        return Err("speed-min, speed-max and stripe-cache tune md; policy alv has a valve (bound-ms, slack)".into());
+    }
+    if tuning.stripe_cache_pages == Some(0) {
+        return Err("stripe-cache must be at least 1".into());
     }
     if tuning.slack.is_some_and(|slack| slack > 1.0) {
         return Err("slack is a ratio from 0 to 1".into());

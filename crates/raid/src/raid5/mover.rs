@@ -338,6 +338,10 @@ impl Array {
                 "grow bytes read / written".into(),
                 format!("{} / {}", stats.bytes_read, stats.bytes_written),
             ),
+            (
+                "grow I/Os read / written".into(),
+                format!("{} / {}", stats.reads, stats.writes),
+            ),
         ];
         Ok(Some(GrowStatus { activity, detail }))
     }
@@ -367,6 +371,10 @@ impl Array {
             (
                 "last grow bytes read / written".into(),
                 format!("{} / {}", stats.bytes_read, stats.bytes_written),
+            ),
+            (
+                "last grow I/Os read / written".into(),
+                format!("{} / {}", stats.reads, stats.writes),
             ),
         ])
     }
