@@ -754,7 +754,7 @@ async fn what_a_careful_administrator_tries_is_refused_precisely() {
             "md",
             "bound-ms",
             "10",
-            &["bound-ms and slack tune ALV's valve"][..],
+            &["bound-ms, slack and buffer-kib tune ALV"][..],
         ),
         (
             "alv",
@@ -770,6 +770,13 @@ async fn what_a_careful_administrator_tries_is_refused_precisely() {
             &["stripe-cache must be at least 1"][..],
         ),
         ("alv", "slack", "1.5", &["slack is a ratio"][..]),
+        ("md", "buffer-kib", "4096", &["buffer-kib tune ALV"][..]),
+        (
+            "alv",
+            "buffer-kib",
+            "2",
+            &["buffer-kib must be at least 4"][..],
+        ),
         ("alv", "bound-ms", "0", &["bound-ms must be above 0"][..]),
         (
             "alv",

@@ -72,11 +72,16 @@ impl Policy {
 pub struct Knobs {
     pub bound_ms: Option<f64>,
     pub slack: Option<f64>,
+    /// ALV's aggregation buffer per member (default 2 MiB).
+    pub buffer_kib: Option<u64>,
     pub speed_min_kibps: Option<u64>,
     pub speed_max_kibps: Option<u64>,
+    /// md's stripe cache in entries of 4 KiB per member (default 512: 2 MiB).
+    pub stripe_cache: Option<u64>,
 }
 
-/// One grow to run: A(m, n) at a chunk size, a policy and its knobs, under a load.
+/// One grow to run: A(m, n) at a chunk size, a policy and its knobs, under a load, with
+/// the stripe journal where it says.
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
 pub struct Setup {
     pub m: usize,
@@ -85,6 +90,24 @@ pub struct Setup {
     pub load: Load,
     pub policy: Policy,
     pub knobs: Knobs,
+    pub journal: Journal,
+}
+
+/// md's speed limits in the paper's runs (§4; KiB/s per member, as md's sysfs takes them):
+/// TPC-C max 200 MB/s (md's default: not a limit on these drives), Cello-99 max 10, SPC-Web
+/// max 7, all with min 1. The paper's md ran at its maximum under load (digest §5.2: 7.08
+/// MiB/s per device under SPC-Web, 10.15 under Cello-99, 6.36 disk-bound under TPC-C), but
+/// the engine's funnel, like md's `is_mddev_idle` as the engine models it (more than 32
+/// sectors of user I/O since the last look is "busy"), holds md at its minimum whenever
+/// users do I/O. So that md moves as the paper's did, its minimum is set to the paper's
+/// maximum: md runs at that speed, or as fast as the drives allow. `--md-speed-min/max`
+/// replace these (the funnel's own defaults, 1,000 and 200,000: md crawls at 1 MB/s).
+pub fn paper_md_speed_kibps(load: Load) -> u64 {
+    match load {
+        Load::Tpcc | Load::Offline => 200_000,
+        Load::Cello => 10_000,
+        Load::WebSearch => 7_000,
+    }
 }
 
 /// What the whole evaluation runs.
@@ -102,10 +125,15 @@ pub struct AlvConfig {
     pub n: usize,
     /// The loads compared (each with both policies).
     pub loads: Vec<Load>,
-    /// Knobs of the main comparison (defaults: the paper's baseline).
+    /// Knobs of the main comparison: ALV's (defaults: the paper's baseline, B = 15 ms and
+    /// θ = 0.1); md's when given (default: [`paper_md_speed_kibps`] per load).
     pub alv: Knobs,
-    pub md: Knobs,
+    pub md: Option<Knobs>,
     pub synthetic: SyntheticParams,
+    /// Where the raid5's stripe journal lives: on the members (Strata's default), or on a
+    /// simulated flash device (`journal-device`, like md's `--write-journal`). The paper's md
+    /// (2.6.18) had no journal at all: a small write cost its read-modify-write only.
+    pub journal: Journal,
     /// The WebSearch trace (MQSim format).
     pub trace: PathBuf,
     /// Equal-size sequences the response times over time are averaged in.
@@ -132,8 +160,9 @@ impl AlvConfig {
             n: 1,
             loads: Load::ALL.to_vec(),
             alv: Knobs::default(),
-            md: Knobs::default(),
+            md: None,
             synthetic: SyntheticParams::default(),
+            journal: Journal::Flash,
             trace: PathBuf::from("../shared/traces/websearch-spc.trace"),
             sequences: 100,
             sweeps: Vec::new(),
@@ -144,6 +173,12 @@ impl AlvConfig {
 
     /// The main comparison's setup of `load` under `policy`.
     pub fn setup(&self, load: Load, policy: Policy) -> Setup {
+        let speed = paper_md_speed_kibps(load);
+        let md = self.md.unwrap_or(Knobs {
+            speed_min_kibps: Some(speed),
+            speed_max_kibps: Some(speed),
+            ..Knobs::default()
+        });
         Setup {
             m: self.m,
             n: self.n,
@@ -152,11 +187,23 @@ impl AlvConfig {
             policy,
             knobs: match policy {
                 Policy::Alv => self.alv,
-                Policy::Md => self.md,
+                Policy::Md => md,
             },
+            journal: self.journal,
         }
     }
 }
+
+/// Where the stripe journal lives ([`AlvConfig::journal`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Journal {
+    Members,
+    Flash,
+}
+
+/// The flash model of the journal device.
+pub const JOURNAL_MODEL: &str = "intel-x25m-160gb";
 
 /// A sensitivity sweep (paper §5.3): a few points each, compared by direction.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -172,15 +219,26 @@ pub enum Sweep {
     Members,
     /// A(3,2), A(3,3), both policies, TPC-C-like (not in the paper).
     Added,
+    /// The stripe journal on the members instead of flash, both policies, TPC-C-like and
+    /// WebSearch (Strata's default placement; not in the paper).
+    Journal,
+    /// md with its funnel's defaults (1,000-200,000 KiB/s: held at the minimum under load),
+    /// every load but offline (the paper's nominal settings; not its operating point).
+    MdDefaults,
+    /// ALV's buffer and md's stripe cache at 1 and 4 MiB per member, offline (Fig. 19).
+    Buffer,
 }
 
 impl Sweep {
-    pub const ALL: [Sweep; 5] = [
+    pub const ALL: [Sweep; 8] = [
         Sweep::Bound,
         Sweep::Slack,
         Sweep::Chunk,
         Sweep::Members,
         Sweep::Added,
+        Sweep::Journal,
+        Sweep::MdDefaults,
+        Sweep::Buffer,
     ];
 
     pub fn name(self) -> &'static str {
@@ -190,6 +248,9 @@ impl Sweep {
             Sweep::Chunk => "chunk",
             Sweep::Members => "members",
             Sweep::Added => "added",
+            Sweep::Journal => "journal",
+            Sweep::MdDefaults => "md-defaults",
+            Sweep::Buffer => "buffer",
         }
     }
 
@@ -198,7 +259,10 @@ impl Sweep {
             .into_iter()
             .find(|s| s.name() == text)
             .ok_or_else(|| {
-                format!("{text:?} is not a sweep (bound, slack, chunk, members, added, all)")
+                format!(
+                    "{text:?} is not a sweep (bound, slack, chunk, members, added, journal, \
+                     md-defaults, buffer, all)"
+                )
             })
     }
 
@@ -243,6 +307,48 @@ impl Sweep {
             Sweep::Added => [2, 3]
                 .into_iter()
                 .flat_map(|n| both(&|s: &mut Setup| s.n = n))
+                .collect(),
+            Sweep::Journal => [Load::Tpcc, Load::WebSearch]
+                .into_iter()
+                .filter(|load| config.loads.contains(load))
+                .flat_map(|load| {
+                    [Policy::Alv, Policy::Md].map(|policy| Setup {
+                        journal: Journal::Members,
+                        ..config.setup(load, policy)
+                    })
+                })
+                .collect(),
+            Sweep::Buffer => [1024u64, 4096]
+                .into_iter()
+                .flat_map(|kib| {
+                    let alv = config.setup(Load::Offline, Policy::Alv);
+                    let md = config.setup(Load::Offline, Policy::Md);
+                    [
+                        Setup {
+                            knobs: Knobs {
+                                buffer_kib: Some(kib),
+                                ..alv.knobs
+                            },
+                            ..alv
+                        },
+                        Setup {
+                            knobs: Knobs {
+                                stripe_cache: Some(kib / 4),
+                                ..md.knobs
+                            },
+                            ..md
+                        },
+                    ]
+                })
+                .collect(),
+            Sweep::MdDefaults => config
+                .loads
+                .iter()
+                .filter(|&&load| load != Load::Offline)
+                .map(|&load| Setup {
+                    knobs: Knobs::default(),
+                    ..config.setup(load, Policy::Md)
+                })
                 .collect(),
         }
     }
@@ -346,12 +452,21 @@ pub fn stack_text(config: &AlvConfig, setup: &Setup) -> String {
             config.member_bytes
         ));
     }
-    let children: Vec<String> = (0..setup.m).map(|i| format!("\"p{i}\"")).collect();
+    let mut children: Vec<String> = (0..setup.m).map(|i| format!("\"p{i}\"")).collect();
+    if setup.journal == Journal::Flash {
+        text.push_str(&format!(
+            "[[disk]]\nname = \"journal\"\nmodel = \"{JOURNAL_MODEL}\"\n\n"
+        ));
+        children.push("\"journal\"".into());
+    }
     text.push_str(&format!(
         "[[layer]]\nname = \"r5\"\nkind = \"raid5\"\nchildren = [{}]\nchunk = {}\n",
         children.join(", "),
         setup.chunk_bytes
     ));
+    if setup.journal == Journal::Flash {
+        text.push_str("journal-device = \"journal\"\n");
+    }
     text
 }
 
@@ -372,6 +487,12 @@ pub fn grow_options(setup: &Setup) -> toml::Table {
     }
     if let Some(max) = k.speed_max_kibps {
         options.insert("speed-max".into(), (max as i64).into());
+    }
+    if let Some(kib) = k.buffer_kib {
+        options.insert("buffer-kib".into(), (kib as i64).into());
+    }
+    if let Some(pages) = k.stripe_cache {
+        options.insert("stripe-cache".into(), (pages as i64).into());
     }
     options
 }

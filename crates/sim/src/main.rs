@@ -116,11 +116,17 @@ enum SimCommand {
         bound_ms: Option<f64>,
         #[arg(long)]
         slack: Option<f64>,
-        /// MD's speed limits in KiB/s per member (defaults 1,000 and 200,000).
+        /// MD's speed limits in KiB/s per member, for every load (default: min = max = the
+        /// paper's maximum for the load: 7,000 WebSearch, 10,000 Cello, 200,000 TPC-C).
         #[arg(long)]
         md_speed_min: Option<u64>,
         #[arg(long)]
         md_speed_max: Option<u64>,
+        /// Where the raid5's stripe journal lives: flash (default: a simulated Intel X25-M as
+        /// its journal device, so that a small write costs its read-modify-write as in the
+        /// paper's md, which had no journal) or members (Strata's default placement).
+        #[arg(long, default_value = "flash")]
+        journal: String,
         /// The WebSearch trace (MQSim format).
         #[arg(long, default_value = "../shared/traces/websearch-spc.trace")]
         trace: PathBuf,
@@ -278,6 +284,7 @@ fn run(command: SimCommand) -> anyhow::Result<()> {
             slack,
             md_speed_min,
             md_speed_max,
+            journal,
             trace,
             out,
             json,
@@ -304,9 +311,19 @@ fn run(command: SimCommand) -> anyhow::Result<()> {
             };
             config.alv.bound_ms = bound_ms;
             config.alv.slack = slack;
-            config.md.speed_min_kibps = md_speed_min;
-            config.md.speed_max_kibps = md_speed_max;
+            if md_speed_min.is_some() || md_speed_max.is_some() {
+                config.md = Some(alv::Knobs {
+                    speed_min_kibps: md_speed_min,
+                    speed_max_kibps: md_speed_max,
+                    ..alv::Knobs::default()
+                });
+            }
             config.trace = trace;
+            config.journal = match journal.as_str() {
+                "members" => alv::Journal::Members,
+                "flash" => alv::Journal::Flash,
+                other => bail!("--journal: {other:?} is not members or flash"),
+            };
             let report = alv::run(&config).map_err(anyhow::Error::msg)?;
             if json {
                 outln!("{}", serde_json::to_string_pretty(&report)?);

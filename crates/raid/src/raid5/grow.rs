@@ -45,8 +45,8 @@ pub struct GrowOptions {
 }
 
 /// The rate control's knobs for one grow, where they differ from the paper's defaults
-/// (options `bound-ms`, `slack` for ALV's valve; `speed-min`, `speed-max` for md's funnel,
-/// `stripe-cache` for md's pipeline).
+/// (options `bound-ms`, `slack` for ALV's valve, `buffer-kib` for its windows; `speed-min`,
+/// `speed-max` for md's funnel, `stripe-cache` for md's pipeline).
 /// For experiments (the sensitivity sweeps of `strata sim alv`): kept in memory only, not in
 /// the record, so a grow resumed after a restart runs with the defaults again.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -55,6 +55,9 @@ pub struct GrowTuning {
     pub latency_bound: Option<Duration>,
     /// The valve's slack θ (default 0.1).
     pub slack: Option<f64>,
+    /// ALV's aggregation buffer per member in bytes (default 2 MiB, the paper's; its §5.7
+    /// varies it from 1 to 4 MB).
+    pub buffer_bytes: Option<u64>,
     /// md's `speed_limit_min` in KiB/s per member (default 1,000).
     pub speed_min_kibps: Option<u64>,
     /// md's `speed_limit_max` in KiB/s per member (default 200,000).

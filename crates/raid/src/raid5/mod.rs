@@ -467,8 +467,9 @@ impl BlockDevice for Raid5 {
 
 /// A grow's options from the verb's arguments: `policy = "alv" | "md"` (default alv),
 /// `on-failure = "continue" | "wait"` (default continue), and the rate control's knobs for
-/// experiments (`GrowTuning`, not persisted): ALV's `bound-ms` (B, default 15) and `slack`
-/// (θ, 0 to 1, default 0.1), md's `speed-min` and `speed-max` (KiB/s per member, defaults
+/// experiments (`GrowTuning`, not persisted): ALV's `bound-ms` (B, default 15), `slack`
+/// (θ, 0 to 1, default 0.1) and `buffer-kib` (its aggregation buffer per member, default
+/// 2048), md's `speed-min` and `speed-max` (KiB/s per member, defaults
 /// 1,000 and 200,000) and `stripe-cache` (entries, default 512). A knob of the other
 /// policy, or an unknown key, is refused.
 fn grow_options(name: &str, args: &toml::Table) -> Result<GrowOptions> {
@@ -496,11 +497,12 @@ fn grow_options(name: &str, args: &toml::Table) -> Result<GrowOptions> {
         }
         Ok(Some(value))
     };
-    const KEYS: [&str; 7] = [
+    const KEYS: [&str; 8] = [
         "policy",
         "on-failure",
         "bound-ms",
         "slack",
+        "buffer-kib",
         "speed-min",
         "speed-max",
         "stripe-cache",
@@ -531,6 +533,7 @@ fn grow_options(name: &str, args: &toml::Table) -> Result<GrowOptions> {
     let tuning = GrowTuning {
         latency_bound,
         slack: number("slack")?,
+        buffer_bytes: number("buffer-kib")?.map(|kib| (kib * 1024.0) as u64),
         speed_min_kibps: number("speed-min")?.map(|v| v as u64),
         speed_max_kibps: number("speed-max")?.map(|v| v as u64),
         stripe_cache_pages: number("stripe-cache")?.map(|v| v as u64),
@@ -548,15 +551,19 @@ fn check_tuning(
     policy: reshape::PolicyKind,
     tuning: &GrowTuning,
 ) -> std::result::Result<(), String> {
-    let valve = tuning.latency_bound.is_some() || tuning.slack.is_some();
+    let valve =
+        tuning.latency_bound.is_some() || tuning.slack.is_some() || tuning.buffer_bytes.is_some();
     let md = tuning.speed_min_kibps.is_some()
         || tuning.speed_max_kibps.is_some()
         || tuning.stripe_cache_pages.is_some();
     if policy == reshape::PolicyKind::Md && valve {
-        return Err("bound-ms and slack tune ALV's valve; policy md has a funnel (speed-min, speed-max) and a stripe cache".into());
+        return Err("bound-ms, slack and buffer-kib tune ALV; policy md has a funnel (speed-min, speed-max) and a stripe cache".into());
     }
     if policy == reshape::PolicyKind::Alv && md {
-        return Err("speed-min, speed-max and stripe-cache tune md; policy alv has a valve (bound-ms, slack)".into());
+        return Err("speed-min, speed-max and stripe-cache tune md; policy alv has a valve (bound-ms, slack) and a buffer (buffer-kib)".into());
+    }
+    if tuning.buffer_bytes.is_some_and(|bytes| bytes < 4096) {
+        return Err("buffer-kib must be at least 4".into());
     }
     if tuning.stripe_cache_pages == Some(0) {
         return Err("stripe-cache must be at least 1".into());

@@ -103,8 +103,10 @@ impl Array {
         let policy = tuning.apply(Policy::new(kind, grow, shape.layout.chunk_bytes));
         Ok(Some(MoverState {
             policy,
-            aggregation_chunks: grow
-                .aggregation_chunks(AGGREGATION_BYTES, shape.layout.chunk_bytes),
+            aggregation_chunks: grow.aggregation_chunks(
+                tuning.buffer_bytes.unwrap_or(AGGREGATION_BYTES),
+                shape.layout.chunk_bytes,
+            ),
             rate: policy.rate_control(self.runtime.now()),
         }))
     }

@@ -307,67 +307,104 @@ fn point(sweep: Sweep, run: &GrowRun) -> String {
         Sweep::Slack => format!("θ = {}", s.knobs.slack.unwrap_or(0.1)),
         Sweep::Chunk => format!("chunk {} KiB", s.chunk_bytes / KIB),
         Sweep::Members | Sweep::Added => format!("A({},{})", s.m, s.n),
+        Sweep::Journal => format!(
+            "{}, journal on {}",
+            s.load.name(),
+            match s.journal {
+                super::Journal::Flash => "flash",
+                super::Journal::Members => "members",
+            }
+        ),
+        Sweep::Buffer => format!(
+            "{} MiB per member",
+            match s.policy {
+                Policy::Alv => s.knobs.buffer_kib.unwrap_or(2048) as f64 / 1024.0,
+                Policy::Md => s.knobs.stripe_cache.unwrap_or(512) as f64 / 256.0,
+            }
+        ),
+        Sweep::MdDefaults => match (s.policy, s.knobs.speed_min_kibps) {
+            (Policy::Alv, _) => s.load.name().to_string(),
+            (Policy::Md, Some(min)) => format!("{}, md at {} KiB/s", s.load.name(), min),
+            (Policy::Md, None) => format!("{}, md defaults", s.load.name()),
+        },
     }
 }
 
-/// Each sweep's points with the comparison's TPC-C-like pair as the reference, and ALV
-/// against MD where both ran (against the reference MD run for B and θ).
+/// What an ALV run is compared with: same load, shape, journal and buffer (ALV's buffer
+/// against md's stripe cache, both in 4 KiB pages per member).
+fn key(run: &GrowRun) -> (Load, usize, usize, u64, super::Journal, u64) {
+    let s = &run.setup;
+    let pages = match s.policy {
+        Policy::Alv => s.knobs.buffer_kib.unwrap_or(2048) / 4,
+        Policy::Md => s.knobs.stripe_cache.unwrap_or(512),
+    };
+    (s.load, s.m, s.n, s.chunk_bytes, s.journal, pages)
+}
+
+/// Each sweep's points after the comparison's runs it varies from (marked "reference"),
+/// with ALV against MD: for an ALV run the MD run of the same load and shape (the sweep's
+/// own, else the comparison's); for md's defaults, the comparison's ALV run against it.
 fn sweeps(report: &AlvReport) -> String {
     let mut out = String::new();
-    let reference = |policy| report.run(Load::Tpcc, policy);
     for (sweep, runs) in &report.sweeps {
         let mut rows = vec![{
             let mut header = run_header("point");
             header.extend(["grow ALV/MD".into(), "resp. ALV/MD".into()]);
             header
         }];
-        let mut all: Vec<(String, &GrowRun)> = Vec::new();
-        for policy in [Policy::Alv, Policy::Md] {
-            if let Some(run) = reference(policy) {
-                all.push((format!("{} (reference)", point(*sweep, run)), run));
-            }
-        }
+        let mut all: Vec<(String, &GrowRun)> = report
+            .runs
+            .iter()
+            .filter(|r| runs.iter().any(|s| s.setup.load == r.setup.load))
+            .map(|r| (format!("{} (reference)", point(*sweep, r)), r))
+            .collect();
         all.extend(runs.iter().map(|r| (point(*sweep, r), r)));
         for (label, run) in &all {
-            let md = match sweep {
-                Sweep::Bound | Sweep::Slack => reference(Policy::Md),
-                _ => all
-                    .iter()
-                    .map(|(_, r)| *r)
-                    .find(|r| r.setup.policy == Policy::Md && same_shape(r, run)),
+            let partner = |policy: Policy| {
+                runs.iter()
+                    .chain(&report.runs)
+                    .find(|r| r.setup.policy == policy && key(r) == key(run))
+            };
+            let pair = match (run.setup.policy, sweep) {
+                (Policy::Md, Sweep::MdDefaults) if runs.iter().any(|r| std::ptr::eq(r, *run)) => {
+                    report
+                        .run(run.setup.load, Policy::Alv)
+                        .map(|alv| (alv, *run))
+                }
+                (Policy::Alv, _) => partner(Policy::Md).map(|md| (*run, md)),
+                _ => None,
             };
             let mut row = run_row(run);
             row[0] = label.clone();
-            match (run.setup.policy, md) {
-                (Policy::Alv, Some(md)) => {
-                    row.push(ratio(run.grow_ns as f64 / md.grow_ns as f64));
-                    row.push(match (run.mean_ms(), md.mean_ms()) {
+            match pair {
+                Some((alv, md)) => {
+                    row.push(ratio(alv.grow_ns as f64 / md.grow_ns as f64));
+                    row.push(match (alv.mean_ms(), md.mean_ms()) {
                         (Some(a), Some(m)) => ratio(a / m),
                         _ => "-".into(),
                     });
                 }
-                _ => row.extend(["".into(), "".into()]),
+                None => row.extend(["".into(), "".into()]),
             }
             rows.push(row);
         }
         out.push_str(&format!(
-            "\nsweep {} (TPC-C-like load; the paper's Fig. {}):\n",
+            "\nsweep {} ({}):\n",
             sweep.name(),
             match sweep {
-                Sweep::Bound => "15",
-                Sweep::Slack => "16",
-                Sweep::Chunk => "17",
-                Sweep::Members => "18",
-                Sweep::Added => "- (not in the paper)",
+                Sweep::Bound => "TPC-C-like load; the paper's Fig. 15",
+                Sweep::Slack => "TPC-C-like load; the paper's Fig. 16",
+                Sweep::Chunk => "TPC-C-like load; the paper's Fig. 17",
+                Sweep::Members => "TPC-C-like load; the paper's Fig. 18",
+                Sweep::Added => "TPC-C-like load; not in the paper",
+                Sweep::Journal => "Strata's journal placement; not in the paper",
+                Sweep::MdDefaults => "md's funnel at its defaults, 1,000-200,000 KiB/s",
+                Sweep::Buffer => "offline; ALV's buffer and md's stripe cache; the paper's Fig. 19",
             }
         ));
         out.push_str(&table(&rows));
     }
     out
-}
-
-fn same_shape(a: &GrowRun, b: &GrowRun) -> bool {
-    (a.setup.m, a.setup.n, a.setup.chunk_bytes) == (b.setup.m, b.setup.n, b.setup.chunk_bytes)
 }
 
 /// The report as the terminal shows it.
