@@ -167,7 +167,7 @@ impl AlvConfig {
             sequences: 100,
             sweeps: Vec::new(),
             time_limit: 48 * 3600 * SECONDS / scale,
-            baseline: 120 * SECONDS,
+            baseline: 60 * SECONDS,
         }
     }
 
@@ -950,4 +950,124 @@ pub fn sustained_bandwidth(config: &AlvConfig) -> Result<f64, String> {
 /// The Duration of `ns`, for messages.
 pub fn seconds(ns: Nanos) -> f64 {
     Duration::from_nanos(ns).as_secs_f64()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Op;
+
+    #[test]
+    fn the_stack_is_serve_config_text_with_the_raid5_over_slices() {
+        let mut config = AlvConfig::scaled(1, 32);
+        assert_eq!(config.member_bytes, 960 << 20);
+        for journal in [Journal::Flash, Journal::Members] {
+            config.journal = journal;
+            let setup = config.setup(Load::Tpcc, Policy::Alv);
+            let table: toml::Table = stack_text(&config, &setup).parse().unwrap();
+            let spec = StackSpec::from_toml(&table).unwrap();
+            let flash = usize::from(journal == Journal::Flash);
+            assert_eq!(spec.disks.len(), 3 + flash);
+            assert!(spec.disks[..3].iter().all(|d| d.model == "fc-10k-146g"));
+            let raid = spec.layers.iter().find(|l| l.name == "r5").unwrap();
+            assert_eq!(raid.children.len(), 3 + flash);
+            assert_eq!(
+                raid.options.contains_key("journal-device"),
+                journal == Journal::Flash
+            );
+            assert_eq!(spec.layers.len(), 4, "three slices and the raid5");
+        }
+    }
+
+    #[test]
+    fn md_runs_at_the_papers_maximum_and_alv_with_its_defaults() {
+        let config = AlvConfig::scaled(1, 32);
+        let md = config.setup(Load::WebSearch, Policy::Md);
+        assert_eq!(md.knobs.speed_min_kibps, Some(7_000));
+        assert_eq!(md.knobs.speed_max_kibps, Some(7_000));
+        let options = grow_options(&md);
+        assert_eq!(options["policy"].as_str(), Some("md"));
+        assert_eq!(options["speed-min"].as_integer(), Some(7_000));
+        assert!(!options.contains_key("bound-ms"));
+        let alv = grow_options(&config.setup(Load::Cello, Policy::Alv));
+        assert_eq!(alv.len(), 2, "policy and on-failure only: {alv:?}");
+        let tuned = Setup {
+            knobs: Knobs {
+                bound_ms: Some(6.0),
+                slack: Some(0.2),
+                buffer_kib: Some(4096),
+                ..Knobs::default()
+            },
+            ..config.setup(Load::Tpcc, Policy::Alv)
+        };
+        let options = grow_options(&tuned);
+        assert_eq!(options["bound-ms"].as_float(), Some(6.0));
+        assert_eq!(options["slack"].as_float(), Some(0.2));
+        assert_eq!(options["buffer-kib"].as_integer(), Some(4096));
+    }
+
+    #[test]
+    fn sweeps_vary_one_thing_from_the_comparison() {
+        let config = AlvConfig::scaled(1, 32);
+        for sweep in Sweep::ALL {
+            assert_eq!(Sweep::parse(sweep.name()), Ok(sweep));
+            let setups = sweep.setups(&config);
+            assert!(!setups.is_empty(), "{sweep:?}");
+            for setup in &setups {
+                assert!(
+                    !Load::ALL
+                        .iter()
+                        .flat_map(|&l| [config.setup(l, Policy::Alv), config.setup(l, Policy::Md)])
+                        .any(|s| s == *setup),
+                    "{sweep:?} repeats a comparison run"
+                );
+            }
+        }
+        assert!(Sweep::parse("speed").is_err());
+        let members: Vec<(usize, usize)> = Sweep::Members
+            .setups(&config)
+            .iter()
+            .map(|s| (s.m, s.n))
+            .collect();
+        assert_eq!(members, [(5, 1), (5, 1), (7, 1), (7, 1), (9, 1), (9, 1)]);
+        assert!(Sweep::Bound
+            .setups(&config)
+            .iter()
+            .all(|s| s.policy == Policy::Alv && s.load == Load::Tpcc));
+        assert_eq!(Load::parse("cello"), Ok(Load::Cello));
+        assert!(Load::parse("spc").is_err());
+    }
+
+    fn record(issued: Nanos, latency: Nanos) -> IoRecord {
+        IoRecord {
+            op: Op::Read,
+            offset: 0,
+            len: 4096,
+            issued,
+            completed: issued + latency,
+            failed: false,
+        }
+    }
+
+    #[test]
+    fn sequences_are_equal_sized_in_arrival_order_and_the_last_takes_the_rest() {
+        // Ten requests, arriving every second, the k-th taking k ms; given out of order.
+        let records: Vec<IoRecord> = (0..10u64)
+            .rev()
+            .map(|k| record(k * SECONDS, k * MILLIS))
+            .collect();
+        let refs: Vec<&IoRecord> = records.iter().collect();
+        let points = sequence_averages(&refs, 5 * SECONDS, 3);
+        let sizes: Vec<u64> = points.iter().map(|p| p.requests).collect();
+        assert_eq!(sizes, [3, 3, 4]);
+        assert_eq!(points[0].mean_ms, 1.0, "requests 0, 1, 2");
+        assert_eq!(points[0].at_s, 6.0, "mean arrival 1 s, plus the offset");
+        assert_eq!(points[2].mean_ms, 7.5, "requests 6 to 9");
+        assert!(sequence_averages(&[], 0, 3).is_empty());
+        assert_eq!(
+            sequence_averages(&refs, 0, 100).len(),
+            10,
+            "at most one per request"
+        );
+    }
 }

@@ -16,7 +16,7 @@ use crate::workload::{
 
 /// What runs on the array while it grows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
+#[serde(rename_all = "lowercase")]
 pub enum Load {
     /// The SPC WebSearch trace (../shared/traces), as the paper's SPC-Web: 99.98 % reads.
     WebSearch,
