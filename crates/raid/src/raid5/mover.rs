@@ -8,7 +8,11 @@
 //! goes on degraded, as the grow was asked), and the rate control (ALV's valve or md's
 //! funnel). Before it waits for any of them it records a checkpoint, so that a user write
 //! into copied data (which waits for one under the MD-Reshape policy) is never left waiting
-//! on a mover that sleeps.
+//! on a mover that sleeps; but not before ALV's valve holds it for a period: a user write
+//! there forces its own checkpoint, and the lazy rule (paper §2.3) writes metadata only when
+//! a sliding window is used up or such a write comes. (A checkpoint at every closing of the
+//! valve made ALV's metadata writes grow with the time the grow took under load, one every
+//! two seconds or so, not with the log of the volume.)
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,7 +22,7 @@ use strata_core::{poison, Activity, Result};
 use super::array::Array;
 use super::grow::{policy_of, Observed};
 use super::members::MemberState;
-use super::reshape::{self, Gate, Grow, Policy, PolicyKind, RateControl};
+use super::reshape::{self, Gate, Grow, Policy, PolicyKind, RateControl, UnrecordedWrite};
 use super::shape::Shape;
 
 /// Bytes per member an ALV window reads and writes at most (the aggregation buffer: the
@@ -128,7 +132,9 @@ impl Array {
         let seen = std::mem::take(&mut self.grow_stats()?.seen);
         feed(state.rate.as_mut(), &seen, self.layout().members);
         if let Gate::SleepUntil(until) = state.rate.gate(now) {
-            self.checkpoint_now(false).await?;
+            if state.policy.on_write_in_unrecorded() == UnrecordedWrite::Wait {
+                self.checkpoint_now(false).await?;
+            }
             self.set_running(false)?;
             return Ok(Next::Sleep(
                 until.saturating_sub(now).max(Duration::from_millis(1)),
