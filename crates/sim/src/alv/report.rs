@@ -73,6 +73,11 @@ fn ratio(x: f64) -> String {
     format!("{x:.2}x")
 }
 
+/// Against a target: enough digits that "missed" is never printed beside the target.
+fn ratio3(x: f64) -> String {
+    format!("{x:.3}x")
+}
+
 fn change(alv: f64, md: f64) -> String {
     format!("{:+.1} %", (alv / md - 1.0) * 100.0)
 }
@@ -249,7 +254,7 @@ fn targets(report: &AlvReport) -> String {
         rows.push(vec![
             "redistribution time ALV/MD".into(),
             load.label().into(),
-            ratio(time),
+            ratio3(time),
             format!("<= {}", ratio(TARGET_TIME)),
             verdict(time <= TARGET_TIME),
         ]);
@@ -257,7 +262,7 @@ fn targets(report: &AlvReport) -> String {
             rows.push(vec![
                 "mean response ALV/MD".into(),
                 load.label().into(),
-                ratio(a / m),
+                ratio3(a / m),
                 format!("<= {}", ratio(TARGET_RESPONSE)),
                 verdict(a / m <= TARGET_RESPONSE),
             ]);
@@ -278,7 +283,7 @@ fn targets(report: &AlvReport) -> String {
                     load.label().into(),
                     format!(
                         "{} ({:.1} s / {:.1} s)",
-                        ratio(bound),
+                        ratio3(bound),
                         super::seconds(run.grow_ns),
                         super::seconds(run.bandwidth_bound_ns())
                     ),
@@ -442,8 +447,10 @@ pub fn format_report(report: &AlvReport) -> String {
         ));
     }
     out.push('\n');
-    out.push_str(&baselines(report));
-    out.push('\n');
+    if !report.baselines.is_empty() {
+        out.push_str(&baselines(report));
+        out.push('\n');
+    }
     out.push_str(&comparison(report));
     out.push_str("\ntargets (issue 15):\n");
     out.push_str(&targets(report));
