@@ -211,6 +211,7 @@ async fn grow_under_load(m: usize, n: usize, policy: &str, seed: u64) {
     let new_size = STRIPES * (m + n - 1) as u64 * CHUNK;
     assert_eq!(raid.geometry().size, new_size, "A({m},{n}) {policy}: size");
     assert_eq!(raid.layout().members, m + n);
+    last_grow_counted(&raid, old_size).await;
     verify(&raid, &expected, &format!("A({m},{n}) {policy} grown")).await;
     // The new capacity is usable.
     expected.resize(new_size as usize, 0);
@@ -226,6 +227,35 @@ async fn grow_under_load(m: usize, n: usize, policy: &str, seed: u64) {
     raid.flush().await.unwrap();
     drop(raid);
     verify_each_member_can_be_lost(&group, m + n, &expected).await;
+}
+
+/// Once a grow is over `describe` has no "grow" line (what `strata raid5 watch` waits for)
+/// but keeps its counters as "last grow" lines: at least one checkpoint, every old byte read
+/// (the critical section's are read twice: once for the backup) and more written.
+async fn last_grow_counted(raid: &Raid5, old_size: u64) {
+    let Ok(strata_core::ControlReply::Describe(node)) = raid.control(Control::Describe).await
+    else {
+        panic!("raid5 describes itself");
+    };
+    let detail = |key: &str| {
+        node.detail
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.clone())
+    };
+    assert_eq!(detail("grow"), None, "{:?}", node.detail);
+    let number = |key: &str| -> u64 { detail(key).unwrap_or_default().parse().unwrap() };
+    assert!(
+        number("last grow metadata writes") >= 1,
+        "{:?}",
+        node.detail
+    );
+    assert!(number("last grow windows") >= 1, "{:?}", node.detail);
+    let bytes = detail("last grow bytes read / written").unwrap();
+    let (read, written) = bytes.split_once(" / ").unwrap();
+    let (read, written): (u64, u64) = (read.parse().unwrap(), written.parse().unwrap());
+    assert!(read >= old_size && written > read, "{bytes}");
+    assert!(detail("last grow time").unwrap().ends_with(" s"));
 }
 
 #[tokio::test]
@@ -718,6 +748,57 @@ async fn what_a_careful_administrator_tries_is_refused_precisely() {
         raid.control(grow_request(&added, "fast", "continue")).await,
         &["policy"],
     );
+    // Tuning knobs: those of the other policy's rate control, out of range, or unknown.
+    for (policy, key, value, words) in [
+        (
+            "md",
+            "bound-ms",
+            "10",
+            &["bound-ms, slack and buffer-kib tune ALV"][..],
+        ),
+        (
+            "alv",
+            "speed-max",
+            "7000",
+            &["speed-min, speed-max and stripe-cache tune md"][..],
+        ),
+        ("alv", "stripe-cache", "256", &["stripe-cache tune md"][..]),
+        (
+            "md",
+            "stripe-cache",
+            "0",
+            &["stripe-cache must be at least 1"][..],
+        ),
+        ("alv", "slack", "1.5", &["slack is a ratio"][..]),
+        ("md", "buffer-kib", "4096", &["buffer-kib tune ALV"][..]),
+        (
+            "alv",
+            "buffer-kib",
+            "2",
+            &["buffer-kib must be at least 4"][..],
+        ),
+        ("alv", "bound-ms", "0", &["bound-ms must be above 0"][..]),
+        (
+            "alv",
+            "bound-ms",
+            "soon",
+            &["bound-ms", "expected a number"][..],
+        ),
+        (
+            "md",
+            "speed-min",
+            "300000",
+            &["must not exceed speed-max"][..],
+        ),
+        ("alv", "rate", "5", &["no option \"rate\"", "bound-ms"][..]),
+    ] {
+        let mut request = grow_request(&added, policy, "continue");
+        if let Control::GrowMembers { options, .. } = &mut request {
+            options.insert(key.into(), value.into());
+        }
+        refused(raid.control(request).await, words);
+    }
+    assert_eq!(raid.layout().members, 3, "nothing changed");
     // A journal too small for the records of the new geometry (its size is fixed at creation).
     let five = open_disks(&group, &[sector_disk(disk_bytes()); 5], None);
     let small_journal = Raid5::open(
@@ -752,9 +833,13 @@ async fn what_a_careful_administrator_tries_is_refused_precisely() {
     let disks = open_disks(&group, &[sector_disk(disk_bytes()); 3], None);
     let raid = open(present(&disks), StartPolicy::FRESH).await.unwrap();
     let added = open_disks(&group, &[sector_disk(disk_bytes())], None);
-    raid.control(grow_request(&added, "alv", "continue"))
-        .await
-        .unwrap();
+    // With the valve's knobs set (as `strata sim alv`'s sweeps do): accepted.
+    let mut request = grow_request(&added, "alv", "continue");
+    if let Control::GrowMembers { options, .. } = &mut request {
+        options.insert("bound-ms".into(), 8.into());
+        options.insert("slack".into(), 0.05.into());
+    }
+    raid.control(request).await.unwrap();
     // A second grow while one runs.
     let more = open_disks(&group, &[sector_disk(disk_bytes())], None);
     if raid.moving().is_some() {

@@ -1180,12 +1180,12 @@ pub fn format_report(report: &ClothoReport) -> String {
     out
 }
 
-fn row(cells: &[&str]) -> Vec<String> {
+pub(crate) fn row(cells: &[&str]) -> Vec<String> {
     cells.iter().map(|c| c.to_string()).collect()
 }
 
 /// Left-aligned first column, the others right-aligned.
-fn table(rows: &[Vec<String>]) -> String {
+pub(crate) fn table(rows: &[Vec<String>]) -> String {
     let columns = rows.iter().map(Vec::len).max().unwrap_or(0);
     let widths: Vec<usize> = (0..columns)
         .map(|c| {

@@ -2,6 +2,7 @@
 //! disks, flash and network links, from a seed, so that the papers' tables can be reproduced
 //! and policies compared on identical input. See `docs/simulator.md`.
 
+pub mod alv;
 pub mod birthday;
 pub mod clotho;
 pub mod disk;

@@ -8,6 +8,7 @@ use strata_core::{errln, out, outln};
 
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
+use strata_sim::alv;
 use strata_sim::clotho;
 use strata_sim::experiment::{self, Experiment};
 use strata_sim::validate;
@@ -90,6 +91,48 @@ enum SimCommand {
         /// (a): share of the region's 4 KiB blocks each overwrite writes (default 0.1).
         #[arg(long)]
         overwrite_share: Option<f64>,
+        /// Print JSON instead of tables.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The ALV paper's evaluation (§5) on the raid5 grow engine: A(3,1) grown with ALV and
+    /// with MD-Reshape under the WebSearch trace, a TPC-C-like and a Cello-like synthetic
+    /// load, and offline, over simulated 10K FC drives. See docs/raid5-grow-sim.md.
+    Alv {
+        /// Divide the 30 GiB members by this (1: the paper's size).
+        #[arg(long, default_value_t = 32)]
+        scale: u64,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Only these loads (comma-separated: websearch, tpcc, cello, offline).
+        #[arg(long, value_delimiter = ',')]
+        load: Vec<String>,
+        /// Sensitivity sweeps to run too (comma-separated: bound, slack, chunk, members,
+        /// added, or all).
+        #[arg(long, value_delimiter = ',')]
+        sweep: Vec<String>,
+        /// ALV's latency bound B in ms (default 15) and slack θ (default 0.1).
+        #[arg(long)]
+        bound_ms: Option<f64>,
+        #[arg(long)]
+        slack: Option<f64>,
+        /// MD's speed limits in KiB/s per member, for every load (default: min = max = the
+        /// paper's maximum for the load: 7,000 WebSearch, 10,000 Cello, 200,000 TPC-C).
+        #[arg(long)]
+        md_speed_min: Option<u64>,
+        #[arg(long)]
+        md_speed_max: Option<u64>,
+        /// Where the raid5's stripe journal lives: flash (default: a simulated Intel X25-M as
+        /// its journal device, so that a small write costs its read-modify-write as in the
+        /// paper's md, which had no journal) or members (Strata's default placement).
+        #[arg(long, default_value = "flash")]
+        journal: String,
+        /// The WebSearch trace (MQSim format).
+        #[arg(long, default_value = "../shared/traces/websearch-spc.trace")]
+        trace: PathBuf,
+        /// Write the response-time plots (SVG) and report.json here.
+        #[arg(long)]
+        out: Option<PathBuf>,
         /// Print JSON instead of tables.
         #[arg(long)]
         json: bool,
@@ -229,6 +272,69 @@ fn run(command: SimCommand) -> anyhow::Result<()> {
                 outln!("{}", serde_json::to_string_pretty(&report)?);
             } else {
                 out!("{}", clotho::format_report(&report));
+            }
+            Ok(())
+        }
+        SimCommand::Alv {
+            scale,
+            seed,
+            load,
+            sweep,
+            bound_ms,
+            slack,
+            md_speed_min,
+            md_speed_max,
+            journal,
+            trace,
+            out,
+            json,
+        } => {
+            if scale == 0 {
+                bail!("--scale must be at least 1");
+            }
+            let mut config = alv::AlvConfig::scaled(seed, scale);
+            if !load.is_empty() {
+                config.loads = load
+                    .iter()
+                    .map(|l| alv::Load::parse(l))
+                    .collect::<Result<_, _>>()
+                    .map_err(|e| anyhow::anyhow!("--load: {e}"))?;
+            }
+            config.sweeps = if sweep.iter().any(|s| s == "all") {
+                alv::Sweep::ALL.to_vec()
+            } else {
+                sweep
+                    .iter()
+                    .map(|s| alv::Sweep::parse(s))
+                    .collect::<Result<_, _>>()
+                    .map_err(|e| anyhow::anyhow!("--sweep: {e}"))?
+            };
+            config.alv.bound_ms = bound_ms;
+            config.alv.slack = slack;
+            if md_speed_min.is_some() || md_speed_max.is_some() {
+                config.md = Some(alv::Knobs {
+                    speed_min_kibps: md_speed_min,
+                    speed_max_kibps: md_speed_max,
+                    ..alv::Knobs::default()
+                });
+            }
+            config.trace = trace;
+            config.journal = match journal.as_str() {
+                "members" => alv::Journal::Members,
+                "flash" => alv::Journal::Flash,
+                other => bail!("--journal: {other:?} is not members or flash"),
+            };
+            let report = alv::run(&config).map_err(anyhow::Error::msg)?;
+            if json {
+                outln!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                out!("{}", alv::format_report(&report));
+            }
+            if let Some(dir) = out {
+                let written = alv::write_plots(&report, &dir).map_err(anyhow::Error::msg)?;
+                if !json {
+                    outln!("wrote {} files to {}", written.len(), dir.display());
+                }
             }
             Ok(())
         }

@@ -86,6 +86,13 @@ pub trait Workload: Send {
     fn next_io(&mut self) -> Option<Io>;
 }
 
+/// A boxed workload is one (workloads chosen at run time wrap like any other).
+impl<W: Workload + ?Sized> Workload for Box<W> {
+    fn next_io(&mut self) -> Option<Io> {
+        (**self).next_io()
+    }
+}
+
 /// What the driver records of one completed top-level I/O; the input of every result
 /// (latency statistics, throughput, plots).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

@@ -205,6 +205,33 @@ impl StackSpec {
     }
 }
 
+impl Stack {
+    /// One more simulated disk in `sim`, not part of any layer: a disk to hand to a layer
+    /// later (a raid5 grow's new member). Its model is seeded as the stack's disks are, by
+    /// its place among them ("disk-3" after three), and it joins `disks`, so runs report it.
+    pub fn add_disk(
+        &mut self,
+        sim: &Simulation,
+        spec: &DiskSpec,
+        models: ModelFactory<'_>,
+        mode: DataMode,
+    ) -> Result<Arc<SimDisk>, String> {
+        if self.disks.iter().any(|d| d.name() == spec.name) || self.nodes.contains_key(&spec.name) {
+            return Err(format!(
+                "disk {}: the stack has a device of that name",
+                spec.name
+            ));
+        }
+        let index = self.disks.len();
+        let seed = crate::executor::derive_seed(sim.seed(), &format!("disk-{index}"));
+        let model = models(&spec.model, &spec.options, seed)
+            .map_err(|e| format!("disk {}: {e}", spec.name))?;
+        let disk = SimDisk::new(sim, spec.name.clone(), model, mode);
+        self.disks.push(disk.clone());
+        Ok(disk)
+    }
+}
+
 fn array_of_tables(table: &toml::Table, key: &str) -> Result<Vec<toml::Table>, String> {
     match table.get(key) {
         None => Ok(Vec::new()),

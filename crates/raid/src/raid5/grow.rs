@@ -52,11 +52,70 @@ pub const STREAM_PIECE: u64 = 256 << 10;
 pub const STREAM_DEPTH: usize = 1;
 
 /// How a grow is asked to run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct GrowOptions {
     pub policy: PolicyKind,
     /// With a member failed: wait for its replacement (true) or go on degraded.
     pub wait_on_failure: bool,
+    pub tuning: GrowTuning,
+}
+
+/// The rate control's knobs for one grow, where they differ from the paper's defaults
+/// (options `bound-ms`, `slack` for ALV's valve, `buffer-kib` for its windows; `speed-min`,
+/// `speed-max` for md's funnel, `stripe-cache` for md's pipeline).
+/// For experiments (the sensitivity sweeps of `strata sim alv`): kept in memory only, not in
+/// the record, so a grow resumed after a restart runs with the defaults again.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct GrowTuning {
+    /// The valve's latency bound B (default 15 ms).
+    pub latency_bound: Option<Duration>,
+    /// The valve's slack θ (default 0.1).
+    pub slack: Option<f64>,
+    /// ALV's aggregation buffer per member in bytes (default 2 MiB, the paper's; its §5.7
+    /// varies it from 1 to 4 MB).
+    pub buffer_bytes: Option<u64>,
+    /// md's `speed_limit_min` in KiB/s per member (default 1,000).
+    pub speed_min_kibps: Option<u64>,
+    /// md's `speed_limit_max` in KiB/s per member (default 200,000).
+    pub speed_max_kibps: Option<u64>,
+    /// md's stripe cache in entries (`stripe_cache_size`; default 512, the paper's): it
+    /// bounds the rows md moves at once.
+    pub stripe_cache_pages: Option<u64>,
+}
+
+impl GrowTuning {
+    /// `policy` with these knobs set; a knob of the other policy's rate control is ignored
+    /// (the options refuse that combination before it gets here).
+    pub fn apply(&self, policy: reshape::Policy) -> reshape::Policy {
+        match policy {
+            reshape::Policy::Alv(mut alv) => {
+                if let Some(bound) = self.latency_bound {
+                    alv.valve.latency_bound = bound;
+                }
+                if let Some(slack) = self.slack {
+                    alv.valve.slack = slack;
+                }
+                reshape::Policy::Alv(alv)
+            }
+            reshape::Policy::Md(mut md) => {
+                let funnel = &mut md.params.funnel;
+                if let Some(min) = self.speed_min_kibps {
+                    funnel.speed_limit_min_kbps = min;
+                }
+                if let Some(max) = self.speed_max_kibps {
+                    funnel.speed_limit_max_kbps = max;
+                }
+                if let Some(pages) = self.stripe_cache_pages {
+                    md.params.stripe_cache_pages = pages;
+                }
+                assert!(
+                    funnel.speed_limit_min_kbps <= funnel.speed_limit_max_kbps,
+                    "md's minimum speed is above its maximum"
+                );
+                reshape::Policy::Md(md)
+            }
+        }
+    }
 }
 
 /// What the data path and the mover share during a grow.
@@ -71,6 +130,8 @@ pub struct GrowControl {
     /// One window or one checkpoint at a time.
     pub mover: tokio::sync::Mutex<()>,
     pub stats: Mutex<GrowStats>,
+    /// The knobs the grow was started with (defaults after a restart).
+    pub tuning: Mutex<GrowTuning>,
 }
 
 impl Default for GrowControl {
@@ -81,6 +142,7 @@ impl Default for GrowControl {
             changed: watch::Sender::new(0),
             mover: tokio::sync::Mutex::new(()),
             stats: Mutex::new(GrowStats::default()),
+            tuning: Mutex::new(GrowTuning::default()),
         }
     }
 }
@@ -129,6 +191,10 @@ pub struct GrowStats {
     pub forced: u64,
     pub bytes_read: u64,
     pub bytes_written: u64,
+    /// Member I/Os the grow issued (one per member range for ALV, one per 4 KiB for md),
+    /// metadata and journals not counted.
+    pub reads: u64,
+    pub writes: u64,
     /// Runtime time the mover started (or resumed) and the chunks moved then: the rate.
     pub since: Option<(Duration, u64)>,
     /// Whether the rate control let the mover run in the last period.
@@ -137,6 +203,10 @@ pub struct GrowStats {
     pub seen: Observed,
     /// Why the mover stopped, if it did on an error.
     pub stopped: Option<String>,
+    /// Runtime time this grow was started (in this process), and when it ended: `describe`
+    /// keeps the counters of the last grow as "last grow …" lines once it is done.
+    pub started: Option<Duration>,
+    pub finished: Option<Duration>,
 }
 
 /// User requests the rate control has not looked at yet.
@@ -405,6 +475,11 @@ impl Array {
                 critical.backup_rows(old)
             )));
         }
+        // Counters start from zero for each grow (they outlive it, for "last grow" lines).
+        *self.grow_stats()? = GrowStats {
+            started: Some(self.runtime.now()),
+            ..GrowStats::default()
+        };
         // The new members' journals are zeroed before any record names them: recovery reads
         // zeros as an empty journal.
         let zero = ZeroFlags {
@@ -503,6 +578,7 @@ impl Array {
             });
         }
         self.persist().await?;
+        *poison::check(self.grow.tuning.lock(), &self.name, "the grow's tuning")? = options.tuning;
         tracing::info!(array = %self.name, from = m, to = m + n, policy = %options.policy, "raid5: grow started");
         critical.write_rows(self, &sources).await?;
         self.finish_critical(critical.chunks).await?;
@@ -556,7 +632,8 @@ impl Array {
     /// Reads every old member's rows of a window (`reads`), reconstructing a failed old
     /// member's from the others (the rows are whole old stripes, intact with their parity).
     /// With `unit`, each range is read in I/Os of that many bytes (md's 4 KiB), all issued
-    /// at once; else in one I/O.
+    /// at once, skipping the old parity (md reads the data blocks of its source stripes);
+    /// else in one I/O, old parity read through.
     pub async fn read_window(
         &self,
         old: Layout,
@@ -574,15 +651,8 @@ impl Array {
             let failed = self.members.unusable(first, old.members)?;
             let result = match failed {
                 None => {
-                    let all = join_all(reads.iter().map(|r| {
-                        self.read_in_units(
-                            r.member,
-                            old.member_offset(r.first_row, 0),
-                            r.rows * chunk,
-                            unit,
-                        )
-                    }))
-                    .await;
+                    let all =
+                        join_all(reads.iter().map(|r| self.read_in_units(old, r, unit))).await;
                     all.into_iter()
                         .collect::<std::result::Result<Vec<_>, Fault>>()
                 }
@@ -590,6 +660,11 @@ impl Array {
                     // Every other old member's rows over the whole span, XORed.
                     let span = (last - first) * chunk;
                     let offset = old.member_offset(first, 0);
+                    {
+                        let mut stats = self.grow_stats()?;
+                        stats.reads += old.members as u64 - 1;
+                        stats.bytes_read += span * (old.members as u64 - 1);
+                    }
                     let others = (0..old.members).filter(|&m| m != missing);
                     let all = join_all(others.map(|m| async move {
                         self.m_read(m, offset, span).await.map(|b| (m, b))
@@ -624,11 +699,7 @@ impl Array {
                 }
             };
             match result {
-                Ok(buffers) => {
-                    let bytes: u64 = buffers.iter().map(|b| b.len() as u64).sum();
-                    self.grow_stats()?.bytes_read += bytes;
-                    return Ok(buffers);
-                }
+                Ok(buffers) => return Ok(buffers),
                 Err(Fault { member }) => self.fail_member(member).await?,
             }
         }
@@ -638,39 +709,68 @@ impl Array {
         )))
     }
 
-    /// One member's range of a window: md's units all issued at once, or (ALV) one
-    /// sequential stream in [`STREAM_PIECE`] pieces, one after the other, so that a user
-    /// request to the same member waits behind one piece, not behind the whole range.
+    /// One old member's rows of a window: (ALV) one sequential stream in [`STREAM_PIECE`]
+    /// pieces, one after the other, so that a user request to the same member waits behind
+    /// one piece, not behind the whole range; or (md, with `unit`) I/Os of that size over the
+    /// rows where it holds data, its parity rows left as zeros (the shuffle drops them).
     async fn read_in_units(
         &self,
-        member: usize,
-        offset: u64,
-        len: u64,
+        old: Layout,
+        rows: &reshape::MemberRows,
         unit: Option<u64>,
     ) -> std::result::Result<Vec<u8>, Fault> {
-        let mut out = Vec::with_capacity(len as usize);
-        match unit {
-            Some(unit) => {
-                let parts = (0..len.div_ceil(unit)).map(|i| {
-                    let at = i * unit;
-                    self.m_read(member, offset + at, unit.min(len - at))
-                });
-                for part in join_all(parts).await {
-                    out.extend(part?);
-                }
+        let chunk = old.chunk_bytes;
+        let (member, len) = (rows.member, rows.rows * chunk);
+        let Some(unit) = unit.map(|u| u.min(chunk)) else {
+            let offset = old.member_offset(rows.first_row, 0);
+            let pieces = len.div_ceil(STREAM_PIECE);
+            self.count_reads(pieces, len);
+            let pieces = (0..pieces).map(|i| {
+                let at = i * STREAM_PIECE;
+                self.m_read(member, offset + at, STREAM_PIECE.min(len - at))
+            });
+            let mut stream = futures_util::stream::iter(pieces).buffered(STREAM_DEPTH);
+            let mut out = Vec::with_capacity(len as usize);
+            while let Some(piece) = stream.next().await {
+                out.extend(piece?);
             }
-            None => {
-                let pieces = (0..len.div_ceil(STREAM_PIECE)).map(|i| {
-                    let at = i * STREAM_PIECE;
-                    self.m_read(member, offset + at, STREAM_PIECE.min(len - at))
-                });
-                let mut stream = futures_util::stream::iter(pieces).buffered(STREAM_DEPTH);
-                while let Some(piece) = stream.next().await {
-                    out.extend(piece?);
+            return Ok(out);
+        };
+        let data_rows: Vec<u64> = (rows.first_row..rows.end_row())
+            .filter(|&row| old.parity_member(row) != member)
+            .collect();
+        let units = chunk.div_ceil(unit);
+        self.count_reads(
+            data_rows.len() as u64 * units,
+            data_rows.len() as u64 * chunk,
+        );
+        let parts = data_rows.iter().flat_map(|&row| {
+            (0..units).map(move |i| {
+                let at = i * unit;
+                let offset = old.member_offset(row, at);
+                async move {
+                    (
+                        row,
+                        at,
+                        self.m_read(member, offset, unit.min(chunk - at)).await,
+                    )
                 }
-            }
+            })
+        });
+        let mut out = vec![0u8; len as usize];
+        for (row, at, part) in join_all(parts).await {
+            let start = ((row - rows.first_row) * chunk + at) as usize;
+            let part = part?;
+            out[start..start + part.len()].copy_from_slice(&part);
         }
         Ok(out)
+    }
+
+    fn count_reads(&self, ios: u64, bytes: u64) {
+        if let Ok(mut stats) = self.grow_stats() {
+            stats.reads += ios;
+            stats.bytes_read += bytes;
+        }
     }
 
     /// Writes a window's new rows (`writes`, one buffer each) to every member but a failed
@@ -689,6 +789,13 @@ impl Array {
             let len = bytes.len() as u64;
             let offset = new.member_offset(w.first_row, 0);
             let bytes = Bytes::from(bytes);
+            let ios = match unit {
+                Some(unit) => len.div_ceil(unit.max(1)),
+                None => len.div_ceil(STREAM_PIECE),
+            };
+            if let Ok(mut stats) = self.grow_stats() {
+                stats.writes += ios;
+            }
             let piece = |at: u64, step: u64| {
                 let part = bytes.slice(at as usize..(at + step).min(len) as usize);
                 self.m_write(w.member, offset + at, part, false)

@@ -55,7 +55,7 @@ use strata_core::{
     Geometry, Health, NodeStatus, Result, Runtime, WriteFlags, ZeroFlags,
 };
 
-pub use grow::GrowOptions;
+pub use grow::{GrowOptions, GrowTuning};
 pub use layout::Layout;
 pub use members::{MemberState, META_BYTES};
 pub use open::{default_journal, Settings, DEFAULT_CHUNK, DEFAULT_JOURNAL};
@@ -318,6 +318,8 @@ impl Raid5 {
                 node.activity = Some(grow.activity);
             }
             node.detail.extend(grow.detail);
+        } else {
+            node.detail.extend(a.last_grow_detail()?);
         }
         Ok(node)
     }
@@ -463,8 +465,13 @@ impl BlockDevice for Raid5 {
     }
 }
 
-/// A grow's options from the verb's arguments: `policy = "alv" | "md"` (default alv) and
-/// `on-failure = "continue" | "wait"` (default continue).
+/// A grow's options from the verb's arguments: `policy = "alv" | "md"` (default alv),
+/// `on-failure = "continue" | "wait"` (default continue), and the rate control's knobs for
+/// experiments (`GrowTuning`, not persisted): ALV's `bound-ms` (B, default 15), `slack`
+/// (θ, 0 to 1, default 0.1) and `buffer-kib` (its aggregation buffer per member, default
+/// 2048), md's `speed-min` and `speed-max` (KiB/s per member, defaults
+/// 1,000 and 200,000) and `stripe-cache` (entries, default 512). A knob of the other
+/// policy, or an unknown key, is refused.
 fn grow_options(name: &str, args: &toml::Table) -> Result<GrowOptions> {
     let invalid = |what: String| BlockError::InvalidArgument(format!("raid5 {name}: {what}"));
     let text = |key: &str, default: &str| -> Result<String> {
@@ -474,7 +481,39 @@ fn grow_options(name: &str, args: &toml::Table) -> Result<GrowOptions> {
             Some(other) => Err(invalid(format!("{key} = {other}: expected a string"))),
         }
     };
-    let policy = text("policy", "alv")?
+    // A number given as TOML or as text (the CLI passes every argument as text).
+    let number = |key: &str| -> Result<Option<f64>> {
+        let value = match args.get(key) {
+            None => return Ok(None),
+            Some(toml::Value::Integer(i)) => *i as f64,
+            Some(toml::Value::Float(f)) => *f,
+            Some(toml::Value::String(s)) => s
+                .parse()
+                .map_err(|_| invalid(format!("{key} = {s:?}: expected a number")))?,
+            Some(other) => return Err(invalid(format!("{key} = {other}: expected a number"))),
+        };
+        if !value.is_finite() || value < 0.0 {
+            return Err(invalid(format!("{key} = {value}: expected a number >= 0")));
+        }
+        Ok(Some(value))
+    };
+    const KEYS: [&str; 8] = [
+        "policy",
+        "on-failure",
+        "bound-ms",
+        "slack",
+        "buffer-kib",
+        "speed-min",
+        "speed-max",
+        "stripe-cache",
+    ];
+    if let Some(key) = args.keys().find(|k| !KEYS.contains(&k.as_str())) {
+        return Err(invalid(format!(
+            "a grow has no option {key:?} (options: {})",
+            KEYS.join(", ")
+        )));
+    }
+    let policy: reshape::PolicyKind = text("policy", "alv")?
         .parse()
         .map_err(|e: String| invalid(format!("policy: {e}")))?;
     let wait_on_failure = match text("on-failure", "continue")?.as_str() {
@@ -486,8 +525,63 @@ fn grow_options(name: &str, args: &toml::Table) -> Result<GrowOptions> {
             )))
         }
     };
+    let latency_bound = match number("bound-ms")? {
+        None => None,
+        Some(ms) if ms > 0.0 => Some(std::time::Duration::from_secs_f64(ms / 1000.0)),
+        Some(_) => return Err(invalid("bound-ms must be above 0".into())),
+    };
+    let tuning = GrowTuning {
+        latency_bound,
+        slack: number("slack")?,
+        buffer_bytes: number("buffer-kib")?.map(|kib| (kib * 1024.0) as u64),
+        speed_min_kibps: number("speed-min")?.map(|v| v as u64),
+        speed_max_kibps: number("speed-max")?.map(|v| v as u64),
+        stripe_cache_pages: number("stripe-cache")?.map(|v| v as u64),
+    };
+    check_tuning(policy, &tuning).map_err(invalid)?;
     Ok(GrowOptions {
         policy,
         wait_on_failure,
+        tuning,
     })
+}
+
+/// The knobs must belong to the policy's rate control and make sense together.
+fn check_tuning(
+    policy: reshape::PolicyKind,
+    tuning: &GrowTuning,
+) -> std::result::Result<(), String> {
+    let valve =
+        tuning.latency_bound.is_some() || tuning.slack.is_some() || tuning.buffer_bytes.is_some();
+    let md = tuning.speed_min_kibps.is_some()
+        || tuning.speed_max_kibps.is_some()
+        || tuning.stripe_cache_pages.is_some();
+    if policy == reshape::PolicyKind::Md && valve {
+        return Err("bound-ms, slack and buffer-kib tune ALV; policy md has a funnel (speed-min, speed-max) and a stripe cache".into());
+    }
+    if policy == reshape::PolicyKind::Alv && md {
+        return Err("speed-min, speed-max and stripe-cache tune md; policy alv has a valve (bound-ms, slack) and a buffer (buffer-kib)".into());
+    }
+    if tuning.buffer_bytes.is_some_and(|bytes| bytes < 4096) {
+        return Err("buffer-kib must be at least 4".into());
+    }
+    if tuning.stripe_cache_pages == Some(0) {
+        return Err("stripe-cache must be at least 1".into());
+    }
+    if tuning.slack.is_some_and(|slack| slack > 1.0) {
+        return Err("slack is a ratio from 0 to 1".into());
+    }
+    let defaults = reshape::FunnelConfig::default();
+    let min = tuning
+        .speed_min_kibps
+        .unwrap_or(defaults.speed_limit_min_kbps);
+    let max = tuning
+        .speed_max_kibps
+        .unwrap_or(defaults.speed_limit_max_kbps);
+    if min > max || max == 0 {
+        return Err(format!(
+            "speed-min ({min} KiB/s) must not exceed speed-max ({max} KiB/s), and speed-max must be above 0"
+        ));
+    }
+    Ok(())
 }

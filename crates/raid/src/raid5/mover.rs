@@ -8,7 +8,11 @@
 //! goes on degraded, as the grow was asked), and the rate control (ALV's valve or md's
 //! funnel). Before it waits for any of them it records a checkpoint, so that a user write
 //! into copied data (which waits for one under the MD-Reshape policy) is never left waiting
-//! on a mover that sleeps.
+//! on a mover that sleeps; but not before ALV's valve holds it for a period: a user write
+//! there forces its own checkpoint, and the lazy rule (paper §2.3) writes metadata only when
+//! a sliding window is used up or such a write comes. (A checkpoint at every closing of the
+//! valve made ALV's metadata writes grow with the time the grow took under load, one every
+//! two seconds or so, not with the log of the volume.)
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,7 +22,7 @@ use strata_core::{poison, Activity, Result};
 use super::array::Array;
 use super::grow::{policy_of, Observed};
 use super::members::MemberState;
-use super::reshape::{self, Gate, Grow, Policy, PolicyKind, RateControl};
+use super::reshape::{self, Gate, Grow, Policy, PolicyKind, RateControl, UnrecordedWrite};
 use super::shape::Shape;
 
 /// Bytes per member an ALV window reads and writes at most (the aggregation buffer: the
@@ -99,11 +103,14 @@ impl Array {
             n: shape.layout.members - record.old_members,
         };
         let kind = policy_of(record.policy);
-        let policy = Policy::new(kind, grow, shape.layout.chunk_bytes);
+        let tuning = *poison::check(self.grow.tuning.lock(), &self.name, "the grow's tuning")?;
+        let policy = tuning.apply(Policy::new(kind, grow, shape.layout.chunk_bytes));
         Ok(Some(MoverState {
             policy,
-            aggregation_chunks: grow
-                .aggregation_chunks(AGGREGATION_BYTES, shape.layout.chunk_bytes),
+            aggregation_chunks: grow.aggregation_chunks(
+                tuning.buffer_bytes.unwrap_or(AGGREGATION_BYTES),
+                shape.layout.chunk_bytes,
+            ),
             rate: policy.rate_control(self.runtime.now()),
         }))
     }
@@ -125,7 +132,9 @@ impl Array {
         let seen = std::mem::take(&mut self.grow_stats()?.seen);
         feed(state.rate.as_mut(), &seen, self.layout().members);
         if let Gate::SleepUntil(until) = state.rate.gate(now) {
-            self.checkpoint_now(false).await?;
+            if state.policy.on_write_in_unrecorded() == UnrecordedWrite::Wait {
+                self.checkpoint_now(false).await?;
+            }
             self.set_running(false)?;
             return Ok(Next::Sleep(
                 until.saturating_sub(now).max(Duration::from_millis(1)),
@@ -249,6 +258,7 @@ impl Array {
         shape.moving = None;
         self.set_shape(shape);
         *poison::check(self.activity.lock(), &self.name, "the grow progress")? = None;
+        self.grow_stats()?.finished = Some(self.runtime.now());
         tracing::info!(array = %self.name, members = shape.layout.members, size = shape.layout.size(), "raid5: grow complete");
         Ok(())
     }
@@ -323,8 +333,45 @@ impl Array {
                 "grow bytes read / written".into(),
                 format!("{} / {}", stats.bytes_read, stats.bytes_written),
             ),
+            (
+                "grow I/Os read / written".into(),
+                format!("{} / {}", stats.reads, stats.writes),
+            ),
         ];
         Ok(Some(GrowStatus { activity, detail }))
+    }
+
+    /// What the last grow completed in this process did, for `describe` once it is over
+    /// (empty if none did): its time from the start ("-" for a grow resumed after a
+    /// restart), windows, metadata writes and bytes moved.
+    pub fn last_grow_detail(&self) -> Result<Vec<(String, String)>> {
+        let stats = self.grow_stats()?;
+        let Some(finished) = stats.finished else {
+            return Ok(Vec::new());
+        };
+        let time = stats.started.map_or("-".into(), |s| {
+            format!("{:.3} s", finished.saturating_sub(s).as_secs_f64())
+        });
+        Ok(vec![
+            ("last grow time".into(), time),
+            ("last grow windows".into(), stats.windows.to_string()),
+            (
+                "last grow metadata writes".into(),
+                stats.checkpoints.to_string(),
+            ),
+            (
+                "last grow forced checkpoints".into(),
+                stats.forced.to_string(),
+            ),
+            (
+                "last grow bytes read / written".into(),
+                format!("{} / {}", stats.bytes_read, stats.bytes_written),
+            ),
+            (
+                "last grow I/Os read / written".into(),
+                format!("{} / {}", stats.reads, stats.writes),
+            ),
+        ])
     }
 
     /// Pauses (true) or resumes the grow, durably.

@@ -12,7 +12,8 @@ pub use export::{
     time_points_to_csv, to_json, write_text, ExportError, SummaryRow,
 };
 pub use plot::{
-    latency_cdf_svg, latency_over_time_svg, queue_depth_svg, utilization_svg, PlotError,
+    latency_cdf_svg, latency_over_time_svg, lines_svg, queue_depth_svg, utilization_svg, PlotError,
+    Series,
 };
 pub use stats::{
     latency_cdf, latency_ns, latency_over_time, percentile, summarize, summarize_devices,

@@ -123,6 +123,22 @@ fn linear_chart(axes: &Axes, series: &[Series], y_max: Option<f64>) -> Result<St
     line_chart(axes, series, x_range, y_range)
 }
 
+/// Named lines on linear axes from 0 (e.g. one per policy), with a legend when there are
+/// several.
+pub fn lines_svg(
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    series: &[Series],
+) -> Result<String, PlotError> {
+    let axes = Axes {
+        title,
+        x_label,
+        y_label,
+    };
+    linear_chart(&axes, series, None)
+}
+
 /// Latency CDFs, one line per named series (e.g. per op or per policy), x in ms on a
 /// logarithmic axis so that a tail 10x the median stays readable.
 pub fn latency_cdf_svg(title: &str, curves: &[(&str, &[CdfPoint])]) -> Result<String, PlotError> {

@@ -1,7 +1,10 @@
 //! The baseline, MD-Reshape (Linux 2.6.18 `raid5.c` `reshape_request`, `md.c`
 //! `md_do_sync`), as a policy in the same terms as ALV (paper §3 "Baseline", §4, §6).
 //!
-//! - One new row per step (N1 chunks), moved in 4 KiB units (`STRIPE_SIZE`).
+//! - New rows (N1 chunks each) moved in 4 KiB units (`STRIPE_SIZE`), as many at a time as
+//!   its stripe cache holds (`reshape_request` takes one row's stripe heads per call and
+//!   `get_active_stripe` waits only when the cache is full, so `md_do_sync` keeps issuing
+//!   rows until then), never past a row that needs a checkpoint first.
 //! - Checkpoint before a step when its writes could reach old rows not yet recorded as
 //!   moved (`writepos >= safepos`), or when the data moved since the last checkpoint
 //!   exceed a fixed amount per new data disk ("3Meg").
@@ -34,12 +37,18 @@ pub const KERNEL_CHECKPOINT_BYTES: u64 = 3000 << 10;
 /// the paper does not say how it counted.
 pub const CHECKPOINT_BYTES: u64 = 3 << 20;
 
+/// The stripe cache of the paper's MD runs (§4: raised to 512 entries; md's default is 256).
+/// An entry is one 4 KiB page on every member.
+pub const STRIPE_CACHE_PAGES: u64 = 512;
+
 /// MD-Reshape's knobs; defaults are MD's and the paper's baseline (§4).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MdParams {
     pub chunk_bytes: u64,
     /// Checkpoint once more than this much per new data disk moved since the last one.
     pub checkpoint_bytes_per_data_disk: u64,
+    /// Stripe-cache entries: they bound the rows in flight ([`Md::rows_in_flight`]).
+    pub stripe_cache_pages: u64,
     pub funnel: FunnelConfig,
 }
 
@@ -48,6 +57,7 @@ impl MdParams {
         MdParams {
             chunk_bytes,
             checkpoint_bytes_per_data_disk: CHECKPOINT_BYTES,
+            stripe_cache_pages: STRIPE_CACHE_PAGES,
             funnel: FunnelConfig::default(),
         }
     }
@@ -75,7 +85,20 @@ impl Md {
         self.params.chunk_bytes / SECTOR
     }
 
-    /// The next row to move, [moved, moved + N1), or None at `end`. MD has no aggregation.
+    /// New rows in flight at most: each takes chunk / 4 KiB destination stripe heads, and as
+    /// many again for each old row it reads from (⌈N1 / (m − 1)⌉ of them; source heads are
+    /// released once copied, so this slightly undercounts what fits). At least one row.
+    /// A(3,1) at 64 KiB chunks with 512 entries: 10 rows, 640 KiB per member.
+    pub fn rows_in_flight(&self) -> u64 {
+        let pages = self.params.chunk_bytes / IO_UNIT_BYTES;
+        let sources = self.grow.n1().div_ceil(self.grow.old_data());
+        (self.params.stripe_cache_pages / (pages * (1 + sources))).max(1)
+    }
+
+    /// The next rows to move from `moved`, or None at `end`: the first row, then more while
+    /// the stripe cache has room and the next row needs no checkpoint first (the rows are
+    /// issued together, as md's pipeline does; each is copied whole in 4 KiB units). MD has
+    /// no aggregation: each row is its own full-stripe write.
     pub fn next_window_until(&self, ckpt: u64, moved: u64, end: u64) -> Option<(u64, u64)> {
         let n1 = self.grow.n1();
         assert!(
@@ -84,7 +107,16 @@ impl Md {
         );
         assert!(moved.is_multiple_of(n1), "moved {moved} is not a new row");
         assert!(end.is_multiple_of(n1), "end {end} is not a new row");
-        (moved < end).then_some((moved, moved + n1))
+        if moved >= end {
+            return None;
+        }
+        let limit = moved + self.rows_in_flight() * n1;
+        let mut hi = moved + n1;
+        while hi < end.min(limit) && !self.due(ckpt, hi) {
+            hi += n1;
+        }
+        debug_assert!(hi > moved && hi <= end && hi.is_multiple_of(n1));
+        Some((moved, hi))
     }
 
     /// `reshape_request`'s test before a row, in its own units (sectors; `sector_div`
@@ -98,14 +130,23 @@ impl Md {
     /// the test stays true) relies on mdadm's backup, as the engine does for [0, C).
     pub fn checkpoint_due(&self, ckpt: u64, moved: u64, window: (u64, u64)) -> bool {
         let n1 = self.grow.n1();
-        assert_eq!(window, (moved, moved + n1), "MD moves one row at a time");
+        assert_eq!(window.0, moved, "windows start where the moved data end");
+        assert!(
+            window.1 > moved && (window.1 - moved).is_multiple_of(n1),
+            "MD moves whole rows"
+        );
         assert!(
             ckpt <= moved,
             "checkpoint {ckpt} is ahead of the moved data {moved}"
         );
-        if ckpt == moved {
-            return false;
-        }
+        // The rows after the first were admitted by `next_window_until` against `ckpt`.
+        ckpt != moved && self.due(ckpt, moved)
+    }
+
+    /// The test for the row starting at chunk `at`, with `ckpt` recorded.
+    fn due(&self, ckpt: u64, at: u64) -> bool {
+        let n1 = self.grow.n1();
+        let moved = at;
         let cs = self.chunk_sectors();
         let progress = moved.checked_mul(cs).expect("sector overflow");
         // Per-member sector where the row about to be written ends, and where the old row
@@ -268,13 +309,18 @@ mod tests {
                     "a fresh checkpoint admits"
                 );
             }
-            let row = window.0 / md.grow.n1();
-            if moved >= c {
-                assert!(
-                    row < ckpt / md.grow.old_data(),
-                    "row rule at {moved}, ckpt {ckpt}"
-                );
+            let window = md
+                .next_window_until(ckpt, moved, end)
+                .expect("not at the end");
+            for row in window.0 / md.grow.n1()..window.1 / md.grow.n1() {
+                if moved >= c {
+                    assert!(
+                        row < ckpt / md.grow.old_data(),
+                        "row rule at row {row} from {moved}, ckpt {ckpt}"
+                    );
+                }
             }
+            assert!((window.1 - window.0) / md.grow.n1() <= md.rows_in_flight());
             moved = window.1;
         }
         assert_eq!(moved, end);
@@ -314,6 +360,27 @@ mod tests {
             6_698,
             "old data only"
         );
+    }
+
+    /// The stripe cache bounds the rows in flight: a row takes chunk / 4 KiB destination
+    /// heads and as many per old row it reads (two for A(3,1), whose 3 new chunks span 1.5
+    /// old rows). Windows stop at the row that needs a checkpoint and at the end.
+    #[test]
+    fn md_moves_as_many_rows_as_its_stripe_cache_holds() {
+        let rows = |m, n, chunk_kib: u64| {
+            Md::new(Grow::new(m, n), MdParams::new(chunk_kib << 10)).rows_in_flight()
+        };
+        assert_eq!(rows(3, 1, 64), 10, "512 / (16 × 3)");
+        assert_eq!(rows(3, 1, 16), 42, "512 / (4 × 3)");
+        assert_eq!(rows(3, 1, 256), 2, "512 / (64 × 3)");
+        assert_eq!(rows(9, 1, 64), 10, "9 new chunks span 2 old rows of 8");
+        assert_eq!(rows(3, 3, 1024), 1, "never none");
+        let md = a_3_1(CHECKPOINT_BYTES);
+        assert_eq!(md.next_window_until(3000, 3000, 6000), Some((3000, 3030)));
+        assert_eq!(md.next_window_until(3000, 3000, 3009), Some((3000, 3009)));
+        // From 3000 + 141 moved, row 3144 is the first past 3 MiB per data disk.
+        assert_eq!(md.next_window_until(3000, 3141, 6000), Some((3141, 3147)));
+        assert!(md.checkpoint_due(3000, 3147, (3147, 3150)));
     }
 
     /// 3 MiB × 3 new data disks = 144 chunks of 64 KiB: 48 rows since the checkpoint do

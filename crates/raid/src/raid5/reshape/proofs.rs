@@ -223,9 +223,23 @@ fn policies_differ_where_the_paper_says() {
     assert_eq!(md.on_write_in_unrecorded(), UnrecordedWrite::Wait);
     assert_eq!(alv.on_read_in_unrecorded(), UnrecordedRead::UseNew);
     assert_eq!(md.on_read_in_unrecorded(), UnrecordedRead::Wait);
-    // MD ignores aggregation: one new row per step.
-    assert_eq!(md.next_window(18, 18, 1000, 63), Some((18, 21)));
+    // MD ignores aggregation: rows as its stripe cache holds (10 here), never past one that
+    // needs a checkpoint first (row 8, from checkpoint 18: old row 9, exactly).
+    assert_eq!(md.next_window(18, 18, 1000, 63), Some((18, 24)));
+    assert_eq!(md.next_window(300, 300, 1000, 63), Some((300, 330)));
     assert_eq!(alv.next_window(18, 18, 1000, 63), Some((18, 27)));
+    // A stripe cache of one row's heads (16 destination + 32 source pages at 64 KiB): one
+    // row per step, the engine's MD before the cache was modelled.
+    let mut params = MdParams::new(64 << 10);
+    params.stripe_cache_pages = 48;
+    let one_row = Policy::Md(Md::new(grow, params));
+    assert_eq!(one_row.next_window(300, 300, 1000, 63), Some((300, 303)));
+    params.stripe_cache_pages = 1;
+    assert_eq!(
+        Md::new(grow, params).rows_in_flight(),
+        1,
+        "at least one row"
+    );
 }
 
 /// The valve gates by period; the funnel by speed. Both behind the same interface.
