@@ -218,11 +218,25 @@ fn edit_config(
     Ok(doc)
 }
 
+/// A new `[[disk]]`; `direct` as every disk already there has it (see
+/// [`Reconfig::direct_for_new_disks`]).
 fn add_disk(doc: &mut DocumentMut, name: &str, path: &Path, size: u64) {
+    let direct = doc
+        .get("disk")
+        .and_then(Item::as_array_of_tables)
+        .is_some_and(|disks| {
+            !disks.is_empty()
+                && disks
+                    .iter()
+                    .all(|t| t.get("direct").and_then(|d| d.as_bool()) == Some(true))
+        });
     let mut disk = Table::new();
     disk.insert("name", value(name));
     disk.insert("path", value(path.display().to_string()));
     disk.insert("size", value(size as i64));
+    if direct {
+        disk.insert("direct", value(true));
+    }
     if let Some(disks) = doc.get_mut("disk").and_then(Item::as_array_of_tables_mut) {
         disks.push(disk);
     } else {
@@ -295,6 +309,7 @@ impl Reconfig {
         }
         let mut options = FileOptions::new(path.to_path_buf());
         options.size = Some(size);
+        options.direct = self.direct_for_new_disks();
         let file = FileDevice::open(options, self.runtime.clone())
             .with_context(|| format!("opening {}", path.display()))?;
         Ok(Arc::new(Metered::new(
@@ -302,6 +317,14 @@ impl Reconfig {
             self.metrics.device(name),
             self.runtime.clone(),
         )))
+    }
+
+    /// A disk a change adds bypasses the page cache (`direct = true`) when every disk of the
+    /// hierarchy does: an administrator who chose O_DIRECT for the members wants the new one
+    /// the same (and a buffered member would be flushed whole at every metadata commit).
+    fn direct_for_new_disks(&self) -> bool {
+        let disks = &self.loaded.config.disks;
+        !disks.is_empty() && disks.iter().all(|d| d.direct)
     }
 
     /// Size for a new member: the configured size of the layer's first disk member, else the
@@ -756,6 +779,26 @@ mod tests {
 
     fn loaded() -> Loaded {
         config::load(STACK, "test.toml", Path::new("/nonexistent-base"), None).unwrap()
+    }
+
+    #[test]
+    fn a_new_disk_bypasses_the_page_cache_when_every_disk_does() {
+        let new_direct = |text: &str| {
+            let mut doc: DocumentMut = text.parse().unwrap();
+            add_disk(&mut doc, "n", Path::new("n.img"), 1 << 20);
+            let disks = doc["disk"].as_array_of_tables().unwrap();
+            let added = disks.iter().last().unwrap();
+            assert_eq!(added["name"].as_str(), Some("n"));
+            added.get("direct").and_then(|d| d.as_bool())
+        };
+        let all = "[[disk]]\nname = \"a\"\npath = \"a\"\ndirect = true\n\
+            [[disk]]\nname = \"b\"\npath = \"b\"\ndirect = true\n";
+        assert_eq!(new_direct(all), Some(true));
+        let mixed = "[[disk]]\nname = \"a\"\npath = \"a\"\ndirect = true\n\
+            [[disk]]\nname = \"b\"\npath = \"b\"\n";
+        assert_eq!(new_direct(mixed), None);
+        assert_eq!(new_direct(STACK), None);
+        assert_eq!(new_direct("listen = []\n"), None);
     }
 
     #[test]

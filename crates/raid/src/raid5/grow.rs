@@ -51,6 +51,31 @@ pub const STREAM_PIECE: u64 = 256 << 10;
 /// overlapping (docs/layers/raid5-grow.md).
 pub const STREAM_DEPTH: usize = 1;
 
+/// How the mover sends a window's member ranges to the members.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transfer {
+    /// MD-Reshape: I/Os of this many bytes, all issued at once; reads take only the data
+    /// blocks of the source rows (md reads its source stripes' data, not their parity).
+    Units(u64),
+    /// ALV while users are about: one sequential stream per member in [`STREAM_PIECE`]
+    /// pieces, [`STREAM_DEPTH`] at a time, old parity read through.
+    Stream,
+    /// ALV with no user I/O since its last window: each member's range in one I/O, so that
+    /// the disk streams it without waiting for the host between pieces.
+    Whole,
+}
+
+impl Transfer {
+    /// md's units, or ALV's stream or whole ranges as the users are about or not.
+    pub fn of(unit: Option<u64>, quiet: bool) -> Transfer {
+        match (unit, quiet) {
+            (Some(unit), _) => Transfer::Units(unit.max(1)),
+            (None, false) => Transfer::Stream,
+            (None, true) => Transfer::Whole,
+        }
+    }
+}
+
 /// How a grow is asked to run.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct GrowOptions {
@@ -155,6 +180,10 @@ pub struct InFlight {
 }
 
 impl InFlight {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.ranges.is_empty()
+    }
+
     fn overlaps(&self, lo: u64, hi: u64) -> bool {
         self.ranges.values().any(|&(a, b)| a < hi && lo < b)
     }
@@ -282,6 +311,15 @@ impl Array {
             }
             finished.await;
         }
+    }
+
+    /// No user request is being served through the grow's routing.
+    pub(crate) fn no_user_requests(&self) -> bool {
+        self.grow
+            .requests
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_empty()
     }
 
     /// The grow under way, as recorded.
@@ -631,14 +669,12 @@ impl Array {
 
     /// Reads every old member's rows of a window (`reads`), reconstructing a failed old
     /// member's from the others (the rows are whole old stripes, intact with their parity).
-    /// With `unit`, each range is read in I/Os of that many bytes (md's 4 KiB), all issued
-    /// at once, skipping the old parity (md reads the data blocks of its source stripes);
-    /// else in one I/O, old parity read through.
+    /// Each range goes as `transfer` says.
     pub async fn read_window(
         &self,
         old: Layout,
         reads: &[reshape::MemberRows],
-        unit: Option<u64>,
+        transfer: Transfer,
     ) -> Result<Vec<Vec<u8>>> {
         let chunk = old.chunk_bytes;
         let first = reads.iter().map(|r| r.first_row).min().unwrap_or(0);
@@ -652,7 +688,7 @@ impl Array {
             let result = match failed {
                 None => {
                     let all =
-                        join_all(reads.iter().map(|r| self.read_in_units(old, r, unit))).await;
+                        join_all(reads.iter().map(|r| self.read_rows(old, r, transfer))).await;
                     all.into_iter()
                         .collect::<std::result::Result<Vec<_>, Fault>>()
                 }
@@ -709,32 +745,37 @@ impl Array {
         )))
     }
 
-    /// One old member's rows of a window: (ALV) one sequential stream in [`STREAM_PIECE`]
-    /// pieces, one after the other, so that a user request to the same member waits behind
-    /// one piece, not behind the whole range; or (md, with `unit`) I/Os of that size over the
-    /// rows where it holds data, its parity rows left as zeros (the shuffle drops them).
-    async fn read_in_units(
+    /// One old member's rows of a window, as `transfer` says (md's units over its data rows
+    /// only, the parity rows left as zeros: the shuffle drops them).
+    async fn read_rows(
         &self,
         old: Layout,
         rows: &reshape::MemberRows,
-        unit: Option<u64>,
+        transfer: Transfer,
     ) -> std::result::Result<Vec<u8>, Fault> {
         let chunk = old.chunk_bytes;
         let (member, len) = (rows.member, rows.rows * chunk);
-        let Some(unit) = unit.map(|u| u.min(chunk)) else {
-            let offset = old.member_offset(rows.first_row, 0);
-            let pieces = len.div_ceil(STREAM_PIECE);
-            self.count_reads(pieces, len);
-            let pieces = (0..pieces).map(|i| {
-                let at = i * STREAM_PIECE;
-                self.m_read(member, offset + at, STREAM_PIECE.min(len - at))
-            });
-            let mut stream = futures_util::stream::iter(pieces).buffered(STREAM_DEPTH);
-            let mut out = Vec::with_capacity(len as usize);
-            while let Some(piece) = stream.next().await {
-                out.extend(piece?);
+        let offset = old.member_offset(rows.first_row, 0);
+        let unit = match transfer {
+            Transfer::Units(unit) => unit.min(chunk),
+            Transfer::Whole => {
+                self.count_reads(1, len);
+                return self.m_read(member, offset, len).await;
             }
-            return Ok(out);
+            Transfer::Stream => {
+                let pieces = len.div_ceil(STREAM_PIECE);
+                self.count_reads(pieces, len);
+                let pieces = (0..pieces).map(|i| {
+                    let at = i * STREAM_PIECE;
+                    self.m_read(member, offset + at, STREAM_PIECE.min(len - at))
+                });
+                let mut stream = futures_util::stream::iter(pieces).buffered(STREAM_DEPTH);
+                let mut out = Vec::with_capacity(len as usize);
+                while let Some(piece) = stream.next().await {
+                    out.extend(piece?);
+                }
+                return Ok(out);
+            }
         };
         let data_rows: Vec<u64> = (rows.first_row..rows.end_row())
             .filter(|&row| old.parity_member(row) != member)
@@ -774,13 +815,13 @@ impl Array {
     }
 
     /// Writes a window's new rows (`writes`, one buffer each) to every member but a failed
-    /// one (its share is in the new parity); with `unit`, in I/Os of that size.
+    /// one (its share is in the new parity), as `transfer` says.
     pub async fn write_window(
         &self,
         new: Layout,
         writes: &[reshape::MemberRows],
         buffers: Vec<Vec<u8>>,
-        unit: Option<u64>,
+        transfer: Transfer,
     ) -> Result<()> {
         let all = join_all(writes.iter().zip(buffers).map(|(w, bytes)| async move {
             if self.members.lock()[w.member].state == MemberState::Failed {
@@ -789,32 +830,28 @@ impl Array {
             let len = bytes.len() as u64;
             let offset = new.member_offset(w.first_row, 0);
             let bytes = Bytes::from(bytes);
-            let ios = match unit {
-                Some(unit) => len.div_ceil(unit.max(1)),
-                None => len.div_ceil(STREAM_PIECE),
+            let (step, depth) = match transfer {
+                Transfer::Units(unit) => (unit, usize::MAX),
+                Transfer::Stream => (STREAM_PIECE, STREAM_DEPTH),
+                Transfer::Whole => (len.max(1), 1),
             };
+            let ios = len.div_ceil(step);
             if let Ok(mut stats) = self.grow_stats() {
                 stats.writes += ios;
             }
-            let piece = |at: u64, step: u64| {
+            let pieces = (0..ios).map(|i| {
+                let at = i * step;
                 let part = bytes.slice(at as usize..(at + step).min(len) as usize);
                 self.m_write(w.member, offset + at, part, false)
-            };
-            match unit {
-                Some(unit) => {
-                    let parts = (0..len.div_ceil(unit)).map(|i| piece(i * unit, unit));
-                    for part in join_all(parts).await {
-                        part?;
-                    }
+            });
+            if depth == usize::MAX {
+                for part in join_all(pieces).await {
+                    part?;
                 }
-                None => {
-                    let pieces = (0..len.div_ceil(STREAM_PIECE))
-                        .map(|i| piece(i * STREAM_PIECE, STREAM_PIECE));
-                    let mut stream =
-                        futures_util::stream::iter(pieces).buffer_unordered(STREAM_DEPTH);
-                    while let Some(done) = stream.next().await {
-                        done?;
-                    }
+            } else {
+                let mut stream = futures_util::stream::iter(pieces).buffer_unordered(depth);
+                while let Some(done) = stream.next().await {
+                    done?;
                 }
             }
             Ok(len)
@@ -887,7 +924,9 @@ impl Critical {
     }
 
     async fn read(&self, array: &Array, old: Layout) -> Result<Vec<Vec<u8>>> {
-        array.read_window(old, &self.io.reads, None).await
+        array
+            .read_window(old, &self.io.reads, Transfer::Stream)
+            .await
     }
 
     fn old(&self, array: &Array) -> Layout {
@@ -1027,7 +1066,7 @@ impl Critical {
             old.chunk_bytes as usize,
         );
         array
-            .write_window(shape.layout, &self.io.writes, buffers, None)
+            .write_window(shape.layout, &self.io.writes, buffers, Transfer::Stream)
             .await
     }
 }
