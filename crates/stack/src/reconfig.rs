@@ -218,18 +218,15 @@ fn edit_config(
     Ok(doc)
 }
 
-/// A new `[[disk]]`; `direct` as every disk already there has it (see
-/// [`Reconfig::direct_for_new_disks`]).
-fn add_disk(doc: &mut DocumentMut, name: &str, path: &Path, size: u64) {
-    let direct = doc
-        .get("disk")
-        .and_then(Item::as_array_of_tables)
-        .is_some_and(|disks| {
-            !disks.is_empty()
-                && disks
-                    .iter()
-                    .all(|t| t.get("direct").and_then(|d| d.as_bool()) == Some(true))
-        });
+/// A disk a change adds bypasses the page cache (`direct = true`) when every disk of the
+/// hierarchy does: an administrator who chose O_DIRECT for the members wants the new one the
+/// same (and a buffered member would be flushed whole at every metadata commit).
+fn direct_for_new_disks(config: &config::Config) -> bool {
+    !config.disks.is_empty() && config.disks.iter().all(|d| d.direct)
+}
+
+/// A new `[[disk]]` (`direct` from [`direct_for_new_disks`]).
+fn add_disk(doc: &mut DocumentMut, name: &str, path: &Path, size: u64, direct: bool) {
     let mut disk = Table::new();
     disk.insert("name", value(name));
     disk.insert("path", value(path.display().to_string()));
@@ -309,7 +306,7 @@ impl Reconfig {
         }
         let mut options = FileOptions::new(path.to_path_buf());
         options.size = Some(size);
-        options.direct = self.direct_for_new_disks();
+        options.direct = direct_for_new_disks(&self.loaded.config);
         let file = FileDevice::open(options, self.runtime.clone())
             .with_context(|| format!("opening {}", path.display()))?;
         Ok(Arc::new(Metered::new(
@@ -317,14 +314,6 @@ impl Reconfig {
             self.metrics.device(name),
             self.runtime.clone(),
         )))
-    }
-
-    /// A disk a change adds bypasses the page cache (`direct = true`) when every disk of the
-    /// hierarchy does: an administrator who chose O_DIRECT for the members wants the new one
-    /// the same (and a buffered member would be flushed whole at every metadata commit).
-    fn direct_for_new_disks(&self) -> bool {
-        let disks = &self.loaded.config.disks;
-        !disks.is_empty() && disks.iter().all(|d| d.direct)
     }
 
     /// Size for a new member: the configured size of the layer's first disk member, else the
@@ -374,6 +363,7 @@ impl Reconfig {
     /// drop the member it replaced, record the config and relabel.
     fn plan<'a>(&self, change: &Change, nodes: &[Node]) -> anyhow::Result<Plan<Applying<'a>>> {
         let text = std::fs::read_to_string(self.source()?)?;
+        let direct = direct_for_new_disks(&self.loaded.config);
         let (layer_name, doc, new_disks) = match change {
             Change::Replace {
                 layer,
@@ -389,7 +379,7 @@ impl Reconfig {
                     children_array(t)?.replace(at, name.as_str());
                     Ok(())
                 })?;
-                add_disk(&mut doc, &name, path, size);
+                add_disk(&mut doc, &name, path, size, direct);
                 let old = self.loaded.layers[index].children[at].clone();
                 remove_disk(&mut doc, &old);
                 (layer.clone(), doc, vec![(name, path.clone(), size)])
@@ -402,7 +392,7 @@ impl Reconfig {
                     children_array(t)?.push(name.as_str());
                     Ok(())
                 })?;
-                add_disk(&mut doc, &name, path, size);
+                add_disk(&mut doc, &name, path, size, direct);
                 (layer.clone(), doc, vec![(name, path.clone(), size)])
             }
             Change::GrowMembers { layer, paths, .. } => {
@@ -429,7 +419,7 @@ impl Reconfig {
                     Ok(())
                 })?;
                 for (name, path) in names.iter().zip(paths) {
-                    add_disk(&mut doc, name, path, size);
+                    add_disk(&mut doc, name, path, size, direct);
                 }
                 let disks = names
                     .into_iter()
@@ -463,7 +453,7 @@ impl Reconfig {
                 })?;
                 // Recorded as written in `grow-from` (relative to the data folder, like every
                 // disk path); opened resolved.
-                add_disk(&mut doc, &name, Path::new(spare), size);
+                add_disk(&mut doc, &name, Path::new(spare), size, direct);
                 (concat, doc, vec![(name, path, size)])
             }
             Change::FailMember { layer, .. } => (layer.clone(), text.parse()?, Vec::new()),
@@ -783,22 +773,32 @@ mod tests {
 
     #[test]
     fn a_new_disk_bypasses_the_page_cache_when_every_disk_does() {
-        let new_direct = |text: &str| {
-            let mut doc: DocumentMut = text.parse().unwrap();
-            add_disk(&mut doc, "n", Path::new("n.img"), 1 << 20);
+        let direct = |disks: &[&str]| {
+            let mut text = STACK.to_string();
+            for disk in disks {
+                let path = format!("path = \"{disk}.img\"\n");
+                text = text.replace(&path, &format!("{path}direct = true\n"));
+            }
+            let loaded = config::load(&text, "test.toml", Path::new("/nonexistent-base"), None);
+            direct_for_new_disks(&loaded.unwrap().config)
+        };
+        assert!(direct(&["a", "b", "c"]));
+        assert!(
+            !direct(&["a", "b"]),
+            "one buffered disk: the new one is too"
+        );
+        assert!(!direct(&[]));
+        // The flag reaches the new `[[disk]]`, and only when asked.
+        let added = |direct: bool| {
+            let mut doc: DocumentMut = STACK.parse().unwrap();
+            add_disk(&mut doc, "n", Path::new("n.img"), 1 << 20, direct);
             let disks = doc["disk"].as_array_of_tables().unwrap();
             let added = disks.iter().last().unwrap();
             assert_eq!(added["name"].as_str(), Some("n"));
             added.get("direct").and_then(|d| d.as_bool())
         };
-        let all = "[[disk]]\nname = \"a\"\npath = \"a\"\ndirect = true\n\
-            [[disk]]\nname = \"b\"\npath = \"b\"\ndirect = true\n";
-        assert_eq!(new_direct(all), Some(true));
-        let mixed = "[[disk]]\nname = \"a\"\npath = \"a\"\ndirect = true\n\
-            [[disk]]\nname = \"b\"\npath = \"b\"\n";
-        assert_eq!(new_direct(mixed), None);
-        assert_eq!(new_direct(STACK), None);
-        assert_eq!(new_direct("listen = []\n"), None);
+        assert_eq!(added(true), Some(true));
+        assert_eq!(added(false), None);
     }
 
     #[test]

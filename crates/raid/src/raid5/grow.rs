@@ -45,10 +45,10 @@ use super::shape::{Moving, Piece, Route, Shape};
 /// during a grow, 2.34x of none with one I/O per range).
 pub const STREAM_PIECE: u64 = 256 << 10;
 /// Pieces of one stream in flight at once. Measured with `bench/raid5_grow.sh` (members at
-/// 100 MiB/s): one piece at a time, user p99 during a grow 1.24x of none and an offline grow
-/// 1.54x of the bandwidth bound; two at a time, 1.47x and 1.45x. One keeps the latency
-/// target with a margin; the offline gap is the windows' read and write phases not
-/// overlapping (docs/layers/raid5-grow.md).
+/// 100 MiB/s): one piece at a time, user p99 during a grow 1.24x of none; two at a time,
+/// 1.47x. One keeps the latency target with a margin. The stream is for windows moved while
+/// users are about; with none, [`Transfer::Whole`] keeps an offline grow near the bandwidth
+/// bound (docs/layers/raid5-grow.md).
 pub const STREAM_DEPTH: usize = 1;
 
 /// How the mover sends a window's member ranges to the members.
@@ -830,12 +830,17 @@ impl Array {
             let len = bytes.len() as u64;
             let offset = new.member_offset(w.first_row, 0);
             let bytes = Bytes::from(bytes);
-            let (step, depth) = match transfer {
-                Transfer::Units(unit) => (unit, usize::MAX),
-                Transfer::Stream => (STREAM_PIECE, STREAM_DEPTH),
-                Transfer::Whole => (len.max(1), 1),
+            let step = match transfer {
+                Transfer::Units(unit) => unit,
+                Transfer::Stream => STREAM_PIECE,
+                Transfer::Whole => len.max(1),
             };
             let ios = len.div_ceil(step);
+            // md's units all at once; ALV's stream a piece at a time.
+            let depth = match transfer {
+                Transfer::Stream => STREAM_DEPTH,
+                Transfer::Units(_) | Transfer::Whole => (ios as usize).max(1),
+            };
             if let Ok(mut stats) = self.grow_stats() {
                 stats.writes += ios;
             }
@@ -844,15 +849,9 @@ impl Array {
                 let part = bytes.slice(at as usize..(at + step).min(len) as usize);
                 self.m_write(w.member, offset + at, part, false)
             });
-            if depth == usize::MAX {
-                for part in join_all(pieces).await {
-                    part?;
-                }
-            } else {
-                let mut stream = futures_util::stream::iter(pieces).buffer_unordered(depth);
-                while let Some(done) = stream.next().await {
-                    done?;
-                }
+            let mut stream = futures_util::stream::iter(pieces).buffer_unordered(depth);
+            while let Some(done) = stream.next().await {
+                done?;
             }
             Ok(len)
         }))
