@@ -72,7 +72,8 @@ impl Policy {
 pub struct Knobs {
     pub bound_ms: Option<f64>,
     pub slack: Option<f64>,
-    /// ALV's aggregation buffer per member (default 2 MiB).
+    /// ALV's aggregation buffer per member, busy and quiet alike (default: the engine's,
+    /// 2 MiB while users are about and 8 MiB while they are quiet).
     pub buffer_kib: Option<u64>,
     pub speed_min_kibps: Option<u64>,
     pub speed_max_kibps: Option<u64>,

@@ -320,13 +320,16 @@ fn point(sweep: Sweep, run: &GrowRun) -> String {
                 super::Journal::Members => "members",
             }
         ),
-        Sweep::Buffer => format!(
-            "{} MiB per member",
-            match s.policy {
-                Policy::Alv => s.knobs.buffer_kib.unwrap_or(2048) as f64 / 1024.0,
-                Policy::Md => s.knobs.stripe_cache.unwrap_or(512) as f64 / 256.0,
-            }
-        ),
+        Sweep::Buffer => match (s.policy, s.knobs.buffer_kib) {
+            // The engine's default: 2 MiB while users are about, 8 MiB while they are quiet
+            // (offline, every window).
+            (Policy::Alv, None) => "ALV's default (8 MiB offline)".to_string(),
+            (Policy::Alv, Some(kib)) => format!("{} MiB per member", kib as f64 / 1024.0),
+            (Policy::Md, _) => format!(
+                "{} MiB per member",
+                s.knobs.stripe_cache.unwrap_or(512) as f64 / 256.0
+            ),
+        },
         Sweep::MdDefaults => match (s.policy, s.knobs.speed_min_kibps) {
             (Policy::Alv, _) => s.load.name().to_string(),
             (Policy::Md, Some(min)) => format!("{}, md at {} KiB/s", s.load.name(), min),
