@@ -435,6 +435,12 @@ impl AlvReport {
             .iter()
             .find(|r| r.setup.load == load && r.setup.policy == policy)
     }
+
+    /// Mean user response (ms) of `load` alone on the old array, with no grow.
+    pub fn baseline(&self, load: Load) -> Option<f64> {
+        let alone = self.baselines.iter().find(|b| b.load == load)?;
+        Some(alone.user.as_ref()?.mean_ns / MILLIS as f64)
+    }
 }
 
 /// The stack of a run in the serve config's syntax: m drives, a slice of `member_bytes` at
