@@ -3,7 +3,8 @@
 //! ```toml
 //! [[disk]]
 //! name = "d0"
-//! model = "cheetah-15k5-300g"   # or wd-re3-1t, fc-10k-146g, intel-x25m-160gb, proximal-staging-flash
+//! model = "cheetah-15k5-300g"   # or wd-re3-1t, wd-re3-1t-order-quirk, fc-10k-146g,
+//!                               # intel-x25m-160gb, proximal-staging-flash
 //! scheduler = "sptf"            # HDDs: sptf (default) or fifo
 //! queue-depth = 8               # HDDs: commands the drive reorders
 //! capacity = 34359738368        # proximal-staging-flash: bytes (default 32 GiB)

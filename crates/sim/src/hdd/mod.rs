@@ -3,10 +3,11 @@
 //!
 //! One command is in service at a time. Its service time is
 //! `overhead + move + rotational wait + transfer`, where `move` is the seek (or a head
-//! switch, or nothing on the same track) plus write settle for a write that moved, and the
-//! rotational wait runs from the moment the head is ready until the target sector's start
-//! passes under it. Missing a sector by a hair costs a whole revolution: that is the
-//! mechanism behind Proximal I/O's strands and its birthday model (Appendix A).
+//! switch, or a reposition on the same track; nothing for a command that continues the last
+//! one) plus write settle for a write that moved, and the rotational wait runs from the
+//! moment the head is ready until the target sector's start passes under it. Missing a
+//! sector by a hair costs a whole revolution: that is the mechanism behind Proximal I/O's
+//! strands and its birthday model (Appendix A).
 //!
 //! The drive holds at most `queue_depth` commands (the one in service included); the rest
 //! wait in arrival order in a host-side queue, as they would in the OS block layer.
@@ -61,6 +62,16 @@ pub struct HddParams {
     /// Commands the drive accepts at once (in service included).
     pub queue_depth: usize,
     pub scheduler: Scheduler,
+    /// Positioning for a command on the track the head is already on that does not start
+    /// where the last command ended: the firmware runs it as a seek of zero cylinders, and
+    /// the head settles before the transfer as after a track switch. So a non-contiguous
+    /// access costs a switch whether or not it changes track, which is what makes Proximal
+    /// I/O's track-approximate strands cost what its proximal ones do (§2, Figure 1); a
+    /// write adds `write_settle` after it as after any move. 0 turns it off.
+    pub same_track_reposition: Nanos,
+    /// Firmware quirk of Proximal I/O §2.7: the drive reorders only commands that reached
+    /// it in ascending LBN order. See [`Job::run`].
+    pub order_quirk: bool,
 }
 
 /// A command decoded once at submission, so scheduling only does arithmetic.
@@ -80,6 +91,13 @@ struct Job {
     transfer: Nanos,
     end_cylinder: u32,
     end_head: u32,
+    /// With `order_quirk`: the ascending run the command arrived in. A command below the
+    /// one that reached the drive before it opens a new run, and the drive serves runs in
+    /// arrival order, reordering only within the oldest. The paper gives the cause (weak
+    /// embedded CPUs, a firmware bug), not the mechanism; this one is assumed: the firmware
+    /// keeps its queue as an LBN-sorted list that it only appends to, and a command that
+    /// would need inserting starts the next list. Always 0 without the quirk.
+    run: u64,
 }
 
 /// The read-ahead stream left by the last read: sector `next_lbn` comes under the head at
@@ -110,6 +128,8 @@ pub struct Hdd {
     phase: Nanos,
     cylinder: u32,
     head: u32,
+    /// The LBN after the last command served: a command starting there continues it.
+    end_lbn: u64,
     read_ahead: Option<ReadAhead>,
     in_service: Option<InService>,
     /// Commands at the drive, waiting, in arrival order.
@@ -119,6 +139,9 @@ pub struct Hdd {
     /// Completions reached while catching up in `submit`, not yet reported.
     finished: VecDeque<Completion>,
     next_arrival: u64,
+    /// With `order_quirk`: the current ascending run and the LBN that last reached the drive.
+    run: u64,
+    last_lbn_at_drive: Option<u64>,
     busy_done: Nanos,
     clock: Nanos,
 }
@@ -151,12 +174,15 @@ impl Hdd {
             phase: 0,
             cylinder: 0,
             head: 0,
+            end_lbn: 0,
             read_ahead: None,
             in_service: None,
             queued: Vec::new(),
             host_queue: VecDeque::new(),
             finished: VecDeque::new(),
             next_arrival: 0,
+            run: 0,
+            last_lbn_at_drive: None,
             busy_done: 0,
             clock: 0,
         }
@@ -241,6 +267,7 @@ impl Hdd {
             transfer,
             end_cylinder,
             end_head,
+            run: 0,
         }
     }
 
@@ -252,19 +279,33 @@ impl Hdd {
         if self.streams(job).is_some() {
             return 0;
         }
-        let distance = job.cylinder.abs_diff(self.cylinder);
-        let mut movement = self.seek.time(distance);
-        let switched = job.head != self.head;
-        if switched {
-            movement = movement.max(self.params.head_switch);
-        }
-        if job.write && (distance > 0 || switched) {
-            movement += self.params.write_settle;
-        }
+        let movement = self.movement(job);
         let ready = now + self.overhead(job, now) + movement;
         let angle = (ready + self.phase) % self.revolution;
         let wait = (job.start_angle + self.revolution - angle) % self.revolution;
         ready + wait - now
+    }
+
+    /// Head movement before `job`'s transfer: a seek, a head switch, or a reposition on the
+    /// same track, then write settle for a write that moved. Only a command that starts
+    /// where the last one ended needs none.
+    fn movement(&self, job: &Job) -> Nanos {
+        let distance = job.cylinder.abs_diff(self.cylinder);
+        let switched = job.head != self.head;
+        let changes_track = distance > 0 || switched;
+        let mut movement = if changes_track {
+            self.seek
+                .time(distance)
+                .max(if switched { self.params.head_switch } else { 0 })
+        } else if job.first_lbn != self.end_lbn {
+            self.params.same_track_reposition
+        } else {
+            0
+        };
+        if job.write && (changes_track || movement > 0) {
+            movement += self.params.write_settle;
+        }
+        movement
     }
 
     fn overhead(&self, job: &Job, now: Nanos) -> Nanos {
@@ -295,8 +336,14 @@ impl Hdd {
         if self.queued.is_empty() {
             return;
         }
+        // Under the order quirk only the oldest run is eligible: the others cost "never".
+        let oldest_run = self.queued.iter().map(|job| job.run).min();
         let index = queue::pick(self.params.scheduler, &self.queued, |job| {
-            self.positioning(job, now)
+            if Some(job.run) == oldest_run {
+                self.positioning(job, now)
+            } else {
+                Nanos::MAX
+            }
         });
         let job = self.queued.remove(index);
         self.serve(job, now);
@@ -315,13 +362,30 @@ impl Hdd {
         let busy = usize::from(self.in_service.is_some());
         while self.queued.len() + busy < self.params.queue_depth {
             match self.host_queue.pop_front() {
-                Some(job) => self.queued.push(Job {
-                    at_drive_since: Some(now),
-                    ..job
-                }),
+                Some(job) => {
+                    let run = self.run_of(job.first_lbn);
+                    self.queued.push(Job {
+                        at_drive_since: Some(now),
+                        run,
+                        ..job
+                    });
+                }
                 None => break,
             }
         }
+    }
+
+    /// The ascending run a command for `lbn` reaching the drive now joins (always 0 without
+    /// the order quirk).
+    fn run_of(&mut self, lbn: u64) -> u64 {
+        if !self.params.order_quirk {
+            return 0;
+        }
+        if self.last_lbn_at_drive.is_some_and(|last| lbn < last) {
+            self.run += 1;
+        }
+        self.last_lbn_at_drive = Some(lbn);
+        self.run
     }
 
     /// Completes everything due at or before `now`, starting each next command on time.
@@ -340,6 +404,7 @@ impl Hdd {
             self.busy_done += service.done_at - service.start;
             self.cylinder = service.job.end_cylinder;
             self.head = service.job.end_head;
+            self.end_lbn = service.job.first_lbn + service.job.sectors;
             self.read_ahead = self.stream_after(&service);
             self.refill(service.done_at);
             self.start_next(service.done_at);
@@ -376,6 +441,9 @@ impl Hdd {
         }
         let mut best = (service.positioning, None);
         for index in self.queued.len() - newcomers..self.queued.len() {
+            if self.queued[index].run != service.job.run {
+                continue; // the order quirk: a later run waits for this one
+            }
             let cost = self.positioning(&self.queued[index], now);
             if cost < best.0 {
                 best = (cost, Some(index));
