@@ -224,12 +224,23 @@ impl Stage {
         }
         self.counters.bump(&self.counters.direct_writes, 1);
         self.counters.bump(&self.counters.direct_blocks, count);
-        if fresh.is_empty() {
-            return Ok(());
+        if !fresh.is_empty() {
+            self.record_direct(&fresh)?;
         }
+        // Even a write wholly in place commits with FUA: the map entry that put a block
+        // where it was overwritten may itself not be durable yet (a direct write that moved
+        // it out of the log, unflushed), and a crash would then bring back the log copy.
+        if fua {
+            self.commit().await?;
+        }
+        Ok(())
+    }
+
+    /// The transaction of a direct write: its fresh blocks recorded, their old places freed.
+    fn record_direct(&self, fresh: &[(u64, Target)]) -> Result<()> {
         let ids = self.ids;
         self.store.transact(TxnClass::Normal, |state, txn| {
-            for &(logical, target) in &fresh {
+            for &(logical, target) in fresh {
                 self.unlink(state, txn, logical);
                 if target.at_home {
                     txn.set_bits(ids.home, logical, 1, true);
@@ -244,14 +255,9 @@ impl Stage {
             }
             Ok(())
         })?;
-        {
-            let mut space = self.space()?;
-            for &(logical, target) in &fresh {
-                self.free_after(&mut space, &[target.old], logical);
-            }
-        }
-        if fua {
-            self.commit().await?;
+        let mut space = self.space()?;
+        for &(logical, target) in fresh {
+            self.free_after(&mut space, &[target.old], logical);
         }
         Ok(())
     }
