@@ -13,14 +13,36 @@
 
 use serde::{Deserialize, Serialize};
 
-/// The trigger as configured (`trigger = "…"`).
+/// The trigger as configured (`trigger = "…"`). Read through a string: the layer options'
+/// deserializer takes plain values, and the error then lists the three names.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
+#[serde(try_from = "String", into = "String")]
 pub enum TriggerKind {
     #[default]
     Full,
     Watermark,
     Density,
+}
+
+impl TryFrom<String> for TriggerKind {
+    type Error = String;
+
+    fn try_from(name: String) -> Result<Self, String> {
+        [
+            TriggerKind::Full,
+            TriggerKind::Watermark,
+            TriggerKind::Density,
+        ]
+        .into_iter()
+        .find(|kind| kind.name() == name)
+        .ok_or_else(|| format!("{name:?} is not \"full\", \"watermark\" or \"density\""))
+    }
+}
+
+impl From<TriggerKind> for String {
+    fn from(kind: TriggerKind) -> String {
+        kind.name().to_string()
+    }
 }
 
 impl TriggerKind {
