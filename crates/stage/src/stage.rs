@@ -306,6 +306,11 @@ impl Stage {
         *failure = Some(format!("{what}: {error}"));
     }
 
+    /// Whether the fast child (or the metadata store on it) has failed.
+    pub fn fast_child_failed(&self) -> bool {
+        self.fast_failure().is_some() || self.store.space().failed.is_some()
+    }
+
     pub(crate) fn fast_failure(&self) -> Option<String> {
         self.fast_failure
             .lock()
