@@ -242,9 +242,14 @@ impl Stage {
         let data = self
             .read_slots(batch.placements.iter().map(|p| p.slot))
             .await?;
+        // A run longer than the slow child takes in one request goes as several, back to back
+        // in the same strand (a 16 MiB extent written whole is one run).
+        let per_request = (u64::from(self.slow.geometry().max_io) / BLOCK).max(1) as usize;
         for strand in &batch.strands {
-            let writes = batch.requests[strand.clone()].iter().map(|request| {
-                let placements = &batch.placements[request.clone()];
+            let pieces = batch.requests[strand.clone()]
+                .iter()
+                .flat_map(|request| batch.placements[request.clone()].chunks(per_request));
+            let writes = pieces.map(|placements| {
                 let mut buffer = BytesMut::with_capacity(placements.len() * BLOCK as usize);
                 for placement in placements {
                     buffer.extend_from_slice(&data[&placement.slot]);
@@ -261,9 +266,14 @@ impl Stage {
     async fn read_slots(&self, slots: impl Iterator<Item = u64>) -> Result<BTreeMap<u64, Bytes>> {
         let mut sorted: Vec<u64> = slots.collect();
         sorted.sort_unstable();
-        let reads = runs(&sorted, |s| *s).into_iter().map(|run| {
-            let first = sorted[run.start];
-            let len = run.len() * BLOCK as usize;
+        let per_read = (u64::from(self.fast.geometry().max_io) / BLOCK).max(1) as usize;
+        let pieces: Vec<&[u64]> = runs(&sorted, |s| *s)
+            .into_iter()
+            .flat_map(|run| sorted[run].chunks(per_read))
+            .collect();
+        let reads = pieces.into_iter().map(|piece| {
+            let first = piece[0];
+            let len = piece.len() * BLOCK as usize;
             async move {
                 (
                     first,

@@ -191,7 +191,9 @@ impl Stage {
     /// `count` log slots, destaging first when the log has no room (the full trigger, which
     /// every trigger keeps as its backstop).
     async fn reserve_slots(&self, count: u64) -> Result<Vec<u64>> {
-        for _ in 0..3 {
+        // Bounded: each round destages everything, so only writers racing for the room it
+        // made can miss it, and not eight times over.
+        for _ in 0..8 {
             if let Some(slots) = self.space()?.log.reserve(count) {
                 return Ok(slots);
             }

@@ -133,7 +133,7 @@ pub struct StageDevice(pub Arc<Stage>);
 #[async_trait]
 impl BlockDevice for StageDevice {
     fn geometry(&self) -> Geometry {
-        let slow = self.0.slow.geometry();
+        let (fast, slow) = (self.0.fast.geometry(), self.0.slow.geometry());
         Geometry {
             size: self.0.shape().size(),
             // Every map is in 4 KiB blocks: a smaller write would need a read-modify-write.
@@ -141,7 +141,8 @@ impl BlockDevice for StageDevice {
             logical_block: 4096,
             physical_block: 4096,
             preferred_io: self.0.shape().range_bytes().min(u64::from(u32::MAX)) as u32,
-            max_io: slow.max_io.clamp(BLOCK as u32, 32 << 20),
+            // A read's pieces go to either child whole.
+            max_io: slow.max_io.min(fast.max_io).clamp(BLOCK as u32, 32 << 20),
         }
     }
 

@@ -115,6 +115,20 @@ fn corrupt(name: &str, problem: impl std::fmt::Display) -> BlockError {
 
 impl Stage {
     /// The shape a format gives these children under `config`.
+    /// Both children must take single 4 KiB requests (every map and the log are in blocks).
+    fn check_children(fast: &DeviceRef, slow: &DeviceRef) -> Result<()> {
+        for (which, child) in [("fast", fast), ("slow", slow)] {
+            let min_io = u64::from(child.geometry().min_io.max(1));
+            if !BLOCK.is_multiple_of(min_io) {
+                return Err(BlockError::InvalidArgument(format!(
+                    "the {which} child takes requests in units of {min_io} bytes; a stage needs \
+                     4 KiB requests"
+                )));
+            }
+        }
+        Ok(())
+    }
+
     pub fn shape_for(config: &StageConfig, fast_size: u64, slow_size: u64) -> Result<Shape> {
         let invalid = BlockError::InvalidArgument;
         config.check().map_err(invalid)?;
@@ -153,6 +167,7 @@ impl Stage {
         config: &StageConfig,
         settings: Settings,
     ) -> Result<Arc<Stage>> {
+        Self::check_children(&fast, &slow)?;
         let shape = Self::shape_for(config, fast.geometry().size, slow.geometry().size)?;
         let store = MetaStore::format(
             fast.clone(),
@@ -220,6 +235,7 @@ impl Stage {
         store: Arc<MetaStore>,
         settings: Settings,
     ) -> Result<Arc<Stage>> {
+        Self::check_children(&fast, &slow)?;
         let (ids, shape) = store
             .read(|state| -> std::result::Result<_, String> {
                 let ids = Ids::find(state)?;

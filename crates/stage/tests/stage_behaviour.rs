@@ -309,3 +309,63 @@ async fn the_papers_workload_keeps_destaged_blocks_in_their_home_range() {
     assert_eq!(counter(&stage, "placed outside window"), 0);
     assert_consistent(&stage);
 }
+
+/// A slow child that takes at most 8 KiB per request, and remembers the largest it was given.
+struct SmallRequests {
+    inner: MemoryDevice,
+    largest: std::sync::atomic::AtomicUsize,
+}
+
+#[strata_core::async_trait]
+impl BlockDevice for SmallRequests {
+    fn geometry(&self) -> strata_core::Geometry {
+        strata_core::Geometry {
+            max_io: 8192,
+            ..self.inner.geometry()
+        }
+    }
+    fn capabilities(&self) -> strata_core::Capabilities {
+        self.inner.capabilities()
+    }
+    async fn read(&self, offset: u64, len: usize) -> strata_core::Result<bytes::BytesMut> {
+        self.largest
+            .fetch_max(len, std::sync::atomic::Ordering::Relaxed);
+        self.inner.read(offset, len).await
+    }
+    async fn write(&self, offset: u64, data: Bytes, flags: WriteFlags) -> strata_core::Result<()> {
+        self.largest
+            .fetch_max(data.len(), std::sync::atomic::Ordering::Relaxed);
+        self.inner.write(offset, data, flags).await
+    }
+    async fn flush(&self) -> strata_core::Result<()> {
+        self.inner.flush().await
+    }
+}
+
+#[tokio::test]
+async fn a_destage_run_longer_than_the_slow_child_takes_is_cut_into_requests_it_takes() {
+    let config = config("full");
+    let slow = Arc::new(SmallRequests {
+        inner: MemoryDevice::new(4 << 20),
+        largest: Default::default(),
+    });
+    let stage = format(memory(fast_size(64)), slow.clone(), &config).await;
+    let device = StageDevice(stage.clone());
+    assert_eq!(
+        device.geometry().max_io,
+        8192,
+        "the stage passes the limit up"
+    );
+    for b in 0..5 {
+        write(&device, b, blocks(b, 1, 4)).await; // five consecutive homes: one run
+    }
+    let report = stage.destage_all().await.unwrap();
+    assert_eq!(report.requests, 1, "planned as one run");
+    assert_eq!(
+        slow.largest.load(std::sync::atomic::Ordering::Relaxed),
+        8192
+    );
+    assert_eq!(read(&device, 0, 2).await, blocks(0, 2, 4));
+    assert_eq!(read(&device, 2, 2).await, blocks(2, 2, 4));
+    assert_eq!(read(&device, 4, 1).await, blocks(4, 1, 4));
+}
