@@ -147,6 +147,17 @@ impl Stack {
         pools
     }
 
+    /// The stages among the layers (for their metrics).
+    pub async fn stages(&self) -> Vec<Arc<strata_stage::Stage>> {
+        let mut stages = Vec::new();
+        for node in &self.nodes {
+            if let NodeKind::Device(device) = &node.kind {
+                stages.extend(strata_stage::Stage::of(device).await);
+            }
+        }
+        stages
+    }
+
     fn device(&self, name: &str) -> Option<DeviceRef> {
         self.nodes
             .iter()

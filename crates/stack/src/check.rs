@@ -5,7 +5,9 @@
 //! position), every journal batch up to the first that does not belong (a torn batch is the
 //! trace of an interrupted commit, reported but harmless), the state's own encoding, and the
 //! owner's invariants (for a thin pool: every mapping inside the pool, marked allocated,
-//! owned once; allocation counts agree; no live data in unmapped extents).
+//! owned once; allocation counts agree; no live data in unmapped extents; for a stage,
+//! `strata_stage::check_state`: one live block per physical block, the log and its reverse
+//! table agreeing).
 //!
 //! Repair rewrites the metadata from what recovery reads: a fresh checkpoint and both
 //! superblock copies. That drops only a torn, never-acknowledged batch and fixes a damaged
@@ -327,6 +329,9 @@ pub async fn check(path: &Path) -> anyhow::Result<DeviceReport> {
         owner if owner == strata_thin::KIND.kind => report
             .errors
             .extend(strata_thin::check_state(&recovered.state)),
+        owner if owner == strata_stage::KIND.kind => report
+            .errors
+            .extend(strata_stage::check_state(&recovered.state)),
         // Not a warning: nothing is wrong, and a warning would read as something to repair.
         other => {
             report.note = Some(format!(

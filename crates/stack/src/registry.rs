@@ -15,6 +15,7 @@ pub static KINDS: &[&LayerKind] = &[
     &strata_raid::mirror::KIND,
     &strata_raid::raid5::KIND,
     &strata_thin::KIND,
+    &strata_stage::KIND,
 ];
 
 pub fn find(kind: &str) -> Option<&'static LayerKind> {

@@ -9,6 +9,7 @@ mod serve;
 mod sim_forward;
 mod snapshot_cmd;
 mod snapshot_policy_cmd;
+mod stage_metrics;
 mod status;
 mod volume_cmd;
 

@@ -33,15 +33,15 @@ impl PoolCollector {
 }
 
 /// One metric family: name, help, type, and a value per series (its labels).
-type Family = (&'static str, &'static str, Kind, Vec<(Labels, f64)>);
-type Labels = Vec<(&'static str, String)>;
+pub(crate) type Family = (&'static str, &'static str, Kind, Vec<(Labels, f64)>);
+pub(crate) type Labels = Vec<(&'static str, String)>;
 
-enum Kind {
+pub(crate) enum Kind {
     Gauge,
     Counter,
 }
 
-fn family(
+pub(crate) fn family(
     encoder: &mut DescriptorEncoder,
     name: &str,
     help: &str,

@@ -21,6 +21,7 @@ use strata_stack::reconfig::Reconfig;
 
 use crate::admin::{self, AdminState};
 use crate::pool_metrics::PoolCollector;
+use crate::stage_metrics::StageCollector;
 
 /// How long shutdown waits for clients to take their last replies.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
@@ -172,6 +173,7 @@ pub async fn serve(loaded: Loaded, start: build::StartOptions) -> anyhow::Result
     metrics.register(&mut registry);
     let stack = build::build(&loaded, &start, runtime.clone(), &metrics).await?;
     registry.register_collector(Box::new(PoolCollector::new(stack.thin_pools().await)));
+    registry.register_collector(Box::new(StageCollector::new(stack.stages().await)));
     let server = Server::new(stack.exports.clone(), Limits::default());
 
     let mut names = Vec::new();

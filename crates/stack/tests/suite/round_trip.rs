@@ -226,6 +226,40 @@ fn layer(pick: &mut Picks, kind: &str, children: &[Device], key_dir: &Path) -> (
             ]);
             (text, (members - 1) * stripes * chunk_bytes)
         }
+        "stage" => {
+            // [fast, slow]: the fast child (at least ROOM) holds the metadata and the log.
+            let range = size_option(pick, &[64 * KIB, MIB]);
+            let range_bytes = range.as_ref().map_or(MIB, |r| r.1);
+            let extent = (pick.next(3) != 0).then(|| {
+                let bytes = range_bytes * pick.one_of(&[1, 4, 16]);
+                size_text(pick, bytes)
+            });
+            let high = pick.between(21, 100); // above the default low (20)
+            let text = lines([
+                (
+                    "threshold",
+                    pick.maybe(&["\"32KiB\"", "\"168KiB\"", "65536"]),
+                ),
+                ("range", option_text(&range)),
+                ("extent", extent),
+                ("window", pick.maybe(&["0", "8", "100"])),
+                (
+                    "trigger",
+                    pick.maybe(&["\"full\"", "\"watermark\"", "\"density\""]),
+                ),
+                ("high", (pick.next(3) != 0).then(|| high.to_string())),
+                (
+                    "low",
+                    (pick.next(3) != 0).then(|| pick.next(high.min(20)).to_string()),
+                ),
+                ("density", pick.maybe(&["1", "8", "64"])),
+                (
+                    "metadata-size",
+                    option_text(&size_option(pick, &[MIB, 2 * MIB])),
+                ),
+            ]);
+            (text, children[1].size / range_bytes * range_bytes)
+        }
         other => unreachable!("{other}"),
     }
 }
@@ -307,7 +341,7 @@ fn random_config(seed: u64, disks: usize, key_dir: &Path) -> Generated {
             .find_map(|_| {
                 let mut kinds = vec!["slice", "concat", "count", "crypt", "delay", "fault"];
                 if free.len() >= 2 {
-                    kinds.extend(["stripe", "mirror"]);
+                    kinds.extend(["stripe", "mirror", "stage"]);
                 }
                 if free.len() >= 3 {
                     kinds.push("raid5");
@@ -317,6 +351,7 @@ fn random_config(seed: u64, disks: usize, key_dir: &Path) -> Generated {
                     "concat" => 1 + pick.next(free.len() as u64) as usize,
                     "stripe" => 2 + pick.next(free.len() as u64 - 1) as usize,
                     "mirror" => 2 + pick.next(free.len().min(3) as u64 - 1) as usize,
+                    "stage" => 2,
                     "raid5" => 3 + pick.next(free.len().min(5) as u64 - 2) as usize,
                     _ => 1,
                 };
@@ -443,9 +478,10 @@ async fn round_trip(stack: &Generated, data_dir: &Path) {
                 layer.name
             );
         }
-        if !["raid5", "slice"].contains(&layer.kind.as_str()) {
+        if !["raid5", "slice", "stage"].contains(&layer.kind.as_str()) {
             // raid5 decides its chunk and journal at build, a slice its length (to the end
-            // of its child); every other default is the struct's, so nothing may be added.
+            // of its child), a stage its metadata size (from its children's sizes); every
+            // other default is the struct's, so nothing may be added.
             assert_eq!(described, &given, "{}\n{text}", layer.name);
         }
         assert_eq!(

@@ -1,0 +1,170 @@
+//! The `[[layer]]` options of kind `stage`, typed, with their defaults and their rules.
+
+use serde::{Deserialize, Serialize};
+use strata_core::ByteSize;
+
+use crate::shape::BLOCK;
+use crate::trigger::{Trigger, TriggerKind};
+
+/// The paper's break-even between a random I/O and a full-track read (§4.3): writes smaller
+/// than this are staged.
+pub const DEFAULT_THRESHOLD: u64 = 168 << 10;
+/// The paper's extent (§5.2): one destage batch per extent.
+pub const DEFAULT_EXTENT: u64 = 16 << 20;
+/// The paper's allocation range on nearline drives, the RAID stripe unit (§4.2).
+pub const DEFAULT_RANGE: u64 = 1 << 20;
+/// The proximal window in allocation ranges (§4.4: "~100 allocation ranges").
+pub const DEFAULT_WINDOW: u64 = 100;
+
+/// A `[[layer]]` table of kind `stage`. `extent`, `range` and `metadata-size` are fixed at
+/// creation (a reopen refuses values that differ from the format record); the rest may
+/// change between starts.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
+pub struct StageConfig {
+    /// Writes smaller than this go to the log; larger ones (and equal) to the slow child.
+    pub threshold: ByteSize,
+    pub extent: ByteSize,
+    pub range: ByteSize,
+    /// How far from its home range (in ranges) a destaged block may go before the layout
+    /// counts as aged.
+    pub window: u64,
+    pub trigger: TriggerKind,
+    /// Watermarks in percent of the log (`trigger = "watermark"`).
+    pub high: u64,
+    pub low: u64,
+    /// Staged blocks in one extent that start its destage (`trigger = "density"`): 8 is
+    /// one full strand at queue depth 8.
+    pub density: u64,
+    /// The metadata region at the start of the fast child (default: 48 bytes per log slot
+    /// and 4 per slow-child block, at least 1 MiB).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metadata_size: Option<ByteSize>,
+}
+
+impl Default for StageConfig {
+    fn default() -> Self {
+        StageConfig {
+            threshold: ByteSize(DEFAULT_THRESHOLD),
+            extent: ByteSize(DEFAULT_EXTENT),
+            range: ByteSize(DEFAULT_RANGE),
+            window: DEFAULT_WINDOW,
+            trigger: TriggerKind::Full,
+            high: 80,
+            low: 20,
+            density: 8,
+            metadata_size: None,
+        }
+    }
+}
+
+impl StageConfig {
+    /// What the types cannot say; errors name the field.
+    pub fn check(&self) -> Result<(), String> {
+        let range = self.range.0;
+        if !range.is_power_of_two() || !(64 << 10..=64 << 20).contains(&range) {
+            return Err(format!(
+                "field `range`: {range} bytes is not a power of two from 64KiB to 64MiB"
+            ));
+        }
+        let extent = self.extent.0;
+        if extent < range || !extent.is_multiple_of(range) {
+            return Err(format!(
+                "field `extent`: {extent} bytes is not a whole number of ranges of {range}"
+            ));
+        }
+        if self.threshold.0 == 0 || !self.threshold.0.is_multiple_of(BLOCK) {
+            return Err(format!(
+                "field `threshold`: {} bytes is not a positive multiple of 4KiB",
+                self.threshold.0
+            ));
+        }
+        if !(1..=100).contains(&self.high) || self.low >= self.high {
+            return Err(format!(
+                "fields `high` and `low`: need 0 <= low < high <= 100 (percent), got low = {}, \
+                 high = {}",
+                self.low, self.high
+            ));
+        }
+        if self.density == 0 {
+            return Err("field `density`: at least 1 block".into());
+        }
+        if let Some(size) = self.metadata_size {
+            if size.0 < 1 << 20 || !size.0.is_multiple_of(BLOCK) {
+                return Err(format!(
+                    "field `metadata-size`: {} bytes is not a multiple of 4KiB of at least 1MiB",
+                    size.0
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn trigger(&self) -> Trigger {
+        match self.trigger {
+            TriggerKind::Full => Trigger::Full,
+            TriggerKind::Watermark => Trigger::Watermark {
+                high_percent: self.high,
+                low_percent: self.low,
+            },
+            TriggerKind::Density => Trigger::Density {
+                blocks: self.density,
+            },
+        }
+    }
+
+    /// The metadata region a format gives a stage with these children.
+    pub fn metadata_bytes(&self, fast_size: u64, slow_size: u64) -> u64 {
+        self.metadata_size.map_or_else(
+            || {
+                let slots = fast_size / BLOCK;
+                let blocks = slow_size / BLOCK;
+                (48 * slots + 4 * blocks)
+                    .max(1 << 20)
+                    .next_multiple_of(1 << 20)
+            },
+            |size| size.0,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_the_papers() {
+        let config = StageConfig::default();
+        assert_eq!(config.check(), Ok(()));
+        assert_eq!(config.threshold.0, 168 << 10);
+        assert_eq!(config.trigger(), Trigger::Full);
+    }
+
+    #[test]
+    fn bad_values_are_refused_by_field() {
+        let bad = |edit: fn(&mut StageConfig), field: &str| {
+            let mut config = StageConfig::default();
+            edit(&mut config);
+            let error = config.check().unwrap_err();
+            assert!(error.contains(field), "{error}");
+        };
+        bad(|c| c.range = ByteSize(3 << 20), "`range`");
+        bad(|c| c.extent = ByteSize(1536 << 10), "`extent`");
+        bad(|c| c.threshold = ByteSize(1000), "`threshold`");
+        bad(|c| c.low = 90, "`low`");
+        bad(|c| c.density = 0, "`density`");
+        bad(
+            |c| c.metadata_size = Some(ByteSize(4096)),
+            "`metadata-size`",
+        );
+    }
+
+    #[test]
+    fn the_default_metadata_region_grows_with_the_children() {
+        let config = StageConfig::default();
+        assert_eq!(config.metadata_bytes(64 << 20, 1 << 30), 2 << 20);
+        let big = config.metadata_bytes(10 << 30, 1 << 40);
+        // 48 B × 2.6 M slots + 4 B × 268 M blocks ≈ 1.2 GiB.
+        assert!((1 << 30..2 << 30).contains(&big), "{big}");
+    }
+}

@@ -1,0 +1,371 @@
+//! The stage's promises one by one: routing by size, reads gathered from both children,
+//! destage placement, each trigger, fast-child failure, and the paper's home-range figure.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use strata_backend::MemoryDevice;
+use strata_core::{BlockDevice, DeviceRef, Health, WriteFlags};
+use strata_crash::{CrashGroup, SECTOR};
+use strata_stage::map::Location;
+use strata_stage::{check_state, Stage, StageDevice};
+
+mod common;
+use common::*;
+
+fn memory(size: u64) -> DeviceRef {
+    Arc::new(MemoryDevice::new(size))
+}
+
+async fn write(device: &StageDevice, block: u64, data: Vec<u8>) {
+    device
+        .write(block * BLOCK, Bytes::from(data), WriteFlags::default())
+        .await
+        .unwrap();
+}
+
+/// `count` blocks from `block`, each tagged with its number and filled with `byte`.
+fn blocks(block: u64, count: u64, byte: u8) -> Vec<u8> {
+    (block..block + count)
+        .flat_map(|b| block_data(b, byte))
+        .collect()
+}
+
+async fn read(device: &StageDevice, block: u64, count: u64) -> Vec<u8> {
+    device
+        .read(block * BLOCK, (count * BLOCK) as usize)
+        .await
+        .unwrap()
+        .to_vec()
+}
+
+fn assert_consistent(stage: &Stage) {
+    let problems = stage.store().read(check_state);
+    assert!(problems.is_empty(), "{problems:?}");
+}
+
+#[tokio::test]
+async fn a_small_write_lands_in_the_log_and_a_large_one_on_the_slow_child() {
+    let config = config("full");
+    let slow = memory(4 << 20);
+    let stage = format(memory(fast_size(64)), slow.clone(), &config).await;
+    let device = StageDevice(stage.clone());
+    write(&device, 5, blocks(5, 1, 0xa5)).await;
+    assert!(
+        matches!(stage.locate(5), Location::Log(_)),
+        "{:?}",
+        stage.locate(5)
+    );
+    // 32 KiB is the threshold: not smaller, so it goes to the slow child, at its home.
+    write(&device, 16, blocks(16, 8, 0x16)).await;
+    assert_eq!(stage.locate(16), Location::Disk(16));
+    let on_disk = slow.read(16 * BLOCK, 8 * BLOCK as usize).await.unwrap();
+    assert_eq!(on_disk.to_vec(), blocks(16, 8, 0x16));
+    assert_eq!(read(&device, 5, 1).await, blocks(5, 1, 0xa5));
+    assert_eq!(counter(&stage, "staged writes"), 1);
+    assert_eq!(counter(&stage, "direct writes"), 1);
+    assert_eq!(
+        read(&device, 40, 1).await,
+        vec![0; BLOCK as usize],
+        "never written"
+    );
+    assert_consistent(&stage);
+}
+
+#[tokio::test]
+async fn a_staged_overwrite_frees_the_old_block_and_reads_gather_both_children() {
+    let config = config("full");
+    let stage = format(memory(fast_size(64)), memory(4 << 20), &config).await;
+    let device = StageDevice(stage.clone());
+    write(&device, 0, blocks(0, 16, 1)).await;
+    for b in [2, 7, 11] {
+        write(&device, b, blocks(b, 1, 2)).await;
+    }
+    let allocated = |block: u64| {
+        stage.store().read(|state| {
+            let id = state.id(strata_stage::records::ALLOCATED).unwrap();
+            state.bitmap(id).unwrap().get(block)
+        })
+    };
+    assert!(!allocated(7), "the old on-disk block is free in the map");
+    assert!(allocated(6));
+    let mut expected = blocks(0, 16, 1);
+    for b in [2u64, 7, 11] {
+        let at = (b * BLOCK) as usize;
+        expected[at..at + BLOCK as usize].copy_from_slice(&block_data(b, 2));
+    }
+    assert_eq!(
+        read(&device, 0, 16).await,
+        expected,
+        "gathered from log and disk"
+    );
+    // Destaged, they go back home (their home blocks were freed, and the destage's first
+    // commit made the frees durable): no map entry left.
+    let report = stage.destage_all().await.unwrap();
+    assert_eq!((report.blocks, report.batches), (3, 1));
+    assert_eq!(report.placement.at_home_block, 3);
+    assert_eq!(stage.locate(7), Location::Disk(7));
+    assert_eq!(read(&device, 0, 16).await, expected);
+    let moved = stage.store().read(|state| {
+        let id = state.id(strata_stage::records::MOVED).unwrap();
+        state.table(id).unwrap().len()
+    });
+    assert_eq!(moved, 0, "blocks back home cost no moved record");
+    assert_consistent(&stage);
+}
+
+#[tokio::test]
+async fn a_destage_places_new_blocks_next_to_their_neighbours_ascending() {
+    let config = config("full");
+    let stage = format(memory(fast_size(64)), memory(4 << 20), &config).await;
+    let device = StageDevice(stage.clone());
+    // Staged writes into never-written ranges 3 and 4 (ranges of 16 blocks), out of order.
+    for b in [70, 50, 49, 66, 48] {
+        write(&device, b, blocks(b, 1, b as u8)).await;
+    }
+    let report = stage.destage_all().await.unwrap();
+    assert_eq!(report.blocks, 5);
+    // Range 3's first base goes to physical range 3 (no neighbour has a base), range 4's
+    // right after it: every block lands at its home.
+    for b in [48, 49, 50, 66, 70] {
+        assert_eq!(stage.locate(b), Location::Disk(b));
+        assert_eq!(read(&device, b, 1).await, blocks(b, 1, b as u8));
+    }
+    // One extent (16 blocks × 4 ranges = 64 blocks per extent): 48-50 in extent 0, 66 and 70
+    // in extent 1: two batches; 48-50 merge into one request.
+    assert_eq!(report.batches, 2);
+    assert_eq!(report.requests, 3);
+    assert_consistent(&stage);
+}
+
+#[tokio::test]
+async fn the_full_trigger_destages_when_the_log_has_no_room() {
+    let config = config("full");
+    let stage = format(memory(fast_size(16)), memory(4 << 20), &config).await;
+    let device = StageDevice(stage.clone());
+    for round in 0..3u8 {
+        for b in 0..20 {
+            write(&device, b * 3, blocks(b * 3, 1, round)).await;
+        }
+    }
+    assert!(counter(&stage, "destages") >= 3, "{:?}", stage.counters());
+    assert!(counter(&stage, "log full waits") >= 3);
+    for b in 0..20 {
+        assert_eq!(read(&device, b * 3, 1).await, blocks(b * 3, 1, 2));
+    }
+    assert_consistent(&stage);
+}
+
+#[tokio::test]
+async fn the_density_trigger_destages_an_extent_once_it_fills_a_strand() {
+    let config = config("density"); // 8 blocks
+    let stage = format(memory(fast_size(64)), memory(4 << 20), &config).await;
+    let device = StageDevice(stage.clone());
+    for b in 0..7 {
+        write(&device, b * 2, blocks(b * 2, 1, 7)).await;
+    }
+    // Extent 1 gets one block: not dense, stays.
+    write(&device, 100, blocks(100, 1, 7)).await;
+    assert_eq!(counter(&stage, "destages"), 0);
+    assert_eq!(stage.log_usage().unwrap().0, 8);
+    write(&device, 14, blocks(14, 1, 7)).await;
+    assert_eq!(counter(&stage, "destages"), 1);
+    assert_eq!(counter(&stage, "destaged blocks"), 8);
+    assert_eq!(
+        stage.log_usage().unwrap().0,
+        1,
+        "extent 1's block stays staged"
+    );
+    assert!(matches!(stage.locate(100), Location::Log(_)));
+    assert_consistent(&stage);
+}
+
+#[tokio::test]
+async fn the_watermark_trigger_starts_at_high_and_stops_at_low() {
+    let mut config = config("watermark");
+    config.high = 50;
+    config.low = 25;
+    let stage = format(memory(fast_size(64)), memory(4 << 20), &config).await;
+    let device = StageDevice(stage.clone());
+    // 31 blocks over four extents (64 blocks each): below 50 % of 64 slots.
+    let targets: Vec<u64> = (0..31).map(|i| (i % 4) * 64 + i / 4).collect();
+    for &b in &targets {
+        write(&device, b, blocks(b, 1, 3)).await;
+    }
+    assert_eq!(counter(&stage, "destages"), 0);
+    write(&device, 200, blocks(200, 1, 3)).await; // 32 = 50 %
+    assert_eq!(counter(&stage, "destages"), 1);
+    let backlog = stage.log_usage().unwrap().0;
+    assert!(
+        backlog <= 16 && backlog > 0,
+        "stopped at {backlog}, not at or below the low mark"
+    );
+    for &b in targets.iter().chain([200].iter()) {
+        assert_eq!(read(&device, b, 1).await, blocks(b, 1, 3));
+    }
+    assert_consistent(&stage);
+}
+
+#[tokio::test]
+async fn a_failed_fast_child_fails_reads_of_staged_data_loudly() {
+    let config = config("full");
+    let group = CrashGroup::new();
+    let fast = group.disk(strata_crash::sector_disk(fast_size(64)));
+    let fast_ref: DeviceRef = Arc::new(fast.clone());
+    let stage = format(fast_ref, memory(4 << 20), &config).await;
+    let device = StageDevice(stage.clone());
+    write(&device, 0, blocks(0, 8, 1)).await; // direct
+    write(&device, 20, blocks(20, 1, 2)).await; // staged
+    assert_eq!(SECTOR, 512);
+    fast.fail_reads(METADATA, 64 * BLOCK);
+    let error = device.read(20 * BLOCK, BLOCK as usize).await.unwrap_err();
+    assert_eq!(error.errno(), 5, "EIO, not zeros or stale data: {error}");
+    // Data on the slow child still reads.
+    assert_eq!(read(&device, 0, 8).await, blocks(0, 8, 1));
+    let status = stage.describe().await.unwrap();
+    assert_eq!(status.health, Health::Failed);
+    let fast_line = status
+        .detail
+        .iter()
+        .find(|(k, _)| k == "fast child")
+        .unwrap();
+    assert!(fast_line.1.contains("read of staged data"), "{fast_line:?}");
+}
+
+#[tokio::test]
+async fn status_shows_trigger_log_backlog_and_counters() {
+    let config = config("density");
+    let stage = format(memory(fast_size(64)), memory(4 << 20), &config).await;
+    let device = StageDevice(stage.clone());
+    write(&device, 3, blocks(3, 1, 1)).await;
+    let status = stage.describe().await.unwrap();
+    let detail = |key: &str| {
+        status
+            .detail
+            .iter()
+            .find(|(k, _)| k == key)
+            .unwrap_or_else(|| panic!("no {key} in {:?}", status.detail))
+            .1
+            .clone()
+    };
+    assert_eq!(status.kind, "stage");
+    assert_eq!(status.health, Health::Ok);
+    assert!(detail("trigger").starts_with("density (8 blocks"));
+    assert!(
+        detail("log").starts_with("1 of 64 slots busy"),
+        "{}",
+        detail("log")
+    );
+    assert_eq!(detail("backlog"), "1 blocks staged in 1 extents");
+    assert_eq!(detail("staged writes"), "1");
+    assert_eq!(
+        status.children.len(),
+        2,
+        "fast and slow children described inside"
+    );
+}
+
+/// The paper's workload at small scale (§5.2): extents filled serially to 89 %, random 4 KiB
+/// updates staged in a log of 1 % of the capacity, destaged whenever it fills. Over 99 % of
+/// destaged blocks must land in their home range (§9 C.12).
+#[tokio::test]
+async fn the_papers_workload_keeps_destaged_blocks_in_their_home_range() {
+    let mut config = config("full");
+    config.range = strata_core::ByteSize(1 << 20);
+    config.extent = strata_core::ByteSize(16 << 20);
+    config.threshold = strata_core::ByteSize(168 << 10);
+    config.window = 100;
+    let slow_size = 64u64 << 20; // four 16 MiB extents
+    let slots = slow_size / BLOCK / 100; // 1 %
+    let stage = format(memory(fast_size(slots)), memory(slow_size), &config).await;
+    let device = StageDevice(stage.clone());
+    let filled = slow_size / BLOCK * 89 / 100;
+    let chunk = 256; // 1 MiB direct writes
+    for first in (0..filled).step_by(chunk as usize) {
+        let n = chunk.min(filled - first);
+        if n * BLOCK < (168 << 10) {
+            break;
+        }
+        write(&device, first, vec![1; (n * BLOCK) as usize]).await;
+    }
+    let mut state = 0x9e3779b97f4a7c15u64;
+    for _ in 0..4 * 2000 {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        let block = state % (filled / 256 * 256);
+        write(&device, block, block_data(block, 2)).await;
+    }
+    stage.destage_all().await.unwrap();
+    eprintln!("paper workload: {:?}", stage.counters());
+    let home_range = counter(&stage, "placed in home range");
+    let destaged = counter(&stage, "destaged blocks");
+    assert!(destaged > 7000, "{:?}", stage.counters());
+    assert!(
+        home_range * 100 > destaged * 99,
+        "{home_range} of {destaged} in their home range: {:?}",
+        stage.counters()
+    );
+    assert_eq!(counter(&stage, "placed outside window"), 0);
+    assert_consistent(&stage);
+}
+
+/// A slow child that takes at most 8 KiB per request, and remembers the largest it was given.
+struct SmallRequests {
+    inner: MemoryDevice,
+    largest: std::sync::atomic::AtomicUsize,
+}
+
+#[strata_core::async_trait]
+impl BlockDevice for SmallRequests {
+    fn geometry(&self) -> strata_core::Geometry {
+        strata_core::Geometry {
+            max_io: 8192,
+            ..self.inner.geometry()
+        }
+    }
+    fn capabilities(&self) -> strata_core::Capabilities {
+        self.inner.capabilities()
+    }
+    async fn read(&self, offset: u64, len: usize) -> strata_core::Result<bytes::BytesMut> {
+        self.largest
+            .fetch_max(len, std::sync::atomic::Ordering::Relaxed);
+        self.inner.read(offset, len).await
+    }
+    async fn write(&self, offset: u64, data: Bytes, flags: WriteFlags) -> strata_core::Result<()> {
+        self.largest
+            .fetch_max(data.len(), std::sync::atomic::Ordering::Relaxed);
+        self.inner.write(offset, data, flags).await
+    }
+    async fn flush(&self) -> strata_core::Result<()> {
+        self.inner.flush().await
+    }
+}
+
+#[tokio::test]
+async fn a_destage_run_longer_than_the_slow_child_takes_is_cut_into_requests_it_takes() {
+    let config = config("full");
+    let slow = Arc::new(SmallRequests {
+        inner: MemoryDevice::new(4 << 20),
+        largest: Default::default(),
+    });
+    let stage = format(memory(fast_size(64)), slow.clone(), &config).await;
+    let device = StageDevice(stage.clone());
+    assert_eq!(
+        device.geometry().max_io,
+        8192,
+        "the stage passes the limit up"
+    );
+    for b in 0..5 {
+        write(&device, b, blocks(b, 1, 4)).await; // five consecutive homes: one run
+    }
+    let report = stage.destage_all().await.unwrap();
+    assert_eq!(report.requests, 1, "planned as one run");
+    assert_eq!(
+        slow.largest.load(std::sync::atomic::Ordering::Relaxed),
+        8192
+    );
+    assert_eq!(read(&device, 0, 2).await, blocks(0, 2, 4));
+    assert_eq!(read(&device, 2, 2).await, blocks(2, 2, 4));
+    assert_eq!(read(&device, 4, 1).await, blocks(4, 1, 4));
+}
