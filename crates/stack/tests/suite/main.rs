@@ -5,3 +5,4 @@
 mod documented_layers;
 mod media_damage;
 mod round_trip;
+mod stage_stack;

@@ -10,7 +10,7 @@ use strata_core::{BlockDevice, ByteSize, DeviceRef, WriteFlags};
 use strata_crash::{sector_disk, CrashGroup};
 use strata_stage::{open_or_format, StageDevice};
 
-mod common;
+use crate::common;
 use common::*;
 
 fn memory(size: u64) -> DeviceRef {

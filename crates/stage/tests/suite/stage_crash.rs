@@ -2,8 +2,8 @@
 //! through any power cut, during staging, during a destage (which the small log makes
 //! frequent), and at every single step of a destage.
 //!
-//! Replay one seed: `STRATA_CRASH_SEED=<seed> cargo test -p strata-stage --test stage_crash`.
-//! Run longer: `STRATA_CRASH_ITERATIONS=100000 cargo test -p strata-stage --test stage_crash`.
+//! Replay one seed: `STRATA_CRASH_SEED=<seed> cargo test -p strata-stage --test suite -- stage_crash::`.
+//! Run longer: `STRATA_CRASH_ITERATIONS=100000 cargo test -p strata-stage --test suite -- stage_crash::`.
 
 use std::sync::Arc;
 
@@ -17,7 +17,7 @@ use strata_crash::{
 };
 use strata_stage::{check_state, Stage, StageConfig, StageDevice};
 
-mod common;
+use crate::common;
 use common::*;
 
 const SLOW: u64 = 2 << 20;
@@ -84,7 +84,7 @@ async fn flat_seed(
 fn run_flat(name: &'static str, iterations: u64, concurrency: usize, trigger: &'static str) {
     let run = CrashRun {
         name,
-        replay: "cargo test -p strata-stage --test stage_crash",
+        replay: "cargo test -p strata-stage --test suite -- stage_crash::",
         default_iterations: iterations,
     };
     let scenario = scenario(concurrency);
@@ -114,7 +114,7 @@ fn the_background_triggers_survive_power_cuts() {
 fn the_harness_catches_metadata_committed_before_its_data() {
     let run = CrashRun {
         name: "stage with the data barrier removed",
-        replay: "cargo test -p strata-stage --test stage_crash catches",
+        replay: "cargo test -p strata-stage --test suite -- stage_crash::catches",
         default_iterations: 0,
     };
     let scenario = scenario(1);
@@ -184,7 +184,7 @@ async fn destage_with_cut(
 fn a_power_cut_at_every_step_of_a_destage_loses_nothing() {
     let run = CrashRun {
         name: "stage, cut at every destage step",
-        replay: "cargo test -p strata-stage --test stage_crash every_step",
+        replay: "cargo test -p strata-stage --test suite -- stage_crash::every_step",
         default_iterations: 60,
     };
     let summary = run.run_async(|seed| async move {

@@ -10,7 +10,7 @@ use strata_crash::{CrashGroup, SECTOR};
 use strata_stage::map::Location;
 use strata_stage::{check_state, Stage, StageDevice};
 
-mod common;
+use crate::common;
 use common::*;
 
 fn memory(size: u64) -> DeviceRef {

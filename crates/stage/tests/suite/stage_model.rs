@@ -11,7 +11,7 @@ use strata_backend::MemoryDevice;
 use strata_core::{BlockDevice, DeviceRef, WriteFlags};
 use strata_stage::{check_state, StageDevice};
 
-mod common;
+use crate::common;
 use common::*;
 
 const SLOW: u64 = 2 << 20; // 512 blocks, 32 ranges of 16 blocks, 8 extents
