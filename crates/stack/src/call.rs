@@ -51,8 +51,8 @@ pub async fn call(plane: &ControlPlane, call: Call) -> anyhow::Result<serde_json
             call.verb
         );
     }
-    // Routed under the reconfiguration lock, so the graph cannot change under the call.
-    let mut reconfig = plane.reconfig.lock().await;
+    // Routed under the reconfiguration lock, so the graph cannot change under the routing.
+    let reconfig = plane.reconfig.lock().await;
     let target = route_verb(&reconfig.loaded, &call.layer, &call.verb)?;
     let kind = reconfig
         .loaded
@@ -73,6 +73,11 @@ pub async fn call(plane: &ControlPlane, call: Call) -> anyhow::Result<serde_json
         .find(|node| node.name == target)
         .with_context(|| format!("layer {target} is not running (see `strata status`)"))?;
     tracing::info!(layer = %target, verb = %call.verb, ?args, "verb called");
+    // The lock stays held through the call only for a pool, whose exports follow what its
+    // verb did. Any other verb may run long (a stage's destage): holding the lock would stall
+    // `strata status`, which takes it too, for as long. The node is routed and held, so a
+    // change of the graph meanwhile cannot take it from under the call.
+    let mut reconfig = matches!(node.kind, NodeKind::Maker(_)).then_some(reconfig);
     let reply = node
         .control_device()
         .control(Control::Call {
@@ -85,8 +90,8 @@ pub async fn call(plane: &ControlPlane, call: Call) -> anyhow::Result<serde_json
             let mut answer = serde_json::to_value(table).context("the layer's answer")?;
             // A pool's verb may have made a volume (a clone) or ended a device (a deleted
             // snapshot): its exports follow.
-            if matches!(node.kind, NodeKind::Maker(_)) {
-                let said = volumes::reconcile(plane, &mut reconfig, &target).await?;
+            if let Some(reconfig) = reconfig.as_mut() {
+                let said = volumes::reconcile(plane, reconfig, &target).await?;
                 if !said.is_empty() {
                     answer["exports"] = serde_json::json!(said);
                 }

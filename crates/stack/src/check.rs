@@ -69,8 +69,16 @@ pub struct DeviceReport {
 /// `strata check`'s exit status when a device is not a Strata disk (and none is damaged).
 pub const NOT_STRATA_EXIT: u8 = 3;
 
-/// Kinds that keep metadata on their members (at the start of each, after the label).
+/// Kinds that keep metadata on every member (at the start of each, after the label).
 const METADATA_KINDS: [&str; 3] = [strata_thin::KIND.kind, "mirror", "raid5"];
+
+/// Whether `member`, a child of a `kind` layer with these `children`, starts with metadata
+/// after its label: every member of the kinds above; a stage's fast child (its first), not
+/// its slow one, which holds data only.
+fn holds_metadata(kind: &str, children: &[String], member: &str) -> bool {
+    METADATA_KINDS.contains(&kind)
+        || (kind == strata_stage::KIND.kind && children.first().map(String::as_str) == Some(member))
+}
 /// Kinds whose members' metadata must agree: repairing one alone could promote it.
 const MULTI_MEMBER_KINDS: [&str; 2] = ["mirror", "raid5"];
 
@@ -273,10 +281,18 @@ pub async fn check(path: &Path) -> anyhow::Result<DeviceReport> {
         {
             match (&label, &parent) {
                 (None, _) => report.not_strata = true,
-                (Some(_), Some((layer, kind, _))) if !METADATA_KINDS.contains(&kind.as_str()) => {
-                    report.note = Some(format!(
-                        "its layer {layer} ({kind}) keeps no metadata on its members"
-                    ));
+                (Some(label), Some((layer, kind, children)))
+                    if !holds_metadata(kind, children, &label.member) =>
+                {
+                    report.note = Some(if kind == strata_stage::KIND.kind {
+                        format!(
+                            "its layer {layer} (stage) keeps its metadata on its fast child, \
+                             {}, not on this slow child",
+                            children[0]
+                        )
+                    } else {
+                        format!("its layer {layer} ({kind}) keeps no metadata on its members")
+                    });
                 }
                 (Some(_), _) => report.errors.push(format!(
                     "no metadata superblock after the hierarchy label (copy A: {a}; copy B: {b})"

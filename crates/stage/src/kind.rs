@@ -78,6 +78,17 @@ pub async fn open_or_format(
         }
         Err(RecoveryError::Io(error)) => Err(error),
         Err(RecoveryError::NoSuperblock { a, b }) => {
+            // The fast child holds no store. If the slow child holds a stage's, the two were
+            // given in the wrong order: say so, before any advice to format (which would
+            // write metadata over the slow child's data).
+            if holds_stage_metadata(slow.as_ref()).await {
+                return Err(refuse(
+                    "its slow child (the second) holds a stage's metadata and its fast child \
+                     (the first) none: the children look swapped; a stage's children are \
+                     [fast, slow], in that order"
+                        .into(),
+                ));
+            }
             let region = config.metadata_bytes(fast.geometry().size, slow.geometry().size);
             if !strata_core::blank::region_is_zero(fast.as_ref(), 0, region).await? {
                 return Err(BlockError::Corrupt(format!(
@@ -101,6 +112,14 @@ pub async fn open_or_format(
              open or format it: run `strata check`"
         ))),
     }
+}
+
+/// Whether `device` starts with a valid metadata superblock owned by a stage.
+async fn holds_stage_metadata(device: &dyn strata_core::BlockDevice) -> bool {
+    matches!(
+        strata_meta::read_superblock(device, 0).await,
+        Ok((superblock, _)) if superblock.owner == KIND.kind
+    )
 }
 
 /// Extent, range and metadata size are fixed at format: a config that names others is refused.

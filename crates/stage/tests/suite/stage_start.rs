@@ -128,3 +128,47 @@ async fn a_fast_child_that_refuses_writes_fails_staged_writes_and_shows_in_statu
     let data = device.read(0, 4096).await.unwrap();
     assert_eq!(data.to_vec(), vec![0; 4096]);
 }
+
+/// Every byte of `device`, to show a refusal wrote nothing.
+async fn contents(device: &DeviceRef) -> Vec<u8> {
+    device
+        .read(0, device.geometry().size as usize)
+        .await
+        .unwrap()
+        .to_vec()
+}
+
+#[tokio::test]
+async fn swapped_children_are_refused_by_name_and_nothing_is_written_even_when_formatting_is_allowed(
+) {
+    let config = config("full");
+    for with_data in [false, true] {
+        let (fast, slow) = (memory(fast_size(64)), memory(4 << 20));
+        let stage = start(&fast, &slow, &config, MAY).await.unwrap();
+        if with_data {
+            // A large write goes straight to the slow child, from its first block.
+            StageDevice(stage.clone())
+                .write(0, Bytes::from(vec![7; 256 << 10]), WriteFlags { fua: true })
+                .await
+                .unwrap();
+        }
+        drop(stage);
+        let before = (contents(&fast).await, contents(&slow).await);
+        // Without data the slow child's start is blank: a stage that only looked at its
+        // first child would take it for a new fast child and format it.
+        let error = start(&slow, &fast, &config, MAY)
+            .await
+            .err()
+            .expect("swapped children are refused");
+        assert!(error.to_string().contains("swapped"), "{error}");
+        assert!(!error.to_string().contains("--format"), "{error}");
+        assert_eq!(before, (contents(&fast).await, contents(&slow).await));
+        // In the right order again, the stage opens with its data.
+        let stage = start(&fast, &slow, &config, StartPolicy::default())
+            .await
+            .unwrap();
+        let expected = if with_data { 7 } else { 0 };
+        let data = StageDevice(stage).read(0, 4096).await.unwrap();
+        assert_eq!(data.to_vec(), vec![expected; 4096]);
+    }
+}
