@@ -334,7 +334,7 @@ fn a_thin_pool_formatted_in_the_simulator_draws_its_metadata_generation_from_the
 #[test]
 fn a_thin_pool_over_a_raid5_runs_in_virtual_time_with_verified_data() {
     // The stack file's [[layer]] text is the one tests/integration/test_sim.py serves over NBD.
-    let stack = include_str!("../../../sim/thin-raid5-4-cheetah.toml");
+    let stack = include_str!("../../../../sim/thin-raid5-4-cheetah.toml");
     let text = format!(
         "seed = 7\nqueue-depth = 4\ndata = \"stored\"\n{stack}\n\
          [workload]\nkind = \"uniform\"\nread_share = 0.5\ncount = 1000\n"

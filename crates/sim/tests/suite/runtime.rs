@@ -569,8 +569,8 @@ fn a_run_kept_alive_only_by_background_timers_hits_the_time_limit() {
     sim.block_on(std::future::pending::<()>());
 }
 
-/// Simulated requests per wall second: `cargo test --release -p strata-sim --test runtime
-/// -- --ignored --nocapture`.
+/// Simulated requests per wall second: `cargo test --release -p strata-sim --test suite
+/// -- runtime:: --ignored --nocapture`.
 #[test]
 #[ignore]
 fn measure_simulated_requests_per_wall_second() {
