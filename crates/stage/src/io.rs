@@ -192,7 +192,8 @@ impl Stage {
     /// every trigger keeps as its backstop).
     async fn reserve_slots(&self, count: u64) -> Result<Vec<u64>> {
         // Bounded: each round destages everything, so only writers racing for the room it
-        // made can miss it, and not eight times over.
+        // made can miss it. Under a heavy open-loop overload some do miss it eight times
+        // (`strata sim proximal`, a known defect in docs/layers/stage.md).
         for _ in 0..8 {
             if let Some(slots) = self.space()?.log.reserve(count) {
                 return Ok(slots);

@@ -8,8 +8,9 @@
 //! - `density` (proposed in the paper, §4.3, never built there): destage an extent as soon as
 //!   its staged blocks reach `density`, the number that fills a batch's strand.
 //!
-//! Every trigger keeps the full-log destage as its backstop: a write never fails because the
-//! log is full while the slow child takes writes.
+//! Every trigger keeps the full-log destage as its backstop: a write that finds the log full
+//! destages and goes on. (Under heavy concurrent overload a writer can still lose the race
+//! for the room eight times and get ENOSPC: a known defect, docs/layers/stage.md.)
 
 use serde::{Deserialize, Serialize};
 
