@@ -87,6 +87,12 @@ impl CrashDisk {
         self.with_faults(|f| f.latent.extend(sectors));
     }
 
+    /// How many 512-byte sectors are unreadable now (latent errors not yet rewritten).
+    pub fn latent_sectors(&self) -> usize {
+        let state = self.group.lock();
+        state.disks[self.index].faults.latent.len()
+    }
+
     /// The disk is unplugged: every later call fails with `BlockError::Io` carrying ENODEV.
     pub fn disappear(&self) {
         self.with_faults(|f| f.gone = true);

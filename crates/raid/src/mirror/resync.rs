@@ -279,13 +279,13 @@ impl Inner {
             track.generation += 1;
         }
         let snapshot = self.snapshot()?;
-        let mut sources: Vec<DeviceRef> = Vec::new();
+        let mut sources: Vec<(usize, DeviceRef)> = Vec::new();
         for (i, (device, state)) in snapshot.iter().enumerate() {
             if let (Some(device), MemberState::InSync) = (device, state) {
                 if i == source {
-                    sources.insert(0, device.clone());
+                    sources.insert(0, (i, device.clone()));
                 } else {
-                    sources.push(device.clone());
+                    sources.push((i, device.clone()));
                 }
             }
         }
@@ -304,42 +304,49 @@ impl Inner {
             let copies = batch
                 .iter()
                 .map(|piece| self.copy_piece(&sources, &live, piece.clone()));
-            let mut failed: Vec<(usize, BlockError)> = Vec::new();
+            let mut failed: Vec<(usize, DeviceRef, BlockError)> = Vec::new();
             for result in join_all(copies).await {
                 failed.extend(result?);
             }
-            for (index, error) in failed {
-                if let Some((_, device)) = live.iter().find(|(i, _)| *i == index).cloned() {
-                    self.mark_device_faulty(
-                        index,
-                        &device,
-                        &format!("resync write failed: {error}"),
-                    )
-                    .await?;
-                    live.retain(|(i, _)| *i != index);
+            for (index, device, error) in failed {
+                if !live.iter().chain(&sources).any(|(i, _)| *i == index) {
+                    continue; // two pieces failed on it: marked already
                 }
+                self.mark_device_faulty(index, &device, &format!("resync write failed: {error}"))
+                    .await?;
+                live.retain(|(i, _)| *i != index);
+                sources.retain(|(i, _)| *i != index);
             }
         }
         Ok(())
     }
 
+    /// Copies one piece to `targets`, and rewrites it on any in-sync source that failed to
+    /// read it (a latent sector error found by the copy heals here, as a read's does, rather
+    /// than lingering until it is the last copy). Returns the members whose writes failed.
     async fn copy_piece(
         &self,
-        sources: &[DeviceRef],
+        sources: &[(usize, DeviceRef)],
         targets: &[(usize, DeviceRef)],
         piece: std::ops::Range<u64>,
-    ) -> Result<Vec<(usize, BlockError)>> {
+    ) -> Result<Vec<(usize, DeviceRef, BlockError)>> {
         let at = self.data_offset + piece.start;
         let len = (piece.end - piece.start) as usize;
         let mut data: Option<Bytes> = None;
+        let mut unreadable: Vec<(usize, DeviceRef)> = Vec::new();
         let mut last_error = None;
-        for source in sources {
+        for (index, source) in sources {
             match source.read(at, len).await {
                 Ok(bytes) => {
                     data = Some(bytes.freeze());
                     break;
                 }
-                Err(error) => last_error = Some(error),
+                Err(error) => {
+                    tracing::warn!(mirror = %self.name, member = index, %error, "resync read failed; trying another member");
+                    self.counters.read_errors.fetch_add(1, Ordering::Relaxed);
+                    unreadable.push((*index, source.clone()));
+                    last_error = Some(error);
+                }
             }
         }
         let data = match (data, last_error) {
@@ -347,15 +354,30 @@ impl Inner {
             (None, Some(error)) => return Err(error),
             (None, None) => return Err(stalled(&self.name)),
         };
+        let repairs = unreadable
+            .iter()
+            .map(|(_, d)| d.write(at, data.clone(), WriteFlags { fua: true }));
         let writes = targets
             .iter()
             .map(|(_, d)| d.write(at, data.clone(), WriteFlags::default()));
-        let results = join_all(writes).await;
-        Ok(targets
-            .iter()
-            .zip(results)
-            .filter_map(|((i, _), r)| r.err().map(|e| (*i, e)))
-            .collect())
+        let (repaired, written) =
+            futures_util::future::join(join_all(repairs), join_all(writes)).await;
+        let mut failed = Vec::new();
+        for ((index, device), result) in unreadable.iter().zip(repaired) {
+            match result {
+                Ok(()) => {
+                    self.counters.repairs.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(mirror = %self.name, member = index, offset = piece.start, len, "read error repaired by the resync");
+                }
+                Err(error) => failed.push((*index, device.clone(), error)),
+            }
+        }
+        for ((index, device), result) in targets.iter().zip(written) {
+            if let Err(error) = result {
+                failed.push((*index, device.clone(), error));
+            }
+        }
+        Ok(failed)
     }
 }
 

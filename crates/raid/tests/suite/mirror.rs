@@ -141,8 +141,10 @@ async fn run(seed: u64, n: usize) -> strata_raid::mirror::MirrorStats {
             }
             79..=83 => {
                 // A latent sector error on some member: reads must route around and heal it.
-                // Read it back once per member, so every member serves it once and the
-                // error does not linger into a double fault.
+                // Read it back until the victim has served it and been repaired: round robin
+                // reaches every member within n reads of a fixed set, but a resync passing
+                // the offset meanwhile changes the set, and an unhealed error would linger
+                // into a double fault the mirror cannot survive.
                 // Only with a second healthy copy: two faults in one sector lose it.
                 let states = mirror.member_states();
                 let healthy: Vec<usize> = (0..n)
@@ -156,7 +158,13 @@ async fn run(seed: u64, n: usize) -> strata_raid::mirror::MirrorStats {
                     .ops
                     .push(format!("     latent error on member {victim}"));
                 disks[victim].latent_sector_error(META + offset, 512);
-                for _ in 0..n {
+                let mut reads = 0;
+                while disks[victim].latent_sectors() > 0 {
+                    assert!(
+                        reads < 4 * n,
+                        "{context}: {reads} reads left the latent error on member {victim} unrepaired"
+                    );
+                    reads += 1;
                     let got = mirror
                         .read(offset, 512)
                         .await
@@ -367,4 +375,43 @@ async fn added_member_resyncs_with_progress_and_survives_reopen() {
         ]
     );
     check_all(&mirror, &model).await;
+}
+
+/// A latent sector error on the resync's source, with a second in-sync copy: the copy reads
+/// the other member and rewrites the bad sector on the source too, so the error cannot
+/// linger until the source is the last copy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resync_heals_a_latent_error_on_its_source() {
+    let group = CrashGroup::new();
+    let geometry = sector_disk(META + DATA);
+    let mut disks: Vec<CrashDisk> = (0..3).map(|_| group.disk(geometry)).collect();
+    let mirror = open(&disks).await;
+    let model: Vec<u8> = (0..DATA).map(|i| (i % 253) as u8).collect();
+    mirror
+        .write(0, Bytes::from(model.clone()), WriteFlags::default())
+        .await
+        .unwrap();
+    mirror.flush().await.unwrap();
+    fail_member(&mirror, 2).await.unwrap();
+    // Member 0 is the first in-sync member: the resync's source.
+    disks[0].latent_sector_error(META + 700 * 512, 512);
+    let fresh = group.disk(geometry);
+    mirror
+        .control(replace(2, "fresh", Arc::new(fresh.clone())))
+        .await
+        .unwrap();
+    disks[2] = fresh;
+    mirror.wait_resync().await;
+    assert_eq!(mirror.member_states(), vec![MemberState::InSync; 3]);
+    assert_eq!(
+        disks[0].latent_sectors(),
+        0,
+        "the source's bad sector was not rewritten"
+    );
+    let stats = mirror.stats();
+    assert_eq!((stats.read_errors, stats.repairs), (1, 1), "{stats:?}");
+    check_all(&mirror, &model).await;
+    mirror.flush().await.unwrap();
+    let refs: Vec<&CrashDisk> = disks.iter().collect();
+    assert!(data_area_equal(&refs), "members differ after the resync");
 }
