@@ -6,12 +6,18 @@
 use crate::codec::Reader;
 use crate::journal::{decode_batch, PendingBatch};
 use crate::layout::Superblock;
-use crate::state::{decode_checkpoint, encode_checkpoint};
+use crate::state::{decode_checkpoint, encode_checkpoint, TablePages};
 
-/// A checkpoint stream: decodes or fails; what decodes re-encodes identically and its size
-/// accounting is exact.
+/// A checkpoint stream: decodes or fails; what decodes (in the current encoding)
+/// re-encodes identically and its size accounting is exact. The older encoding must decode
+/// or fail without panicking too.
 pub fn checkpoint(bytes: &[u8]) {
-    let Ok(state) = decode_checkpoint(bytes) else {
+    if let Ok(state) = decode_checkpoint(bytes, TablePages::Whole) {
+        let mut again = Vec::new();
+        encode_checkpoint(&state, &mut again);
+        assert_eq!(again.len() as u64, state.encoded_bytes());
+    }
+    let Ok(state) = decode_checkpoint(bytes, TablePages::Masked) else {
         return;
     };
     let mut again = Vec::new();

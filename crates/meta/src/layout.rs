@@ -25,8 +25,9 @@ use bytes::{BufMut, BytesMut};
 use crate::block::{self, BlockHeader, BlockKind, BLOCK_SIZE, PAYLOAD_SIZE};
 use crate::codec::{put_name, DecodeError, Reader};
 
-/// On-disk format version written by this code: 2, twin journal copies.
-pub const FORMAT_VERSION: u32 = 2;
+/// On-disk format version written by this code: 3, twin journal copies (from 2) and
+/// checkpoints that store only a table page's present values (from 3).
+pub const FORMAT_VERSION: u32 = 3;
 /// Oldest format version this code still reads: 1, one journal copy per batch.
 pub const OLDEST_FORMAT_VERSION: u32 = 1;
 
@@ -297,7 +298,7 @@ mod tests {
     }
 
     #[test]
-    fn superblock_versions_1_and_2_are_read_and_newer_ones_refused() {
+    fn superblock_versions_1_to_3_are_read_and_newer_ones_refused() {
         let v2 = Superblock {
             format_version: 2,
             uuid: [7; 16],
@@ -320,7 +321,13 @@ mod tests {
         assert_eq!(Superblock::decode(&v1.encode(), 0).unwrap(), v1);
         assert_eq!(v1.journal_capacity(), 64);
         assert_eq!(v1.journal_copy_offset(0, 3), v1.layout.journal_offset(3));
-        for version in [0, 3] {
+        let v3 = Superblock {
+            format_version: 3,
+            ..v2.clone()
+        };
+        assert_eq!(Superblock::decode(&v3.encode(), 0).unwrap(), v3);
+        assert_eq!(v3.journal_capacity(), 32);
+        for version in [0, 4] {
             let other = Superblock {
                 format_version: version,
                 ..v2.clone()
@@ -328,7 +335,7 @@ mod tests {
             let error = Superblock::decode(&other.encode(), 0).unwrap_err();
             assert!(
                 error.contains(&format!(
-                    "format version {version}; this build reads versions 1 to 2"
+                    "format version {version}; this build reads versions 1 to 3"
                 )),
                 "{error}"
             );

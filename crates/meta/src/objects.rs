@@ -18,10 +18,9 @@ const BITMAP_PAGE_WORDS: usize = (BITMAP_PAGE_BITS / 64) as usize;
 /// Largest record a table holds.
 pub const MAX_VALUE_SIZE: usize = 256;
 
-/// Bytes a table page takes in a checkpoint: its page number, then its values.
-pub fn table_page_bytes(value_size: usize) -> u64 {
-    8 + TABLE_PAGE_ENTRIES * value_size as u64
-}
+/// Bytes a table page takes in a checkpoint besides its present values: its page number and
+/// the mask of its present entries (format version 3; versions 1 and 2 stored all 64 values).
+pub const TABLE_PAGE_HEADER_BYTES: u64 = 16;
 
 /// Bytes a bitmap page takes in a checkpoint.
 pub const BITMAP_PAGE_BYTES: u64 = 8 + BITMAP_PAGE_BITS / 8;
@@ -98,6 +97,12 @@ impl Table {
         self.pages.len() as u64
     }
 
+    /// Bytes the table's pages take in a checkpoint: a header per page, then only the
+    /// present values, so a sparse table costs what is set rather than whole pages.
+    pub fn encoded_bytes(&self) -> u64 {
+        self.pages() * TABLE_PAGE_HEADER_BYTES + self.present * self.value_size as u64
+    }
+
     fn slot(&self, index: u64) -> std::ops::Range<usize> {
         let at = (index % TABLE_PAGE_ENTRIES) as usize * self.value_size;
         at..at + self.value_size
@@ -108,7 +113,7 @@ impl Table {
         assert_eq!(value.len(), self.value_size);
         let slot = self.slot(index);
         let page_no = index / TABLE_PAGE_ENTRIES;
-        let page_bytes = table_page_bytes(self.value_size) as i64;
+        let value_bytes = self.value_size as i64;
         let new_nonzero = value.iter().any(|&b| b != 0);
         let Some(page) = self.pages.get_mut(&page_no) else {
             let old = vec![0; self.value_size];
@@ -123,28 +128,45 @@ impl Table {
             };
             self.pages.insert(page_no, page);
             self.present += 1;
-            return (old, page_bytes);
+            return (old, TABLE_PAGE_HEADER_BYTES as i64 + value_bytes);
         };
         let old = page.values[slot.clone()].to_vec();
         let old_nonzero = old.iter().any(|&b| b != 0);
         page.values[slot].copy_from_slice(value);
-        match (old_nonzero, new_nonzero) {
+        let delta = match (old_nonzero, new_nonzero) {
             (false, true) => {
                 page.present += 1;
                 self.present += 1;
+                value_bytes
             }
             (true, false) => {
                 page.present -= 1;
                 self.present -= 1;
+                -value_bytes
             }
-            _ => {}
-        }
+            _ => 0,
+        };
         debug_assert!(page.present as u64 <= TABLE_PAGE_ENTRIES);
         if page.present == 0 {
             self.pages.remove(&page_no);
-            return (old, -page_bytes);
+            return (old, delta - TABLE_PAGE_HEADER_BYTES as i64);
         }
-        (old, 0)
+        (old, delta)
+    }
+
+    /// The pages with, for each, the mask of its present entries (bit i: entry i of the
+    /// page is not all zeros) and its values: what a checkpoint stores.
+    pub(crate) fn pages_with_masks(&self) -> impl Iterator<Item = (u64, u64, &[u8])> + '_ {
+        let size = self.value_size;
+        self.pages.iter().map(move |(page_no, page)| {
+            let mask = page
+                .values
+                .chunks_exact(size)
+                .enumerate()
+                .filter(|(_, v)| v.iter().any(|&b| b != 0))
+                .fold(0u64, |mask, (i, _)| mask | 1 << i);
+            (*page_no, mask, &page.values[..])
+        })
     }
 
     /// Inserts a whole page read from a checkpoint. Returns false if the page is malformed.
@@ -498,15 +520,20 @@ mod tests {
         assert_eq!(table.get(5), None);
         let (old, delta) = table.set(5, &7u32.to_le_bytes());
         assert_eq!(old, vec![0; 4]);
-        assert_eq!(delta, table_page_bytes(4) as i64);
+        assert_eq!(delta, TABLE_PAGE_HEADER_BYTES as i64 + 4);
         assert_eq!(table.get_u32(5), 7);
         assert_eq!(table.len(), 1);
         let (_, delta) = table.set(6, &1u32.to_le_bytes());
-        assert_eq!(delta, 0, "same page");
-        let (old, _) = table.set(5, &[0; 4]);
+        assert_eq!(delta, 4, "same page: one more value");
+        let (_, delta) = table.set(6, &2u32.to_le_bytes());
+        assert_eq!(delta, 0, "a value replaced");
+        assert_eq!(table.encoded_bytes(), TABLE_PAGE_HEADER_BYTES + 8);
+        let (old, delta) = table.set(5, &[0; 4]);
         assert_eq!(old, 7u32.to_le_bytes());
+        assert_eq!(delta, -4);
         let (_, delta) = table.set(6, &[0; 4]);
-        assert_eq!(delta, -(table_page_bytes(4) as i64));
+        assert_eq!(delta, -(TABLE_PAGE_HEADER_BYTES as i64 + 4));
+        assert_eq!(table.encoded_bytes(), 0);
         assert!(table.is_empty());
         assert_eq!(table.pages(), 0);
     }

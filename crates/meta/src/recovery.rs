@@ -18,7 +18,7 @@ use strata_core::{BlockDevice, BlockError};
 use crate::block::{self, BlockKind, BLOCK_SIZE};
 use crate::journal::decode_batch;
 use crate::layout::Superblock;
-use crate::state::{decode_checkpoint, State};
+use crate::state::{decode_checkpoint, State, TablePages};
 
 /// Why the journal scan stopped.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
@@ -152,7 +152,9 @@ pub async fn recover(device: &dyn BlockDevice, offset: u64) -> Result<Recovered,
     let checkpoint_error = |reason: String| RecoveryError::Checkpoint { generation, reason };
     let (_, stream) = block::decode_unit(BlockKind::Checkpoint, generation, 0, &blocks)
         .map_err(|fault| checkpoint_error(fault.to_string()))?;
-    let mut state = decode_checkpoint(&stream).map_err(|e| checkpoint_error(e.to_string()))?;
+    let pages = TablePages::of_version(superblock.format_version);
+    let mut state =
+        decode_checkpoint(&stream, pages).map_err(|e| checkpoint_error(e.to_string()))?;
     let mut recovered = Recovered {
         next_txn: superblock.checkpoint_txn,
         superblock,

@@ -12,8 +12,8 @@ use bytes::BufMut;
 
 use crate::codec::{put_name, DecodeError, Reader};
 use crate::objects::{
-    table_page_bytes, Bitmap, BitmapUndo, Table, BITMAP_PAGE_BITS, BITMAP_PAGE_BYTES,
-    MAX_VALUE_SIZE, TABLE_PAGE_ENTRIES,
+    Bitmap, BitmapUndo, Table, BITMAP_PAGE_BITS, BITMAP_PAGE_BYTES, MAX_VALUE_SIZE,
+    TABLE_PAGE_ENTRIES,
 };
 
 pub type ObjectId = u32;
@@ -77,7 +77,7 @@ impl Object {
     fn encoded_bytes(&self) -> u64 {
         header_bytes(&self.name)
             + match &self.body {
-                Body::Table(table) => table.pages() * table_page_bytes(table.value_size()),
+                Body::Table(table) => table.encoded_bytes(),
                 Body::Bitmap(bitmap) => bitmap.pages() * BITMAP_PAGE_BYTES,
                 Body::Blob(data) => 4 + data.len() as u64,
             }
@@ -397,9 +397,15 @@ pub fn encode_checkpoint(state: &State, out: &mut Vec<u8>) {
         match &object.body {
             Body::Table(table) => {
                 out.put_u64_le(table.pages());
-                for (page_no, page) in &table.pages {
-                    out.put_u64_le(*page_no);
-                    out.put_slice(&page.values);
+                let size = table.value_size();
+                for (page_no, mask, values) in table.pages_with_masks() {
+                    out.put_u64_le(page_no);
+                    out.put_u64_le(mask);
+                    for (i, value) in values.chunks_exact(size).enumerate() {
+                        if mask & 1 << i != 0 {
+                            out.put_slice(value);
+                        }
+                    }
                 }
             }
             Body::Bitmap(bitmap) => {
@@ -419,8 +425,29 @@ pub fn encode_checkpoint(state: &State, out: &mut Vec<u8>) {
     assert_eq!((out.len() - start) as u64, state.encoded_bytes);
 }
 
-/// Rebuilds a state from its checkpoint encoding, checking every count and size.
-pub fn decode_checkpoint(stream: &[u8]) -> Result<State, DecodeError> {
+/// How a checkpoint stores a table page: the superblock's format version says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TablePages {
+    /// Versions 1 and 2: the page number, then all 64 values.
+    Whole,
+    /// Version 3: the page number, the mask of present entries, then only their values.
+    Masked,
+}
+
+impl TablePages {
+    pub fn of_version(format_version: u32) -> TablePages {
+        if format_version >= 3 {
+            TablePages::Masked
+        } else {
+            TablePages::Whole
+        }
+    }
+}
+
+/// Rebuilds a state from its checkpoint encoding, checking every count and size. The state
+/// keeps its accounting in the current encoding (`TablePages::Masked`), which is what its
+/// next checkpoint will take.
+pub fn decode_checkpoint(stream: &[u8], pages: TablePages) -> Result<State, DecodeError> {
     let mut reader = Reader::new(stream);
     let mut state = State::new();
     let next_id = reader.u32("next object id")?;
@@ -442,7 +469,7 @@ pub fn decode_checkpoint(stream: &[u8]) -> Result<State, DecodeError> {
             })?;
         let object = state.objects.get_mut(&id).expect("just created");
         let empty_bytes = object.encoded_bytes();
-        decode_body(&mut reader, object, items)?;
+        decode_body(&mut reader, object, items, pages)?;
         state.encoded_bytes += object.encoded_bytes() - empty_bytes;
     }
     if !reader.is_empty() {
@@ -458,7 +485,12 @@ pub fn decode_checkpoint(stream: &[u8]) -> Result<State, DecodeError> {
     Ok(state)
 }
 
-fn decode_body(reader: &mut Reader, object: &mut Object, items: u64) -> Result<(), DecodeError> {
+fn decode_body(
+    reader: &mut Reader,
+    object: &mut Object,
+    items: u64,
+    pages: TablePages,
+) -> Result<(), DecodeError> {
     let name = object.name.clone();
     let at = reader.position();
     let mut last_page = None;
@@ -469,11 +501,28 @@ fn decode_body(reader: &mut Reader, object: &mut Object, items: u64) -> Result<(
     };
     match &mut object.body {
         Body::Table(table) => {
-            let page_len = TABLE_PAGE_ENTRIES as usize * table.value_size();
+            let size = table.value_size();
+            let page_len = TABLE_PAGE_ENTRIES as usize * size;
             for _ in 0..items {
                 let page_no = reader.u64("table page number")?;
-                let values = reader.bytes(page_len, "table page")?;
-                if !ordered(page_no) || !table.insert_page(page_no, values.into()) {
+                let values: Box<[u8]> = match pages {
+                    TablePages::Whole => reader.bytes(page_len, "table page")?.into(),
+                    TablePages::Masked => {
+                        let mask = reader.u64("table page mask")?;
+                        let mut values = vec![0u8; page_len];
+                        for i in (0..TABLE_PAGE_ENTRIES as usize).filter(|i| mask & 1 << i != 0) {
+                            let value = reader.bytes(size, "table value")?;
+                            if value.iter().all(|&b| b == 0) {
+                                return Err(reader.error(format!(
+                                    "{name}: page {page_no} stores entry {i} as present but all zeros"
+                                )));
+                            }
+                            values[i * size..(i + 1) * size].copy_from_slice(value);
+                        }
+                        values.into()
+                    }
+                };
+                if !ordered(page_no) || !table.insert_page(page_no, values) {
                     return Err(
                         reader.error(format!("{name}: page {page_no} is empty or repeated"))
                     );
@@ -564,7 +613,7 @@ mod tests {
         let mut out = Vec::new();
         encode_checkpoint(&state, &mut out);
         assert_eq!(out.len() as u64, state.encoded_bytes());
-        let back = decode_checkpoint(&out).unwrap();
+        let back = decode_checkpoint(&out, TablePages::Masked).unwrap();
         assert_eq!(back, state);
         assert_eq!(back.table(1).unwrap().get_u32(1_000_000), 9);
         assert_eq!(back.bitmap(2).unwrap().count_ones(), 5000);
@@ -642,6 +691,69 @@ mod tests {
         assert_eq!(state, before);
     }
 
+    /// One table object (id 1, 4-byte values) holding `page` as page 0, in `pages`' encoding.
+    fn one_table_page(page: &[u32; 64], pages: TablePages) -> Vec<u8> {
+        let mut out = Vec::new();
+        out.put_u32_le(2); // next id
+        out.put_u32_le(1); // one object
+        out.put_u32_le(1);
+        out.put_u8(ObjectKind::Table as u8);
+        put_name(&mut out, "t");
+        out.put_u32_le(4);
+        out.put_u64_le(1); // one page
+        out.put_u64_le(0); // page 0
+        match pages {
+            TablePages::Whole => page.iter().for_each(|v| out.put_u32_le(*v)),
+            TablePages::Masked => {
+                let mask = page
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, v)| **v != 0)
+                    .fold(0u64, |m, (i, _)| m | 1 << i);
+                out.put_u64_le(mask);
+                page.iter()
+                    .filter(|v| **v != 0)
+                    .for_each(|v| out.put_u32_le(*v));
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn a_version_2_checkpoint_decodes_to_the_state_a_version_3_one_holds() {
+        let mut page = [0u32; 64];
+        page[3] = 7;
+        page[63] = 1 << 31;
+        let whole = one_table_page(&page, TablePages::Whole);
+        let masked = one_table_page(&page, TablePages::Masked);
+        assert_eq!(masked.len(), whole.len() - 62 * 4 + 8);
+        let old = decode_checkpoint(&whole, TablePages::Whole).unwrap();
+        let new = decode_checkpoint(&masked, TablePages::Masked).unwrap();
+        assert_eq!(old, new);
+        assert_eq!(old.encoded_bytes(), masked.len() as u64);
+        let mut again = Vec::new();
+        encode_checkpoint(&old, &mut again);
+        assert_eq!(again, masked, "the next checkpoint is written in version 3");
+        // Read with the other version's rule, neither is accepted as the state it holds.
+        assert!(decode_checkpoint(&whole, TablePages::Masked).is_err());
+        assert!(decode_checkpoint(&masked, TablePages::Whole).is_err());
+    }
+
+    #[test]
+    fn a_present_entry_stored_as_zeros_is_refused() {
+        let mut page = [0u32; 64];
+        page[5] = 9;
+        let mut masked = one_table_page(&page, TablePages::Masked);
+        let mask_at = masked.len() - 4 - 8;
+        masked[mask_at..mask_at + 8].copy_from_slice(&(1u64 << 5 | 1 << 6).to_le_bytes());
+        masked.extend_from_slice(&0u32.to_le_bytes());
+        let error = decode_checkpoint(&masked, TablePages::Masked).unwrap_err();
+        assert!(
+            error.what.contains("entry 6 as present but all zeros"),
+            "{error}"
+        );
+    }
+
     #[test]
     fn the_largest_object_id_is_refused_not_overflowed() {
         // Found by the meta_checkpoint fuzz target: id u32::MAX made next_id overflow.
@@ -653,7 +765,7 @@ mod tests {
         put_name(&mut out, "b");
         out.put_u32_le(0);
         out.put_u64_le(0);
-        let error = decode_checkpoint(&out).unwrap_err();
+        let error = decode_checkpoint(&out, TablePages::Masked).unwrap_err();
         assert!(error.what.contains("in use"), "{error}");
     }
 
@@ -662,10 +774,13 @@ mod tests {
         let mut out = Vec::new();
         encode_checkpoint(&sample(), &mut out);
         for cut in 0..out.len() {
-            assert!(decode_checkpoint(&out[..cut]).is_err(), "cut at {cut}");
+            assert!(
+                decode_checkpoint(&out[..cut], TablePages::Masked).is_err(),
+                "cut at {cut}"
+            );
         }
         let mut extra = out.clone();
         extra.push(0);
-        assert!(decode_checkpoint(&extra).is_err());
+        assert!(decode_checkpoint(&extra, TablePages::Masked).is_err());
     }
 }

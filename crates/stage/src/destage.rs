@@ -94,8 +94,8 @@ impl Stage {
 
     /// A write found no room for `count` blocks: destage everything, unless a destage that
     /// ran meanwhile (or a commit) already made room.
+    /// The caller holds `destaging`.
     pub(crate) async fn make_room(&self, count: u64) -> Result<()> {
-        let _one = self.destaging.lock().await;
         self.reclaim()?;
         if self.space()?.log.free() >= count {
             return Ok(());
@@ -188,7 +188,9 @@ impl Stage {
     fn plan_destage(&self, staged: &[(u64, u64)]) -> Result<Plan> {
         let mut space = self.space()?;
         let ranges = staged.iter().map(|&(_, l)| self.shape.range_of(l));
-        self.ensure_bases(&mut space, ranges)?;
+        // Reclaim class: a destage gives back more metadata than it takes, so it must run
+        // on a full store (it is what empties it).
+        self.ensure_bases(&mut space, ranges, TxnClass::Reclaim)?;
         let blocks: Vec<Staged> = self.store.read(|state| {
             staged
                 .iter()

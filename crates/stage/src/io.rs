@@ -12,6 +12,8 @@
 //! before one transaction records them; its FUA is passed down, then the transaction
 //! committed.
 
+use std::sync::atomic::Ordering;
+
 use bytes::{Bytes, BytesMut};
 use futures_util::future::join_all;
 use strata_core::{BlockError, Result, WriteFlags};
@@ -22,6 +24,7 @@ use crate::plan::{self, PlanParams, Staged};
 use crate::records::{base_of, locate};
 use crate::shape::{runs, BLOCK};
 use crate::stage::{Space, Stage};
+use crate::trigger::Decision;
 
 /// Where a direct write puts one block.
 #[derive(Clone, Copy, Debug)]
@@ -101,9 +104,31 @@ impl Stage {
     async fn write_staged(&self, first: u64, data: Bytes, fua: bool) -> Result<()> {
         let count = data.len() as u64 / BLOCK;
         let slots = self.reserve_slots(count).await?;
-        let exclusive = self.locks.write_range(first..first + count).await;
-        let result = self.stage_blocks(first, &slots, &data).await;
-        drop(exclusive);
+        let mut destaged_for_metadata = false;
+        let result = loop {
+            let exclusive = self.locks.write_range(first..first + count).await;
+            let result = self.stage_blocks(first, &slots, &data).await;
+            drop(exclusive);
+            match result {
+                // The metadata store is full: a destage shrinks it (a staged block costs a
+                // `moved` and a `reverse` record, a block back home costs neither), so destage
+                // and try once more rather than refuse the write. The range lock is dropped
+                // first: the destage's switch takes every range.
+                Err(BlockError::NoSpace) if !destaged_for_metadata => {
+                    destaged_for_metadata = true;
+                    self.counters.bump(&self.counters.metadata_full_destages, 1);
+                    tracing::warn!(stage = %self.name, "metadata store full; destaging everything to make room in it");
+                    let _one = self.destaging.lock().await;
+                    self.destage_locked(Decision::All).await?;
+                }
+                Err(BlockError::NoSpace) => {
+                    tracing::error!(stage = %self.name, "metadata store still full after a destage: `metadata-size` is too small for the blocks placed off their home; the write is refused");
+                    break Err(BlockError::NoSpace);
+                }
+                other => break other,
+            }
+        };
+        self.room.notify_waiters();
         if let Err(error) = result {
             let mut space = self.space()?;
             slots.iter().for_each(|&slot| space.log.release(slot));
@@ -190,18 +215,43 @@ impl Stage {
 
     /// `count` log slots, destaging first when the log has no room (the full trigger, which
     /// every trigger keeps as its backstop).
+    ///
+    /// Writers that found the log full are served in turn (the `destaging` mutex is FIFO),
+    /// each taking its slots under that lock, and while any waits a new writer queues behind
+    /// them instead of taking the room a destage just made: under an overload a writer
+    /// waits, it is never starved into an error.
     async fn reserve_slots(&self, count: u64) -> Result<Vec<u64>> {
-        // Bounded: each round destages everything, so only writers racing for the room it
-        // made can miss it. Under a heavy open-loop overload some do miss it eight times
-        // (`strata sim proximal`, a known defect in docs/layers/stage.md).
-        for _ in 0..8 {
+        if self.room_waiters.load(Ordering::Acquire) == 0 {
             if let Some(slots) = self.space()?.log.reserve(count) {
                 return Ok(slots);
             }
-            self.counters.bump(&self.counters.log_full_waits, 1);
-            self.make_room(count).await?;
         }
-        Err(BlockError::NoSpace)
+        self.counters.bump(&self.counters.log_full_waits, 1);
+        self.room_waiters.fetch_add(1, Ordering::AcqRel);
+        let result = self.reserve_in_turn(count).await;
+        self.room_waiters.fetch_sub(1, Ordering::AcqRel);
+        result
+    }
+
+    async fn reserve_in_turn(&self, count: u64) -> Result<Vec<u64>> {
+        loop {
+            let room = self.room.notified();
+            tokio::pin!(room);
+            room.as_mut().enable();
+            {
+                let _turn = self.destaging.lock().await;
+                if let Some(slots) = self.space()?.log.reserve(count) {
+                    return Ok(slots);
+                }
+                self.make_room(count).await?;
+                if let Some(slots) = self.space()?.log.reserve(count) {
+                    return Ok(slots);
+                }
+            }
+            // Nothing staged was left to destage: the slots are held by writes in flight,
+            // which become destageable once they are staged (each notifies `room`).
+            room.await;
+        }
     }
 
     async fn write_direct(&self, first: u64, data: Bytes, fua: bool) -> Result<()> {
@@ -279,7 +329,7 @@ impl Stage {
             .filter(|(_, old)| !matches!(old, Location::Disk(_)))
             .map(|(logical, _)| self.shape.range_of(logical))
             .collect();
-        self.ensure_bases(&mut space, needing)?;
+        self.ensure_bases(&mut space, needing, TxnClass::Normal)?;
         let mut targets = Vec::with_capacity(count as usize);
         for (logical, old) in (first..).zip(olds) {
             if let Location::Disk(physical) = old {
@@ -334,6 +384,7 @@ impl Stage {
         &self,
         space: &mut Space,
         ranges: impl IntoIterator<Item = u64>,
+        class: TxnClass,
     ) -> Result<()> {
         let mut wanted: Vec<u64> = ranges.into_iter().collect();
         wanted.sort_unstable();
@@ -351,7 +402,7 @@ impl Stage {
         if unbased.is_empty() {
             return Ok(());
         }
-        self.store.transact(TxnClass::Normal, |state, txn| {
+        self.store.transact(class, |state, txn| {
             let mut chosen: std::collections::BTreeMap<u64, u64> = Default::default();
             for &range in &unbased {
                 let near = |r: Option<u64>| {

@@ -9,10 +9,10 @@
 //! - `space` (std mutex): in-memory only, never across an await. Taken before the store's
 //!   own lock when both are needed (a first base is chosen and recorded together).
 //! - `destaging` (async mutex): one destage at a time; writes that find the log full wait
-//!   on it.
+//!   on it, in turn, and take their slots under it.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use strata_core::{Background, BlockError, DeviceRef, Result, Runtime, StripedLocks};
@@ -98,6 +98,10 @@ pub struct Stage {
     pub(crate) space: Mutex<Space>,
     pub(crate) locks: StripedLocks,
     pub(crate) destaging: tokio::sync::Mutex<()>,
+    /// Writers waiting for room in the log; while any wait, new writers queue behind them.
+    pub(crate) room_waiters: AtomicU64,
+    /// Notified when a staged write ends (its slots become destageable or free).
+    pub(crate) room: tokio::sync::Notify,
     pub(crate) counters: Counters,
     /// Why the fast child was last seen failing (a log read or write, a metadata commit).
     pub(crate) fast_failure: Mutex<Option<String>>,
@@ -270,6 +274,8 @@ impl Stage {
             space: Mutex::new(space),
             locks: StripedLocks::new(LOCK_STRIPES),
             destaging: tokio::sync::Mutex::new(()),
+            room_waiters: AtomicU64::new(0),
+            room: tokio::sync::Notify::new(),
             counters: Counters::default(),
             fast_failure: Mutex::new(None),
             kick: Arc::new(tokio::sync::Notify::new()),

@@ -28,6 +28,8 @@ pub struct Counters {
     pub placed_outside_window: AtomicU64,
     pub destage_failures: AtomicU64,
     pub log_full_waits: AtomicU64,
+    /// Staged writes that found the metadata store full and destaged to make room in it.
+    pub metadata_full_destages: AtomicU64,
     pub fast_read_errors: AtomicU64,
     progress_done: AtomicU64,
     progress_total: AtomicU64,
@@ -82,6 +84,7 @@ impl Counters {
             ("placed outside window", get(&self.placed_outside_window)),
             ("destage failures", get(&self.destage_failures)),
             ("log full waits", get(&self.log_full_waits)),
+            ("metadata full destages", get(&self.metadata_full_destages)),
             ("fast read errors", get(&self.fast_read_errors)),
         ]
     }

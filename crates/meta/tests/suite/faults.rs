@@ -339,6 +339,8 @@ async fn two_valid_copies_that_differ_are_refused() {
 /// Turns a version 2 image into the version 1 image of the same store: both superblocks
 /// say version 1, and the journal's second half (copy 2, which version 1 never wrote) is
 /// zeros. Version 1 laid out the region exactly as version 2 does, with one journal copy.
+/// (The image's checkpoint holds no table page, which is encoded alike in every version; a
+/// version 3 image is therefore also this store's version 2 image.)
 fn as_version_1(image: &DiskImage) -> DiskImage {
     let mut v1 = image.clone();
     for copy in 0..2u64 {

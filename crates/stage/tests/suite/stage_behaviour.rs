@@ -369,3 +369,84 @@ async fn a_destage_run_longer_than_the_slow_child_takes_is_cut_into_requests_it_
     assert_eq!(read(&device, 2, 2).await, blocks(2, 2, 4));
     assert_eq!(read(&device, 4, 1).await, blocks(4, 1, 4));
 }
+
+/// Random updates cost the metadata store a `moved` and a `reverse` record each (the
+/// `moved` ones sparse); when the store fills before the log does, a write destages
+/// everything (which drops those records: the blocks go back home) and goes on, rather than
+/// failing. The volume is written serially first, as the paper's aged volume is, so that
+/// the blocks' homes already exist.
+#[tokio::test]
+async fn a_full_metadata_store_starts_a_destage_instead_of_refusing_writes() {
+    let config = config("full");
+    let spacing = 8; // updated blocks per page of 64 `moved` records: 8
+    let updates = 24_000u64;
+    let volume = updates * spacing * BLOCK;
+    let (fast, slow) = (memory(fast_size(updates)), memory(volume));
+    let stage = format(fast.clone(), slow.clone(), &config).await;
+    let device = StageDevice(stage.clone());
+    let chunk = 1 << 20;
+    for at in (0..volume).step_by(chunk) {
+        let data = Bytes::from(vec![7u8; chunk]);
+        device.write(at, data, WriteFlags::default()).await.unwrap();
+    }
+    assert_eq!(counter(&stage, "staged writes"), 0);
+    for i in 0..updates {
+        let block = i * spacing;
+        write(&device, block, block_data(block, 1)).await;
+    }
+    assert!(
+        counter(&stage, "metadata full destages") >= 1,
+        "{:?} {:?}",
+        stage.counters(),
+        stage.store().space()
+    );
+    assert_eq!(counter(&stage, "log full waits"), 0, "the log never filled");
+    assert_consistent(&stage);
+    device.flush().await.unwrap();
+    drop(device);
+    drop(stage);
+    let stage = reopen(fast, slow, &config).await;
+    let device = StageDevice(stage);
+    for i in (0..updates).step_by(97) {
+        let block = i * spacing;
+        assert_eq!(
+            read(&device, block, 1).await,
+            block_data(block, 1),
+            "block {block}"
+        );
+        assert_eq!(read(&device, block + 1, 1).await, vec![7u8; BLOCK as usize]);
+    }
+}
+
+/// Many more writers than a tiny log holds, all at once: each waits its turn for a destage
+/// to make room, and none is refused (an overload makes writers wait, never fail).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writers_overloading_a_full_log_all_wait_their_turn_and_none_fails() {
+    let config = config("full");
+    let stage = format(memory(fast_size(16)), memory(16 << 20), &config).await;
+    let device = Arc::new(StageDevice(stage.clone()));
+    let writers: Vec<_> = (0..64u64)
+        .map(|w| {
+            let device = device.clone();
+            tokio::spawn(async move {
+                for round in 0..20u64 {
+                    let block = (w * 37 + round * 101) % 4092;
+                    let count = 1 + (w + round) % 4;
+                    let data = (block..block + count)
+                        .flat_map(|b| block_data(b, w as u8))
+                        .collect::<Vec<u8>>();
+                    device
+                        .write(block * BLOCK, Bytes::from(data), WriteFlags::default())
+                        .await
+                        .unwrap_or_else(|e| panic!("writer {w}, round {round}: {e}"));
+                }
+            })
+        })
+        .collect();
+    for writer in writers {
+        writer.await.unwrap();
+    }
+    assert!(counter(&stage, "log full waits") > 0);
+    assert!(counter(&stage, "destages") > 0);
+    assert_consistent(&stage);
+}
