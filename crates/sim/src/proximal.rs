@@ -905,7 +905,10 @@ mod tests {
         assert_eq!(spec.disks.len(), 7);
         let stage = spec.layers.iter().find(|l| l.kind == "stage").unwrap();
         assert_eq!(stage.children, ["flash", "r5"]);
-        assert_eq!(stage.options["density"].as_integer(), Some(40));
+        assert_eq!(
+            stage.options["density"],
+            strata_core::layer::OptionValue::Integer(40)
+        );
         let plain: toml::Table = stack_text(&config, "wd-re3-1t", None).parse().unwrap();
         assert!(StackSpec::from_toml(&plain)
             .unwrap()
