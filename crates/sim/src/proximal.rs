@@ -351,7 +351,8 @@ impl Workload for Listed {
     }
 }
 
-/// Runs `ios` against `top`, one outstanding at a time (open loop: each from its arrival).
+/// Runs `ios` against `top`: closed loop one at a time; open loop each at its arrival,
+/// whatever is outstanding (the driver's rule).
 fn one_at_a_time(sim: &Simulation, top: DeviceRef, ios: Vec<Io>) -> driver::RunOutput {
     let config = DriverConfig {
         queue_depth: 1,
@@ -582,14 +583,14 @@ pub fn run_staged(config: &ProximalConfig, setup: &StagedSetup) -> Result<Staged
         setup.updates_per_extent,
         derive_seed(config.seed, "proximal-updates"),
     );
-    let start = sim.now();
+    // Open loop: arrivals count from the driver's start.
     let ios: Vec<Io> = list
         .iter()
         .enumerate()
         .map(|(i, &(e, b))| Io {
             arrival: setup
                 .rate_per_s
-                .map(|rate| start + (i as f64 * SECONDS as f64 / rate) as Nanos),
+                .map(|rate| (i as f64 * SECONDS as f64 / rate) as Nanos),
             op: Op::Write,
             offset: e * config.extent_bytes + b * BLOCK,
             len: BLOCK,
