@@ -280,3 +280,27 @@ def test_alv_grows_with_both_policies_and_alv_writes_less_metadata(tmp_path):
 
     refused = sim("alv", "--load", "tpc-c", check=False)
     assert refused.returncode != 0 and "--load" in refused.stderr, refused.stderr
+
+
+def test_proximal_reproduces_the_tables_at_a_tiny_scale(tmp_path):
+    # Members of 64 MiB (13 extents of 16 MiB at 89 %), 300 updates per extent: seconds of
+    # wall time. The numbers at the default scale are in docs/proximal-sim.md; this checks the
+    # command, its tables, its JSON and its plots.
+    args = ["proximal", "--member-mib", "64", "--staging", "1,4", "--updates", "300",
+            "--trigger-updates", "100", "--no-quirk"]
+    out = tmp_path / "proximal"
+    text = sim(*args, "--out", out, timeout=300).stdout
+    for heading in ("Table 2", "Table 3", "Update in place", "Triggers", "write-anywhere"):
+        assert heading in text, text
+    report = json.loads((out / "report.json").read_text())
+    assert [r["setup"]["percent"] for r in report["table2"]] == [1.0, 4.0]
+    small, big = report["table2"]
+    assert big["updates_per_batch"] > small["updates_per_batch"]
+    assert big["amplification"] < small["amplification"]
+    assert abs(report["in_place"]["ios_per_update"] - 4.0) < 0.05, report["in_place"]
+    assert [r["setup"]["trigger"] for r in report["triggers"]][0] == "full"
+    for name in ("ios-per-revolution.svg", "triggers.svg"):
+        ET.parse(out / name)
+
+    refused = sim("proximal", "--member-mib", "8", check=False)
+    assert refused.returncode != 0 and "--member-mib" in refused.stderr, refused.stderr

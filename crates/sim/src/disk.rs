@@ -73,6 +73,19 @@ impl DiskStats {
 struct Waiter {
     done: bool,
     waker: Option<Waker>,
+    op: Op,
+    offset: u64,
+    submitted: Nanos,
+}
+
+/// One completed request, as [`SimDisk::record_completions`] keeps them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CompletionRecord {
+    /// When the request reached the disk, and when it completed.
+    pub submitted: Nanos,
+    pub at: Nanos,
+    pub op: Op,
+    pub offset: u64,
 }
 
 /// The part of a disk the executor drives: the model and who waits for what.
@@ -85,6 +98,8 @@ struct DeviceState {
     flush_waiters: Vec<Waker>,
     stats: DiskStats,
     completed: Vec<Completion>,
+    /// Completions kept for the caller while recording is on.
+    recorded: Option<Vec<CompletionRecord>>,
 }
 
 struct Device {
@@ -106,6 +121,14 @@ impl EventSource for Device {
             wrote |= state.open_writes.remove(&completion.id);
             if let Some(waiter) = state.waiting.get_mut(&completion.id) {
                 waiter.done = true;
+                if let Some(recorded) = state.recorded.as_mut() {
+                    recorded.push(CompletionRecord {
+                        submitted: waiter.submitted,
+                        at: completion.at,
+                        op: waiter.op,
+                        offset: waiter.offset,
+                    });
+                }
                 wake.extend(waiter.waker.take());
             }
         }
@@ -200,6 +223,7 @@ impl SimDisk {
                 flush_waiters: Vec::new(),
                 stats: DiskStats::default(),
                 completed: Vec::new(),
+                recorded: None,
             }),
         });
         sim.register(device.clone());
@@ -234,6 +258,23 @@ impl SimDisk {
             busy_time: state.model.busy_time(),
             ..state.stats.clone()
         }
+    }
+
+    /// Starts (or stops, dropping what was kept) keeping a record of every completion, for
+    /// per-request timelines (inter-completion times).
+    pub fn record_completions(&self, on: bool) {
+        self.device.state.lock().unwrap().recorded = on.then(Vec::new);
+    }
+
+    /// The completions kept since recording started or since the last take, in completion
+    /// order; recording stays on.
+    pub fn take_completions(&self) -> Vec<CompletionRecord> {
+        let mut state = self.device.state.lock().unwrap();
+        state
+            .recorded
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
     }
 
     /// Requests accepted by the model and not yet completed.
@@ -272,6 +313,9 @@ impl SimDisk {
                 Waiter {
                     done: false,
                     waker: None,
+                    op,
+                    offset,
+                    submitted: now,
                 },
             );
             match op {

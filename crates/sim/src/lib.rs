@@ -13,6 +13,7 @@ pub mod hdd;
 pub mod model;
 pub mod models;
 pub mod net;
+pub mod proximal;
 pub mod results;
 pub mod ssd;
 pub mod stack;

@@ -11,6 +11,7 @@ use clap::{Parser, Subcommand};
 use strata_sim::alv;
 use strata_sim::clotho;
 use strata_sim::experiment::{self, Experiment};
+use strata_sim::proximal;
 use strata_sim::validate;
 use strata_sim::workload::{TraceFormat, WorkloadSpec};
 
@@ -131,6 +132,40 @@ enum SimCommand {
         #[arg(long, default_value = "../shared/traces/websearch-spc.trace")]
         trace: PathBuf,
         /// Write the response-time plots (SVG) and report.json here.
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Print JSON instead of tables.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Proximal I/O §5 on the stage layer: a 4+1 raid5 of simulated WD RE3 drives with a
+    /// flash stage, 16 MiB extents filled to 89 %, 2,000 random 4 KiB updates per extent:
+    /// Table 2 (I/Os per revolution by staging size), Table 3 (serial reads aged, pristine,
+    /// write-anywhere), update in place, and the destage triggers. See docs/proximal-sim.md.
+    Proximal {
+        /// Each raid5 member: a slice of this many MiB of its drive (the paper: whole 1 TB
+        /// drives).
+        #[arg(long, default_value_t = 1024)]
+        member_mib: u64,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Staging sizes of Table 2, % of the usable capacity (comma-separated).
+        #[arg(long, value_delimiter = ',', default_value = "1,2,5,10")]
+        staging: Vec<f64>,
+        /// Updates per extent (the paper: 2,000).
+        #[arg(long, default_value_t = 2000)]
+        updates: u64,
+        /// The trigger comparison: staging %, updates per extent, open-loop rate (updates/s).
+        #[arg(long, default_value_t = 1.0)]
+        trigger_staging: f64,
+        #[arg(long, default_value_t = 500)]
+        trigger_updates: u64,
+        #[arg(long, default_value_t = 40.0)]
+        rate: f64,
+        /// Skip the runs on wd-re3-1t-order-quirk.
+        #[arg(long)]
+        no_quirk: bool,
+        /// Write the plots (SVG) and report.json here.
         #[arg(long)]
         out: Option<PathBuf>,
         /// Print JSON instead of tables.
@@ -332,6 +367,49 @@ fn run(command: SimCommand) -> anyhow::Result<()> {
             }
             if let Some(dir) = out {
                 let written = alv::write_plots(&report, &dir).map_err(anyhow::Error::msg)?;
+                if !json {
+                    outln!("wrote {} files to {}", written.len(), dir.display());
+                }
+            }
+            Ok(())
+        }
+        SimCommand::Proximal {
+            member_mib,
+            seed,
+            staging,
+            updates,
+            trigger_staging,
+            trigger_updates,
+            rate,
+            no_quirk,
+            out,
+            json,
+        } => {
+            if member_mib < 64 {
+                bail!("--member-mib must be at least 64");
+            }
+            if staging.is_empty() || staging.iter().any(|p| !(*p > 0.0 && *p <= 50.0)) {
+                bail!("--staging: percentages from 0 (exclusive) to 50");
+            }
+            if !(rate.is_finite() && rate > 0.0) {
+                bail!("--rate must be positive");
+            }
+            let mut config = proximal::ProximalConfig::with_members(seed, member_mib << 20);
+            config.staging_percents = staging;
+            config.table3_percent = config.staging_percents[0];
+            config.updates_per_extent = updates;
+            config.trigger_percent = trigger_staging;
+            config.trigger_updates_per_extent = trigger_updates;
+            config.rate_per_s = rate;
+            config.quirk = !no_quirk;
+            let report = proximal::run(&config).map_err(anyhow::Error::msg)?;
+            if json {
+                outln!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                out!("{}", proximal::format_report(&report));
+            }
+            if let Some(dir) = out {
+                let written = proximal::write_plots(&report, &dir).map_err(anyhow::Error::msg)?;
                 if !json {
                     outln!("wrote {} files to {}", written.len(), dir.display());
                 }

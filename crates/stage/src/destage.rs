@@ -356,7 +356,10 @@ impl Stage {
         let runtime = self.settings.runtime.clone();
         self.background.spawn(runtime.clone().as_ref(), |worker| async move {
             loop {
+                // Biased: tokio picks a ready branch at random otherwise, which makes a
+                // simulated run depend on more than its seed.
                 tokio::select! {
+                    biased;
                     _ = kick.notified() => {}
                     alive = worker.sleep(runtime.as_ref(), TICK) => if !alive { return },
                 }

@@ -225,6 +225,7 @@ pub async fn open_or_format(
     min_io: u32,
     plan: FormatPlan,
     start: StartPolicy,
+    runtime: &dyn strata_core::Runtime,
 ) -> Result<Opened> {
     let mut copies = Vec::with_capacity(children.len());
     for child in children {
@@ -250,7 +251,7 @@ pub async fn open_or_format(
                 fanout.clone(),
                 0,
                 plan.metadata_size,
-                FormatOptions::new(super::OWNER),
+                FormatOptions::new(super::OWNER).random_from(runtime),
                 store_options,
             )
             .await?;

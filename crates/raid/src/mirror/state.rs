@@ -149,6 +149,7 @@ impl Mirror {
             geometry.min_io,
             plan,
             options.start,
+            runtime.as_ref(),
         )
         .await?;
         let record = opened.record;

@@ -381,7 +381,10 @@ impl Array {
                 // without a move the request records the checkpoint itself.
                 _ => {
                     let timeout = self.runtime.sleep(Duration::from_secs(1));
+                    // Biased: tokio picks a ready branch at random otherwise, which makes a
+                    // simulated run depend on more than its seed.
                     tokio::select! {
+                        biased;
                         _ = changed.changed() => {}
                         _ = timeout => {
                             if blocked == Route::Checkpoint {

@@ -380,7 +380,7 @@ async fn create(
     let Given {
         journal_device,
         settings,
-        ..
+        runtime,
     } = &given;
     let devices: Vec<DeviceRef> = children
         .iter()
@@ -463,7 +463,9 @@ async fn create(
         (0..n).map(|_| member(MemberState::Active)).collect(),
     );
     let mirror = metadata_device(members.clone());
-    let format = FormatOptions::new(OWNER);
+    // The generation and uuid drawn through the runtime: in the simulator, from the seed
+    // (the generation picks which superblock copy is written, hence where the drive seeks).
+    let format = FormatOptions::new(OWNER).random_from(runtime.as_ref());
     let store = MetaStore::format(mirror, 0, META_BYTES, format, store_options(&name)).await?;
     let record = ArrayRecord {
         members: n,

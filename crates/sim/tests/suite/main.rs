@@ -7,6 +7,7 @@ mod clotho;
 mod experiment;
 mod hdd;
 mod models;
+mod proximal;
 mod results;
 mod runtime;
 mod workload;
