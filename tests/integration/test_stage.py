@@ -197,6 +197,33 @@ def test_staged_blocks_stay_staged_across_a_clean_restart(server_factory, workdi
     assert rc == 0 and not report["errors"] and not report["warnings"], report
 
 
+def test_qemu_io_discard_and_write_zeroes_unmap_and_survive_a_restart(server_factory, workdir):
+    srv = server_factory(stage_spec())
+    (export,) = nbdinfo_json(srv.uri())["exports"]
+    assert export["can_trim"] is True and export["can_zero"] is True, export
+    ref = Reference(workdir / "ref.img")
+    # A 2 MiB direct write, then 64 staged blocks inside it and 64 more elsewhere.
+    ref.qemu_io(srv, [(8 * MiB, 2 * MiB, 0x11)] + scattered(5, 64, range(8 * MiB // BLOCK, 10 * MiB // BLOCK))
+                + scattered(6, 64, range(20 * MiB // BLOCK, 24 * MiB // BLOCK)))
+    assert backlog(srv) == 128, detail(srv)
+    # Discard the first MiB of the direct write (staged blocks in it too), and zero 1 MiB of
+    # the staged area with unmap allowed (qemu-io write -z -u).
+    run(["qemu-io", "-f", "raw", "-t", "writeback", "-c", f"discard {8 * MiB} {MiB}",
+         "-c", f"write -z -u {20 * MiB} {MiB}", "-c", "flush", srv.uri()])
+    ref.data[8 * MiB:9 * MiB] = bytes(MiB)
+    ref.data[20 * MiB:21 * MiB] = bytes(MiB)
+    ref.path.write_bytes(ref.data)
+    ref.assert_served(srv)
+    (unmapped,) = counters(srv, "unmapped blocks")
+    assert unmapped >= MiB // BLOCK, detail(srv)
+    assert backlog(srv) < 128, detail(srv)
+    srv.restart()
+    ref.assert_served(srv)
+    srv.stop()
+    rc, report = check(srv.disk_file("flash"))
+    assert rc == 0 and not report["errors"] and not report["warnings"], report
+
+
 def test_status_answers_while_a_called_destage_runs(server_factory, workdir):
     """docs/layers/stage.md: "A destage under way shows as an activity (`destaging: N %`)" and
     `strata call LAYER destage` destages everything now. `strata status` must answer while

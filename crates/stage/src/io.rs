@@ -26,6 +26,10 @@ use crate::shape::{runs, BLOCK};
 use crate::stage::{Space, Stage};
 use crate::trigger::Decision;
 
+/// Logical blocks one discard transaction covers (16 MiB): a discard of a whole device is
+/// many bounded transactions, not one that could outgrow a journal batch.
+const UNMAP_PIECE_BLOCKS: u64 = 4096;
+
 /// Where a direct write puts one block.
 #[derive(Clone, Copy, Debug)]
 struct Target {
@@ -176,6 +180,61 @@ impl Stage {
             space.note_staged(self.shape.extent_of(logical), 1);
         }
         self.free_after(&mut space, &freed, first);
+        Ok(())
+    }
+
+    /// Discard, and write-zeroes that may trim: the blocks become unwritten (they read as
+    /// zeros) and their log slots and slow-child blocks are freed, for reuse once the
+    /// transaction is durable, as an overwrite frees them. Only blocks that live somewhere
+    /// are visited (the `home` bits and `moved` records in the range), so a discard of a
+    /// whole device costs what it frees. Reclaim class: it must work on a full store.
+    pub(crate) async fn unmap_blocks(&self, offset: u64, len: u64, fua: bool) -> Result<()> {
+        let (first, end) = (offset / BLOCK, (offset + len) / BLOCK);
+        let ids = self.ids;
+        let mut start = first;
+        while start < end {
+            let stop = (start + UNMAP_PIECE_BLOCKS).min(end);
+            let _exclusive = self.locks.write_range(start..stop).await;
+            let freed = self.store.transact(TxnClass::Reclaim, |state, txn| {
+                let mut live = std::collections::BTreeSet::new();
+                if let Some(home) = state.bitmap(ids.home) {
+                    let mut at = home.next(start, stop, true);
+                    while let Some(block) = at {
+                        live.insert(block);
+                        at = home.next(block + 1, stop, true);
+                    }
+                }
+                let moved = state.table(ids.moved);
+                if let Some(moved) = moved {
+                    live.extend(
+                        moved
+                            .iter_from(start)
+                            .map(|(block, _)| block)
+                            .take_while(|&block| block < stop),
+                    );
+                }
+                let mut freed = Vec::with_capacity(live.len());
+                for logical in live {
+                    let old = self.unlink(state, txn, logical);
+                    if moved.is_some_and(|m| m.get(logical).is_some()) {
+                        txn.set(ids.moved, logical, &[0; 8]);
+                    }
+                    freed.push((logical, old));
+                }
+                Ok(freed)
+            })?;
+            let mut space = self.space()?;
+            for (logical, old) in &freed {
+                self.free_after(&mut space, std::slice::from_ref(old), *logical);
+            }
+            drop(space);
+            self.counters
+                .bump(&self.counters.unmapped_blocks, freed.len() as u64);
+            start = stop;
+        }
+        if fua {
+            self.commit().await?;
+        }
         Ok(())
     }
 

@@ -8,7 +8,7 @@ use bytes::{Bytes, BytesMut};
 use strata_core::layer::{ChildCount, LayerArgs, LayerKind, Options, StartPolicy, Verb};
 use strata_core::{
     async_trait, BlockDevice, BlockError, Capabilities, Control, ControlReply, DeviceRef, Geometry,
-    Result, WriteFlags,
+    Result, WriteFlags, ZeroFlags,
 };
 use strata_meta::RecoveryError;
 
@@ -170,6 +170,10 @@ impl BlockDevice for StageDevice {
             read_only: false,
             flush: true,
             fua: true,
+            discard: true,
+            write_zeroes: true,
+            // Zeroing that may trim only changes the map; without trimming it writes zeros.
+            fast_zero: true,
             rotational: self.0.slow.capabilities().rotational,
             ..Capabilities::default()
         }
@@ -190,6 +194,19 @@ impl BlockDevice for StageDevice {
 
     async fn flush(&self) -> Result<()> {
         self.0.flush_all().await
+    }
+
+    async fn discard(&self, offset: u64, len: u64) -> Result<()> {
+        self.geometry().check_range(offset, len)?;
+        self.0.unmap_blocks(offset, len, false).await
+    }
+
+    async fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> {
+        self.geometry().check_range(offset, len)?;
+        if flags.may_trim {
+            return self.0.unmap_blocks(offset, len, flags.fua).await;
+        }
+        strata_core::write_zeroes_by_writing(self, offset, len, flags).await
     }
 
     async fn control(&self, request: Control) -> Result<ControlReply> {

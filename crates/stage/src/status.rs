@@ -30,6 +30,8 @@ pub struct Counters {
     pub log_full_waits: AtomicU64,
     /// Staged writes that found the metadata store full and destaged to make room in it.
     pub metadata_full_destages: AtomicU64,
+    /// Blocks that a discard (or a write-zeroes that may trim) made unwritten.
+    pub unmapped_blocks: AtomicU64,
     pub fast_read_errors: AtomicU64,
     progress_done: AtomicU64,
     progress_total: AtomicU64,
@@ -85,6 +87,7 @@ impl Counters {
             ("destage failures", get(&self.destage_failures)),
             ("log full waits", get(&self.log_full_waits)),
             ("metadata full destages", get(&self.metadata_full_destages)),
+            ("unmapped blocks", get(&self.unmapped_blocks)),
             ("fast read errors", get(&self.fast_read_errors)),
         ]
     }

@@ -450,3 +450,95 @@ async fn writers_overloading_a_full_log_all_wait_their_turn_and_none_fails() {
     assert!(counter(&stage, "destages") > 0);
     assert_consistent(&stage);
 }
+
+/// A discard makes its blocks unwritten wherever they lived (the log, their home, off home):
+/// they read as zeros, their log slots and slow-child blocks are free once it is flushed,
+/// the neighbours are untouched, and all of it holds after a reopen.
+#[tokio::test]
+async fn a_discard_unmaps_staged_and_destaged_blocks_and_frees_their_places() {
+    let config = config("full");
+    let (fast, slow) = (memory(fast_size(64)), memory(4 << 20));
+    let stage = format(fast.clone(), slow.clone(), &config).await;
+    let device = StageDevice(stage.clone());
+    write(&device, 0, blocks(0, 32, 1)).await; // direct: at home
+    for b in [3, 5, 40, 41] {
+        write(&device, b, blocks(b, 1, 2)).await; // staged
+    }
+    stage.destage_all().await.unwrap();
+    for b in [5, 7, 41, 42] {
+        write(&device, b, blocks(b, 1, 3)).await; // staged again, over destaged blocks
+    }
+    device.flush().await.unwrap();
+    let (staged, _) = stage.log_usage().unwrap();
+    assert_eq!(staged, 4);
+
+    device.discard(4 * BLOCK, 40 * BLOCK).await.unwrap(); // blocks 4..44
+    device.flush().await.unwrap();
+    assert_eq!(read(&device, 4, 40).await, vec![0u8; 40 * BLOCK as usize]);
+    assert_eq!(read(&device, 3, 1).await, blocks(3, 1, 2));
+    assert_eq!(read(&device, 0, 3).await, blocks(0, 3, 1));
+    assert_eq!(
+        stage.log_usage().unwrap().0,
+        0,
+        "the staged blocks in the range are gone"
+    );
+    // Live in 4..44: 26 blocks at home (4..32 but 5 and 7), 40 at home, and 5, 7, 41, 42 in
+    // the log.
+    assert_eq!(counter(&stage, "unmapped blocks"), 26 + 1 + 4);
+    // Only blocks 0..4 still live on the slow child (the frees are reclaimed by a destage's
+    // bookkeeping once durable).
+    stage.destage_all().await.unwrap();
+    let described = stage.describe().await.unwrap();
+    assert_eq!(detail(&described, "slow child free blocks"), 1024 - 4);
+    assert_consistent(&stage);
+
+    // Write-zeroes that may trim does the same; one that may not writes zeros.
+    let trim = strata_core::ZeroFlags {
+        may_trim: true,
+        ..Default::default()
+    };
+    device.write_zeroes(0, BLOCK, trim).await.unwrap();
+    device
+        .write_zeroes(BLOCK, BLOCK, strata_core::ZeroFlags::default())
+        .await
+        .unwrap();
+    assert_eq!(read(&device, 0, 2).await, vec![0u8; 2 * BLOCK as usize]);
+    assert_eq!(counter(&stage, "unmapped blocks"), 26 + 1 + 4 + 1);
+    device.flush().await.unwrap();
+    drop(device);
+    drop(stage);
+    let stage = reopen(fast, slow, &config).await;
+    let device = StageDevice(stage);
+    assert_eq!(read(&device, 0, 2).await, vec![0u8; 2 * BLOCK as usize]);
+    assert_eq!(read(&device, 3, 1).await, blocks(3, 1, 2));
+    assert_eq!(read(&device, 4, 40).await, vec![0u8; 40 * BLOCK as usize]);
+    // The places are reusable: the whole device written again, then discarded whole.
+    let size = device.geometry().size;
+    device
+        .write(
+            0,
+            Bytes::from(vec![9u8; size as usize]),
+            WriteFlags::default(),
+        )
+        .await
+        .unwrap();
+    device.discard(0, size).await.unwrap();
+    assert_eq!(
+        read(&device, 0, size / BLOCK).await,
+        vec![0u8; size as usize]
+    );
+    assert_consistent(&device.0);
+}
+
+fn detail(node: &strata_core::NodeStatus, key: &str) -> u64 {
+    node.detail
+        .iter()
+        .find(|(k, _)| k == key)
+        .unwrap_or_else(|| panic!("no {key:?} in {:?}", node.detail))
+        .1
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}

@@ -60,6 +60,8 @@ fn scenario(concurrency: usize) -> ScenarioConfig {
     scenario.ops_per_round = 40;
     scenario.max_write = 64 << 10;
     scenario.concurrency = concurrency;
+    // A discard unmaps: the range reads as zeros, which the workload then checks.
+    scenario.discard_zeroes = true;
     scenario
 }
 

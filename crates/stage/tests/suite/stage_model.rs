@@ -1,5 +1,6 @@
 //! The stage against a reference model (a `Vec<u8>` disk): random reads, small and large
-//! writes, FUA, flushes, destages and reopens (after a flush), under each trigger, with a
+//! writes, FUA, discards and write-zeroes, flushes, destages and reopens (after a flush),
+//! under each trigger, with a
 //! log small enough to fill. Every read must equal the model, and the invariants must hold
 //! after every destage and reopen.
 
@@ -8,7 +9,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use proptest::prelude::*;
 use strata_backend::MemoryDevice;
-use strata_core::{BlockDevice, DeviceRef, WriteFlags};
+use strata_core::{BlockDevice, DeviceRef, WriteFlags, ZeroFlags};
 use strata_stage::{check_state, StageDevice};
 
 use crate::common;
@@ -29,6 +30,14 @@ enum Op {
         block: u64,
         count: u64,
     },
+    /// Discard, or write-zeroes (`trim`: may deallocate); both read as zeros after.
+    Zero {
+        block: u64,
+        count: u64,
+        discard: bool,
+        trim: bool,
+        fua: bool,
+    },
     Flush,
     Destage,
     Reopen,
@@ -41,7 +50,9 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         8 => (block.clone(), 1..17u64, any::<bool>(), any::<u8>())
             .prop_map(|(block, count, fua, byte)| Op::Write { block, count, fua, byte }),
-        4 => (block, 1..40u64).prop_map(|(block, count)| Op::Read { block, count }),
+        4 => (block.clone(), 1..40u64).prop_map(|(block, count)| Op::Read { block, count }),
+        2 => (block, 1..64u64, any::<bool>(), any::<bool>(), any::<bool>())
+            .prop_map(|(block, count, discard, trim, fua)| Op::Zero { block, count, discard, trim, fua }),
         1 => Just(Op::Flush),
         1 => Just(Op::Destage),
         1 => Just(Op::Reopen),
@@ -92,6 +103,27 @@ fn run(trigger: &'static str, ops: Vec<Op>) -> Result<(), TestCaseError> {
                         count,
                         block
                     );
+                }
+                Op::Zero {
+                    block,
+                    count,
+                    discard,
+                    trim,
+                    fua,
+                } => {
+                    let count = count.min(BLOCKS - block);
+                    let (at, len) = (block * BLOCK, count * BLOCK);
+                    model[at as usize..(at + len) as usize].fill(0);
+                    if discard {
+                        device.discard(at, len).await.unwrap();
+                    } else {
+                        let flags = ZeroFlags {
+                            may_trim: trim,
+                            fua,
+                            ..ZeroFlags::default()
+                        };
+                        device.write_zeroes(at, len, flags).await.unwrap();
+                    }
                 }
                 Op::Flush => device.flush().await.unwrap(),
                 Op::Destage => {
