@@ -216,6 +216,16 @@ def test_qemu_io_discard_and_write_zeroes_unmap_and_survive_a_restart(server_fac
     ref.assert_served(srv)
     (unmapped,) = counters(srv, "unmapped blocks")
     assert unmapped >= MiB // BLOCK, detail(srv)
+    # Block status reports the unmapped ranges as holes, the rest of the write as data.
+    extents = json.loads(run(["qemu-img", "map", "-f", "raw", "--output=json", srv.uri()]).stdout)
+
+    def state_at(offset):
+        (e,) = [e for e in extents if e["start"] <= offset < e["start"] + e["length"]]
+        return e["data"], e["zero"]
+
+    assert state_at(8 * MiB) == (False, True) and state_at(9 * MiB - BLOCK) == (False, True), extents
+    assert state_at(9 * MiB) == (True, False), extents
+    assert state_at(0) == (False, True), extents
     assert backlog(srv) < 128, detail(srv)
     srv.restart()
     ref.assert_served(srv)

@@ -16,7 +16,7 @@ use std::sync::atomic::Ordering;
 
 use bytes::{Bytes, BytesMut};
 use futures_util::future::join_all;
-use strata_core::{BlockError, Result, WriteFlags};
+use strata_core::{push_extent, BlockError, Extent, ExtentState, Result, WriteFlags};
 use strata_meta::{State, Txn, TxnClass};
 
 use crate::map::{encode_base, encode_moved, Location};
@@ -236,6 +236,35 @@ impl Stage {
             self.commit().await?;
         }
         Ok(())
+    }
+
+    /// Allocation from `offset` (aligned): a block never written, or unmapped, is a hole (it
+    /// reads as zeros); any other is data. Answers at most 16 MiB (the caller asks again),
+    /// from one look at the map.
+    pub(crate) fn allocation(&self, offset: u64, len: u64) -> Vec<Extent> {
+        let first = offset / BLOCK;
+        let end = first + (len / BLOCK).min(UNMAP_PIECE_BLOCKS);
+        let locations: Vec<Location> = self.store.read(|state| {
+            (first..end)
+                .map(|logical| locate(state, &self.ids, &self.shape, logical))
+                .collect()
+        });
+        let mut extents = Vec::new();
+        for (i, location) in locations.into_iter().enumerate() {
+            let state = match location {
+                Location::Unwritten => ExtentState::Hole,
+                Location::Disk(_) | Location::Log(_) => ExtentState::Data,
+            };
+            push_extent(
+                &mut extents,
+                Extent {
+                    offset: offset + i as u64 * BLOCK,
+                    len: BLOCK,
+                    state,
+                },
+            );
+        }
+        extents
     }
 
     /// Clears where `logical` lives now (its home bit, its allocated block, its log slot's

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 use strata_core::layer::{ChildCount, LayerArgs, LayerKind, Options, StartPolicy, Verb};
 use strata_core::{
-    async_trait, BlockDevice, BlockError, Capabilities, Control, ControlReply, DeviceRef, Geometry,
-    Result, WriteFlags, ZeroFlags,
+    async_trait, BlockDevice, BlockError, Capabilities, Control, ControlReply, DeviceRef, Extent,
+    Geometry, Result, WriteFlags, ZeroFlags,
 };
 use strata_meta::RecoveryError;
 
@@ -174,6 +174,7 @@ impl BlockDevice for StageDevice {
             write_zeroes: true,
             // Zeroing that may trim only changes the map; without trimming it writes zeros.
             fast_zero: true,
+            block_status: true,
             rotational: self.0.slow.capabilities().rotational,
             ..Capabilities::default()
         }
@@ -199,6 +200,11 @@ impl BlockDevice for StageDevice {
     async fn discard(&self, offset: u64, len: u64) -> Result<()> {
         self.geometry().check_range(offset, len)?;
         self.0.unmap_blocks(offset, len, false).await
+    }
+
+    async fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
+        self.geometry().check_range(offset, len)?;
+        Ok(self.0.allocation(offset, len))
     }
 
     async fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> {

@@ -542,3 +542,48 @@ fn detail(node: &strata_core::NodeStatus, key: &str) -> u64 {
         .parse()
         .unwrap()
 }
+
+/// Block status: blocks never written or unmapped are holes, staged and destaged ones
+/// data, in maximal runs; an answer covers at most 16 MiB.
+#[tokio::test]
+async fn block_status_reports_unwritten_blocks_as_holes() {
+    use strata_core::{Extent, ExtentState};
+    let config = config("full");
+    let stage = format(memory(fast_size(64)), memory(32 << 20), &config).await;
+    let device = StageDevice(stage.clone());
+    write(&device, 16, blocks(16, 16, 1)).await; // direct, blocks 16..32
+    write(&device, 40, blocks(40, 2, 2)).await; // staged
+    device.discard(20 * BLOCK, 4 * BLOCK).await.unwrap(); // 20..24
+    let extent = |start: u64, end: u64, state| Extent {
+        offset: start * BLOCK,
+        len: (end - start) * BLOCK,
+        state,
+    };
+    use ExtentState::{Data, Hole};
+    assert_eq!(
+        device.block_status(0, 64 * BLOCK).await.unwrap(),
+        vec![
+            extent(0, 16, Hole),
+            extent(16, 20, Data),
+            extent(20, 24, Hole),
+            extent(24, 32, Data),
+            extent(32, 40, Hole),
+            extent(40, 42, Data),
+            extent(42, 64, Hole),
+        ]
+    );
+    stage.destage_all().await.unwrap();
+    let after = device.block_status(36 * BLOCK, 8 * BLOCK).await.unwrap();
+    assert_eq!(
+        after,
+        vec![
+            extent(36, 40, Hole),
+            extent(40, 42, Data),
+            extent(42, 44, Hole)
+        ]
+    );
+    let whole = device.block_status(0, 32 << 20).await.unwrap();
+    let covered: u64 = whole.iter().map(|e| e.len).sum();
+    assert_eq!(covered, 16 << 20, "one answer covers 16 MiB");
+    assert_eq!(whole.last().unwrap().state, Hole);
+}
