@@ -12,7 +12,7 @@
 //! before one transaction records them; its FUA is passed down, then the transaction
 //! committed.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::{Bytes, BytesMut};
 use futures_util::future::join_all;
@@ -26,9 +26,27 @@ use crate::shape::{runs, BLOCK};
 use crate::stage::{Space, Stage};
 use crate::trigger::Decision;
 
-/// Logical blocks one discard transaction covers (16 MiB): a discard of a whole device is
-/// many bounded transactions, not one that could outgrow a journal batch.
-const UNMAP_PIECE_BLOCKS: u64 = 4096;
+/// Logical blocks one discard transaction or one block-status answer covers (16 MiB): a
+/// discard of a whole device is many bounded transactions, not one that could outgrow a
+/// journal batch, and a status answer is bounded work under the store's read lock.
+const MAP_PIECE_BLOCKS: u64 = 4096;
+
+/// One writer counted in `room_waiters` for as long as it lives: a request dropped while it
+/// waits (its client gone) must not leave later writers queueing behind nobody.
+struct Waiting<'a>(&'a AtomicU64);
+
+impl<'a> Waiting<'a> {
+    fn new(waiters: &'a AtomicU64) -> Self {
+        waiters.fetch_add(1, Ordering::AcqRel);
+        Waiting(waiters)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
 
 /// Where a direct write puts one block.
 #[derive(Clone, Copy, Debug)]
@@ -123,7 +141,9 @@ impl Stage {
                     self.counters.bump(&self.counters.metadata_full_destages, 1);
                     tracing::warn!(stage = %self.name, "metadata store full; destaging everything to make room in it");
                     let _one = self.destaging.lock().await;
-                    self.destage_locked(Decision::All).await?;
+                    if let Err(error) = self.destage_locked(Decision::All).await {
+                        break Err(error);
+                    }
                 }
                 Err(BlockError::NoSpace) => {
                     tracing::error!(stage = %self.name, "metadata store still full after a destage: `metadata-size` is too small for the blocks placed off their home; the write is refused");
@@ -132,12 +152,15 @@ impl Stage {
                 other => break other,
             }
         };
-        self.room.notify_waiters();
         if let Err(error) = result {
             let mut space = self.space()?;
             slots.iter().for_each(|&slot| space.log.release(slot));
+            drop(space);
+            self.room.notify_waiters();
             return Err(error);
         }
+        // The slots are staged now: a writer waiting for room can destage them.
+        self.room.notify_waiters();
         self.counters.bump(&self.counters.staged_writes, 1);
         self.counters.bump(&self.counters.staged_blocks, count);
         if fua {
@@ -193,7 +216,7 @@ impl Stage {
         let ids = self.ids;
         let mut start = first;
         while start < end {
-            let stop = (start + UNMAP_PIECE_BLOCKS).min(end);
+            let stop = (start + MAP_PIECE_BLOCKS).min(end);
             let _exclusive = self.locks.write_range(start..stop).await;
             let freed = self.store.transact(TxnClass::Reclaim, |state, txn| {
                 let mut live = std::collections::BTreeSet::new();
@@ -243,7 +266,7 @@ impl Stage {
     /// from one look at the map.
     pub(crate) fn allocation(&self, offset: u64, len: u64) -> Vec<Extent> {
         let first = offset / BLOCK;
-        let end = first + (len / BLOCK).min(UNMAP_PIECE_BLOCKS);
+        let end = first + (len / BLOCK).min(MAP_PIECE_BLOCKS);
         let locations: Vec<Location> = self.store.read(|state| {
             (first..end)
                 .map(|logical| locate(state, &self.ids, &self.shape, logical))
@@ -315,10 +338,8 @@ impl Stage {
             }
         }
         self.counters.bump(&self.counters.log_full_waits, 1);
-        self.room_waiters.fetch_add(1, Ordering::AcqRel);
-        let result = self.reserve_in_turn(count).await;
-        self.room_waiters.fetch_sub(1, Ordering::AcqRel);
-        result
+        let _waiting = Waiting::new(&self.room_waiters);
+        self.reserve_in_turn(count).await
     }
 
     async fn reserve_in_turn(&self, count: u64) -> Result<Vec<u64>> {

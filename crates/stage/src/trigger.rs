@@ -9,8 +9,8 @@
 //!   its staged blocks reach `density`, the number that fills a batch's strand.
 //!
 //! Every trigger keeps the full-log destage as its backstop: a write that finds the log full
-//! destages and goes on. (Under heavy concurrent overload a writer can still lose the race
-//! for the room eight times and get ENOSPC: a known defect, docs/layers/stage.md.)
+//! destages and goes on; writers that find it full are served in turn, so an overload makes
+//! them wait, never fail (`Stage::reserve_slots`).
 
 use serde::{Deserialize, Serialize};
 
