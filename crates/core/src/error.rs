@@ -84,6 +84,17 @@ impl BlockError {
         }
     }
 
+    /// The same failure, with the same message, for another caller that waited on the one
+    /// operation that failed (writes carried by one shared update, say).
+    pub fn again(&self) -> BlockError {
+        match self {
+            BlockError::InvalidArgument(context)
+            | BlockError::Corrupt(context)
+            | BlockError::Io { context, .. } => self.recur(context.clone()),
+            _ => self.recur(String::new()),
+        }
+    }
+
     /// Wraps an OS error with what we were doing when it happened.
     pub fn io(context: impl Into<String>, source: io::Error) -> Self {
         BlockError::Io {
@@ -180,6 +191,26 @@ mod tests {
             BlockError::ReadOnly.recur("x").errno(),
             errno::EPERM
         ));
+    }
+
+    #[test]
+    fn a_failure_told_again_reads_and_maps_the_same() {
+        let failures = [
+            BlockError::io(
+                "raid5 r: stripe 3 write did not settle",
+                io::Error::other("x"),
+            ),
+            BlockError::io("write", io::Error::from_raw_os_error(28)),
+            BlockError::Corrupt("journal".into()),
+            BlockError::InvalidArgument("misaligned".into()),
+            BlockError::NoSpace,
+            BlockError::Shutdown,
+        ];
+        for failure in failures {
+            let again = failure.again();
+            assert_eq!(again.to_string(), failure.to_string());
+            assert_eq!(again.errno(), failure.errno());
+        }
     }
 
     #[test]

@@ -33,13 +33,19 @@ pub struct StageConfig {
     /// Watermarks in percent of the log (`trigger = "watermark"`).
     pub high: u64,
     pub low: u64,
-    /// Staged blocks in one extent that start its destage (`trigger = "density"`): 8 is
-    /// one full strand at queue depth 8.
+    /// Staged blocks in one extent that start its destage (`trigger = "density"`): 8
+    /// fills a drive's queue of 8, the paper's strand.
     pub density: u64,
     /// The metadata region at the start of the fast child (default: 96 bytes per log slot
     /// and 4 per slow-child block, at least 1 MiB; see `metadata_bytes`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub metadata_size: Option<ByteSize>,
+    /// Requests of one destage batch in flight at once (default: the whole batch, for the
+    /// slow child's queue to order, and for a raid5 below to update each stripe's parity
+    /// once for all of them). 1 writes back one block run at a time in address order, as
+    /// bcache and dm-writecache do.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub destage_depth: Option<u64>,
 }
 
 impl Default for StageConfig {
@@ -54,6 +60,7 @@ impl Default for StageConfig {
             low: 20,
             density: 8,
             metadata_size: None,
+            destage_depth: None,
         }
     }
 }
@@ -88,6 +95,9 @@ impl StageConfig {
         }
         if self.density == 0 {
             return Err("field `density`: at least 1 block".into());
+        }
+        if self.destage_depth == Some(0) {
+            return Err("field `destage-depth`: at least 1 request".into());
         }
         if let Some(size) = self.metadata_size {
             if size.0 < 1 << 20 || !size.0.is_multiple_of(BLOCK) {
@@ -161,6 +171,7 @@ mod tests {
         bad(|c| c.threshold = ByteSize(1000), "`threshold`");
         bad(|c| c.low = 90, "`low`");
         bad(|c| c.density = 0, "`density`");
+        bad(|c| c.destage_depth = Some(0), "`destage-depth`");
         bad(
             |c| c.metadata_size = Some(ByteSize(4096)),
             "`metadata-size`",

@@ -5,8 +5,8 @@
 //! 1. commit: every free so far is durable, so the planner may use the blocks it frees;
 //! 2. bases for staged ranges that have none (one transaction, not yet durable);
 //! 3. plan (in memory) and reserve the targets, pin the slots;
-//! 4. per extent, ascending, strands of ≤ 8 requests in flight: read the slots from the
-//!    log, write the targets (free blocks: nothing live is overwritten, so a cut here leaves
+//! 4. per extent, ascending, the whole batch in flight at once (or strands of
+//!    `destage-depth`): read the slots from the log, write the targets (free blocks: nothing live is overwritten, so a cut here leaves
 //!    the map pointing at the log, which still holds every block);
 //! 5. flush the slow child: the destaged data is durable;
 //! 6. switch, in one transaction, every block still in the slot it was planned from (a block
@@ -31,9 +31,6 @@ use crate::records::{base_of, locate, u64_at};
 use crate::shape::{runs, BLOCK};
 use crate::stage::Stage;
 use crate::trigger::Decision;
-
-/// Requests in flight per strand: the paper's queue depth (§2.7).
-pub const STRAND: usize = 8;
 
 /// How often the background destager looks at its trigger without being kicked.
 const TICK: Duration = Duration::from_millis(100);
@@ -207,7 +204,7 @@ impl Stage {
         let params = PlanParams {
             extent_blocks: self.shape.extent_blocks(),
             window_ranges: self.settings.window,
-            strand: STRAND,
+            strand: self.settings.destage_depth.unwrap_or(usize::MAX),
         };
         let plan = plan::plan(&blocks, &space.alloc, params).map_err(|none| {
             tracing::error!(stage = %self.name, logical = none.logical, "no free block left on the slow child for a destage");

@@ -1,7 +1,7 @@
 //! `stage`: Proximal I/O's flash staging (Schindler, Shete & Smith, FAST '11). Writes
 //! smaller than a threshold append to a log on a fast child, which is their durable home until
 //! a destage moves them, sorted per extent and placed next to their logical neighbours, to
-//! the slow child in dense ascending strands; larger writes go to the slow child directly.
+//! the slow child in dense ascending batches; larger writes go to the slow child directly.
 //!
 //! ```toml
 //! [[layer]]
@@ -11,6 +11,7 @@
 //! threshold = "168KiB"           # smaller writes are staged
 //! trigger = "density"            # "full" (default) | "watermark" | "density"
 //! density = 8                    # staged blocks in an extent that start its destage
+//! # destage-depth = 1             # requests in flight per batch (default: the whole batch)
 //! ```
 //!
 //! Modules, one job each:
@@ -18,7 +19,7 @@
 //! - `config`: the `[[layer]]` options, defaults and rules;
 //! - `trigger`: when to destage and what (pure);
 //! - `plan`: the destage planner (pure): placement near logical neighbours, ascending
-//!   batches per extent, strands of ≤ 8;
+//!   batches per extent, cut into strands of `destage-depth` if one is set;
 //! - `map`: the compact map's records (ranges with a base, home bits, moved blocks);
 //! - `records`: the metadata objects, the format record, the invariants;
 //! - `alloc`: free blocks and ranges of the slow child in memory, frees held until durable;
@@ -46,7 +47,7 @@ mod status;
 pub mod trigger;
 
 pub use config::StageConfig;
-pub use destage::{DestageReport, STRAND};
+pub use destage::DestageReport;
 pub use kind::{open_or_format, StageDevice, DESTAGE, KIND};
 pub use records::{check_state, STAGE_FORMAT_VERSION};
 pub use stage::{Settings, Stage, MIN_LOG_SLOTS};

@@ -14,7 +14,9 @@
 //!
 //! Issue: one *batch* per logical extent; inside it the placements sorted by physical block
 //! (ascending, as §2.7 found drives need), physically consecutive blocks merged into one
-//! request, and the requests cut into *strands* of at most `strand` (queue depth ≤ 8).
+//! request, and the requests cut into *strands* of at most `strand` issued one after the
+//! other (by default one strand: the whole batch, which the slow child's queue orders; the
+//! paper's drives took 8 at a time).
 
 use std::collections::{BTreeMap, HashSet};
 use std::ops::Range;
@@ -80,7 +82,7 @@ pub struct Plan {
 pub struct PlanParams {
     pub extent_blocks: u64,
     pub window_ranges: u64,
-    /// Requests in flight at once (≤ 8 in the paper).
+    /// Requests in flight at once (`usize::MAX`: the whole batch).
     pub strand: usize,
 }
 
@@ -130,7 +132,7 @@ fn batch(extent: u64, mut placements: Vec<Placement>, strand: usize) -> Batch {
     let requests = runs(&placements, |p| p.target);
     let strands = (0..requests.len())
         .step_by(strand)
-        .map(|start| start..(start + strand).min(requests.len()))
+        .map(|start| start..start.saturating_add(strand).min(requests.len()))
         .collect();
     Batch {
         extent,

@@ -40,6 +40,8 @@ pub struct Settings {
     pub threshold: u64,
     pub trigger: Trigger,
     pub window: u64,
+    /// Requests of a destage batch in flight at once (`None`: the whole batch).
+    pub destage_depth: Option<usize>,
     /// Destage from a background task (served stages) or inline in the write that crossed
     /// the trigger (tests: deterministic, and a power cut lands inside the destage's steps).
     pub background: bool,
@@ -56,6 +58,7 @@ impl Settings {
             threshold: config.threshold.0,
             trigger: config.trigger(),
             window: config.window,
+            destage_depth: config.destage_depth.map(|d| d as usize),
             background: false,
             unsafe_skip_data_barrier: false,
         }

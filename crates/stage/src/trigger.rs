@@ -6,7 +6,7 @@
 //! - `watermark`: once the log is at `high` percent, destage the extents with the most staged
 //!   blocks first until what is left is at most `low` percent (start at high, stop at low).
 //! - `density` (proposed in the paper, §4.3, never built there): destage an extent as soon as
-//!   its staged blocks reach `density`, the number that fills a batch's strand.
+//!   its staged blocks reach `density`, enough for a dense batch (8 fill a drive's queue).
 //!
 //! Every trigger keeps the full-log destage as its backstop: a write that finds the log full
 //! destages and goes on; writers that find it full are served in turn, so an overload makes

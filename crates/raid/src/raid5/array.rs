@@ -1,12 +1,13 @@
 //! The array's shared state and the operations every path uses: member I/O that names the
 //! member it failed on, durable failure marking, member flushes, journal resets.
 //!
-//! Lock order (outermost first): `gate` (shared by every stripe update and rebuild step,
-//! exclusive for a journal reset), one stripe lock, then `fail_lock` (async, held while a
-//! failure is made durable). std Mutexes (`full`, `lost`, `record`, `activity`) are held only
-//! for in-memory work, never across an await.
+//! Lock order (outermost first): one writer slot (held by whoever runs a stripe's queued
+//! writes, across their retries, journal resets included), `gate` (shared by every stripe
+//! update and rebuild step, exclusive for a journal reset), one stripe lock, then `fail_lock`
+//! (async, held while a failure is made durable). std Mutexes (`full`, `lost`, `record`,
+//! `activity`, `queued`) are held only for in-memory work, never across an await.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -18,6 +19,7 @@ use strata_core::{
 use strata_meta::{MetaStore, ObjectId, TxnClass};
 
 use super::grow::GrowControl;
+use super::io::Queued;
 use super::journal::{Appended, Journal, Record, MAX_DONE};
 use super::layout::Layout;
 use super::members::{array_failed, MemberState, Members};
@@ -64,6 +66,13 @@ pub struct Array {
     /// Stripe locks, taken exclusively: an update, a reconstructing read or a rebuild of a
     /// stripe runs alone in it.
     pub locks: StripedLocks,
+    /// Writer slots: the holder of a stripe's slot runs the writes queued for it (`io`).
+    pub writers: StripedLocks,
+    /// stripe → writes waiting for its next update, in arrival order.
+    pub queued: Mutex<HashMap<u64, VecDeque<Queued>>>,
+    /// Stripe updates run, and writes that rode along in another's (shown by Describe).
+    pub stripe_updates: AtomicU64,
+    pub coalesced_writes: AtomicU64,
     pub gate: tokio::sync::RwLock<()>,
     pub fail_lock: tokio::sync::Mutex<()>,
     pub full: Mutex<FullWrites>,
@@ -103,6 +112,11 @@ impl Array {
     /// request path, so a client gets an error, not a crashed server).
     pub fn full_writes(&self) -> Result<MutexGuard<'_, FullWrites>> {
         poison::check(self.full.lock(), &self.name, "the full-stripe write table")
+    }
+
+    /// The queues of writes waiting for their stripe (request path, as `full_writes`).
+    pub fn queued(&self) -> Result<MutexGuard<'_, HashMap<u64, VecDeque<Queued>>>> {
+        poison::check(self.queued.lock(), &self.name, "the stripe write queues")
     }
 
     /// The table of chunks lost in a crash while degraded (request path, as `full_writes`).

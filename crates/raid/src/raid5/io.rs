@@ -5,15 +5,65 @@
 //! durable abandons the attempt (nothing changed), fails the member durably and replans. A
 //! member error after it leaves the update valid (the computed data and parity are right
 //! whichever member dropped out): the member is failed durably and the update counts as done.
+//!
+//! Writes to one stripe coalesce. Each waits in its stripe's queue; whoever holds the
+//! stripe's *writer* slot takes every queued write that fits one update (same layout, no
+//! full-stripe write, pairwise disjoint, in arrival order up to the first that is not) and
+//! runs them as one: one plan (`plan_writes`: each parity row read and written once), one
+//! journal record, all member I/O at once. A batch of small writes to a stripe then costs the
+//! members one parity update instead of one each, and each member sees all of the batch's
+//! requests together, for its scheduler to order (what Proximal I/O's destage relies on;
+//! md's stripe cache batches the same way). Lock order: writer slot, gate, stripe lock.
+
+use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
 use futures_util::future::join_all;
-use strata_core::Result;
+use strata_core::{BlockError, Result};
+use tokio::sync::oneshot;
 
 use super::array::{Array, Fault};
-use super::journal::{Appended, Record};
+use super::journal::{Appended, Record, MAX_UPDATE_WRITES};
 use super::layout::Layout;
-use super::plan::{plan_read, plan_write, xor_into, ReadSource, WriteKind};
+use super::plan::{plan_read, plan_writes, xor_into, ReadSource, WriteKind, WritePlan};
+
+/// A write waiting in its stripe's queue (see the module doc).
+pub struct Queued {
+    layout: Layout,
+    within: u64,
+    data: Bytes,
+    fua: bool,
+    done: oneshot::Sender<Result<()>>,
+}
+
+impl Queued {
+    fn is_full_stripe(&self) -> bool {
+        self.within == 0 && self.data.len() as u64 == self.layout.stripe_bytes()
+    }
+
+    /// At most how many writes this one adds to an update record: a piece per chunk it
+    /// touches, and a parity range.
+    fn record_writes(&self) -> usize {
+        let chunk = self.layout.chunk_bytes;
+        let last = self.within + self.data.len() as u64 - 1;
+        (last / chunk - self.within / chunk) as usize + 2
+    }
+
+    fn overlaps(&self, other: &Queued) -> bool {
+        let end = |q: &Queued| q.within + q.data.len() as u64;
+        self.within < end(other) && other.within < end(self)
+    }
+
+    /// Whether this write can join `batch` (non-empty, in arrival order), whose update
+    /// record lists at most `record_writes` writes so far.
+    fn joins(&self, batch: &[Queued], record_writes: usize) -> bool {
+        batch[0].layout == self.layout
+            && !batch[0].is_full_stripe()
+            && !self.is_full_stripe()
+            && record_writes + self.record_writes() <= MAX_UPDATE_WRITES
+            && batch.iter().all(|taken| !taken.overlaps(self))
+    }
+}
 
 /// What one attempt at a stripe update ended with.
 enum Step {
@@ -37,20 +87,96 @@ const ATTEMPTS: usize = 8;
 const FULL_RETRIES: usize = 1000;
 
 impl Array {
+    /// Writes `data` at `within` of `stripe`, coalesced with the writes to it queued
+    /// meanwhile (module doc).
     pub async fn write_stripe(
         &self,
         layout: Layout,
         stripe: u64,
         within: u64,
-        data: &[u8],
+        data: Bytes,
+        fua: bool,
+    ) -> Result<()> {
+        let (done, mut outcome) = oneshot::channel();
+        self.queued()?.entry(stripe).or_default().push_back(Queued {
+            layout,
+            within,
+            data,
+            fua,
+            done,
+        });
+        loop {
+            let _writer = tokio::select! {
+                biased;
+                result = &mut outcome => return result.unwrap_or_else(|_| {
+                    Err(Array::io_error(format!(
+                        "raid5 {}: the update of stripe {stripe} carrying this write was \
+                         abandoned halfway",
+                        self.name
+                    )))
+                }),
+                writer = self.writers.write(stripe) => writer,
+            };
+            // Writes submitted together with this one queue up as soon as it yields: let
+            // them join its update (a plug).
+            tokio::task::yield_now().await;
+            let batch = self.take_batch(stripe)?;
+            if !batch.is_empty() {
+                self.update_batch(stripe, batch).await;
+            }
+        }
+    }
+
+    /// The writes at the head of `stripe`'s queue that one update can carry.
+    fn take_batch(&self, stripe: u64) -> Result<Vec<Queued>> {
+        let mut queued = self.queued()?;
+        let Some(queue) = queued.get_mut(&stripe) else {
+            return Ok(Vec::new());
+        };
+        let (mut batch, mut record_writes): (Vec<Queued>, usize) = (Vec::new(), 0);
+        while let Some(next) = queue.pop_front() {
+            if !batch.is_empty() && !next.joins(&batch, record_writes) {
+                queue.push_front(next);
+                break;
+            }
+            record_writes += next.record_writes();
+            batch.push(next);
+        }
+        if queue.is_empty() {
+            queued.remove(&stripe);
+        }
+        Ok(batch)
+    }
+
+    /// Runs `batch` as one stripe update and tells each write how it went.
+    async fn update_batch(&self, stripe: u64, batch: Vec<Queued>) {
+        let layout = batch[0].layout;
+        let fua = batch.iter().any(|q| q.fua);
+        let writes: Vec<(u64, Bytes)> = batch.iter().map(|q| (q.within, q.data.clone())).collect();
+        self.stripe_updates.fetch_add(1, Ordering::Relaxed);
+        self.coalesced_writes
+            .fetch_add(batch.len() as u64 - 1, Ordering::Relaxed);
+        let result = self.settle_stripe(layout, stripe, &writes, fua).await;
+        for write in batch {
+            // A writer that stopped waiting (its future dropped) needs no answer.
+            let _ = write
+                .done
+                .send(result.as_ref().map_err(BlockError::again).copied());
+        }
+    }
+
+    /// Updates `stripe` with disjoint `writes`, retrying after member failures and journal
+    /// resets.
+    async fn settle_stripe(
+        &self,
+        layout: Layout,
+        stripe: u64,
+        writes: &[(u64, Bytes)],
         fua: bool,
     ) -> Result<()> {
         let (mut failures, mut resets) = (0, 0);
         while failures < ATTEMPTS && resets < FULL_RETRIES {
-            match self
-                .try_write_stripe(layout, stripe, within, data, fua)
-                .await?
-            {
+            match self.try_write_stripe(layout, stripe, writes, fua).await? {
                 Step::Done => return Ok(()),
                 Step::DoneReset => return self.reset_journals().await,
                 Step::Failed(member) => {
@@ -73,8 +199,7 @@ impl Array {
         &self,
         layout: Layout,
         stripe: u64,
-        within: u64,
-        data: &[u8],
+        writes: &[(u64, Bytes)],
         fua: bool,
     ) -> Result<Step> {
         let _gate = self.gate.read().await;
@@ -86,34 +211,58 @@ impl Array {
             }
         }
         let parity = layout.parity_member(stripe);
-        let (chunk, members, len) = (layout.chunk_bytes, layout.members, data.len() as u64);
-        let plan = plan_write(chunk, members, parity, stripe, within, len, failed);
+        let (chunk, members) = (layout.chunk_bytes, layout.members);
+        let ranges: Vec<(u64, u64)> = writes
+            .iter()
+            .map(|(within, data)| (*within, data.len() as u64))
+            .collect();
+        let plans = plan_writes(chunk, members, parity, stripe, &ranges, failed);
+        // The groups differ only between RMW and RCW, both journaled as an update: a parity
+        // failure makes them all data-only, and a full-stripe write is never batched.
+        let journaled = |kind| match kind {
+            WriteKind::ReconstructWrite => WriteKind::ReadModifyWrite,
+            kind => kind,
+        };
+        let kind = journaled(plans[0].kind);
+        assert!(plans.iter().all(|plan| journaled(plan.kind) == kind));
+        let data: Vec<u8> = if writes.len() == 1 {
+            writes[0].1.to_vec()
+        } else {
+            writes.iter().flat_map(|(_, d)| d.iter().copied()).collect()
+        };
         // A partial update after an unflushed full-stripe write of this stripe: make that
         // write durable first, so the stripe's old state is consistent (see the doc).
         let full_dirty = self.full_writes()?.dirty.contains_key(&stripe);
-        if plan.kind != WriteKind::FullStripe && full_dirty {
+        if kind != WriteKind::FullStripe && full_dirty {
             if let Some(member) = self.flush_members().await? {
                 return Ok(Step::Failed(member));
             }
             self.full_writes()?.dirty.remove(&stripe);
         }
-        let reads = plan
-            .reads
+        // Every group's reads at once, so each member sees the whole batch's requests.
+        let reads = plans
             .iter()
+            .flat_map(|plan| &plan.reads)
             .map(|r| self.m_read(r.member, layout.member_offset(stripe, r.start), r.len));
-        let mut old = Vec::with_capacity(plan.reads.len());
+        let mut old = Vec::new();
         for result in join_all(reads).await {
             match result {
                 Ok(bytes) => old.push(bytes),
                 Err(Fault { member }) => return Ok(Step::Failed(member)),
             }
         }
-        let writes: Vec<(usize, u64, Bytes)> = plan
-            .compute(&old, data)
-            .into_iter()
-            .map(|(m, start, bytes)| (m, start, Bytes::from(bytes)))
-            .collect();
-        let record = match plan.kind {
+        let mut writes: Vec<(usize, u64, Bytes)> = Vec::new();
+        let mut rest = &old[..];
+        for plan in &plans {
+            let (mine, after) = rest.split_at(plan.reads.len());
+            rest = after;
+            writes.extend(
+                plan.compute(mine, &data)
+                    .into_iter()
+                    .map(|(m, start, bytes)| (m, start, Bytes::from(bytes))),
+            );
+        }
+        let record = match kind {
             WriteKind::DataOnly => None,
             WriteKind::FullStripe => Some(Record::Intent { stripe }),
             _ => Some(Record::Update {
@@ -129,7 +278,7 @@ impl Array {
             let epoch = self.journal(parity).epoch();
             match self.journal(parity).append(&device, &record, None).await {
                 Ok(Appended::Full) => return Ok(Step::JournalFull),
-                Ok(Appended::Durable(seq)) if plan.kind == WriteKind::FullStripe => {
+                Ok(Appended::Durable(seq)) if kind == WriteKind::FullStripe => {
                     intent = Some((parity, epoch, seq));
                     self.full_writes()?
                         .dirty
@@ -147,7 +296,7 @@ impl Array {
                 self.fail_member(member).await?;
             }
         }
-        self.after_write(stripe, &plan, intent, fua).await
+        self.after_write(stripe, &plans, intent, fua).await
     }
 
     /// Bookkeeping once the in-place writes are done: full-stripe completion (and its Done
@@ -155,15 +304,15 @@ impl Array {
     async fn after_write(
         &self,
         stripe: u64,
-        plan: &super::plan::WritePlan,
+        plans: &[WritePlan],
         intent: Option<(usize, u64, u64)>,
         fua: bool,
     ) -> Result<Step> {
         let lost = self.lost_chunks()?.get(&stripe).copied();
         if let Some(member) = lost {
-            let whole = plan
-                .pieces
+            let whole = plans
                 .iter()
+                .flat_map(|plan| &plan.pieces)
                 .any(|p| p.member == member && p.start == 0 && p.len == self.layout().chunk_bytes);
             if whole {
                 self.clear_lost(stripe).await?;

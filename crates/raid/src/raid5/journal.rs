@@ -58,6 +58,9 @@ const ONE_COPY_VERSION: u32 = 2;
 pub const MAX_LANES: u64 = 4;
 const HEADER: usize = 56;
 const ENTRY: usize = 20;
+/// Update records list at most this many (member, start, length) writes: their header block
+/// holds the list.
+pub const MAX_UPDATE_WRITES: usize = (JBLOCK as usize - HEADER) / ENTRY;
 /// Done records list at most this many intent seqs.
 pub const MAX_DONE: usize = (JBLOCK as usize - HEADER) / 8;
 

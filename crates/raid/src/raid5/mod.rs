@@ -261,6 +261,18 @@ impl Raid5 {
                     .load(std::sync::atomic::Ordering::Relaxed)
                     .to_string(),
             ),
+            (
+                "stripe updates".into(),
+                a.stripe_updates
+                    .load(std::sync::atomic::Ordering::Relaxed)
+                    .to_string(),
+            ),
+            (
+                "coalesced writes".into(),
+                a.coalesced_writes
+                    .load(std::sync::atomic::Ordering::Relaxed)
+                    .to_string(),
+            ),
         ];
         for (i, m) in states.iter().enumerate() {
             node.detail.push((
@@ -342,7 +354,7 @@ impl Raid5 {
                 .into_iter()
                 .map(|(layout, stripe, within, src, len)| {
                     let data = data.slice(src as usize..(src + len) as usize);
-                    async move { a.write_stripe(layout, stripe, within, &data, fua).await }
+                    async move { a.write_stripe(layout, stripe, within, data, fua).await }
                 }),
         )
         .await;

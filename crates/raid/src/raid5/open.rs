@@ -8,7 +8,7 @@
 //! chosen region is then copied over the other members' before the store is opened on the
 //! mirror, so that every copy starts identical again.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
@@ -583,6 +583,10 @@ fn build(
         journal_device,
         journal_failed: Mutex::new(None),
         locks: StripedLocks::new(STRIPE_LOCKS),
+        writers: StripedLocks::new(STRIPE_LOCKS),
+        queued: Mutex::new(HashMap::new()),
+        stripe_updates: AtomicU64::new(0),
+        coalesced_writes: AtomicU64::new(0),
         gate: tokio::sync::RwLock::new(()),
         fail_lock: tokio::sync::Mutex::new(()),
         full: Mutex::new(FullWrites::default()),

@@ -398,6 +398,103 @@ async fn member_io_per_write_is_counted() {
     );
 }
 
+/// A numeric line of raid5's Describe detail.
+async fn detail(raid: &Raid5, key: &str) -> u64 {
+    let Ok(ControlReply::Describe(node)) = raid.control(Control::Describe).await else {
+        panic!("raid5 describes itself");
+    };
+    let (_, value) = node
+        .detail
+        .iter()
+        .find(|(k, _)| k == key)
+        .unwrap_or_else(|| panic!("no {key:?} in {:?}", node.detail));
+    value.parse().unwrap()
+}
+
+#[tokio::test]
+async fn small_concurrent_writes_to_one_stripe_share_one_parity_update() {
+    let (chunk, journal) = (COUNTED_CHUNK, COUNTED_JOURNAL);
+    let (counting, devices) = counted_members();
+    let raid = open(&devices, chunk, journal).await.unwrap();
+    let stripe = 3 * chunk;
+    write_full_stripe(&raid, stripe, stripe, 9).await;
+    let (updates, coalesced) = (
+        detail(&raid, "stripe updates").await,
+        detail(&raid, "coalesced writes").await,
+    );
+    totals(&counting);
+    // Six 4 KiB writes to stripe 1, submitted together: rows 0, 8 KiB and 16 KiB of its
+    // first two data chunks. Alone, each would be a read-modify-write (2 reads, 2 writes:
+    // 12 and 12). Together, each row's two writes share its parity, and a row with two of
+    // three chunks written is cheaper to rebuild from the third: 3 reads, 6 + 3 writes.
+    let offsets: Vec<u64> = [0, chunk]
+        .iter()
+        .flat_map(|&c| [0u64, 8 << 10, 16 << 10].map(|row| stripe + c + row))
+        .collect();
+    let writes = offsets.iter().enumerate().map(|(i, &offset)| {
+        raid.write(
+            offset,
+            Bytes::from(vec![i as u8 + 1; 4096]),
+            WriteFlags::default(),
+        )
+    });
+    futures_util::future::try_join_all(writes).await.unwrap();
+    let [reads, data, journal_writes, other] = totals(&counting);
+    assert_eq!((reads, data, other), (3, 9, 0));
+    // One journal record for the whole update, in the journal's two copies.
+    assert_eq!(journal_writes, 2);
+    assert_eq!(detail(&raid, "stripe updates").await, updates + 1);
+    assert_eq!(detail(&raid, "coalesced writes").await, coalesced + 5);
+    let mut expect = vec![9u8; stripe as usize];
+    for (i, &offset) in offsets.iter().enumerate() {
+        let at = (offset - stripe) as usize;
+        expect[at..at + 4096].fill(i as u8 + 1);
+    }
+    let read = raid.read(stripe, stripe as usize).await.unwrap();
+    assert!(read[..] == expect[..], "stripe 1 reads back wrong");
+    let plain: Vec<DeviceRef> = devices.iter().map(|d| d.clone().unwrap()).collect();
+    check_parity(&plain, raid.layout()).await;
+}
+
+#[tokio::test]
+async fn a_batch_too_large_for_one_journal_record_is_split() {
+    let (chunk, journal) = (COUNTED_CHUNK, COUNTED_JOURNAL);
+    let (_, devices) = counted_members();
+    let raid = open(&devices, chunk, journal).await.unwrap();
+    let stripe = 3 * chunk;
+    let updates = detail(&raid, "stripe updates").await;
+    // 190 concurrent 512-byte writes, every other sector of stripe 2: each adds a data and
+    // a parity range to an update record, whose header lists at most 202.
+    let offsets: Vec<u64> = (0..190u64).map(|i| 2 * stripe + i * 1024).collect();
+    let writes = offsets.iter().enumerate().map(|(i, &offset)| {
+        raid.write(
+            offset,
+            Bytes::from(vec![i as u8 | 1; 512]),
+            WriteFlags::default(),
+        )
+    });
+    futures_util::future::try_join_all(writes).await.unwrap();
+    let runs = detail(&raid, "stripe updates").await - updates;
+    assert!(
+        (2..190).contains(&runs),
+        "{runs} stripe updates for 190 writes"
+    );
+    let read = raid.read(2 * stripe, stripe as usize).await.unwrap();
+    for (i, &offset) in offsets.iter().enumerate() {
+        let at = (offset - 2 * stripe) as usize;
+        assert!(
+            read[at..at + 512].iter().all(|&b| b == i as u8 | 1),
+            "write {i}"
+        );
+        assert!(
+            read[at + 512..at + 1024].iter().all(|&b| b == 0),
+            "gap after {i}"
+        );
+    }
+    let plain: Vec<DeviceRef> = devices.iter().map(|d| d.clone().unwrap()).collect();
+    check_parity(&plain, raid.layout()).await;
+}
+
 /// Opens `r5` over `devices` with `settings` (kept for a reopen).
 async fn open_with(devices: &[Option<DeviceRef>], settings: &Settings) -> Raid5 {
     let runtime = TokioRuntime::current();

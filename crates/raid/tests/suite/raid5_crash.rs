@@ -73,6 +73,16 @@ fn flat(members: usize, concurrency: usize, name: &'static str, iterations: u64)
     flat_with(members, false, concurrency, name, iterations)
 }
 
+/// The flat scenario with at most `max_write` bytes per write.
+fn flat_small(members: usize, concurrency: usize, max_write: usize, name: &'static str) {
+    let config = ScenarioConfig {
+        max_write,
+        concurrency,
+        ..ScenarioConfig::new(vec![sector_disk(disk_bytes()); members])
+    };
+    flat_run(config, false, name, 300);
+}
+
 fn flat_with(
     members: usize,
     journal_device: bool,
@@ -87,6 +97,10 @@ fn flat_with(
     let mut config = ScenarioConfig::new(disks);
     config.max_write = 3 * CHUNK as usize * (members - 1);
     config.concurrency = concurrency;
+    flat_run(config, journal_device, name, iterations);
+}
+
+fn flat_run(config: ScenarioConfig, journal_device: bool, name: &'static str, iterations: u64) {
     CrashRun {
         name,
         replay: "cargo test -p strata-raid --test suite -- raid5_crash::flat",
@@ -119,6 +133,18 @@ fn flat_scenario_three_members() {
 #[test]
 fn flat_scenario_four_members_concurrent() {
     flat(4, 4, "raid5 flat, 4 members, concurrent", 150);
+}
+
+/// Many small writes in flight over few stripes: most stripe updates carry several writes
+/// (coalesced, one journal record for all), and the cut falls inside such updates.
+#[test]
+fn flat_scenario_small_writes_coalescing() {
+    flat_small(
+        5,
+        8,
+        4096,
+        "raid5 flat, 5 members, 8 small writes in flight",
+    );
 }
 
 #[test]

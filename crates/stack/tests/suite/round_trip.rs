@@ -253,6 +253,7 @@ fn layer(pick: &mut Picks, kind: &str, children: &[Device], key_dir: &Path) -> (
                     (pick.next(3) != 0).then(|| pick.next(high.min(20)).to_string()),
                 ),
                 ("density", pick.maybe(&["1", "8", "64"])),
+                ("destage-depth", pick.maybe(&["1", "8"])),
                 (
                     "metadata-size",
                     option_text(&size_option(pick, &[MIB, 2 * MIB])),
