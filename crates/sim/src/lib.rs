@@ -9,8 +9,6 @@ pub mod disk;
 pub mod driver;
 pub mod executor;
 pub mod experiment;
-pub mod hdd;
-pub mod model;
 pub mod models;
 pub mod net;
 pub mod proximal;
@@ -19,3 +17,5 @@ pub mod ssd;
 pub mod stack;
 pub mod validate;
 pub mod workload;
+
+pub use strata_devmodel::{hdd, model};

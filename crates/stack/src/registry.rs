@@ -10,6 +10,7 @@ pub static KINDS: &[&LayerKind] = &[
     &strata_stateless::count::KIND,
     &strata_stateless::crypt::KIND,
     &strata_stateless::delay::KIND,
+    &strata_stateless::hdd::KIND,
     &strata_stateless::fault::KIND,
     &strata_stateless::stripe::KIND,
     &strata_raid::mirror::KIND,

@@ -1,6 +1,6 @@
 //! Layers that keep no state of their own: address maps (slice, concat, stripe) and filters
-//! (crypt, delay, fault, count). Each is one module that speaks [`strata_core::BlockDevice`] above
-//! and owns its children below.
+//! (crypt, delay, hdd, fault, count). Each is one module that speaks
+//! [`strata_core::BlockDevice`] above and owns its children below.
 
 mod combined;
 pub mod concat;
@@ -8,5 +8,6 @@ pub mod count;
 pub mod crypt;
 pub mod delay;
 pub mod fault;
+pub mod hdd;
 pub mod slice;
 pub mod stripe;

@@ -14,11 +14,12 @@ use strata_stateless::concat::{self, ConcatConfig};
 use strata_stateless::crypt::{self, CryptConfig};
 use strata_stateless::delay::{self, DelayConfig};
 use strata_stateless::fault::{self, FaultConfig};
+use strata_stateless::hdd::{self, HddConfig};
 use strata_stateless::slice::{self, SliceConfig};
 use strata_stateless::stripe::{self, StripeConfig};
 use toml::{Table, Value};
 
-/// Per kind (six kinds): thousands of cases in all, in a few seconds of a debug build.
+/// Per kind (seven kinds): thousands of cases in all, in a few seconds of a debug build.
 const CASES: u32 = 250;
 
 /// One random valid layer: its kind, the table a configuration would hold, and its
@@ -202,6 +203,34 @@ fn fault_case() -> impl Strategy<Value = Case> {
         })
 }
 
+fn hdd_case() -> impl Strategy<Value = Case> {
+    let model = prop_oneof![
+        Just("wd-re3-1t"),
+        Just("wd-re3-1t-order-quirk"),
+        Just("cheetah-15k5-300g"),
+        Just("fc-10k-146g"),
+    ];
+    (
+        model,
+        proptest::option::of((1i64..=64).prop_map(Value::Integer)),
+        proptest::option::of(prop_oneof![Just("sptf"), Just("fifo")]),
+        proptest::option::of((0..=i64::MAX).prop_map(Value::Integer)),
+        sector_aligned_child(),
+    )
+        .prop_map(|(model, depth, scheduler, seed, child)| {
+            case(
+                &hdd::KIND,
+                vec![child],
+                [
+                    ("model", Some(Value::String(model.into()))),
+                    ("queue-depth", depth),
+                    ("scheduler", scheduler.map(|s| Value::String(s.into()))),
+                    ("seed", seed),
+                ],
+            )
+        })
+}
+
 fn any_case() -> impl Strategy<Value = Case> {
     prop_oneof![
         slice_case(),
@@ -210,6 +239,7 @@ fn any_case() -> impl Strategy<Value = Case> {
         crypt_case(),
         delay_case(),
         fault_case(),
+        hdd_case(),
     ]
 }
 
@@ -292,6 +322,11 @@ fn check_round_trip(case: &Case, described: &Table, base: &Path) {
         }
         "delay" => same::<DelayConfig>(case, described, base),
         "fault" => same::<FaultConfig>(case, described, base),
+        "hdd" => {
+            // The preset's queue depth and scheduler come back explicit.
+            let (given, back) = both::<HddConfig>(case, described, base);
+            assert_eq!(given.explicit().unwrap(), back);
+        }
         other => panic!("no round trip written for {other}"),
     }
     // Every option is explicit in the description, except those whose absence means
@@ -315,7 +350,7 @@ fn runtime() -> tokio::runtime::Runtime {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(CASES * 6))]
+    #![proptest_config(ProptestConfig::with_cases(CASES * 7))]
 
     #[test]
     fn config_build_describe_config_is_the_identity(case in any_case()) {

@@ -9,4 +9,5 @@ mod count;
 mod crypt;
 mod delay;
 mod fault;
+mod hdd;
 mod stripe;
