@@ -89,8 +89,10 @@ impl Stage {
             .decide(used, self.shape.log_slots, &staged))
     }
 
-    /// A write found no room for `count` blocks: destage everything, unless a destage that
-    /// ran meanwhile (or a commit) already made room.
+    /// A write found no room for `count` blocks: unless a destage that ran meanwhile (or a
+    /// commit) already made room, destage the trigger's backstop (`Trigger::backstop`:
+    /// everything for `full`, a slice of the densest extents for the others), then, if that
+    /// was not enough (blocks overwritten meanwhile stay in the log), everything.
     /// The caller holds `destaging`.
     pub(crate) async fn make_room(&self, count: u64) -> Result<()> {
         self.reclaim()?;
@@ -100,6 +102,19 @@ impl Stage {
         self.commit().await?;
         if self.space()?.log.free() >= count {
             return Ok(());
+        }
+        let slice = {
+            let space = self.space()?;
+            let staged: Vec<(u64, u64)> = space.staged.iter().map(|(&e, &n)| (e, n)).collect();
+            self.settings
+                .trigger
+                .backstop(count, self.shape.log_slots, &staged)
+        };
+        if let Decision::Extents(_) = slice {
+            self.destage_locked(slice).await?;
+            if self.space()?.log.free() >= count {
+                return Ok(());
+            }
         }
         self.destage_locked(Decision::All).await.map(drop)
     }

@@ -6,11 +6,13 @@
 //! - `watermark`: once the log is at `high` percent, destage the extents with the most staged
 //!   blocks first until what is left is at most `low` percent (start at high, stop at low).
 //! - `density` (proposed in the paper, §4.3, never built there): destage an extent as soon as
-//!   its staged blocks reach `density`, enough for a dense batch (8 fill a drive's queue).
+//!   its staged blocks reach `density`, enough for a dense batch (8 fill a drive's queue);
+//!   densest first, at most an eighth of the log per destage.
 //!
-//! Every trigger keeps the full-log destage as its backstop: a write that finds the log full
-//! destages and goes on; writers that find it full are served in turn, so an overload makes
-//! them wait, never fail (`Stage::reserve_slots`).
+//! Every trigger keeps a full-log destage as its backstop: a write that finds the log full
+//! destages (everything for `full`, the densest eighth of the log for the others:
+//! `Trigger::backstop`) and goes on; writers that find it full are served in turn, so an
+//! overload makes them wait, never fail (`Stage::reserve_slots`).
 
 use serde::{Deserialize, Serialize};
 
@@ -109,14 +111,44 @@ impl Trigger {
                 as_decision(chosen)
             }
             Trigger::Density { blocks: density } => {
-                let chosen = densest_first(staged)
-                    .into_iter()
-                    .filter(|&(_, blocks)| blocks >= density)
-                    .map(|(extent, _)| extent)
-                    .collect();
+                // At most a slice of the log per destage (at least one extent): when many
+                // extents reach the density together (uniform random writes fill them
+                // alike), one destage of all of them would hold writers for all of it.
+                let mut room = (log_slots / 8).max(1);
+                let mut chosen = Vec::new();
+                for (extent, blocks) in densest_first(staged) {
+                    if blocks < density || room == 0 {
+                        break;
+                    }
+                    chosen.push(extent);
+                    room = room.saturating_sub(blocks);
+                }
                 as_decision(chosen)
             }
         }
+    }
+}
+
+impl Trigger {
+    /// What a writer that found the log full destages. `full`: everything (the paper's
+    /// prototype). The background triggers: the densest extents holding at least `needed`
+    /// blocks and an eighth of the log, so that writers overtaking the background destager
+    /// wait for a slice of the log, not for all of it (on a 1 GiB log over one disk, all of
+    /// it is minutes).
+    pub fn backstop(&self, needed: u64, log_slots: u64, staged: &[(u64, u64)]) -> Decision {
+        if *self == Trigger::Full {
+            return Decision::All;
+        }
+        let mut need = needed.max(log_slots / 8);
+        let mut chosen = Vec::new();
+        for (extent, blocks) in densest_first(staged) {
+            if need == 0 {
+                break;
+            }
+            chosen.push(extent);
+            need = need.saturating_sub(blocks);
+        }
+        as_decision(chosen)
     }
 }
 
@@ -143,6 +175,25 @@ mod tests {
         high_percent: 80,
         low_percent: 20,
     };
+
+    #[test]
+    fn a_full_log_destages_everything_for_full_and_a_slice_for_the_others() {
+        let staged = [(1, 10), (2, 40), (3, 30), (4, 20)];
+        assert_eq!(Trigger::Full.backstop(1, 100, &staged), Decision::All);
+        // An eighth of a 100-slot log is 12 blocks: the densest extent covers it.
+        let density = Trigger::Density { blocks: 8 };
+        assert_eq!(
+            density.backstop(1, 100, &staged),
+            Decision::Extents(vec![2])
+        );
+        // A write needing more than an eighth takes as many extents as cover it.
+        assert_eq!(
+            WATERMARK.backstop(60, 100, &staged),
+            Decision::Extents(vec![2, 3])
+        );
+        // Nothing staged: nothing to destage.
+        assert_eq!(WATERMARK.backstop(5, 100, &[]), Decision::Nothing);
+    }
 
     #[test]
     fn full_never_destages_in_the_background() {
@@ -180,6 +231,12 @@ mod tests {
             Decision::Extents(vec![2, 9])
         );
         assert_eq!(trigger.decide(7, 1000, &[(4, 7)]), Decision::Nothing);
+        // At most an eighth of the log per destage: 40 of an 80-slot log's 10 is one extent,
+        // the densest; the next destage takes the next.
+        assert_eq!(
+            trigger.decide(70, 80, &[(4, 30), (9, 40)]),
+            Decision::Extents(vec![9])
+        );
     }
 
     #[test]
