@@ -135,9 +135,12 @@ def test_fio_verifies_through_watermark_destages_and_large_writes_go_direct(serv
 
 
 def test_kill9_in_the_middle_of_a_destage_loses_nothing_flushed(server_factory, workdir):
-    # A slow child that takes 5 ms per write: a destage of ~1,000 scattered blocks takes
-    # most of a second. The watermark (50 % of 1,776 slots) starts it in the background.
-    srv = server_factory(stage_spec(slow_latency="5ms", trigger="watermark", high=50, low=10))
+    # A slow child that takes 5 ms per write, given 8 at a time (`delay` overlaps concurrent
+    # requests, so a whole batch at once would take one latency): a destage of ~1,000
+    # scattered blocks takes most of a second. The watermark (50 % of 1,776 slots) starts it
+    # in the background.
+    srv = server_factory(stage_spec(slow_latency="5ms", trigger="watermark", high=50, low=10,
+                                    **{"destage-depth": 8}))
     ref = Reference(workdir / "ref.img")
     # Older data on the slow child: direct writes, and staged blocks destaged now.
     older = scattered(1, 200)
@@ -238,7 +241,8 @@ def test_status_answers_while_a_called_destage_runs(server_factory, workdir):
     """docs/layers/stage.md: "A destage under way shows as an activity (`destaging: N %`)" and
     `strata call LAYER destage` destages everything now. `strata status` must answer while
     such a destage runs (on a slow disk it may run for minutes) and show it."""
-    srv = server_factory(stage_spec(slow_latency="20ms"))
+    # 8 writes at a time, each 20 ms (`delay` overlaps concurrent requests): seconds.
+    srv = server_factory(stage_spec(slow_latency="20ms", **{"destage-depth": 8}))
     Reference(workdir / "ref.img").qemu_io(srv, scattered(4, 1000))
     call = subprocess.Popen([str(STRATA_BIN), "call", "--data-dir", str(srv.data_dir), STAGE, "destage"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
