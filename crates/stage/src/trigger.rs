@@ -99,37 +99,17 @@ impl Trigger {
                 }
                 // Slots that must go to come down to the low mark.
                 let keep = low_percent * log_slots / 100;
-                let mut need = used_slots.saturating_sub(keep);
-                let mut chosen = Vec::new();
-                for (extent, blocks) in densest_first(staged) {
-                    if need == 0 {
-                        break;
-                    }
-                    chosen.push(extent);
-                    need = need.saturating_sub(blocks);
-                }
-                as_decision(chosen)
+                densest_covering(staged, used_slots.saturating_sub(keep), 0)
             }
             Trigger::Density { blocks: density } => {
                 // At most a slice of the log per destage (at least one extent): when many
                 // extents reach the density together (uniform random writes fill them
                 // alike), one destage of all of them would hold writers for all of it.
-                let mut room = (log_slots / 8).max(1);
-                let mut chosen = Vec::new();
-                for (extent, blocks) in densest_first(staged) {
-                    if blocks < density || room == 0 {
-                        break;
-                    }
-                    chosen.push(extent);
-                    room = room.saturating_sub(blocks);
-                }
-                as_decision(chosen)
+                densest_covering(staged, (log_slots / 8).max(1), density)
             }
         }
     }
-}
 
-impl Trigger {
     /// What a writer that found the log full destages. `full`: everything (the paper's
     /// prototype). The background triggers: the densest extents holding at least `needed`
     /// blocks and an eighth of the log, so that writers overtaking the background destager
@@ -139,17 +119,22 @@ impl Trigger {
         if *self == Trigger::Full {
             return Decision::All;
         }
-        let mut need = needed.max(log_slots / 8);
-        let mut chosen = Vec::new();
-        for (extent, blocks) in densest_first(staged) {
-            if need == 0 {
-                break;
-            }
-            chosen.push(extent);
-            need = need.saturating_sub(blocks);
-        }
-        as_decision(chosen)
+        densest_covering(staged, needed.max(log_slots / 8), 0)
     }
+}
+
+/// The densest extents holding at least `at_least` blocks each, densest first, until they
+/// hold `need` blocks (or none qualify).
+fn densest_covering(staged: &[(u64, u64)], mut need: u64, at_least: u64) -> Decision {
+    let mut chosen = Vec::new();
+    for (extent, blocks) in densest_first(staged) {
+        if need == 0 || blocks < at_least {
+            break;
+        }
+        chosen.push(extent);
+        need = need.saturating_sub(blocks);
+    }
+    as_decision(chosen)
 }
 
 /// Extents by staged blocks, most first; ties by extent, so the order is deterministic.
