@@ -225,10 +225,12 @@ impl Array {
         };
         let kind = journaled(plans[0].kind);
         assert!(plans.iter().all(|plan| journaled(plan.kind) == kind));
-        let data: Vec<u8> = if writes.len() == 1 {
-            writes[0].1.to_vec()
+        // A lone write (every full-stripe one among them) is planned from its own buffer;
+        // a batch's data is laid end to end, as `plan_writes` counts its sources.
+        let data: std::borrow::Cow<[u8]> = if writes.len() == 1 {
+            std::borrow::Cow::Borrowed(&writes[0].1[..])
         } else {
-            writes.iter().flat_map(|(_, d)| d.iter().copied()).collect()
+            std::borrow::Cow::Owned(writes.iter().flat_map(|(_, d)| d.iter().copied()).collect())
         };
         // A partial update after an unflushed full-stripe write of this stripe: make that
         // write durable first, so the stripe's old state is consistent (see the doc).
