@@ -179,6 +179,10 @@ pub struct Revolutions {
     /// The same with the drive's idle time inside a batch left out (a request that reached an
     /// idle drive counts from its arrival, not from the previous completion).
     pub busy_per_revolution: f64,
+    /// I/Os per revolution with the gaps where a drive went from one extent's batch to
+    /// another's counted too (only idle gaps over a revolution left out): the measure that
+    /// does not flatter batches of several extents in flight at once.
+    pub with_switches_per_revolution: f64,
 }
 
 /// What one staged run measured.
@@ -382,12 +386,17 @@ pub fn revolutions(
     revolution: Nanos,
 ) -> Revolutions {
     let (mut gaps, mut total, mut busy) = (0u64, 0u64, 0u64);
+    let (mut all_gaps, mut all_total) = (0u64, 0u64);
     for timeline in timelines {
         let mut previous: Option<(u64, Nanos)> = None;
         for c in timeline {
             let key = c.offset.saturating_sub(data_start) / member_extent;
             if let Some((prev_key, prev_at)) = previous {
                 let idle = c.submitted.saturating_sub(prev_at);
+                if idle <= revolution {
+                    all_gaps += 1;
+                    all_total += c.at - prev_at;
+                }
                 if prev_key == key && idle <= revolution {
                     gaps += 1;
                     total += c.at - prev_at;
@@ -407,6 +416,7 @@ pub fn revolutions(
         mean_service_ms: mean / MILLIS as f64,
         per_revolution: revolution as f64 / mean,
         busy_per_revolution: revolution as f64 / mean_busy.max(1.0),
+        with_switches_per_revolution: revolution as f64 * all_gaps as f64 / all_total.max(1) as f64,
     }
 }
 

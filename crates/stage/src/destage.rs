@@ -15,7 +15,8 @@
 //! 7. commit: the switch is durable (the commit flushes both children again first);
 //! 8. only now are the freed slots reused (the `log` module's pending frees).
 
-use futures_util::future::{join_all, try_join_all};
+use futures_util::future::{join_all, try_join_all, BoxFuture, FutureExt};
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -34,6 +35,9 @@ use crate::trigger::Decision;
 
 /// How often the background destager looks at its trigger without being kicked.
 const TICK: Duration = Duration::from_millis(100);
+
+/// Extents' batches a destage has in flight at once.
+const BATCHES_IN_FLIGHT: usize = 4;
 
 /// What one destage did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -240,15 +244,43 @@ impl Stage {
         Ok(())
     }
 
-    /// Step 4: every batch, one after the other.
+    /// Step 4: every batch, up to `BATCHES_IN_FLIGHT` extents at once so that the slow
+    /// child's queues do not run dry at each batch's tail (with a `destage-depth`, one batch
+    /// after the other). After a failure no further batch starts, and the ones in flight are
+    /// awaited, not dropped halfway.
     async fn copy(&self, plan: &Plan, total: u64) -> Result<()> {
-        let mut done = 0;
-        for batch in &plan.batches {
-            self.write_batch(batch).await?;
-            done += batch.placements.len() as u64;
-            self.counters.set_progress(done, total);
+        let in_flight = match self.settings.destage_depth {
+            None => BATCHES_IN_FLIGHT,
+            Some(_) => 1,
+        };
+        // Boxed as `Send` here, where the lifetimes are concrete: left generic, rustc cannot
+        // prove the destage future `Send` for every lifetime (rust-lang/rust#64552).
+        let mut pending = plan
+            .batches
+            .iter()
+            .map(|batch| -> BoxFuture<'_, (u64, Result<()>)> {
+                let blocks = batch.placements.len() as u64;
+                self.write_batch(batch)
+                    .map(move |result| (blocks, result))
+                    .boxed()
+            });
+        let mut running: FuturesUnordered<_> = pending.by_ref().take(in_flight).collect();
+        let (mut done, mut failure) = (0, None);
+        while let Some((blocks, result)) = running.next().await {
+            match result {
+                Ok(()) => {
+                    done += blocks;
+                    self.counters.set_progress(done, total);
+                }
+                Err(error) => {
+                    failure.get_or_insert(error);
+                }
+            }
+            if failure.is_none() {
+                running.extend(pending.next());
+            }
         }
-        Ok(())
+        failure.map_or(Ok(()), Err)
     }
 
     /// One extent: its blocks read from the log, then written ascending, a strand at a time.

@@ -57,6 +57,7 @@ fn table2_rows(runs: &[StagedRun]) -> Vec<Vec<String>> {
         "I/Os/rev".into(),
         "(paper)".into(),
         "busy I/Os/rev".into(),
+        "I/Os/rev with switches".into(),
         "service ms".into(),
         "updates/s".into(),
     ]];
@@ -75,6 +76,7 @@ fn table2_rows(runs: &[StagedRun]) -> Vec<Vec<String>> {
             format!("{:.2}", run.revolutions.per_revolution),
             or_dash(p.map(|p| p.per_revolution), 1),
             format!("{:.2}", run.revolutions.busy_per_revolution),
+            format!("{:.2}", run.revolutions.with_switches_per_revolution),
             format!("{:.2}", run.revolutions.mean_service_ms),
             format!("{:.0}", run.updates_per_s),
         ]);
@@ -179,6 +181,7 @@ pub fn format_report(report: &ProximalReport) -> String {
         "amplification".into(),
         "I/Os/rev".into(),
         "busy I/Os/rev".into(),
+        "I/Os/rev with switches".into(),
         "mean ms".into(),
         "p99 ms".into(),
         "max ms".into(),
@@ -193,6 +196,7 @@ pub fn format_report(report: &ProximalReport) -> String {
             format!("{:.2}", run.amplification),
             format!("{:.2}", run.revolutions.per_revolution),
             format!("{:.2}", run.revolutions.busy_per_revolution),
+            format!("{:.2}", run.revolutions.with_switches_per_revolution),
             or_dash(l.map(|l| l.mean_ns / 1e6), 2),
             or_dash(l.map(|l| l.p99_ns as f64 / 1e6), 2),
             or_dash(l.map(|l| l.max_ns as f64 / 1e6), 1),

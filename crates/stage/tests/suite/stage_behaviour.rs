@@ -233,6 +233,51 @@ async fn a_failed_fast_child_fails_reads_of_staged_data_loudly() {
 }
 
 #[tokio::test]
+async fn a_destage_whose_slow_writes_fail_keeps_every_block_in_the_log_and_retries() {
+    // Twelve extents staged: more than a destage has in flight at once, so batches are
+    // running when the first one fails and others have not started.
+    let config = config("full");
+    let group = CrashGroup::new();
+    let slow = group.disk(strata_crash::sector_disk(4 << 20));
+    let slow_ref: DeviceRef = Arc::new(slow.clone());
+    let stage = format(memory(fast_size(64)), slow_ref, &config).await;
+    let device = StageDevice(stage.clone());
+    let extent_blocks = (256 << 10) / BLOCK;
+    let staged: Vec<u64> = (0..12).map(|e| e * extent_blocks + 5).collect();
+    for &b in &staged {
+        write(&device, b, blocks(b, 1, 7)).await;
+        write(&device, b + 2, blocks(b + 2, 1, 8)).await;
+    }
+    slow.fail_writes(0, 4 << 20);
+    let error = stage.destage_all().await.unwrap_err();
+    assert_eq!(error.errno(), 5, "{error}");
+    assert_eq!(counter(&stage, "destage failures"), 1);
+    assert_eq!(stage.log_usage().unwrap().0, 24, "every block still staged");
+    for &b in &staged {
+        assert_eq!(
+            read(&device, b, 3).await[..],
+            {
+                let mut want = blocks(b, 1, 7);
+                want.extend(vec![0; BLOCK as usize]);
+                want.extend(blocks(b + 2, 1, 8));
+                want
+            }[..]
+        );
+    }
+    assert_consistent(&stage);
+
+    slow.clear_faults();
+    let report = stage.destage_all().await.unwrap();
+    assert_eq!((report.blocks, report.batches), (24, 12));
+    assert_eq!(stage.log_usage().unwrap().0, 0);
+    for &b in &staged {
+        assert_eq!(read(&device, b, 1).await, blocks(b, 1, 7));
+        assert_eq!(read(&device, b + 2, 1).await, blocks(b + 2, 1, 8));
+    }
+    assert_consistent(&stage);
+}
+
+#[tokio::test]
 async fn status_shows_trigger_log_backlog_and_counters() {
     let config = config("density");
     let stage = format(memory(fast_size(64)), memory(4 << 20), &config).await;
