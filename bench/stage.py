@@ -18,9 +18,8 @@ modelled disk and file (same size, same model, same seed):
 
 Method: fio's nbd engine, 4 KiB random writes at queue depth 32 over the whole volume. For the
 stages, one log's worth of writes comes first, so that the measured run is in the steady
-state, where writes are admitted as fast as destages make room. (Not the watermark trigger:
-a watermark destage frees its slots only when all of it is done, so writers stall for the
-whole destage of 60 % of the log, minutes here; see docs/layers/stage.md.) Then `BENCH_SECONDS` (default 30) measured.
+state, where writes are admitted as fast as destages make room. Then `BENCH_SECONDS`
+(default 30) measured.
 Each round measures every export in turn; medians of `BENCH_ROUNDS` (default 3).
 
 The disk's I/Os per revolution: the requests its `hdd` node served during the measured run

@@ -135,11 +135,11 @@ def test_fio_verifies_through_watermark_destages_and_large_writes_go_direct(serv
 
 
 def test_kill9_in_the_middle_of_a_destage_loses_nothing_flushed(server_factory, workdir):
-    # A slow child that takes 5 ms per write, given 8 at a time (`delay` overlaps concurrent
-    # requests, so a whole batch at once would take one latency): a destage of ~1,000
-    # scattered blocks takes most of a second. The watermark (50 % of 1,776 slots) starts it
-    # in the background.
-    srv = server_factory(stage_spec(slow_latency="5ms", trigger="watermark", high=50, low=10,
+    # A slow child that takes 20 ms per write, given 8 at a time (`delay` overlaps concurrent
+    # requests, so a whole batch at once would take one latency): the watermark (50 % of
+    # 1,776 slots) starts a drain in the background, one extent of ~250 blocks per slice
+    # (over half a second each), that goes on for seconds after the writes.
+    srv = server_factory(stage_spec(slow_latency="20ms", trigger="watermark", high=50, low=10,
                                     **{"destage-depth": 8}))
     ref = Reference(workdir / "ref.img")
     # Older data on the slow child: direct writes, and staged blocks destaged now.

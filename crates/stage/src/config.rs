@@ -119,6 +119,10 @@ impl StageConfig {
             },
             TriggerKind::Density => Trigger::Density {
                 blocks: self.density,
+                together: match self.destage_depth {
+                    None => crate::destage::BATCHES_IN_FLIGHT,
+                    Some(_) => 1,
+                },
             },
         }
     }

@@ -36,8 +36,8 @@ use crate::trigger::Decision;
 /// How often the background destager looks at its trigger without being kicked.
 const TICK: Duration = Duration::from_millis(100);
 
-/// Extents' batches a destage has in flight at once.
-const BATCHES_IN_FLIGHT: usize = 4;
+/// Extents' batches a destage has in flight at once (the density trigger waits for as many).
+pub(crate) const BATCHES_IN_FLIGHT: usize = 4;
 
 /// What one destage did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -59,14 +59,19 @@ impl Stage {
         self.destage_locked(Decision::All).await
     }
 
-    /// After a write: the background destager is kicked, or (inline) the trigger's decision
-    /// is carried out now.
+    /// After a write: the background destager is kicked, or (inline) the trigger's decisions
+    /// are carried out now, slice after slice, until it has nothing more to do.
     pub(crate) async fn after_write(&self) -> Result<()> {
         if self.settings.background {
             self.kick.notify_one();
             return Ok(());
         }
-        self.destage_if_triggered().await.map(drop)
+        while let Some(report) = self.destage_if_triggered().await? {
+            if report.blocks == 0 {
+                break;
+            }
+        }
+        Ok(())
     }
 
     pub(crate) async fn destage_if_triggered(&self) -> Result<Option<DestageReport>> {
@@ -87,10 +92,11 @@ impl Stage {
         let space = self.space()?;
         let staged: Vec<(u64, u64)> = space.staged.iter().map(|(&e, &n)| (e, n)).collect();
         let used = space.staged_blocks();
-        Ok(self
-            .settings
-            .trigger
-            .decide(used, self.shape.log_slots, &staged))
+        let trigger = &self.settings.trigger;
+        let was = self.draining.load(Ordering::Relaxed);
+        let draining = trigger.draining(used, self.shape.log_slots, was);
+        self.draining.store(draining, Ordering::Relaxed);
+        Ok(trigger.decide(used, self.shape.log_slots, &staged, draining))
     }
 
     /// A write found no room for `count` blocks: unless a destage that ran meanwhile (or a
@@ -150,7 +156,7 @@ impl Stage {
         let plan = self.plan_destage(&staged)?;
         let total = staged.len() as u64;
         self.counters.set_progress(0, total);
-        let copied = self.copy(&plan, total).await;
+        let copied = self.copy(&plan).await;
         let flushed = match copied {
             Ok(()) => self.slow.flush().await,
             Err(error) => Err(error),
@@ -248,7 +254,7 @@ impl Stage {
     /// child's queues do not run dry at each batch's tail (with a `destage-depth`, one batch
     /// after the other). After a failure no further batch starts, and the ones in flight are
     /// awaited, not dropped halfway.
-    async fn copy(&self, plan: &Plan, total: u64) -> Result<()> {
+    async fn copy(&self, plan: &Plan) -> Result<()> {
         let in_flight = match self.settings.destage_depth {
             None => BATCHES_IN_FLIGHT,
             Some(_) => 1,
@@ -258,23 +264,12 @@ impl Stage {
         let mut pending = plan
             .batches
             .iter()
-            .map(|batch| -> BoxFuture<'_, (u64, Result<()>)> {
-                let blocks = batch.placements.len() as u64;
-                self.write_batch(batch)
-                    .map(move |result| (blocks, result))
-                    .boxed()
-            });
+            .map(|batch| -> BoxFuture<'_, Result<()>> { self.write_batch(batch).boxed() });
         let mut running: FuturesUnordered<_> = pending.by_ref().take(in_flight).collect();
-        let (mut done, mut failure) = (0, None);
-        while let Some((blocks, result)) = running.next().await {
-            match result {
-                Ok(()) => {
-                    done += blocks;
-                    self.counters.set_progress(done, total);
-                }
-                Err(error) => {
-                    failure.get_or_insert(error);
-                }
+        let mut failure = None;
+        while let Some(result) = running.next().await {
+            if let Err(error) = result {
+                failure.get_or_insert(error);
             }
             if failure.is_none() {
                 running.extend(pending.next());
@@ -304,6 +299,12 @@ impl Stage {
                 self.slow.write(at, buffer.freeze(), WriteFlags::default())
             });
             try_join_all(writes).await?;
+            // Progress by strand, not by batch: a destage of one extent shows it too.
+            let blocks = batch.requests[strand.clone()]
+                .iter()
+                .map(|request| request.len() as u64)
+                .sum();
+            self.counters.add_progress(blocks);
         }
         Ok(())
     }
@@ -409,8 +410,13 @@ impl Stage {
                 }
                 let Some(_step) = worker.step().await else { return };
                 let Some(stage) = stage.upgrade() else { return };
-                if let Err(error) = stage.destage_if_triggered().await {
-                    tracing::warn!(stage = %stage.name, %error, "background destage failed; retrying at the next trigger");
+                match stage.destage_if_triggered().await {
+                    // A slice done: look again at once, the drain may go on.
+                    Ok(Some(report)) if report.blocks > 0 => kick.notify_one(),
+                    Ok(_) => {}
+                    Err(error) => {
+                        tracing::warn!(stage = %stage.name, %error, "background destage failed; retrying at the next trigger");
+                    }
                 }
             }
         });

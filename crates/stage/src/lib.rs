@@ -10,7 +10,7 @@
 //! children = ["flash", "disk"]   # [fast, slow], in this order
 //! threshold = "168KiB"           # smaller writes are staged
 //! trigger = "density"            # "full" (default) | "watermark" | "density"
-//! density = 8                    # staged blocks in an extent that start its destage
+//! density = 8                    # staged blocks that make an extent ready to destage
 //! # destage-depth = 1             # requests in flight per batch (default: the whole batch)
 //! ```
 //!

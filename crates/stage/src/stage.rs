@@ -111,6 +111,8 @@ pub struct Stage {
     pub(crate) kick: Arc<tokio::sync::Notify>,
     pub(crate) background: Background,
     pub(crate) destage_running: AtomicBool,
+    /// A watermark drain is on (`Trigger::draining`): set at `high`, cleared at `low`.
+    pub(crate) draining: AtomicBool,
     config: OnceLock<toml::Table>,
 }
 
@@ -284,6 +286,7 @@ impl Stage {
             kick: Arc::new(tokio::sync::Notify::new()),
             background: Background::new(),
             destage_running: AtomicBool::new(false),
+            draining: AtomicBool::new(false),
             config: OnceLock::new(),
         });
         if stage.settings.background {

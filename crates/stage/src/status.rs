@@ -67,6 +67,11 @@ impl Counters {
         self.progress_total.store(total, Ordering::Relaxed);
     }
 
+    /// `blocks` more of the running destage are on the slow child.
+    pub(crate) fn add_progress(&self, blocks: u64) {
+        self.progress_done.fetch_add(blocks, Ordering::Relaxed);
+    }
+
     pub fn snapshot(&self) -> CountersSnapshot {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         vec![
@@ -206,8 +211,8 @@ impl Stage {
                 high_percent,
                 low_percent,
             } => format!("watermark (start at {high_percent} %, stop at {low_percent} %)"),
-            crate::trigger::Trigger::Density { blocks } => {
-                format!("density ({blocks} blocks in an extent)")
+            crate::trigger::Trigger::Density { blocks, together } => {
+                format!("density ({blocks} blocks in an extent, {together} extents at a time)")
             }
         }
     }

@@ -157,26 +157,71 @@ async fn the_full_trigger_destages_when_the_log_has_no_room() {
 }
 
 #[tokio::test]
-async fn the_density_trigger_destages_an_extent_once_it_fills_a_strand() {
+async fn the_density_trigger_destages_four_dense_extents_together() {
+    let config = config("density"); // 8 blocks
+    let stage = format(memory(fast_size(128)), memory(4 << 20), &config).await;
+    let device = StageDevice(stage.clone());
+    let extent_blocks = (256 << 10) / BLOCK;
+    // Extent 9 gets one block: not dense, stays.
+    write(&device, 9 * extent_blocks, blocks(9 * extent_blocks, 1, 7)).await;
+    // Extents 0-3 fill up to 8 staged blocks each, in turn; the last block makes the fourth
+    // dense extent, and the four go in one destage.
+    for i in 0..8 {
+        for e in 0..4 {
+            assert_eq!(counter(&stage, "destages"), 0, "before {e}/{i}");
+            let b = e * extent_blocks + i * 2;
+            write(&device, b, blocks(b, 1, 7)).await;
+        }
+    }
+    assert_eq!(counter(&stage, "destages"), 1);
+    assert_eq!(counter(&stage, "destaged blocks"), 32);
+    assert_eq!(counter(&stage, "batches"), 4);
+    assert_eq!(stage.log_usage().unwrap().0, 1, "extent 9's block stays");
+    assert!(matches!(stage.locate(9 * extent_blocks), Location::Log(_)));
+    for e in 0..4 {
+        for i in 0..8 {
+            let b = e * extent_blocks + i * 2;
+            assert_eq!(read(&device, b, 1).await, blocks(b, 1, 7));
+        }
+    }
+    assert_consistent(&stage);
+}
+
+#[tokio::test]
+async fn the_density_trigger_destages_a_lone_dense_extent_once_the_log_is_seven_eighths_full() {
     let config = config("density"); // 8 blocks
     let stage = format(memory(fast_size(64)), memory(4 << 20), &config).await;
     let device = StageDevice(stage.clone());
-    for b in 0..7 {
+    let extent_blocks = (256 << 10) / BLOCK;
+    let lone = 15 * extent_blocks + 6;
+    write(&device, lone, blocks(lone, 1, 8)).await;
+    for b in 0..8 {
         write(&device, b * 2, blocks(b * 2, 1, 7)).await;
     }
-    // Extent 1 gets one block: not dense, stays.
-    write(&device, 100, blocks(100, 1, 7)).await;
+    // One dense extent of two staged, the log an eighth full: it waits for company.
     assert_eq!(counter(&stage, "destages"), 0);
-    assert_eq!(stage.log_usage().unwrap().0, 8);
-    write(&device, 14, blocks(14, 1, 7)).await;
+    // Sparse blocks (at most 7 per extent) in extents 1-15 up to 55 of 64 slots: still waits.
+    let sparse: Vec<u64> = (0..46)
+        .map(|i| (1 + i % 15) * extent_blocks + i / 15)
+        .collect();
+    for &b in &sparse {
+        write(&device, b, blocks(b, 1, 8)).await;
+    }
+    assert_eq!(stage.log_usage().unwrap().0, 55);
+    assert_eq!(counter(&stage, "destages"), 0);
+    // The 56th slot: 7/8 full, the dense extent goes alone.
+    write(
+        &device,
+        15 * extent_blocks + 5,
+        blocks(15 * extent_blocks + 5, 1, 8),
+    )
+    .await;
     assert_eq!(counter(&stage, "destages"), 1);
     assert_eq!(counter(&stage, "destaged blocks"), 8);
-    assert_eq!(
-        stage.log_usage().unwrap().0,
-        1,
-        "extent 1's block stays staged"
-    );
-    assert!(matches!(stage.locate(100), Location::Log(_)));
+    assert_eq!(stage.log_usage().unwrap().0, 48);
+    for b in 0..8 {
+        assert_eq!(read(&device, b * 2, 1).await, blocks(b * 2, 1, 7));
+    }
     assert_consistent(&stage);
 }
 
@@ -194,13 +239,15 @@ async fn the_watermark_trigger_starts_at_high_and_stops_at_low() {
     }
     assert_eq!(counter(&stage, "destages"), 0);
     write(&device, 200, blocks(200, 1, 3)).await; // 32 = 50 %
-    assert_eq!(counter(&stage, "destages"), 1);
+                                                  // Down to 25 % (16 blocks) in slices of an eighth of the log (8 slots), densest extent
+                                                  // first: the two extents of 8 staged blocks, one destage each.
+    assert_eq!(counter(&stage, "destages"), 2);
     let backlog = stage.log_usage().unwrap().0;
-    assert!(
-        backlog <= 16 && backlog > 0,
-        "stopped at {backlog}, not at or below the low mark"
-    );
-    for &b in targets.iter().chain([200].iter()) {
+    assert_eq!(backlog, 16, "stopped at {backlog}, not at the low mark");
+    // Below high again: the next write does not destage.
+    write(&device, 201, blocks(201, 1, 3)).await;
+    assert_eq!(counter(&stage, "destages"), 2);
+    for &b in targets.iter().chain([200, 201].iter()) {
         assert_eq!(read(&device, b, 1).await, blocks(b, 1, 3));
     }
     assert_consistent(&stage);

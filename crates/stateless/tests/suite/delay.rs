@@ -50,9 +50,6 @@ fn assert_near(elapsed: Duration, expected: Duration, tolerance: f64) {
 
 #[tokio::test(start_paused = true)]
 async fn twenty_concurrent_megabyte_reads_at_100_mib_take_a_fifth_of_a_second() {
-    // PausedRuntime, not TokioRuntime: TokioRuntime::now reads the OS clock, which keeps
-    // moving while the paused clock does not, so on a loaded machine the sleeps came out
-    // short (149 ms measured once).
     let device = delayed(limited(100 * MIB), paused());
     let start = Instant::now();
     let reads = (0..20).map(|i| device.read(i * MIB, MIB as usize));
