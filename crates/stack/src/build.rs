@@ -483,7 +483,8 @@ async fn open_remote(
     let text = uri.text.clone();
     let remote = RemoteDevice::connect(uri, options)
         .await
-        .with_context(|| format!("disk {name}: the remote export {text} cannot be reached"))?;
+        .with_context(|| format!("disk {name}: the remote export {text} cannot be reached"))?
+        .read_only(disk.read_only);
     info!(disk = %name, uri = %text, size = remote.geometry().size, "connected remote disk");
     Ok(Arc::new(Metered::new(
         remote,

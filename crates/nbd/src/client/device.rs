@@ -14,6 +14,8 @@ use crate::proto::*;
 pub struct RemoteDevice {
     client: Client,
     geometry: Geometry,
+    /// Read-only by the export's flags or by our own choice.
+    read_only: bool,
 }
 
 impl RemoteDevice {
@@ -39,7 +41,18 @@ impl RemoteDevice {
             // Larger requests are cut to the server's maximum payload by the client.
             max_io: 32 << 20,
         };
-        RemoteDevice { client, geometry }
+        let read_only = info.has(FLAG_READ_ONLY);
+        RemoteDevice {
+            client,
+            geometry,
+            read_only,
+        }
+    }
+
+    /// Refuses writes even where the export takes them.
+    pub fn read_only(mut self, read_only: bool) -> RemoteDevice {
+        self.read_only |= read_only;
+        self
     }
 
     pub fn client(&self) -> &Client {
@@ -52,7 +65,7 @@ impl RemoteDevice {
 
     fn check_write(&self, offset: u64, len: u64) -> Result<()> {
         self.geometry.check_range(offset, len)?;
-        if self.client.info().has(FLAG_READ_ONLY) {
+        if self.read_only {
             return Err(BlockError::ReadOnly);
         }
         Ok(())
@@ -97,7 +110,7 @@ impl BlockDevice for RemoteDevice {
     fn capabilities(&self) -> Capabilities {
         let info = self.client.info();
         Capabilities {
-            read_only: info.has(FLAG_READ_ONLY),
+            read_only: self.read_only,
             flush: info.has(FLAG_SEND_FLUSH),
             fua: info.has(FLAG_SEND_FUA),
             discard: info.has(FLAG_SEND_TRIM),
@@ -184,7 +197,7 @@ impl BlockDevice for RemoteDevice {
                     LinkState::Down(why) => (Health::Ok, format!("down ({why})")),
                 };
                 let mut status = NodeStatus::new(uri.clone(), "remote", self.geometry.size);
-                status.health = if self.client.info().has(FLAG_READ_ONLY) {
+                status.health = if self.read_only {
                     Health::ReadOnly
                 } else {
                     health

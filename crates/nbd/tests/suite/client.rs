@@ -132,6 +132,16 @@ async fn every_command_round_trips_and_lands_on_the_brick() {
     // Past the end: refused here, before the wire.
     let err = remote.read(SIZE - 512, 1024).await.unwrap_err();
     assert!(matches!(err, BlockError::OutOfRange { .. }), "{err}");
+
+    // Read-only by our choice: writes are refused, nothing reaches the brick.
+    let remote = remote.read_only(true);
+    assert!(remote.capabilities().read_only);
+    let err = remote
+        .write(0, pattern(7, 512), WriteFlags::default())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, BlockError::ReadOnly), "{err}");
+    assert!(memory.read(0, 512).await.unwrap().iter().all(|&b| b == 0));
 }
 
 /// Holds reads at offset 0 until released, and records the largest request it sees.
