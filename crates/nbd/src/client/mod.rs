@@ -73,6 +73,12 @@ impl Default for ClientOptions {
     }
 }
 
+/// A failed attempt at a request, and whether to make another.
+enum Retry {
+    Yes(ClientError),
+    No(ClientError),
+}
+
 /// When the next connection attempt may run, after failed ones.
 struct Backoff {
     pause: Duration,
@@ -224,25 +230,28 @@ impl Client {
             ClientError::TimedOut(why)
         };
         loop {
+            // Any failure to connect may pass (the server restarting); of a request's own
+            // failures only a lost connection is worth sending it again for: an answer, even
+            // a malformed one, would be the same again.
             let attempt = async {
-                let connection = self.connection().await?;
-                connection.submit(command.clone()).await
+                let connection = self.connection().await.map_err(Retry::Yes)?;
+                connection
+                    .submit(command.clone())
+                    .await
+                    .map_err(|e| match e {
+                        e @ ClientError::Disconnected(_) => Retry::Yes(e),
+                        e => Retry::No(e),
+                    })
             };
             match tokio::time::timeout_at(deadline, attempt).await {
                 Err(_) => return Err(timed_out(&lost)),
                 Ok(Ok(data)) => return Ok(data),
-                Ok(Err(
-                    e @ (ClientError::Io(_)
-                    | ClientError::Disconnected(_)
-                    | ClientError::Protocol(_)
-                    | ClientError::Refused(_)
-                    | ClientError::TimedOut(_)),
-                )) => {
+                Ok(Err(Retry::Yes(e))) => {
                     let why = e.to_string();
                     self.set_last_failure(why.clone());
                     lost = Some(why);
                 }
-                Ok(Err(e)) => return Err(e),
+                Ok(Err(Retry::No(e))) => return Err(e),
             }
         }
     }

@@ -1,7 +1,9 @@
 //! A tiny NBD server that answers the handshake and then does whatever a test scripts: the
 //! client's view of a misbehaving or silent server, written byte by byte.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use bytes::{BufMut, BytesMut};
 use strata_nbd::proto::*;
@@ -16,17 +18,39 @@ pub const SIZE: u64 = 1 << 20;
 /// Serves `script` on a unix socket in `dir` with the given transmission flags; every
 /// connection gets the same treatment. Returns the socket's path.
 pub fn start(dir: &Path, flags: u16, script: Script) -> PathBuf {
+    start_with(dir, flags, false, script)
+}
+
+/// [`start`], accepting structured replies when `structured`.
+pub fn start_with(dir: &Path, flags: u16, structured: bool, script: Script) -> PathBuf {
     let path = dir.join("fake.sock");
     let listener = UnixListener::bind(&path).unwrap();
+    let key = path.clone();
     tokio::spawn(async move {
         while let Ok((stream, _)) = listener.accept().await {
-            tokio::spawn(session(stream, flags, script));
+            *accepted_table().entry(key.clone()).or_default() += 1;
+            tokio::spawn(session(stream, flags, structured, script));
         }
     });
     path
 }
 
-async fn session(mut stream: UnixStream, flags: u16, script: Script) -> std::io::Result<()> {
+fn accepted_table() -> std::sync::MutexGuard<'static, BTreeMap<PathBuf, usize>> {
+    static ACCEPTED: Mutex<BTreeMap<PathBuf, usize>> = Mutex::new(BTreeMap::new());
+    ACCEPTED.lock().unwrap()
+}
+
+/// Connections the fake server on `socket` has accepted so far.
+pub fn accepted(socket: &Path) -> usize {
+    accepted_table().get(socket).copied().unwrap_or(0)
+}
+
+async fn session(
+    mut stream: UnixStream,
+    flags: u16,
+    structured: bool,
+    script: Script,
+) -> std::io::Result<()> {
     let mut out = BytesMut::new();
     out.put_u64(NBDMAGIC);
     out.put_u64(IHAVEOPT);
@@ -40,7 +64,7 @@ async fn session(mut stream: UnixStream, flags: u16, script: Script) -> std::io:
         stream.read_exact(&mut data).await?;
         let mut out = BytesMut::new();
         match option {
-            // Simple replies only: each scripted answer is one simple reply.
+            OPT_STRUCTURED_REPLY if structured => put_option_reply(&mut out, option, REP_ACK, 0),
             OPT_STRUCTURED_REPLY => put_option_reply(&mut out, option, REP_ERR_UNSUP, 0),
             OPT_GO => {
                 put_option_reply(&mut out, option, REP_INFO, 12);
@@ -73,5 +97,13 @@ async fn session(mut stream: UnixStream, flags: u16, script: Script) -> std::io:
 pub fn simple_reply(error: u32, handle: u64) -> Vec<u8> {
     let mut out = BytesMut::new();
     put_simple_reply(&mut out, error, handle);
+    out.to_vec()
+}
+
+/// A structured reply chunk: header and payload.
+pub fn chunk(flags: u16, kind: u16, handle: u64, payload: &[u8]) -> Vec<u8> {
+    let mut out = BytesMut::new();
+    put_chunk_header(&mut out, flags, kind, handle, payload.len() as u32);
+    out.put_slice(payload);
     out.to_vec()
 }
