@@ -341,6 +341,8 @@ async fn a_killed_server_fails_every_request_in_flight_within_the_timeout() {
         let err = task.await.unwrap().unwrap_err();
         assert_eq!(err.errno(), strata_core::errno::EIO, "{err}");
         assert!(err.to_string().contains("brick.sock"), "{err}");
+        // Failed by the lost connection (and the reconnects after it), not merely timed out.
+        assert!(err.to_string().contains("the last attempt failed"), "{err}");
     }
     assert!(
         started.elapsed() < timeout + Duration::from_millis(600),
