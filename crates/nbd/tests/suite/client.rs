@@ -487,3 +487,29 @@ async fn structured_replies_holes_read_as_zeros_and_error_chunks_carry_their_err
     );
     assert!(err.to_string().contains("covered 8192 of 16384"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_brick_that_comes_back_with_another_size_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = socket_in(&dir);
+    let mut brick = Brick::start(
+        Arc::new(MemoryDevice::new(SIZE)),
+        &socket,
+        Limits::default(),
+    );
+    let remote = RemoteDevice::connect(uri(&socket), options(Duration::from_millis(500)))
+        .await
+        .unwrap();
+    brick.kill();
+    let _brick = Brick::start(
+        Arc::new(MemoryDevice::new(SIZE * 2)),
+        &socket,
+        Limits::default(),
+    );
+    let err = remote.read(0, 4096).await.unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("size changed from 4194304 to 8388608"),
+        "{err}"
+    );
+}
