@@ -106,6 +106,7 @@ class Disk:
     # the tests' own arithmetic only.
     uri: str | None = None
     timeout: str | None = None
+    connections: int | None = None
 
     @property
     def rel_path(self) -> str:
@@ -239,7 +240,8 @@ class Server:
             lines.append(f'metrics = "127.0.0.1:{self.metrics_port}"')
         for d in s.disks:
             if d.uri is not None:
-                lines += toml_table("disk", {"name": d.name, "uri": d.uri, "timeout": d.timeout})
+                lines += toml_table("disk", {"name": d.name, "uri": d.uri, "timeout": d.timeout,
+                                             "connections": d.connections})
                 continue
             lines += toml_table("disk", {
                 "name": d.name, "path": d.rel_path, "size": size_str(d.size), "direct": d.direct,

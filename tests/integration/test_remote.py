@@ -104,13 +104,17 @@ def test_writes_through_strata_land_on_a_qemu_nbd_brick(bricks, server_factory, 
     node = remote_node(front)
     detail = dict(node["detail"])
     assert detail["uri"] == brick.uri and detail["connection"] == "connected", node
+    assert detail["connections"] == "1"
     assert node["size"] == BRICK
 
 
 def test_fio_verifies_through_strata_onto_an_nbdkit_memory_brick(bricks, server_factory, workdir):
     sock = workdir / "nbdkit.sock"
     brick = bricks(["nbdkit", "-f", "-U", str(sock), "memory", str(BRICK)], sock, "")
-    front = server_factory(front_spec(brick.uri))
+    assert "can_multi_conn: true" in run(["nbdinfo", brick.uri]).stdout
+    front = server_factory(front_spec(brick.uri, connections=4))
+    # nbdkit's memory plugin advertises multi-conn: the four connections are made.
+    assert dict(remote_node(front)["detail"])["connections"] == "4"
     job = fio_job(workdir / "verify.fio", front, "remote-verify", rw="randwrite", bs="4k",
                   iodepth=16, size="16m", verify="crc32c", do_verify=1, verify_fatal=1,
                   verify_dump=0)

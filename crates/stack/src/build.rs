@@ -478,6 +478,7 @@ async fn open_remote(
         .with_context(|| format!("disk {name}: no valid `uri`"))?;
     let options = ClientOptions {
         timeout: disk.remote_timeout(),
+        connections: disk.remote_connections(),
         ..ClientOptions::default()
     };
     let text = uri.text.clone();

@@ -70,6 +70,9 @@ pub struct DiskConfig {
     pub uri: Option<Spanned<String>>,
     /// A remote disk's per-request timeout (`"30s"` when left out).
     pub timeout: Option<Spanned<String>>,
+    /// A remote disk's connections, used in turn; more than one only if the server
+    /// advertises multi-conn.
+    pub connections: Option<Spanned<usize>>,
     /// Size to create the file with when it does not exist.
     pub size: Option<Spanned<ByteSize>>,
     /// Create the file even though this config has started before (a disk added to an
@@ -97,6 +100,9 @@ fn yes() -> bool {
 /// A remote disk's request timeout when its `[[disk]]` gives none.
 pub const DEFAULT_REMOTE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
+/// More connections to one brick than this buy nothing but sockets.
+pub const MAX_REMOTE_CONNECTIONS: usize = 16;
+
 impl DiskConfig {
     /// The file behind the disk, as configured (relative to the data folder); `None` for a
     /// remote disk.
@@ -107,6 +113,11 @@ impl DiskConfig {
     /// A remote disk's URI, parsed (validated at load).
     pub fn remote(&self) -> Option<strata_nbd::client::NbdUri> {
         self.uri.as_ref().and_then(|u| u.get_ref().parse().ok())
+    }
+
+    /// A remote disk's connections (validated at load; 1 when left out).
+    pub fn remote_connections(&self) -> usize {
+        self.connections.as_ref().map_or(1, |c| *c.get_ref())
     }
 
     /// A remote disk's request timeout (validated at load).
@@ -397,11 +408,18 @@ fn validate_source(
             );
             return Err(error(disk.name.span().start, message));
         }
-        if let Some(timeout) = &disk.timeout {
+        let remote_only = [
+            ("timeout", disk.timeout.as_ref().map(|t| t.span().start)),
+            (
+                "connections",
+                disk.connections.as_ref().map(|c| c.span().start),
+            ),
+        ];
+        if let Some((field, at)) = remote_only.iter().find_map(|(f, at)| at.map(|at| (f, at))) {
             let message = format!(
-                "field `timeout`: disk {name} is a file; only a remote disk (`uri`) has a timeout"
+                "field `{field}`: disk {name} is a file; only a remote disk (`uri`) has it"
             );
-            return Err(error(timeout.span().start, message));
+            return Err(error(at, message));
         }
         return Ok(());
     };
@@ -426,6 +444,15 @@ fn validate_source(
              and caching are the server's"
         );
         return Err(error(at, message));
+    }
+    if let Some(connections) = &disk.connections {
+        let n = *connections.get_ref();
+        if !(1..=MAX_REMOTE_CONNECTIONS).contains(&n) {
+            let message = format!(
+                "field `connections`: disk {name}: {n} connections; give 1 to {MAX_REMOTE_CONNECTIONS}"
+            );
+            return Err(error(connections.span().start, message));
+        }
     }
     if let Some(timeout) = &disk.timeout {
         match strata_core::duration::parse_duration(timeout.get_ref()) {
@@ -530,6 +557,7 @@ mod tests {
         assert_eq!(disk.file(), None);
         assert_eq!(disk.remote().unwrap().export, "vol");
         assert_eq!(disk.remote_timeout(), std::time::Duration::from_secs(5));
+        assert_eq!(disk.remote_connections(), 1);
         let plain = load_str(&with("uri = \"nbd+unix:///vol?socket=/s\"")).unwrap();
         assert_eq!(
             plain.config.disks[0].remote_timeout(),
@@ -560,7 +588,19 @@ mod tests {
             ("uri = \"nbd://h/e\"\ntimeout = \"0\"", "a timeout of 0"),
             (
                 "path = \"a.img\"\ntimeout = \"1s\"",
-                "only a remote disk (`uri`) has a timeout",
+                "field `timeout`: disk b0 is a file",
+            ),
+            (
+                "path = \"a.img\"\nconnections = 2",
+                "field `connections`: disk b0 is a file",
+            ),
+            (
+                "uri = \"nbd://h/e\"\nconnections = 0",
+                "0 connections; give 1 to 16",
+            ),
+            (
+                "uri = \"nbd://h/e\"\nconnections = 17",
+                "17 connections; give 1 to 16",
             ),
         ];
         for (fields, expected) in refused {

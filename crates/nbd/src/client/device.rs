@@ -205,6 +205,7 @@ impl BlockDevice for RemoteDevice {
                 status.detail = vec![
                     ("uri".into(), uri),
                     ("connection".into(), state),
+                    ("connections".into(), self.client.connections().to_string()),
                     (
                         "timeout".into(),
                         strata_core::duration::format_duration(self.client.options().timeout),

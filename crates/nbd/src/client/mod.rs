@@ -1,7 +1,7 @@
 //! An NBD client: a remote export as a Strata device (a "brick").
 //!
-//! One [`Client`] keeps one connection to one export. Requests run concurrently on it; each
-//! has a deadline. A connection that fails fails everything in flight on it; the next request
+//! One [`Client`] keeps one connection to one export (or several, taken in turn, when the
+//! server advertises multi-conn). Requests run concurrently on it; each has a deadline. A connection that fails fails everything in flight on it; the next request
 //! reconnects (with exponential backoff between failed attempts), and a request that lost its
 //! connection is sent again on the new one while its deadline lasts: every command we send
 //! (READ, WRITE, FLUSH, TRIM, WRITE_ZEROES) has the same effect when repeated.
@@ -11,6 +11,7 @@ mod device;
 mod handshake;
 mod uri;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -61,6 +62,9 @@ pub struct ClientOptions {
     /// The first pause after a failed connection attempt; it doubles up to `max_backoff`.
     pub initial_backoff: Duration,
     pub max_backoff: Duration,
+    /// Connections to keep, requests spread over them in turn. More than one is made only
+    /// when the server advertises CAN_MULTI_CONN (a FLUSH on one then covers writes on all).
+    pub connections: usize,
 }
 
 impl Default for ClientOptions {
@@ -69,6 +73,7 @@ impl Default for ClientOptions {
             timeout: Duration::from_secs(30),
             initial_backoff: Duration::from_millis(50),
             max_backoff: Duration::from_secs(5),
+            connections: 1,
         }
     }
 }
@@ -99,17 +104,58 @@ pub struct Client {
     options: ClientOptions,
     /// What the first connection found; later ones must agree on the size.
     info: ExportInfo,
+    links: Vec<Link>,
+    /// The link the next request goes on (modulo their number).
+    turn: AtomicUsize,
+}
+
+/// One connection slot: the connection, and the pacing of its reconnects.
+struct Link {
     current: Mutex<Option<Arc<Connection>>>,
     /// Held by whoever is reconnecting, so that one attempt runs at a time.
     backoff: tokio::sync::Mutex<Backoff>,
-    /// Why the last connection or attempt failed.
-    last_failure: Mutex<Option<String>>,
+}
+
+impl Link {
+    fn new(connection: Connection, options: &ClientOptions) -> Link {
+        Link {
+            current: Mutex::new(Some(Arc::new(connection))),
+            backoff: tokio::sync::Mutex::new(Backoff {
+                pause: options.initial_backoff,
+                not_before: None,
+            }),
+        }
+    }
+
+    fn open_connection(&self) -> Option<Arc<Connection>> {
+        let current = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        current.as_ref().filter(|c| c.closed().is_none()).cloned()
+    }
+
+    fn closed(&self) -> Option<String> {
+        let current = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        current.as_ref().and_then(|c| c.closed())
+    }
 }
 
 impl Client {
     /// Connects to `uri` and negotiates its export, within `options.timeout`.
     pub async fn connect(uri: NbdUri, options: ClientOptions) -> Result<Client, ClientError> {
-        let connection = tokio::time::timeout(options.timeout, open(&uri))
+        let opening = async {
+            let first = open(&uri).await?;
+            let info = first.info;
+            let mut links = vec![Link::new(first, &options)];
+            let wanted = options.connections.max(1);
+            if wanted > 1 && !info.has(FLAG_CAN_MULTI_CONN) {
+                warn!(%uri, "nbd client: the server does not advertise multi-conn: using one connection, not {wanted}");
+            } else {
+                for _ in 1..wanted {
+                    links.push(Link::new(open(&uri).await?, &options));
+                }
+            }
+            Ok::<_, ClientError>((info, links))
+        };
+        let (info, links) = tokio::time::timeout(options.timeout, opening)
             .await
             .map_err(|_| {
                 ClientError::TimedOut(format!(
@@ -118,16 +164,17 @@ impl Client {
                 ))
             })??;
         Ok(Client {
-            info: connection.info,
+            info,
             uri,
             options,
-            current: Mutex::new(Some(Arc::new(connection))),
-            backoff: tokio::sync::Mutex::new(Backoff {
-                pause: options.initial_backoff,
-                not_before: None,
-            }),
-            last_failure: Mutex::new(None),
+            links,
+            turn: AtomicUsize::new(0),
         })
+    }
+
+    /// Connections in use (one unless the server allows several).
+    pub fn connections(&self) -> usize {
+        self.links.len()
     }
 
     pub fn uri(&self) -> &NbdUri {
@@ -142,45 +189,21 @@ impl Client {
         self.options
     }
 
+    /// Connected when every connection is; else why the first one that is not went down.
     pub fn state(&self) -> LinkState {
-        let current = self
-            .current
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
-        match current.map(|c| c.closed()) {
-            Some(None) => LinkState::Connected,
-            Some(Some(why)) => LinkState::Down(why),
-            None => LinkState::Down(
-                self.last_failure()
-                    .unwrap_or_else(|| "not connected".into()),
-            ),
+        match self.links.iter().find_map(Link::closed) {
+            None => LinkState::Connected,
+            Some(why) => LinkState::Down(why),
         }
     }
 
-    fn last_failure(&self) -> Option<String> {
-        self.last_failure
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-
-    fn set_last_failure(&self, why: String) {
-        *self.last_failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
-    }
-
-    fn open_connection(&self) -> Option<Arc<Connection>> {
-        let current = self.current.lock().unwrap_or_else(|p| p.into_inner());
-        current.as_ref().filter(|c| c.closed().is_none()).cloned()
-    }
-
-    /// The live connection, reconnecting if there is none (after the backoff pause).
-    async fn connection(&self) -> Result<Arc<Connection>, ClientError> {
-        if let Some(connection) = self.open_connection() {
+    /// `link`'s live connection, reconnecting if it has none (after the backoff pause).
+    async fn connection(&self, link: &Link) -> Result<Arc<Connection>, ClientError> {
+        if let Some(connection) = link.open_connection() {
             return Ok(connection);
         }
-        let mut backoff = self.backoff.lock().await;
-        if let Some(connection) = self.open_connection() {
+        let mut backoff = link.backoff.lock().await;
+        if let Some(connection) = link.open_connection() {
             return Ok(connection);
         }
         if let Some(at) = backoff.not_before {
@@ -201,7 +224,7 @@ impl Client {
                 backoff.pause = self.options.initial_backoff;
                 backoff.not_before = None;
                 let connection = Arc::new(connection);
-                *self.current.lock().unwrap_or_else(|p| p.into_inner()) = Some(connection.clone());
+                *link.current.lock().unwrap_or_else(|p| p.into_inner()) = Some(connection.clone());
                 Ok(connection)
             }
             Err(e) => {
@@ -233,8 +256,10 @@ impl Client {
             // Any failure to connect may pass (the server restarting); of a request's own
             // failures only a lost connection is worth sending it again for: an answer, even
             // a malformed one, would be the same again.
+            // Round-robin; a request sent again may go on another link.
+            let link = &self.links[self.turn.fetch_add(1, Ordering::Relaxed) % self.links.len()];
             let attempt = async {
-                let connection = self.connection().await.map_err(Retry::Yes)?;
+                let connection = self.connection(link).await.map_err(Retry::Yes)?;
                 connection
                     .submit(command.clone())
                     .await
@@ -247,9 +272,7 @@ impl Client {
                 Err(_) => return Err(timed_out(&lost)),
                 Ok(Ok(data)) => return Ok(data),
                 Ok(Err(Retry::Yes(e))) => {
-                    let why = e.to_string();
-                    self.set_last_failure(why.clone());
-                    lost = Some(why);
+                    lost = Some(e.to_string());
                 }
                 Ok(Err(Retry::No(e))) => return Err(e),
             }

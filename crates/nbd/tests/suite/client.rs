@@ -24,6 +24,7 @@ const SIZE: u64 = 4 << 20;
 /// runtime down drops every connection without a word, as a crashed process would.
 struct Brick {
     runtime: Option<tokio::runtime::Runtime>,
+    server: Arc<Server>,
 }
 
 impl Brick {
@@ -46,12 +47,13 @@ impl Brick {
             let _context = runtime.enter();
             UnixListener::bind(socket).unwrap()
         };
-        runtime.spawn(server.run(Listener::Unix {
+        runtime.spawn(server.clone().run(Listener::Unix {
             listener,
             path: socket.to_path_buf(),
         }));
         Brick {
             runtime: Some(runtime),
+            server,
         }
     }
 
@@ -79,6 +81,7 @@ fn options(timeout: Duration) -> ClientOptions {
         timeout,
         initial_backoff: Duration::from_millis(10),
         max_backoff: Duration::from_millis(100),
+        connections: 1,
     }
 }
 
@@ -512,4 +515,43 @@ async fn a_brick_that_comes_back_with_another_size_is_refused() {
             .contains("size changed from 4194304 to 8388608"),
         "{err}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_connections_share_the_requests_when_the_server_allows_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let memory = Arc::new(MemoryDevice::new(SIZE));
+    let brick = Brick::start(memory.clone(), &socket_in(&dir), Limits::default());
+    let mut four = options(Duration::from_secs(5));
+    four.connections = 4;
+    let client = Arc::new(Client::connect(uri(&socket_in(&dir)), four).await.unwrap());
+    assert!(client.info().has(FLAG_CAN_MULTI_CONN));
+    assert_eq!(client.connections(), 4);
+    assert_eq!(brick.server.connections_total(), 4);
+    let writes = (0..32u64).map(|i| {
+        let client = client.clone();
+        async move { client.write(i * 4096, pattern(i as u8, 4096), false).await }
+    });
+    futures_util::future::try_join_all(writes).await.unwrap();
+    client.flush().await.unwrap();
+    for i in 0..32u64 {
+        let back = memory.read(i * 4096, 4096).await.unwrap();
+        assert_eq!(&back[..], &pattern(i as u8, 4096)[..]);
+    }
+    // Still four: the requests went round them, none opened more.
+    assert_eq!(brick.server.connections_total(), 4);
+}
+
+#[tokio::test]
+async fn without_multi_conn_one_connection_is_made() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = fake_server::start(dir.path(), FLAG_HAS_FLAGS | FLAG_SEND_FLUSH, |r| {
+        Some(fake_server::simple_reply(0, r.handle))
+    });
+    let mut four = options(Duration::from_secs(5));
+    four.connections = 4;
+    let client = Client::connect(uri(&socket), four).await.unwrap();
+    assert_eq!(client.connections(), 1);
+    client.flush().await.unwrap();
+    assert_eq!(fake_server::accepted(&socket), 1);
 }
