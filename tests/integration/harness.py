@@ -102,6 +102,11 @@ class Disk:
     size: int = 256 * MiB
     path: str | None = None  # default disks/<name>.img (relative to data-dir)
     direct: bool = False
+    # A remote disk (`uri = ...`, docs/remote-disks.md): no path; `size` is the export's, for
+    # the tests' own arithmetic only.
+    uri: str | None = None
+    timeout: str | None = None
+    connections: int | None = None
 
     @property
     def rel_path(self) -> str:
@@ -234,6 +239,10 @@ class Server:
         if s.metrics:
             lines.append(f'metrics = "127.0.0.1:{self.metrics_port}"')
         for d in s.disks:
+            if d.uri is not None:
+                lines += toml_table("disk", {"name": d.name, "uri": d.uri, "timeout": d.timeout,
+                                             "connections": d.connections})
+                continue
             lines += toml_table("disk", {
                 "name": d.name, "path": d.rel_path, "size": size_str(d.size), "direct": d.direct,
             })

@@ -2,9 +2,12 @@
 //! doc/proto.md): fixed-newstyle handshake, structured replies, the `base:allocation`
 //! metadata context, many requests in flight per connection with out-of-order replies.
 //!
+//! It also holds an NBD client (`client`), which makes a remote export a Strata device.
+//!
 //! We write our own because the existing Rust NBD crates serve one request at a time or
 //! lack structured replies and block status.
 
+pub mod client;
 mod export;
 mod handshake;
 pub mod proto;

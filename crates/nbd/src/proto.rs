@@ -1,9 +1,11 @@
 //! Wire constants and message layouts of the NBD protocol, from the specification
-//! (NetworkBlockDevice/nbd, doc/proto.md). Only what the server speaks is here.
+//! (NetworkBlockDevice/nbd, doc/proto.md). What the server and the client speak is here.
 
 use bytes::{BufMut, BytesMut};
 
 pub const NBDMAGIC: u64 = 0x4e42_444d_4147_4943;
+/// What an oldstyle server sends where a newstyle one sends IHAVEOPT.
+pub const OLDSTYLE_MAGIC: u64 = 0x0000_4202_8186_1253;
 pub const IHAVEOPT: u64 = 0x4948_4156_454f_5054;
 pub const OPTION_REPLY_MAGIC: u64 = 0x0003_e889_0455_65a9;
 pub const REQUEST_MAGIC: u32 = 0x2560_9513;
@@ -53,6 +55,11 @@ pub const REP_ERR_UNKNOWN: u32 = REP_ERR | 6;
 pub const REP_ERR_SHUTDOWN: u32 = REP_ERR | 7;
 pub const REP_ERR_TOO_BIG: u32 = REP_ERR | 9;
 
+/// Whether an option reply type is an error.
+pub fn is_rep_err(reply: u32) -> bool {
+    reply & REP_ERR != 0
+}
+
 /// Information types in NBD_OPT_INFO / NBD_OPT_GO.
 pub const INFO_EXPORT: u16 = 0;
 pub const INFO_NAME: u16 = 1;
@@ -80,8 +87,13 @@ pub const CMD_FLAG_FAST_ZERO: u16 = 1 << 4;
 pub const REPLY_FLAG_DONE: u16 = 1 << 0;
 pub const REPLY_TYPE_NONE: u16 = 0;
 pub const REPLY_TYPE_OFFSET_DATA: u16 = 1;
+pub const REPLY_TYPE_OFFSET_HOLE: u16 = 2;
 pub const REPLY_TYPE_BLOCK_STATUS: u16 = 5;
 pub const REPLY_TYPE_ERROR: u16 = (1 << 15) | 1;
+pub const REPLY_TYPE_ERROR_OFFSET: u16 = (1 << 15) | 2;
+/// The length of a simple reply header and of a structured reply chunk header.
+pub const SIMPLE_REPLY_HEADER_LEN: usize = 16;
+pub const CHUNK_HEADER_LEN: usize = 20;
 
 /// `base:allocation` status flags.
 pub const STATE_HOLE: u32 = 1 << 0;
@@ -165,6 +177,13 @@ pub fn put_error_chunk(out: &mut BytesMut, handle: u64, error: u32, message: &st
     out.put_u32(error);
     out.put_u16(message.len() as u16);
     out.put_slice(message.as_bytes());
+}
+
+/// Appends a client's option header announcing `length` bytes of option data.
+pub fn put_option(out: &mut BytesMut, option: u32, length: u32) {
+    out.put_u64(IHAVEOPT);
+    out.put_u32(option);
+    out.put_u32(length);
 }
 
 /// Appends an option reply header.

@@ -10,6 +10,7 @@ use strata_backend::{FileDevice, FileOptions};
 use strata_core::{
     BlockDevice, Control, ControlReply, DeviceRef, Metered, MetricsRegistry, NodeStatus, Runtime,
 };
+use strata_nbd::client::{ClientOptions, RemoteDevice};
 use strata_nbd::{Export, Exports};
 use strata_thin::ThinPool;
 use tracing::{error, info};
@@ -209,8 +210,10 @@ fn disk_paths(loaded: &Loaded, disks: &[String]) -> Vec<PathBuf> {
                 .iter()
                 .find(|d| d.name.get_ref() == name && !d.missing)
         })
-        .map(|d| {
-            let path = loaded.resolve(d.path.get_ref());
+        // A remote disk is examined on its server, not here.
+        .filter_map(|d| d.file())
+        .map(|file| {
+            let path = loaded.resolve(file);
             std::fs::canonicalize(&path)
                 .or_else(|_| std::path::absolute(&path))
                 .unwrap_or(path)
@@ -290,6 +293,7 @@ pub async fn build_on(
             continue;
         }
         let opened = match disks {
+            Disks::Files if disk.uri.is_some() => open_remote(disk, &runtime, metrics).await,
             Disks::Files => open_disk(loaded, disk, started_before, &state, &runtime, metrics),
             Disks::Given(devices) => devices
                 .get(&name)
@@ -393,8 +397,9 @@ fn any_disk_labelled(loaded: &Loaded, labelled: &[String]) -> bool {
         .disks
         .iter()
         .filter(|d| !d.missing && labelled.contains(d.name.get_ref()))
-        .any(|d| {
-            let path = loaded.resolve(d.path.get_ref());
+        .filter_map(|d| d.file())
+        .any(|file| {
+            let path = loaded.resolve(file);
             matches!(hierarchy::read_label_file(&path), Ok(Some(_)))
         })
 }
@@ -411,7 +416,10 @@ fn open_disk(
     metrics: &MetricsRegistry,
 ) -> anyhow::Result<DeviceRef> {
     let name = disk.name.get_ref();
-    let path = loaded.resolve(disk.path.get_ref());
+    let file = disk
+        .file()
+        .with_context(|| format!("disk {name}: no `path`"))?;
+    let path = loaded.resolve(file);
     // metadata() follows symlinks: a dangling link is a missing disk.
     if std::fs::metadata(&path).is_err() {
         let known = state.knows(name);
@@ -452,6 +460,35 @@ fn open_disk(
         .with_context(|| format!("disk {name}: opening {}", path.display()))?;
     Ok(Arc::new(Metered::new(
         file,
+        metrics.device(name),
+        runtime.clone(),
+    )))
+}
+
+/// Connects to a remote disk's export. An unreachable server or a refused export is a
+/// missing disk, reported with the URI, exactly as a missing file is: nothing is created.
+async fn open_remote(
+    disk: &DiskConfig,
+    runtime: &Arc<dyn Runtime>,
+    metrics: &MetricsRegistry,
+) -> anyhow::Result<DeviceRef> {
+    let name = disk.name.get_ref();
+    let uri = disk
+        .remote()
+        .with_context(|| format!("disk {name}: no valid `uri`"))?;
+    let options = ClientOptions {
+        timeout: disk.remote_timeout(),
+        connections: disk.remote_connections(),
+        ..ClientOptions::default()
+    };
+    let text = uri.text.clone();
+    let remote = RemoteDevice::connect(uri, options)
+        .await
+        .with_context(|| format!("disk {name}: the remote export {text} cannot be reached"))?
+        .read_only(disk.read_only);
+    info!(disk = %name, uri = %text, size = remote.geometry().size, "connected remote disk");
+    Ok(Arc::new(Metered::new(
+        remote,
         metrics.device(name),
         runtime.clone(),
     )))
@@ -614,8 +651,10 @@ impl DiskState {
         let before = self.disks.clone();
         for disk in &loaded.config.disks {
             let name = disk.name.get_ref();
+            // A remote disk is never created, so there is nothing to remember creating.
+            let Some(file) = disk.file() else { continue };
             if stack.nodes.iter().any(|n| &n.name == name) {
-                let path = loaded.resolve(disk.path.get_ref());
+                let path = loaded.resolve(file);
                 self.disks.insert(name.clone(), path.display().to_string());
             }
         }

@@ -63,7 +63,16 @@ pub struct Config {
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct DiskConfig {
     pub name: Spanned<String>,
-    pub path: Spanned<PathBuf>,
+    /// A file or block device. Exactly one of `path` and `uri` is given.
+    pub path: Option<Spanned<PathBuf>>,
+    /// A remote export (`nbd://host[:port]/export`, `nbd+unix:///export?socket=PATH`): a
+    /// brick, reached with Strata's NBD client. Never created or formatted by us.
+    pub uri: Option<Spanned<String>>,
+    /// A remote disk's per-request timeout (`"30s"` when left out).
+    pub timeout: Option<Spanned<String>>,
+    /// A remote disk's connections, used in turn; more than one only if the server
+    /// advertises multi-conn.
+    pub connections: Option<Spanned<usize>>,
     /// Size to create the file with when it does not exist.
     pub size: Option<Spanned<ByteSize>>,
     /// Create the file even though this config has started before (a disk added to an
@@ -86,6 +95,38 @@ pub struct DiskConfig {
 
 fn yes() -> bool {
     true
+}
+
+/// A remote disk's request timeout when its `[[disk]]` gives none.
+pub const DEFAULT_REMOTE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// More connections to one brick than this buy nothing but sockets.
+pub const MAX_REMOTE_CONNECTIONS: usize = 16;
+
+impl DiskConfig {
+    /// The file behind the disk, as configured (relative to the data folder); `None` for a
+    /// remote disk.
+    pub fn file(&self) -> Option<&Path> {
+        self.path.as_ref().map(|p| p.get_ref().as_path())
+    }
+
+    /// A remote disk's URI, parsed (validated at load).
+    pub fn remote(&self) -> Option<strata_nbd::client::NbdUri> {
+        self.uri.as_ref().and_then(|u| u.get_ref().parse().ok())
+    }
+
+    /// A remote disk's connections (validated at load; 1 when left out).
+    pub fn remote_connections(&self) -> usize {
+        self.connections.as_ref().map_or(1, |c| *c.get_ref())
+    }
+
+    /// A remote disk's request timeout (validated at load).
+    pub fn remote_timeout(&self) -> std::time::Duration {
+        self.timeout
+            .as_ref()
+            .and_then(|t| strata_core::duration::parse_duration(t.get_ref()).ok())
+            .unwrap_or(DEFAULT_REMOTE_TIMEOUT)
+    }
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -331,21 +372,103 @@ fn distinct_disk_files(
     data_dir: &Path,
     error: &dyn Fn(usize, String) -> ConfigError,
 ) -> Result<(), ConfigError> {
-    let mut seen: Vec<(FileKey, &DiskConfig)> = Vec::new();
+    let mut seen: Vec<(FileKey, &DiskConfig, &Spanned<PathBuf>)> = Vec::new();
     for disk in config.disks.iter().filter(|d| !d.missing) {
-        let key = file_key(&data_dir.join(disk.path.get_ref()));
-        if let Some((_, first)) = seen.iter().find(|(k, _)| *k == key) {
+        // A remote disk has no file here; two disks on one export are the server's business.
+        let Some(path) = &disk.path else { continue };
+        let key = file_key(&data_dir.join(path.get_ref()));
+        if let Some((_, first, first_path)) = seen.iter().find(|(k, _, _)| *k == key) {
             let message = format!(
                 "field `path`: disk {} ({}) is the same file as disk {} ({}): one file cannot \
                  be two disks",
                 disk.name.get_ref(),
-                disk.path.get_ref().display(),
+                path.get_ref().display(),
                 first.name.get_ref(),
-                first.path.get_ref().display()
+                first_path.get_ref().display()
             );
-            return Err(error(disk.path.span().start, message));
+            return Err(error(path.span().start, message));
         }
-        seen.push((key, disk));
+        seen.push((key, disk, path));
+    }
+    Ok(())
+}
+
+/// Exactly one of `path` and `uri`; a remote disk takes none of a file's options, and only
+/// a remote disk takes `timeout`.
+fn validate_source(
+    disk: &DiskConfig,
+    error: &dyn Fn(usize, String) -> ConfigError,
+) -> Result<(), ConfigError> {
+    let name = disk.name.get_ref();
+    let Some(uri) = &disk.uri else {
+        if disk.path.is_none() {
+            let message = format!(
+                "disk {name} has neither `path` (a file or block device) nor `uri` (a remote \
+                 export such as nbd://host/export): give one"
+            );
+            return Err(error(disk.name.span().start, message));
+        }
+        let remote_only = [
+            ("timeout", disk.timeout.as_ref().map(|t| t.span().start)),
+            (
+                "connections",
+                disk.connections.as_ref().map(|c| c.span().start),
+            ),
+        ];
+        if let Some((field, at)) = remote_only.iter().find_map(|(f, at)| at.map(|at| (f, at))) {
+            let message = format!(
+                "field `{field}`: disk {name} is a file; only a remote disk (`uri`) has it"
+            );
+            return Err(error(at, message));
+        }
+        return Ok(());
+    };
+    if let Some(path) = &disk.path {
+        let message = format!(
+            "field `path`: disk {name} has both `path` and `uri`: a disk is a file or a remote \
+             export, not both"
+        );
+        return Err(error(path.span().start, message));
+    }
+    if let Err(why) = uri.get_ref().parse::<strata_nbd::client::NbdUri>() {
+        return Err(error(uri.span().start, format!("field `uri`: {why}")));
+    }
+    let file_only = [
+        ("size", disk.size.as_ref().map(|s| s.span().start)),
+        ("create", disk.create.then_some(disk.name.span().start)),
+        ("direct", disk.direct.then_some(disk.name.span().start)),
+    ];
+    if let Some((field, at)) = file_only.iter().find_map(|(f, at)| at.map(|at| (f, at))) {
+        let message = format!(
+            "field `{field}`: disk {name} is remote (`uri`): it is never created, and its size \
+             and caching are the server's"
+        );
+        return Err(error(at, message));
+    }
+    if let Some(connections) = &disk.connections {
+        let n = *connections.get_ref();
+        if !(1..=MAX_REMOTE_CONNECTIONS).contains(&n) {
+            let message = format!(
+                "field `connections`: disk {name}: {n} connections; give 1 to {MAX_REMOTE_CONNECTIONS}"
+            );
+            return Err(error(connections.span().start, message));
+        }
+    }
+    if let Some(timeout) = &disk.timeout {
+        match strata_core::duration::parse_duration(timeout.get_ref()) {
+            Ok(t) if !t.is_zero() => {}
+            Ok(_) => {
+                let message =
+                    format!("field `timeout`: disk {name}: a timeout of 0 fails every request");
+                return Err(error(timeout.span().start, message));
+            }
+            Err(why) => {
+                return Err(error(
+                    timeout.span().start,
+                    format!("field `timeout`: {why}"),
+                ))
+            }
+        }
     }
     Ok(())
 }
@@ -363,6 +486,7 @@ fn validate(
             let message = format!("field `name`: a disk named {name:?} is already defined");
             return Err(error(disk.name.span().start, message));
         }
+        validate_source(disk, error)?;
         if let Some(size) = &disk.size {
             let bytes = size.get_ref().0;
             let problem = if bytes == 0 {
@@ -419,6 +543,71 @@ mod tests {
 
     fn load_str(text: &str) -> Result<Loaded, ConfigError> {
         load(text, "test.toml", Path::new("/base"), None)
+    }
+
+    #[test]
+    fn a_disk_is_a_file_or_a_remote_export_never_both() {
+        let with = |fields: &str| {
+            format!(
+                "listen = [\"unix:s\"]\n[[disk]]\nname = \"b0\"\n{fields}\n[[export]]\nname = \"e\"\ndevice = \"b0\"\n"
+            )
+        };
+        let remote = load_str(&with("uri = \"nbd://brick1:2000/vol\"\ntimeout = \"5s\"")).unwrap();
+        let disk = &remote.config.disks[0];
+        assert_eq!(disk.file(), None);
+        assert_eq!(disk.remote().unwrap().export, "vol");
+        assert_eq!(disk.remote_timeout(), std::time::Duration::from_secs(5));
+        assert_eq!(disk.remote_connections(), 1);
+        let plain = load_str(&with("uri = \"nbd+unix:///vol?socket=/s\"")).unwrap();
+        assert_eq!(
+            plain.config.disks[0].remote_timeout(),
+            DEFAULT_REMOTE_TIMEOUT
+        );
+        let refused = [
+            ("", "has neither `path`"),
+            (
+                "path = \"a.img\"\nuri = \"nbd://h/e\"",
+                "has both `path` and `uri`",
+            ),
+            (
+                "uri = \"http://h/e\"",
+                "field `uri`: \"http://h/e\" is not an NBD URI",
+            ),
+            (
+                "uri = \"nbd://h/e\"\nsize = \"1GiB\"",
+                "field `size`: disk b0 is remote",
+            ),
+            (
+                "uri = \"nbd://h/e\"\ncreate = true",
+                "field `create`: disk b0 is remote",
+            ),
+            (
+                "uri = \"nbd://h/e\"\ntimeout = \"soon\"",
+                "field `timeout`: \"soon\" is not a duration",
+            ),
+            ("uri = \"nbd://h/e\"\ntimeout = \"0\"", "a timeout of 0"),
+            (
+                "path = \"a.img\"\ntimeout = \"1s\"",
+                "field `timeout`: disk b0 is a file",
+            ),
+            (
+                "path = \"a.img\"\nconnections = 2",
+                "field `connections`: disk b0 is a file",
+            ),
+            (
+                "uri = \"nbd://h/e\"\nconnections = 0",
+                "0 connections; give 1 to 16",
+            ),
+            (
+                "uri = \"nbd://h/e\"\nconnections = 17",
+                "17 connections; give 1 to 16",
+            ),
+        ];
+        for (fields, expected) in refused {
+            let err = load_str(&with(fields)).err().unwrap();
+            assert!(err.to_string().contains(expected), "{fields}: {err}");
+            assert!(err.line.is_some(), "{err}");
+        }
     }
 
     #[test]

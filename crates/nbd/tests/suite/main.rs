@@ -1,0 +1,5 @@
+//! strata-nbd's integration tests, one module per subject, in one test binary. Run a subject:
+//! `cargo test -p strata-nbd --test suite -- <module>::`.
+
+mod client;
+mod fake_server;
