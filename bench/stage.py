@@ -17,9 +17,14 @@ modelled disk and file (same size, same model, same seed):
   a time, what bcache and dm-writecache do.
 
 Method: fio's nbd engine, 4 KiB random writes at queue depth 32 over the whole volume. For the
-stages, one log's worth of writes comes first, so that the measured run is in the steady
-state, where writes are admitted as fast as destages make room. Then `BENCH_SECONDS`
-(default 30) measured.
+stages, writes come first until the log is full (85 % of its slots busy: in the steady state
+it swings between 7/8 and full), so that the measured
+run is in the steady state, where writes are admitted as fast as destages make room. Then
+`BENCH_SECONDS` (default 30) measured. Even a full log has slack (it swings between 7/8 and
+full), so in a window of a minute a stage admits more writes than its disk retires: the
+ratios compare the *sustained* rate, what the disk retired per second (the stage's destaged
+blocks; the disk alone's writes). The client IOPS and the disk I/Os per client write are
+shown beside it (under 1: the log absorbed writes it had not destaged yet).
 Each round measures every export in turn; medians of `BENCH_ROUNDS` (default 3).
 
 The disk's I/Os per revolution: the requests its `hdd` node served during the measured run
@@ -55,6 +60,9 @@ MODEL = os.environ.get("BENCH_MODEL", "wd-re3-1t")
 REVOLUTION_MS = 60_000 / 7_200
 BLOCK = 4096
 EXPORTS = ("alone", "stage", "inorder")
+# A log this busy counts as full: in the steady state the log swings between 7/8 (after the
+# backstop destaged an eighth) and full.
+FULL = 0.85
 
 
 def log_bytes() -> int:
@@ -151,17 +159,45 @@ class Server:
     def add(self, key: str, value: float):
         self.rows.setdefault(key, []).append(value)
 
+    def log_busy(self, export: str) -> float:
+        """The fraction of `export`'s log slots in use (its `log` status line)."""
+        line = self.detail(export)["log"]  # "N of M slots busy (P %)"
+        busy, _, slots = line.split()[:3]
+        return int(busy) / int(slots)
+
     def fill_logs(self):
         for export in ("stage", "inorder"):
             fio(self.sock, export, ios=log_bytes() // BLOCK)
 
+    def top_up(self, export: str):
+        """Writes until `export`'s log is full: then writes are admitted only as fast as
+        destages make room (the steady state). Before every measured run: the background
+        destager drains the log while the other exports are measured."""
+        while self.log_busy(export) < FULL:
+            fio(self.sock, export, ios=log_bytes() // BLOCK // 16)
+        print(f"{export}: log {self.log_busy(export):.1%} busy", file=sys.stderr)
+
+    def destaged(self, export: str) -> int:
+        """Blocks on the stage's slow child: finished destages, plus what the running one has
+        written (a destage of an eighth of the log takes most of a minute here)."""
+        node = self.node(export)
+        running = (node.get("activity") or {}).get("done_bytes", 0) // BLOCK
+        return int(dict(node["detail"])["destaged blocks"]) + running
+
     def measure(self, export: str):
+        if export != "alone":
+            self.top_up(export)
         disk = f"{export}-disk"
-        before, started = int(self.detail(disk)["requests"]), time.monotonic()
+        destaged = (lambda: self.destaged(export)) if export != "alone" else (lambda: 0)
+        before, destaged_before, started = int(self.detail(disk)["requests"]), destaged(), time.monotonic()
         result = fio(self.sock, export, seconds=SECONDS)
         requests = int(self.detail(disk)["requests"]) - before
         elapsed_ms = (time.monotonic() - started) * 1000
         self.add(f"{export} iops", result["iops"])
+        # What the slow child retired: client writes for the disk alone, destaged blocks for a
+        # stage. The sustained rate: a stage admits more only while its log has slack.
+        retired = result["ios"] if export == "alone" else destaged() - destaged_before
+        self.add(f"{export} sustained", retired / (elapsed_ms / 1000))
         self.add(f"{export} p99", result["p99_ms"])
         self.add(f"{export} ios per rev", requests / (elapsed_ms / REVOLUTION_MS))
         self.add(f"{export} disk ios per write", requests / max(1, result["ios"]))
@@ -182,17 +218,19 @@ class Server:
 
 
 def table(med: dict[str, float]):
-    alone, stage, inorder = (med[f"{e} iops"] for e in EXPORTS)
-    print("| export | 4 KiB random write IOPS, QD32 | p99 ms | disk I/Os per revolution | disk I/Os per write |")
-    print("|---|---:|---:|---:|---:|")
+    alone, stage, inorder = (med[f"{e} sustained"] for e in EXPORTS)
+    print("| export | 4 KiB random writes/s sustained | client IOPS, QD32 | p99 ms | disk I/Os per revolution "
+          "| disk I/Os per write |")
+    print("|---|---:|---:|---:|---:|---:|")
     labels = {"alone": "modelled disk alone", "stage": "stage (batch at once)",
               "inorder": "stage, destage-depth 1 (in-order write-back)"}
     for export in EXPORTS:
         rev = med.get(f"{export} ios per rev", 0)
         per = med.get(f"{export} disk ios per write", 0)
-        print(f"| {labels[export]} | {med[export + ' iops']:.0f} | {med[export + ' p99']:.1f} | {rev:.2f} | {per:.2f} |")
+        print(f"| {labels[export]} | {med[export + ' sustained']:.0f} | {med[export + ' iops']:.0f} "
+              f"| {med[export + ' p99']:.1f} | {rev:.2f} | {per:.2f} |")
     print()
-    print("| ratio | measured | target |")
+    print("| ratio (sustained) | measured | target |")
     print("|---|---:|---|")
     print(f"| stage / disk alone | **{stage / alone:.2f}x** | >= 3x |")
     print(f"| stage / in-order write-back | **{stage / inorder:.2f}x** | >= 1.5x |")
