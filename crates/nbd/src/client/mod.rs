@@ -11,7 +11,7 @@ mod device;
 mod handshake;
 mod uri;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -107,6 +107,13 @@ pub struct Client {
     links: Vec<Link>,
     /// The link the next request goes on (modulo their number).
     turn: AtomicUsize,
+    /// Changes the server acknowledged (writes, trims, zeroes without FUA)...
+    acked: AtomicU64,
+    /// ...of which a successful FLUSH covers this many.
+    flushed: AtomicU64,
+    /// A connection was lost with acknowledged changes not yet flushed: the server may have
+    /// lost them (a restart drops its cache), so the next FLUSH must not report them durable.
+    lost_unflushed: AtomicBool,
 }
 
 /// One connection slot: the connection, and the pacing of its reconnects.
@@ -169,6 +176,9 @@ impl Client {
             options,
             links,
             turn: AtomicUsize::new(0),
+            acked: AtomicU64::new(0),
+            flushed: AtomicU64::new(0),
+            lost_unflushed: AtomicBool::new(false),
         })
     }
 
@@ -221,6 +231,10 @@ impl Client {
         match attempt {
             Ok(connection) => {
                 info!(uri = %self.uri, "nbd client: reconnected");
+                if self.acked.load(Ordering::SeqCst) > self.flushed.load(Ordering::SeqCst) {
+                    self.lost_unflushed.store(true, Ordering::SeqCst);
+                    warn!(uri = %self.uri, "nbd client: reconnected with acknowledged writes not yet flushed; the next flush fails");
+                }
                 backoff.pause = self.options.initial_backoff;
                 backoff.not_before = None;
                 let connection = Arc::new(connection);
@@ -239,6 +253,27 @@ impl Client {
     /// Sends one command (already within the server's limits), reconnecting and resending it
     /// after a lost connection until its deadline.
     pub async fn call(&self, command: Command) -> Result<Option<BytesMut>, ClientError> {
+        let changes = matches!(command.kind, CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES)
+            && command.flags & CMD_FLAG_FUA == 0;
+        let flush = command.kind == CMD_FLUSH;
+        let covered = self.acked.load(Ordering::SeqCst);
+        let answer = self.send(command).await?;
+        if changes {
+            self.acked.fetch_add(1, Ordering::SeqCst);
+        } else if flush {
+            if self.lost_unflushed.swap(false, Ordering::SeqCst) {
+                return Err(ClientError::Disconnected(format!(
+                    "{}: the connection was lost with writes acknowledged but not flushed; \
+                     the server may have dropped them",
+                    self.uri
+                )));
+            }
+            self.flushed.fetch_max(covered, Ordering::SeqCst);
+        }
+        Ok(answer)
+    }
+
+    async fn send(&self, command: Command) -> Result<Option<BytesMut>, ClientError> {
         let deadline = Instant::now() + self.options.timeout;
         let mut lost: Option<String> = None;
         let timed_out = |lost: &Option<String>| {

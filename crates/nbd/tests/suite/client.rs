@@ -388,6 +388,41 @@ async fn the_client_reconnects_to_a_restarted_server() {
     assert_eq!(&memory.read(65536, 4096).await.unwrap()[..], &after[..]);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flush_after_a_reconnect_fails_if_acknowledged_writes_were_not_flushed() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = socket_in(&dir);
+    let memory = Arc::new(MemoryDevice::new(SIZE));
+    let mut brick = Brick::start(memory.clone(), &socket, Limits::default());
+    let remote = RemoteDevice::connect(uri(&socket), options(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    // Written and flushed, then the brick restarts: nothing acknowledged is at risk.
+    remote
+        .write(0, pattern(1, 4096), WriteFlags::default())
+        .await
+        .unwrap();
+    remote.flush().await.unwrap();
+    brick.kill();
+    brick = Brick::start(memory.clone(), &socket, Limits::default());
+    remote.read(0, 4096).await.unwrap();
+    remote.flush().await.unwrap();
+    // Written, acknowledged, not flushed, then the brick restarts (a real one may have
+    // dropped the write from its cache): the next flush must not report it durable.
+    remote
+        .write(4096, pattern(2, 4096), WriteFlags::default())
+        .await
+        .unwrap();
+    brick.kill();
+    let _brick = Brick::start(memory.clone(), &socket, Limits::default());
+    let err = remote.flush().await.unwrap_err();
+    assert_eq!(err.errno(), strata_core::errno::EIO, "{err}");
+    let why = format!("{err:?}");
+    assert!(why.contains("acknowledged but not flushed"), "{why}");
+    // Reported once: later flushes cover what is written from now on.
+    remote.flush().await.unwrap();
+}
+
 #[tokio::test]
 async fn a_server_that_never_answers_times_out() {
     let dir = tempfile::tempdir().unwrap();
