@@ -13,6 +13,9 @@ pub struct Export {
     pub description: String,
     pub device: DeviceRef,
     pub read_only: bool,
+    /// Client identities (names in their TLS certificates) that may open this export;
+    /// empty: any client.
+    pub allow: Vec<String>,
 }
 
 /// The exports a server offers. Exports can be added and removed while clients are connected;
@@ -88,6 +91,7 @@ mod tests {
             description: String::new(),
             device: Arc::new(MemoryDevice::new(4096)),
             read_only: false,
+            allow: Vec::new(),
         }
     }
 

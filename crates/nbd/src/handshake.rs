@@ -7,10 +7,11 @@ use std::sync::Arc;
 
 use bytes::{BufMut, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tracing::debug;
+use tracing::{debug, warn};
 
 use crate::export::{Export, Exports};
 use crate::proto::*;
+use crate::tls::{Peer, TlsMode};
 use crate::Limits;
 
 /// What the client and server agreed on.
@@ -19,6 +20,17 @@ pub struct Negotiated {
     pub structured_replies: bool,
     pub base_allocation: bool,
     pub transmission_flags: u16,
+    /// The allow-list entry the client's certificate matched, on an export that has one.
+    pub identity: Option<String>,
+}
+
+/// How one round of option haggling ended.
+pub enum Outcome {
+    /// Transmission starts.
+    Go(Negotiated),
+    /// The client asked for STARTTLS and was told yes: the TLS handshake comes next, then
+    /// haggling starts over on the encrypted stream.
+    StartTls,
 }
 
 /// Why a handshake ended without entering transmission.
@@ -30,6 +42,9 @@ pub enum HandshakeError {
     Aborted,
     #[error("protocol violation: {0}")]
     Protocol(String),
+    /// The client was refused for what it is, not for how it spoke (no TLS, wrong identity).
+    #[error("refused: {0}")]
+    Refused(String),
     #[error("I/O error during the handshake: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -41,60 +56,118 @@ struct MetaSelection {
     base_allocation: bool,
 }
 
-struct Haggle<'a, R, W> {
-    reader: &'a mut R,
-    writer: &'a mut W,
+/// The connection as far as TLS goes: what the server offers and who the client proved to be.
+#[derive(Clone, Copy)]
+pub struct TlsContext<'a> {
+    pub mode: TlsMode,
+    pub peer: &'a Peer,
+}
+
+impl TlsContext<'_> {
+    /// Plaintext, with TLS off: what a server without TLS settings does.
+    pub const OFF: TlsContext<'static> = TlsContext {
+        mode: TlsMode::Off,
+        peer: &Peer::Plaintext,
+    };
+
+    /// Whether every option but STARTTLS and ABORT must be refused for now.
+    fn upgrade_required(&self) -> bool {
+        self.mode == TlsMode::Require && !self.peer.is_tls()
+    }
+}
+
+struct Haggle<'a, S> {
+    io: &'a mut S,
     exports: &'a Exports,
     limits: &'a Limits,
+    tls: TlsContext<'a>,
     structured_replies: bool,
     meta: MetaSelection,
     out: BytesMut,
 }
 
-/// Runs the handshake on a fresh connection.
-pub async fn negotiate<R, W>(
-    reader: &mut R,
-    writer: &mut W,
-    exports: &Exports,
-    limits: &Limits,
-) -> Result<Negotiated, HandshakeError>
+/// Sends the greeting and reads the client's flags; returns whether the client asked for
+/// no zeroes after EXPORT_NAME's reply.
+pub async fn greet<S>(io: &mut S) -> Result<bool, HandshakeError>
 where
-    R: AsyncRead + Unpin,
-    W: AsyncWrite + Unpin,
+    S: AsyncRead + AsyncWrite + Unpin,
 {
     let mut greeting = BytesMut::with_capacity(18);
     greeting.put_u64(NBDMAGIC);
     greeting.put_u64(IHAVEOPT);
     greeting.put_u16(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES);
-    writer.write_all(&greeting).await?;
-    writer.flush().await?;
+    io.write_all(&greeting).await?;
+    io.flush().await?;
 
-    let client_flags = read_u32(reader).await?;
+    let client_flags = read_u32(io).await?;
     let known = FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES;
     if client_flags & !known != 0 {
         return Err(HandshakeError::Protocol(format!(
             "unknown client flags {client_flags:#x}"
         )));
     }
-    let no_zeroes = client_flags & FLAG_C_NO_ZEROES != 0;
+    Ok(client_flags & FLAG_C_NO_ZEROES != 0)
+}
+
+/// Answers options until the client picks an export or asks for TLS. `options_left` bounds
+/// the options of the whole handshake, across a STARTTLS. Nothing negotiated before an
+/// upgrade survives it (the spec: state from the plaintext phase is not to be trusted).
+pub async fn haggle<S>(
+    io: &mut S,
+    no_zeroes: bool,
+    exports: &Exports,
+    limits: &Limits,
+    tls: TlsContext<'_>,
+    options_left: &mut u32,
+) -> Result<Outcome, HandshakeError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
     let mut haggle = Haggle {
-        reader,
-        writer,
+        io,
         exports,
         limits,
+        tls,
         structured_replies: false,
         meta: MetaSelection::default(),
         out: BytesMut::with_capacity(512),
     };
-    for _ in 0..limits.max_options {
-        if let Some(negotiated) = haggle.one_option(no_zeroes).await? {
-            return Ok(negotiated);
+    while *options_left > 0 {
+        *options_left -= 1;
+        if let Some(outcome) = haggle.one_option(no_zeroes).await? {
+            return Ok(outcome);
         }
     }
     Err(HandshakeError::Protocol(format!(
         "more than {} options without entering transmission",
         limits.max_options
     )))
+}
+
+/// The whole handshake on a connection that cannot upgrade (TLS off): greeting, options.
+pub async fn negotiate<S>(
+    io: &mut S,
+    exports: &Exports,
+    limits: &Limits,
+) -> Result<Negotiated, HandshakeError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let no_zeroes = greet(io).await?;
+    let mut options_left = limits.max_options;
+    match haggle(
+        io,
+        no_zeroes,
+        exports,
+        limits,
+        TlsContext::OFF,
+        &mut options_left,
+    )
+    .await?
+    {
+        Outcome::Go(negotiated) => Ok(negotiated),
+        Outcome::StartTls => unreachable!("STARTTLS is refused with TLS off"),
+    }
 }
 
 async fn read_u32<R: AsyncRead + Unpin>(reader: &mut R) -> Result<u32, HandshakeError> {
@@ -105,14 +178,19 @@ async fn read_u32<R: AsyncRead + Unpin>(reader: &mut R) -> Result<u32, Handshake
     }
 }
 
-impl<R, W> Haggle<'_, R, W>
+/// Whether a client may open an export, and as whom.
+enum Access {
+    Open(Option<String>),
+    Refused { reply: u32, why: String },
+}
+
+impl<S> Haggle<'_, S>
 where
-    R: AsyncRead + Unpin,
-    W: AsyncWrite + Unpin,
+    S: AsyncRead + AsyncWrite + Unpin,
 {
-    /// Reads and answers one option; returns the agreement once transmission starts.
-    async fn one_option(&mut self, no_zeroes: bool) -> Result<Option<Negotiated>, HandshakeError> {
-        let magic = match self.reader.read_u64().await {
+    /// Reads and answers one option; returns how haggling ends once it does.
+    async fn one_option(&mut self, no_zeroes: bool) -> Result<Option<Outcome>, HandshakeError> {
+        let magic = match self.io.read_u64().await {
             Ok(magic) => magic,
             Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
                 return Err(HandshakeError::Closed)
@@ -124,8 +202,8 @@ where
                 "bad option magic {magic:#x}"
             )));
         }
-        let option = read_u32(self.reader).await?;
-        let length = read_u32(self.reader).await?;
+        let option = read_u32(self.io).await?;
+        let length = read_u32(self.io).await?;
         if length > MAX_OPTION_LEN {
             // We could skip the payload, but a client announcing megabytes of option data is
             // not one we want to keep reading from.
@@ -135,8 +213,23 @@ where
             )));
         }
         let mut data = vec![0u8; length as usize];
-        self.reader.read_exact(&mut data).await?;
+        self.io.read_exact(&mut data).await?;
         debug!(option, length, "option");
+        if self.tls.upgrade_required() && option != OPT_STARTTLS && option != OPT_ABORT {
+            if option == OPT_EXPORT_NAME {
+                // It has no error reply: the spec says to hang up.
+                return Err(HandshakeError::Refused(
+                    "the client chose an export without TLS, which this server requires".into(),
+                ));
+            }
+            self.error(
+                option,
+                REP_ERR_TLS_REQD,
+                "this server requires TLS: send STARTTLS first",
+            )
+            .await?;
+            return Ok(None);
+        }
         match option {
             OPT_EXPORT_NAME => self.export_name(&data, no_zeroes).await,
             OPT_ABORT => {
@@ -159,11 +252,7 @@ where
             OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => {
                 self.meta_context(option, &data).await.map(|()| None)
             }
-            OPT_STARTTLS => {
-                self.error(option, REP_ERR_POLICY, "TLS is not offered by this server")
-                    .await?;
-                Ok(None)
-            }
+            OPT_STARTTLS => self.start_tls(&data).await,
             _ => {
                 self.error(option, REP_ERR_UNSUP, "unknown option").await?;
                 Ok(None)
@@ -171,12 +260,62 @@ where
         }
     }
 
+    async fn start_tls(&mut self, data: &[u8]) -> Result<Option<Outcome>, HandshakeError> {
+        let refusal = if !data.is_empty() {
+            Some((REP_ERR_INVALID, "STARTTLS takes no data"))
+        } else if self.tls.peer.is_tls() {
+            Some((REP_ERR_INVALID, "TLS is already on"))
+        } else if self.tls.mode == TlsMode::Off {
+            Some((REP_ERR_POLICY, "TLS is not offered by this server"))
+        } else {
+            None
+        };
+        match refusal {
+            Some((reply, message)) => {
+                self.error(OPT_STARTTLS, reply, message).await?;
+                Ok(None)
+            }
+            None => {
+                self.reply(OPT_STARTTLS, REP_ACK, &[]).await?;
+                Ok(Some(Outcome::StartTls))
+            }
+        }
+    }
+
+    /// Whether this client may open `export`: exports with an allow-list need TLS and a
+    /// client certificate issued to one of the listed identities.
+    fn access(&self, export: &Export) -> Access {
+        if export.allow.is_empty() {
+            return Access::Open(None);
+        }
+        if !self.tls.peer.is_tls() {
+            return Access::Refused {
+                reply: REP_ERR_TLS_REQD,
+                why: format!(
+                    "export {:?} is open only to listed clients over TLS: send STARTTLS first",
+                    export.name
+                ),
+            };
+        }
+        match self.tls.peer.allowed_as(&export.allow) {
+            Some(identity) => Access::Open(Some(identity.to_string())),
+            None => Access::Refused {
+                reply: REP_ERR_POLICY,
+                why: format!(
+                    "the client's certificate is issued to none of export {:?}'s allowed \
+                     identities",
+                    export.name
+                ),
+            },
+        }
+    }
+
     async fn reply(&mut self, option: u32, reply: u32, data: &[u8]) -> std::io::Result<()> {
         self.out.clear();
         put_option_reply(&mut self.out, option, reply, data.len() as u32);
         self.out.put_slice(data);
-        self.writer.write_all(&self.out).await?;
-        self.writer.flush().await
+        self.io.write_all(&self.out).await?;
+        self.io.flush().await
     }
 
     async fn error(&mut self, option: u32, reply: u32, message: &str) -> std::io::Result<()> {
@@ -184,25 +323,34 @@ where
         self.reply(option, reply, message.as_bytes()).await
     }
 
-    /// Looks an export up, answering `REP_ERR_UNKNOWN` when there is none.
+    /// Looks an export up and checks the client may open it, answering `REP_ERR_UNKNOWN`
+    /// when there is none and the refusal when it may not. Returns the export and the
+    /// identity the client opened it as.
     async fn find_export(
         &mut self,
         option: u32,
         name: &str,
-    ) -> std::io::Result<Option<Arc<Export>>> {
-        let export = self.exports.lookup(name);
-        if export.is_none() {
+    ) -> std::io::Result<Option<(Arc<Export>, Option<String>)>> {
+        let Some(export) = self.exports.lookup(name) else {
             let message = format!("no export named {name:?}");
             self.error(option, REP_ERR_UNKNOWN, &message).await?;
+            return Ok(None);
+        };
+        match self.access(&export) {
+            Access::Open(identity) => Ok(Some((export, identity))),
+            Access::Refused { reply, why } => {
+                warn!("client refused: {why}");
+                self.error(option, reply, &why).await?;
+                Ok(None)
+            }
         }
-        Ok(export)
     }
 
     async fn export_name(
         &mut self,
         data: &[u8],
         no_zeroes: bool,
-    ) -> Result<Option<Negotiated>, HandshakeError> {
+    ) -> Result<Option<Outcome>, HandshakeError> {
         let name = String::from_utf8_lossy(data).into_owned();
         let Some(export) = self.exports.lookup(&name) else {
             // NBD_OPT_EXPORT_NAME cannot fail politely: the spec says to hang up.
@@ -210,19 +358,23 @@ where
                 "no export named {name:?}"
             )));
         };
-        let negotiated = self.agree(export);
+        let identity = match self.access(&export) {
+            Access::Open(identity) => identity,
+            Access::Refused { why, .. } => return Err(HandshakeError::Refused(why)),
+        };
+        let negotiated = self.agree(export, identity);
         self.out.clear();
         self.out.put_u64(negotiated.export.device.geometry().size);
         self.out.put_u16(negotiated.transmission_flags);
         if !no_zeroes {
             self.out.put_bytes(0, 124);
         }
-        self.writer.write_all(&self.out).await?;
-        self.writer.flush().await?;
-        Ok(Some(negotiated))
+        self.io.write_all(&self.out).await?;
+        self.io.flush().await?;
+        Ok(Some(Outcome::Go(negotiated)))
     }
 
-    fn agree(&self, export: Arc<Export>) -> Negotiated {
+    fn agree(&self, export: Arc<Export>, identity: Option<String>) -> Negotiated {
         let base_allocation = self.meta.base_allocation
             && self.meta.export_name.as_deref() == Some(export.name.as_str());
         Negotiated {
@@ -230,6 +382,7 @@ where
             export,
             structured_replies: self.structured_replies,
             base_allocation,
+            identity,
         }
     }
 
@@ -239,7 +392,11 @@ where
                 .await?;
             return Ok(());
         }
+        // Only the exports this client could open: an allow-list is not advertised to others.
         for export in self.exports.list() {
+            if matches!(self.access(&export), Access::Refused { .. }) {
+                continue;
+            }
             let mut entry = BytesMut::new();
             let name = truncate_utf8(&export.name, MAX_STRING_LEN);
             entry.put_u32(name.len() as u32);
@@ -255,19 +412,19 @@ where
         &mut self,
         option: u32,
         data: &[u8],
-    ) -> Result<Option<Negotiated>, HandshakeError> {
+    ) -> Result<Option<Outcome>, HandshakeError> {
         let Some((name, requests)) = parse_info_request(data) else {
             self.error(option, REP_ERR_INVALID, "malformed INFO/GO request")
                 .await?;
             return Ok(None);
         };
-        let Some(export) = self.find_export(option, &name).await? else {
+        let Some((export, identity)) = self.find_export(option, &name).await? else {
             return Ok(None);
         };
-        let negotiated = self.agree(export);
+        let negotiated = self.agree(export, identity);
         self.send_infos(option, &negotiated, &requests).await?;
         self.reply(option, REP_ACK, &[]).await?;
-        Ok((option == OPT_GO).then_some(negotiated))
+        Ok((option == OPT_GO).then_some(Outcome::Go(negotiated)))
     }
 
     async fn send_infos(
@@ -323,7 +480,7 @@ where
                 .await?;
             return Ok(());
         };
-        let Some(export) = self.find_export(option, &name).await? else {
+        let Some((export, _)) = self.find_export(option, &name).await? else {
             return Ok(());
         };
         let list_all = option == OPT_LIST_META_CONTEXT && queries.is_empty();

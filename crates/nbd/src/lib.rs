@@ -12,14 +12,19 @@ mod export;
 mod handshake;
 pub mod proto;
 mod server;
+pub mod tls;
 mod transmission;
+mod transport;
 
 use std::time::Duration;
 
 pub use export::{Export, Exports};
-pub use handshake::{negotiate, transmission_flags, HandshakeError, Negotiated};
+pub use handshake::{
+    greet, haggle, negotiate, transmission_flags, HandshakeError, Negotiated, Outcome, TlsContext,
+};
 pub use server::{Listener, Server};
 pub use transmission::{serve, SessionEnd};
+pub use transport::{Halves, Transport};
 
 /// Bounds on what one client may make the server hold.
 #[derive(Clone, Copy, Debug)]

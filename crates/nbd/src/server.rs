@@ -6,14 +6,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::{TcpListener, UnixListener};
+use tokio::io::DuplexStream;
+use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::sync::{watch, Notify, Semaphore};
 use tracing::{debug, info, warn};
 
 use crate::export::{Export, Exports};
-use crate::handshake::{negotiate, HandshakeError};
+use crate::handshake::{greet, haggle, HandshakeError, Negotiated, Outcome, TlsContext};
+use crate::tls::{Peer, ServerTls, TlsMode};
 use crate::transmission::{serve, SessionEnd};
+use crate::transport::{Halves, Transport};
 use crate::Limits;
 
 /// A bound socket the server accepts clients on.
@@ -41,6 +43,7 @@ impl Listener {
 pub struct Server {
     exports: Arc<Exports>,
     limits: Limits,
+    tls: ServerTls,
     shutdown: watch::Sender<bool>,
     connection_slots: Arc<Semaphore>,
     connections_total: AtomicU64,
@@ -58,9 +61,15 @@ struct SessionEntry {
 
 impl Server {
     pub fn new(exports: Arc<Exports>, limits: Limits) -> Arc<Self> {
+        Server::with_tls(exports, limits, ServerTls::off())
+    }
+
+    /// A server that offers (or requires) STARTTLS as `tls` says.
+    pub fn with_tls(exports: Arc<Exports>, limits: Limits, tls: ServerTls) -> Arc<Self> {
         let (shutdown, _) = watch::channel(false);
         Arc::new(Server {
             exports,
+            tls,
             connection_slots: Arc::new(Semaphore::new(limits.max_connections)),
             limits,
             shutdown,
@@ -129,8 +138,8 @@ impl Server {
                 accepted = accept(&listener) => accepted,
             };
             match accepted {
-                Ok(Some((reader, writer, peer))) => self.clone().start(reader, writer, peer),
-                Ok(None) => {}
+                Ok(Accepted::Tcp(stream, peer)) => self.clone().start(stream, peer),
+                Ok(Accepted::Unix(stream)) => self.clone().start(stream, "unix".into()),
                 Err(e) => {
                     // Typically EMFILE: back off instead of spinning on the error.
                     warn!(listener = %name, "accept failed: {e}");
@@ -144,44 +153,91 @@ impl Server {
         debug!(listener = %name, "stopped accepting");
     }
 
-    /// Serves one already-connected byte stream (a socket, or a pipe in tests).
-    pub async fn serve_stream<S>(self: Arc<Self>, stream: S, peer: String)
-    where
-        S: AsyncRead + AsyncWrite + Send + 'static,
-    {
-        let (reader, writer) = tokio::io::split(stream);
+    /// Serves one already-connected byte stream (a pipe in tests).
+    pub async fn serve_stream(self: Arc<Self>, stream: DuplexStream, peer: String) {
         let id = self.connections_total.fetch_add(1, Ordering::Relaxed) + 1;
-        self.connection(id, reader, writer, &peer).await;
+        self.connection(id, stream, &peer).await;
     }
 
-    fn start<R, W>(self: Arc<Self>, reader: R, writer: W, peer: String)
-    where
-        R: AsyncRead + Unpin + Send + 'static,
-        W: AsyncWrite + Unpin + Send + 'static,
-    {
+    fn start<S: Transport>(self: Arc<Self>, stream: S, peer: String) {
         let Ok(slot) = self.connection_slots.clone().try_acquire_owned() else {
             warn!(%peer, "refusing client: {} connections open", self.limits.max_connections);
             return;
         };
         let id = self.connections_total.fetch_add(1, Ordering::Relaxed) + 1;
         tokio::spawn(async move {
-            self.connection(id, reader, writer, &peer).await;
+            self.connection(id, stream, &peer).await;
             drop(slot);
         });
     }
 
-    async fn connection<R, W>(&self, id: u64, mut reader: R, mut writer: W, peer: &str)
-    where
-        R: AsyncRead + Unpin + Send + 'static,
-        W: AsyncWrite + Unpin + Send + 'static,
-    {
+    /// The handshake, with the TLS upgrade when the client asks for it: the agreement and
+    /// the stream's halves for the transmission phase.
+    async fn handshake<S: Transport>(
+        &self,
+        mut stream: S,
+    ) -> Result<(Negotiated, Halves), HandshakeError> {
+        let no_zeroes = greet(&mut stream).await?;
+        let mut options_left = self.limits.max_options;
+        let plaintext = TlsContext {
+            mode: self.tls.mode,
+            peer: &Peer::Plaintext,
+        };
+        let outcome = haggle(
+            &mut stream,
+            no_zeroes,
+            &self.exports,
+            &self.limits,
+            plaintext,
+            &mut options_left,
+        )
+        .await?;
+        if let Outcome::Go(negotiated) = outcome {
+            return Ok((negotiated, stream.into_halves()));
+        }
+        let acceptor = self
+            .tls
+            .acceptor()
+            .expect("STARTTLS is accepted only with TLS on");
+        let mut stream = acceptor
+            .accept(stream)
+            .await
+            .map_err(|e| HandshakeError::Refused(format!("TLS handshake failed: {e}")))?;
+        let peer = Peer::Tls(
+            stream
+                .get_ref()
+                .1
+                .peer_certificates()
+                .map(|chain| chain.iter().map(|c| c.clone().into_owned()).collect())
+                .unwrap_or_default(),
+        );
+        let encrypted = TlsContext {
+            mode: self.tls.mode,
+            peer: &peer,
+        };
+        match haggle(
+            &mut stream,
+            no_zeroes,
+            &self.exports,
+            &self.limits,
+            encrypted,
+            &mut options_left,
+        )
+        .await?
+        {
+            Outcome::Go(negotiated) => Ok((negotiated, stream.into_halves())),
+            Outcome::StartTls => unreachable!("a second STARTTLS is refused"),
+        }
+    }
+
+    async fn connection<S: Transport>(&self, id: u64, stream: S, peer: &str) {
         let mut shutdown = self.shutdown.subscribe();
-        let handshake = negotiate(&mut reader, &mut writer, &self.exports, &self.limits);
+        let handshake = self.handshake(stream);
         let negotiated = tokio::select! {
             _ = shutdown.wait_for(|stop| *stop) => return,
             result = tokio::time::timeout(self.limits.handshake_timeout, handshake) => result,
         };
-        let negotiated = match negotiated {
+        let (negotiated, (reader, writer)) = match negotiated {
             Ok(Ok(negotiated)) => negotiated,
             Ok(Err(HandshakeError::Closed | HandshakeError::Aborted)) => {
                 debug!(id, %peer, "client left during the handshake");
@@ -197,7 +253,8 @@ impl Server {
             }
         };
         let export = negotiated.export.name.clone();
-        info!(id, %peer, %export, structured = negotiated.structured_replies, "client connected");
+        let identity = negotiated.identity.clone().unwrap_or_default();
+        info!(id, %peer, %export, %identity, structured = negotiated.structured_replies, "client connected");
         let stop = self.register(id, negotiated.export.clone());
         let end = serve(reader, writer, negotiated, self.limits, stop).await;
         self.sessions().remove(&id);
@@ -209,6 +266,11 @@ impl Server {
             }
             SessionEnd::Dropped(why) => warn!(id, %peer, %export, "dropped client: {why}"),
         }
+    }
+
+    /// The server's TLS mode.
+    pub fn tls_mode(&self) -> TlsMode {
+        self.tls.mode
     }
 
     /// Records a session and returns its stop switch, already on if the server is shutting
@@ -239,19 +301,17 @@ impl Server {
     }
 }
 
-type Halves = (
-    Box<dyn AsyncRead + Unpin + Send>,
-    Box<dyn AsyncWrite + Unpin + Send>,
-    String,
-);
+enum Accepted {
+    Tcp(TcpStream, String),
+    Unix(UnixStream),
+}
 
-async fn accept(listener: &Listener) -> std::io::Result<Option<Halves>> {
+async fn accept(listener: &Listener) -> std::io::Result<Accepted> {
     match listener {
         Listener::Unix { listener, .. } => {
             let (stream, _) = listener.accept().await?;
             enlarge_send_buffer(&stream);
-            let (reader, writer) = stream.into_split();
-            Ok(Some((Box::new(reader), Box::new(writer), "unix".into())))
+            Ok(Accepted::Unix(stream))
         }
         Listener::Tcp(listener) => {
             let (stream, peer) = listener.accept().await?;
@@ -260,8 +320,7 @@ async fn accept(listener: &Listener) -> std::io::Result<Option<Halves>> {
                 debug!("TCP_NODELAY: {e}");
             }
             enlarge_send_buffer(&stream);
-            let (reader, writer) = stream.into_split();
-            Ok(Some((Box::new(reader), Box::new(writer), peer.to_string())))
+            Ok(Accepted::Tcp(stream, peer.to_string()))
         }
     }
 }

@@ -11,6 +11,7 @@ use strata_core::{
     BlockDevice, Control, ControlReply, DeviceRef, Metered, MetricsRegistry, NodeStatus, Runtime,
 };
 use strata_nbd::client::{ClientOptions, RemoteDevice};
+use strata_nbd::tls::ClientTls;
 use strata_nbd::{Export, Exports};
 use strata_thin::ThinPool;
 use tracing::{error, info};
@@ -293,7 +294,9 @@ pub async fn build_on(
             continue;
         }
         let opened = match disks {
-            Disks::Files if disk.uri.is_some() => open_remote(disk, &runtime, metrics).await,
+            Disks::Files if disk.uri.is_some() => {
+                open_remote(loaded, disk, &runtime, metrics).await
+            }
             Disks::Files => open_disk(loaded, disk, started_before, &state, &runtime, metrics),
             Disks::Given(devices) => devices
                 .get(&name)
@@ -354,6 +357,7 @@ pub async fn build_on(
             description: export.description.clone(),
             device,
             read_only: export.read_only,
+            allow: export.allow.iter().map(|a| a.get_ref().clone()).collect(),
         });
     }
     crate::volumes::export_unlisted_volumes(&stack, loaded).await;
@@ -468,6 +472,7 @@ fn open_disk(
 /// Connects to a remote disk's export. An unreachable server or a refused export is a
 /// missing disk, reported with the URI, exactly as a missing file is: nothing is created.
 async fn open_remote(
+    loaded: &Loaded,
     disk: &DiskConfig,
     runtime: &Arc<dyn Runtime>,
     metrics: &MetricsRegistry,
@@ -482,7 +487,14 @@ async fn open_remote(
         ..ClientOptions::default()
     };
     let text = uri.text.clone();
-    let remote = RemoteDevice::connect(uri, options)
+    let tls = match loaded.disk_tls(disk) {
+        Some((files, server_name)) => Some(
+            ClientTls::load(&files, &server_name)
+                .with_context(|| format!("disk {name}: TLS settings"))?,
+        ),
+        None => None,
+    };
+    let remote = RemoteDevice::connect_with(uri, options, tls)
         .await
         .with_context(|| format!("disk {name}: the remote export {text} cannot be reached"))?
         .read_only(disk.read_only);

@@ -57,6 +57,8 @@ pub struct Config {
     pub layers: Vec<Spanned<toml::Table>>,
     #[serde(default, rename = "export")]
     pub exports: Vec<ExportConfig>,
+    /// TLS for NBD clients (STARTTLS); off when left out.
+    pub tls: Option<Spanned<TlsConfig>>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -73,6 +75,13 @@ pub struct DiskConfig {
     /// A remote disk's connections, used in turn; more than one only if the server
     /// advertises multi-conn.
     pub connections: Option<Spanned<usize>>,
+    /// An `nbds://` disk's trust: the CA that signed the server's certificate (PEM).
+    pub tls_ca: Option<Spanned<PathBuf>>,
+    /// An `nbds://` disk's own certificate and key, for servers that verify clients.
+    pub tls_certificate: Option<Spanned<PathBuf>>,
+    pub tls_key: Option<Spanned<PathBuf>>,
+    /// The name the server's certificate must be issued to (the URI's host when left out).
+    pub tls_name: Option<Spanned<String>>,
     /// Size to create the file with when it does not exist.
     pub size: Option<Spanned<ByteSize>>,
     /// Create the file even though this config has started before (a disk added to an
@@ -138,6 +147,55 @@ pub struct ExportConfig {
     pub read_only: bool,
     #[serde(default)]
     pub description: String,
+    /// Client identities (DNS names or addresses in their TLS certificates) that may open
+    /// this export; left out, any client may. Needs `[tls]` with a `client-ca`.
+    #[serde(default)]
+    pub allow: Vec<Spanned<String>>,
+}
+
+/// `[tls]`: how the server offers STARTTLS. Paths are relative to the data folder.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct TlsConfig {
+    /// `"on"` (plaintext clients too) or `"require"` (no export without TLS); `"off"`.
+    pub mode: Spanned<String>,
+    /// The server's certificate chain (PEM), leaf first.
+    pub certificate: Spanned<PathBuf>,
+    pub key: Spanned<PathBuf>,
+    /// Clients must present a certificate this CA signed.
+    pub client_ca: Option<Spanned<PathBuf>>,
+}
+
+impl Loaded {
+    /// The server's TLS settings, with paths resolved; `None` when TLS is off.
+    pub fn server_tls(
+        &self,
+    ) -> Option<(strata_nbd::tls::TlsMode, strata_nbd::tls::ServerTlsFiles)> {
+        let tls = self.config.tls.as_ref()?.get_ref();
+        let mode = tls.mode.get_ref().parse().ok()?;
+        let files = strata_nbd::tls::ServerTlsFiles {
+            certificate: self.resolve(tls.certificate.get_ref()),
+            key: self.resolve(tls.key.get_ref()),
+            client_ca: tls.client_ca.as_ref().map(|ca| self.resolve(ca.get_ref())),
+        };
+        Some((mode, files))
+    }
+
+    /// A remote disk's TLS settings, with paths resolved; `None` for a plaintext URI.
+    pub fn disk_tls(&self, disk: &DiskConfig) -> Option<(strata_nbd::tls::ClientTlsFiles, String)> {
+        let uri = disk.remote().filter(|u| u.tls)?;
+        let resolve = |p: &Option<Spanned<PathBuf>>| p.as_ref().map(|p| self.resolve(p.get_ref()));
+        let files = strata_nbd::tls::ClientTlsFiles {
+            ca: resolve(&disk.tls_ca)?,
+            certificate: resolve(&disk.tls_certificate),
+            key: resolve(&disk.tls_key),
+        };
+        let name = disk
+            .tls_name
+            .as_ref()
+            .map_or_else(|| uri.host(), |n| n.get_ref().clone());
+        Some((files, name))
+    }
 }
 
 /// Where a config without `listen` serves: the embedded default's listeners.
@@ -414,6 +472,13 @@ fn validate_source(
                 "connections",
                 disk.connections.as_ref().map(|c| c.span().start),
             ),
+            ("tls-ca", disk.tls_ca.as_ref().map(|c| c.span().start)),
+            (
+                "tls-certificate",
+                disk.tls_certificate.as_ref().map(|c| c.span().start),
+            ),
+            ("tls-key", disk.tls_key.as_ref().map(|c| c.span().start)),
+            ("tls-name", disk.tls_name.as_ref().map(|c| c.span().start)),
         ];
         if let Some((field, at)) = remote_only.iter().find_map(|(f, at)| at.map(|at| (f, at))) {
             let message = format!(
@@ -430,9 +495,11 @@ fn validate_source(
         );
         return Err(error(path.span().start, message));
     }
-    if let Err(why) = uri.get_ref().parse::<strata_nbd::client::NbdUri>() {
-        return Err(error(uri.span().start, format!("field `uri`: {why}")));
-    }
+    let parsed = match uri.get_ref().parse::<strata_nbd::client::NbdUri>() {
+        Ok(parsed) => parsed,
+        Err(why) => return Err(error(uri.span().start, format!("field `uri`: {why}"))),
+    };
+    validate_disk_tls(disk, &parsed, error)?;
     let file_only = [
         ("size", disk.size.as_ref().map(|s| s.span().start)),
         ("create", disk.create.then_some(disk.name.span().start)),
@@ -467,6 +534,85 @@ fn validate_source(
                     timeout.span().start,
                     format!("field `timeout`: {why}"),
                 ))
+            }
+        }
+    }
+    Ok(())
+}
+
+/// An `nbds://` disk needs the CA to check the server against; a plaintext one takes no TLS
+/// settings; a certificate comes with its key.
+fn validate_disk_tls(
+    disk: &DiskConfig,
+    uri: &strata_nbd::client::NbdUri,
+    error: &dyn Fn(usize, String) -> ConfigError,
+) -> Result<(), ConfigError> {
+    let name = disk.name.get_ref();
+    let given = [
+        ("tls-ca", disk.tls_ca.as_ref().map(|c| c.span().start)),
+        (
+            "tls-certificate",
+            disk.tls_certificate.as_ref().map(|c| c.span().start),
+        ),
+        ("tls-key", disk.tls_key.as_ref().map(|c| c.span().start)),
+        ("tls-name", disk.tls_name.as_ref().map(|c| c.span().start)),
+    ];
+    if !uri.tls {
+        if let Some((field, at)) = given.iter().find_map(|(f, at)| at.map(|at| (f, at))) {
+            let message = format!(
+                "field `{field}`: disk {name}'s URI is plaintext; write nbds:// to use TLS"
+            );
+            return Err(error(at, message));
+        }
+        return Ok(());
+    }
+    if disk.tls_ca.is_none() {
+        let message = format!(
+            "disk {name}: an nbds:// URI needs `tls-ca`, the CA that signed the server's \
+             certificate"
+        );
+        return Err(error(disk.name.span().start, message));
+    }
+    match (&disk.tls_certificate, &disk.tls_key) {
+        (Some(_), None) | (None, Some(_)) => {
+            let message =
+                format!("disk {name}: `tls-certificate` and `tls-key` go together: give both");
+            Err(error(disk.name.span().start, message))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// `[tls]`'s mode is known and its files named; allow-lists need verified clients.
+fn validate_tls(
+    config: &Config,
+    error: &dyn Fn(usize, String) -> ConfigError,
+) -> Result<(), ConfigError> {
+    let verifies_clients = match &config.tls {
+        Some(tls) => {
+            let tls = tls.get_ref();
+            let mode = tls
+                .mode
+                .get_ref()
+                .parse::<strata_nbd::tls::TlsMode>()
+                .map_err(|why| error(tls.mode.span().start, format!("field `mode`: {why}")))?;
+            mode != strata_nbd::tls::TlsMode::Off && tls.client_ca.is_some()
+        }
+        None => false,
+    };
+    for export in &config.exports {
+        for identity in &export.allow {
+            strata_nbd::tls::check_identity(identity.get_ref())
+                .map_err(|why| error(identity.span().start, format!("field `allow`: {why}")))?;
+        }
+        if let Some(first) = export.allow.first() {
+            if !verifies_clients {
+                let message = format!(
+                    "field `allow`: export {} names allowed clients, but no client is verified: \
+                     give [tls] a mode of \"on\" or \"require\" and a `client-ca`",
+                    export.name.get_ref()
+                );
+                return Err(error(first.span().start, message));
             }
         }
     }
@@ -520,6 +666,7 @@ fn validate(
             "no [[export]] is defined: nothing to serve".into(),
         ));
     }
+    validate_tls(config, error)?;
     if config.listen.is_empty() {
         return Err(error(
             0,
@@ -606,6 +753,81 @@ mod tests {
         for (fields, expected) in refused {
             let err = load_str(&with(fields)).err().unwrap();
             assert!(err.to_string().contains(expected), "{fields}: {err}");
+            assert!(err.line.is_some(), "{err}");
+        }
+    }
+
+    #[test]
+    fn tls_settings_are_checked_where_they_are_written() {
+        let with = |disk: &str, export: &str, tls: &str| {
+            format!(
+                "listen = [\"unix:s\"]\n[[disk]]\nname = \"b0\"\n{disk}\n[[export]]\nname = \"e\"\ndevice = \"b0\"\n{export}\n{tls}"
+            )
+        };
+        let server = "[tls]\nmode = \"require\"\ncertificate = \"s.pem\"\nkey = \"k.pem\"\nclient-ca = \"ca.pem\"";
+        let loaded = load_str(&with(
+            "uri = \"nbds://brick1:2000/vol\"\ntls-ca = \"ca.pem\"",
+            "allow = [\"client1.example\", \"192.0.2.7\"]",
+            server,
+        ))
+        .unwrap();
+        let (mode, files) = loaded.server_tls().unwrap();
+        assert_eq!(mode, strata_nbd::tls::TlsMode::Require);
+        assert_eq!(files.client_ca, Some(PathBuf::from("/base/ca.pem")));
+        let (client, name) = loaded.disk_tls(&loaded.config.disks[0]).unwrap();
+        assert_eq!(client.ca, PathBuf::from("/base/ca.pem"));
+        assert_eq!(name, "brick1");
+        let refused = [
+            ("uri = \"nbds://h/e\"", "", "", "needs `tls-ca`"),
+            (
+                "uri = \"nbd://h/e\"\ntls-ca = \"ca.pem\"",
+                "",
+                "",
+                "field `tls-ca`: disk b0's URI is plaintext",
+            ),
+            (
+                "path = \"a.img\"\ntls-name = \"x\"",
+                "",
+                "",
+                "field `tls-name`: disk b0 is a file",
+            ),
+            (
+                "uri = \"nbds://h/e\"\ntls-ca = \"ca.pem\"\ntls-key = \"k.pem\"",
+                "",
+                "",
+                "go together",
+            ),
+            (
+                "path = \"a.img\"",
+                "allow = [\"client1.example\"]",
+                "",
+                "no client is verified",
+            ),
+            (
+                "path = \"a.img\"",
+                "allow = [\"client1.example\"]",
+                "[tls]\nmode = \"on\"\ncertificate = \"s.pem\"\nkey = \"k.pem\"",
+                "no client is verified",
+            ),
+            (
+                "path = \"a.img\"",
+                "allow = [\"CN=client1\"]",
+                server,
+                "field `allow`: \"CN=client1\" is not a DNS name",
+            ),
+            (
+                "path = \"a.img\"",
+                "",
+                "[tls]\nmode = \"yes\"\ncertificate = \"s.pem\"\nkey = \"k.pem\"",
+                "field `mode`: TLS mode \"yes\"",
+            ),
+        ];
+        for (disk, export, tls, expected) in refused {
+            let err = load_str(&with(disk, export, tls)).err().unwrap();
+            assert!(
+                err.to_string().contains(expected),
+                "{disk} {export} {tls}: {err}"
+            );
             assert!(err.line.is_some(), "{err}");
         }
     }

@@ -348,6 +348,7 @@ fn volume_export(full: &str, device: DeviceRef) -> Export {
         description: format!("thin volume {full}"),
         device,
         read_only: false,
+        allow: Vec::new(),
     }
 }
 
@@ -904,6 +905,7 @@ impl<'a> Step<Applying<'a>> for WithdrawExports {
                 description: export.description.clone(),
                 device: export.device.clone(),
                 read_only: export.read_only,
+                allow: export.allow.clone(),
             });
         }
         Ok(())

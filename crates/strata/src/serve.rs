@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use prometheus_client::registry::Registry;
 use strata_core::{outln, MetricsRegistry, TokioRuntime};
+use strata_nbd::tls::{ServerTls, TlsMode};
 use strata_nbd::{Limits, Listener, Server};
 use tokio::net::{TcpListener, UnixListener};
 use tokio::signal::unix::{signal, SignalKind};
@@ -174,7 +175,11 @@ pub async fn serve(loaded: Loaded, start: build::StartOptions) -> anyhow::Result
     let stack = build::build(&loaded, &start, runtime.clone(), &metrics).await?;
     registry.register_collector(Box::new(PoolCollector::new(stack.thin_pools().await)));
     registry.register_collector(Box::new(StageCollector::new(stack.stages().await)));
-    let server = Server::new(stack.exports.clone(), Limits::default());
+    let tls = match loaded.server_tls() {
+        Some((mode, files)) => ServerTls::load(mode, &files).context("[tls]")?,
+        None => ServerTls::off(),
+    };
+    let server = Server::with_tls(stack.exports.clone(), Limits::default(), tls);
 
     let mut names = Vec::new();
     for addr in &loaded.listen {
@@ -300,7 +305,12 @@ fn print_welcome(loaded: &Loaded, state: &AdminState, admin: &Path, metrics: Opt
         } else {
             "read-write"
         };
-        outln!("  export {:?}: {size}, {mode}", export.name);
+        let who = if export.allow.is_empty() {
+            String::new()
+        } else {
+            format!(", only for {}", export.allow.join(", "))
+        };
+        outln!("  export {:?}: {size}, {mode}{who}", export.name);
     }
     let first = state
         .exports
@@ -308,16 +318,25 @@ fn print_welcome(loaded: &Loaded, state: &AdminState, admin: &Path, metrics: Opt
         .first()
         .map(|e| e.name.clone())
         .unwrap_or_default();
-    outln!("Connect with:");
+    let tls = state.plane.server.tls_mode();
+    let (scheme, tls_note) = match tls {
+        TlsMode::Off => ("nbd", ""),
+        TlsMode::On => ("nbd", " (TLS offered: nbds:// with the CA's certificate)"),
+        TlsMode::Require => (
+            "nbds",
+            " (TLS required: give the client the CA's certificate)",
+        ),
+    };
+    outln!("Connect with{tls_note}:");
     for addr in &loaded.listen {
         let uri = match addr {
             ListenAddr::Unix(path) => {
                 format!(
-                    "nbd+unix:///{first}?socket={}",
+                    "{scheme}+unix:///{first}?socket={}",
                     absolute(&loaded.resolve(path)).display()
                 )
             }
-            ListenAddr::Tcp(addr) => format!("nbd://{addr}/{first}"),
+            ListenAddr::Tcp(addr) => format!("{scheme}://{addr}/{first}"),
         };
         outln!("  nbdinfo '{uri}'");
         outln!("  qemu-img info '{uri}'");

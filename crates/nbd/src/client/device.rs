@@ -9,6 +9,7 @@ use strata_core::{
 
 use super::{Client, ClientError, ClientOptions, LinkState, NbdUri};
 use crate::proto::*;
+use crate::tls::ClientTls;
 
 /// A block device served by an NBD server.
 pub struct RemoteDevice {
@@ -22,8 +23,17 @@ impl RemoteDevice {
     /// Connects to `uri`; fails (naming the URI) when the server cannot be reached or refuses
     /// the export.
     pub async fn connect(uri: NbdUri, options: ClientOptions) -> Result<RemoteDevice> {
+        RemoteDevice::connect_with(uri, options, None).await
+    }
+
+    /// [`RemoteDevice::connect`], upgrading to TLS with `tls` (for an `nbds://` URI).
+    pub async fn connect_with(
+        uri: NbdUri,
+        options: ClientOptions,
+        tls: Option<ClientTls>,
+    ) -> Result<RemoteDevice> {
         let text = uri.text.clone();
-        let client = Client::connect(uri, options)
+        let client = Client::connect_with(uri, options, tls)
             .await
             .map_err(|e| to_block_error(&text, "connecting", e))?;
         Ok(RemoteDevice::new(client))
@@ -93,11 +103,25 @@ fn to_block_error(uri: &str, op: &str, e: ClientError) -> BlockError {
             format!("{op}: {why}"),
             std::io::Error::new(std::io::ErrorKind::TimedOut, "timed out"),
         ),
-        ClientError::Io(io) => BlockError::io(format!("{uri}: {op}"), io),
-        other => BlockError::io(
-            format!("{uri}: {op}"),
-            std::io::Error::new(std::io::ErrorKind::ConnectionAborted, other.to_string()),
-        ),
+        ClientError::Io(io) => BlockError::io(format!("{uri}: {op}: {}", detail(uri, &io)), io),
+        other => {
+            let why = detail(uri, &other);
+            BlockError::io(
+                format!("{uri}: {op}: {why}"),
+                std::io::Error::new(std::io::ErrorKind::ConnectionAborted, why),
+            )
+        }
+    }
+}
+
+/// An error's message without the URI it may already start with: the reason (a refusal, a
+/// failed TLS handshake) belongs in the device error's own message, which is what the log
+/// and the administrator see.
+fn detail(uri: &str, error: &dyn std::fmt::Display) -> String {
+    let text = error.to_string();
+    match text.strip_prefix(uri) {
+        Some(rest) => rest.trim_start_matches(": ").to_string(),
+        None => text,
     }
 }
 

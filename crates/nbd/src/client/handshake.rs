@@ -32,7 +32,9 @@ const MAX_OPTION_REPLY: u32 = 64 * 1024;
 /// The payload limit the spec lets a client assume when the server states none (32 MiB).
 const DEFAULT_MAX_BLOCK: u32 = 32 << 20;
 
-pub async fn handshake<S>(stream: &mut S, export: &str) -> Result<ExportInfo, ClientError>
+/// Reads the server's greeting and sends our flags; returns whether the server leaves out
+/// the zeroes after EXPORT_NAME's reply.
+pub async fn greeting<S>(stream: &mut S) -> Result<bool, ClientError>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
@@ -65,7 +67,38 @@ where
         client_flags |= FLAG_C_NO_ZEROES;
     }
     stream.write_u32(client_flags).await?;
+    Ok(no_zeroes)
+}
 
+/// NBD_OPT_STARTTLS: the TLS handshake may start once this returns.
+pub async fn start_tls<S>(stream: &mut S) -> Result<(), ClientError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    send_option(stream, OPT_STARTTLS, &[]).await?;
+    let (reply, payload) = read_option_reply(stream, OPT_STARTTLS).await?;
+    match reply {
+        REP_ACK if payload.is_empty() => Ok(()),
+        reply if is_rep_err(reply) => Err(ClientError::Refused(format!(
+            "the server does not upgrade to TLS: {}",
+            refusal(reply, &payload)
+        ))),
+        other => Err(ClientError::Protocol(format!(
+            "unexpected reply {other} to STARTTLS"
+        ))),
+    }
+}
+
+/// Options after the greeting (and the TLS upgrade, if any): structured replies, then the
+/// export.
+pub async fn negotiate<S>(
+    stream: &mut S,
+    export: &str,
+    no_zeroes: bool,
+) -> Result<ExportInfo, ClientError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
     let structured_replies = structured_reply(stream).await?;
     if export.len() > MAX_STRING_LEN {
         return Err(ClientError::Protocol(format!(
@@ -132,6 +165,7 @@ fn refusal(reply: u32, payload: &[u8]) -> String {
         REP_ERR_POLICY => "refused by policy",
         REP_ERR_INVALID => "invalid",
         REP_ERR_UNKNOWN => "no such export",
+        REP_ERR_TLS_REQD => "TLS required",
         REP_ERR_SHUTDOWN => "server shutting down",
         REP_ERR_TOO_BIG => "too big",
         _ => "error",
@@ -152,6 +186,10 @@ where
     let (reply, payload) = read_option_reply(stream, OPT_STRUCTURED_REPLY).await?;
     match reply {
         REP_ACK => Ok(true),
+        REP_ERR_TLS_REQD => Err(ClientError::Refused(format!(
+            "the server requires TLS (use an nbds:// URI): {}",
+            refusal(reply, &payload)
+        ))),
         reply if is_rep_err(reply) => {
             tracing::debug!(
                 "server declined structured replies: {}",

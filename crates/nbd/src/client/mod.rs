@@ -5,6 +5,9 @@
 //! reconnects (with exponential backoff between failed attempts), and a request that lost its
 //! connection is sent again on the new one while its deadline lasts: every command we send
 //! (READ, WRITE, FLUSH, TRIM, WRITE_ZEROES) has the same effect when repeated.
+//!
+//! An `nbds://` URI upgrades every connection with STARTTLS before any other option and
+//! verifies the server's certificate (see [`crate::tls::ClientTls`]).
 
 mod connection;
 mod device;
@@ -17,6 +20,7 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use futures_util::future::try_join_all;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::net::{TcpStream, UnixStream};
 use tokio::time::Instant;
 use tracing::{info, warn};
@@ -28,6 +32,8 @@ pub use handshake::ExportInfo;
 pub use uri::{Address, NbdUri, DEFAULT_PORT};
 
 use crate::proto::*;
+use crate::tls::ClientTls;
+use crate::transport::Transport;
 
 /// Why a client request failed.
 #[derive(Debug, thiserror::Error)]
@@ -102,6 +108,8 @@ pub enum LinkState {
 pub struct Client {
     uri: NbdUri,
     options: ClientOptions,
+    /// How connections upgrade to TLS (`nbds://` URIs).
+    tls: Option<ClientTls>,
     /// What the first connection found; later ones must agree on the size.
     info: ExportInfo,
     links: Vec<Link>,
@@ -146,10 +154,34 @@ impl Link {
 }
 
 impl Client {
-    /// Connects to `uri` and negotiates its export, within `options.timeout`.
+    /// Connects to `uri` (plaintext) and negotiates its export, within `options.timeout`.
     pub async fn connect(uri: NbdUri, options: ClientOptions) -> Result<Client, ClientError> {
+        Client::connect_with(uri, options, None).await
+    }
+
+    /// Connects to `uri`, upgrading to TLS with `tls` (which an `nbds://` URI needs and a
+    /// plaintext one must not have), and negotiates its export within `options.timeout`.
+    pub async fn connect_with(
+        uri: NbdUri,
+        options: ClientOptions,
+        tls: Option<ClientTls>,
+    ) -> Result<Client, ClientError> {
+        match (uri.tls, &tls) {
+            (true, None) => {
+                return Err(ClientError::Refused(format!(
+                    "{uri}: an nbds:// URI needs TLS settings (the CA that signed the server's \
+                     certificate)"
+                )))
+            }
+            (false, Some(_)) => {
+                return Err(ClientError::Refused(format!(
+                    "{uri}: TLS settings given for a plaintext URI (write nbds:// to use TLS)"
+                )))
+            }
+            _ => {}
+        }
         let opening = async {
-            let first = open(&uri).await?;
+            let first = open(&uri, tls.as_ref()).await?;
             let info = first.info;
             let mut links = vec![Link::new(first, &options)];
             let wanted = options.connections.max(1);
@@ -157,7 +189,7 @@ impl Client {
                 warn!(%uri, "nbd client: the server does not advertise multi-conn: using one connection, not {wanted}");
             } else {
                 for _ in 1..wanted {
-                    links.push(Link::new(open(&uri).await?, &options));
+                    links.push(Link::new(open(&uri, tls.as_ref()).await?, &options));
                 }
             }
             Ok::<_, ClientError>((info, links))
@@ -174,6 +206,7 @@ impl Client {
             info,
             uri,
             options,
+            tls,
             links,
             turn: AtomicUsize::new(0),
             acked: AtomicU64::new(0),
@@ -219,7 +252,7 @@ impl Client {
         if let Some(at) = backoff.not_before {
             tokio::time::sleep_until(at).await;
         }
-        let attempt = match open(&self.uri).await {
+        let attempt = match open(&self.uri, self.tls.as_ref()).await {
             Ok(connection) if connection.info.size != self.info.size => {
                 Err(ClientError::Protocol(format!(
                     "the export's size changed from {} to {} bytes",
@@ -472,36 +505,80 @@ fn split(offset: u64, len: u64, max: u64) -> Vec<(u64, u32)> {
 }
 
 /// Connects, negotiates the export and starts the transmission phase.
-async fn open(uri: &NbdUri) -> Result<Connection, ClientError> {
+async fn open(uri: &NbdUri, tls: Option<&ClientTls>) -> Result<Connection, ClientError> {
     let context = |e: ClientError| match e {
         ClientError::Io(io) => {
             ClientError::Io(std::io::Error::new(io.kind(), format!("{uri}: {io}")))
         }
+        ClientError::Refused(why) => ClientError::Refused(format!("{uri}: {why}")),
         other => other,
     };
     match &uri.address {
         Address::Tcp(address) => {
-            let mut stream = TcpStream::connect(address)
+            let stream = TcpStream::connect(address)
                 .await
                 .map_err(|e| context(e.into()))?;
             // Requests are small and latency-bound; Nagle would hold them back.
             let _ = stream.set_nodelay(true);
-            let info = handshake::handshake(&mut stream, &uri.export)
-                .await
-                .map_err(context)?;
-            let (reader, writer) = stream.into_split();
-            Ok(Connection::start(reader, writer, info, uri.text.clone()))
+            start(stream, uri, tls).await.map_err(context)
         }
         Address::Unix(path) => {
-            let mut stream = UnixStream::connect(path)
+            let stream = UnixStream::connect(path)
                 .await
                 .map_err(|e| context(e.into()))?;
-            let info = handshake::handshake(&mut stream, &uri.export)
-                .await
-                .map_err(context)?;
-            let (reader, writer) = stream.into_split();
-            Ok(Connection::start(reader, writer, info, uri.text.clone()))
+            start(stream, uri, tls).await.map_err(context)
         }
+    }
+}
+
+/// The handshake on a connected stream, upgraded to TLS first when `tls` says so.
+async fn start<S: Transport>(
+    mut stream: S,
+    uri: &NbdUri,
+    tls: Option<&ClientTls>,
+) -> Result<Connection, ClientError> {
+    let no_zeroes = handshake::greeting(&mut stream).await?;
+    let Some(tls) = tls else {
+        let info = handshake::negotiate(&mut stream, &uri.export, no_zeroes).await?;
+        let (reader, writer) = stream.into_halves();
+        return Ok(Connection::start(reader, writer, info, uri.text.clone()));
+    };
+    handshake::start_tls(&mut stream).await?;
+    let mut stream = tls
+        .connector()
+        .connect(tls.server_name(), stream)
+        .await
+        .map_err(|e| ClientError::Refused(format!("TLS handshake failed: {e}")))?;
+    let info = match handshake::negotiate(&mut stream, &uri.export, no_zeroes).await {
+        Ok(info) => info,
+        Err(ClientError::Io(io)) => return Err(tls_verdict(&mut stream, io).await),
+        Err(other) => return Err(other),
+    };
+    let (reader, writer) = stream.into_halves();
+    Ok(Connection::start(reader, writer, info, uri.text.clone()))
+}
+
+/// The reason behind an I/O error right after the TLS handshake. In TLS 1.3 the server
+/// checks our certificate once our side of the handshake is done, so its verdict (an alert)
+/// arrives on the first read, or after a write has already failed on the closed socket: read
+/// once more to find it.
+async fn tls_verdict<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut tokio_rustls::client::TlsStream<S>,
+    io: std::io::Error,
+) -> ClientError {
+    let is_tls = |e: &std::io::Error| e.get_ref().is_some_and(|e| e.is::<rustls::Error>());
+    if is_tls(&io) {
+        return ClientError::Refused(format!("TLS: the server refused us: {io}"));
+    }
+    let mut byte = [0u8; 1];
+    match stream.read(&mut byte).await {
+        Err(alert) if is_tls(&alert) => {
+            ClientError::Refused(format!("TLS: the server refused us: {alert}"))
+        }
+        _ => ClientError::Refused(format!(
+            "the server closed the connection right after the TLS handshake (did it refuse our \
+             certificate? its log says): {io}"
+        )),
     }
 }
 

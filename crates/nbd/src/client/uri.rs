@@ -1,6 +1,6 @@
 //! NBD URIs as doc/uri.md in NetworkBlockDevice/nbd defines them: `nbd://host[:port]/export`
-//! and `nbd+unix:///export?socket=/path`. TLS schemes (`nbds`, `nbds+unix`) and vsock are
-//! refused by name: we do not speak them yet.
+//! and `nbd+unix:///export?socket=/path`, and their TLS forms `nbds://` and `nbds+unix://`.
+//! vsock is refused by name: we do not speak it.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -21,8 +21,26 @@ pub enum Address {
 pub struct NbdUri {
     pub address: Address,
     pub export: String,
+    /// `nbds` schemes: the connection upgrades to TLS before anything else.
+    pub tls: bool,
     /// The URI as written, for messages.
     pub text: String,
+}
+
+impl NbdUri {
+    /// The name the server's TLS certificate is checked against when none is configured:
+    /// the URI's host (without brackets for IPv6), `localhost` for a unix socket.
+    pub fn host(&self) -> String {
+        match &self.address {
+            Address::Tcp(host_port) => {
+                let host = host_port
+                    .rsplit_once(':')
+                    .map_or(host_port.as_str(), |(h, _)| h);
+                host.trim_start_matches('[').trim_end_matches(']').into()
+            }
+            Address::Unix(_) => "localhost".into(),
+        }
+    }
 }
 
 impl fmt::Display for NbdUri {
@@ -49,24 +67,26 @@ impl std::str::FromStr for NbdUri {
             None => (rest, ""),
         };
         let export = percent_decode(path).ok_or_else(|| bad("bad %-escape in the export name"))?;
-        let address = match scheme.to_ascii_lowercase().as_str() {
-            "nbd" => {
+        let scheme = scheme.to_ascii_lowercase();
+        let tls = matches!(scheme.as_str(), "nbds" | "nbds+unix");
+        let address = match scheme.as_str() {
+            "nbd" | "nbds" => {
                 if authority.is_empty() {
-                    return Err(bad("nbd:// needs a host"));
+                    return Err(bad(&format!("{scheme}:// needs a host")));
                 }
                 Address::Tcp(with_port(authority).map_err(|why| bad(&why))?)
             }
-            "nbd+unix" => {
+            "nbd+unix" | "nbds+unix" => {
                 if !authority.is_empty() {
-                    return Err(bad(
-                        "nbd+unix:// takes no host (write nbd+unix:///export?socket=PATH)",
-                    ));
+                    return Err(bad(&format!(
+                        "{scheme}:// takes no host (write {scheme}:///export?socket=PATH)"
+                    )));
                 }
                 let socket = query
                     .into_iter()
                     .flat_map(|q| q.split('&'))
                     .find_map(|pair| pair.strip_prefix("socket="))
-                    .ok_or_else(|| bad("nbd+unix:// needs ?socket=PATH"))?;
+                    .ok_or_else(|| bad(&format!("{scheme}:// needs ?socket=PATH")))?;
                 let socket =
                     percent_decode(socket).ok_or_else(|| bad("bad %-escape in the socket path"))?;
                 if socket.is_empty() {
@@ -74,16 +94,15 @@ impl std::str::FromStr for NbdUri {
                 }
                 Address::Unix(PathBuf::from(socket))
             }
-            "nbds" | "nbds+unix" | "nbd+vsock" | "nbds+vsock" => {
-                return Err(bad(&format!(
-                    "scheme {scheme} (TLS or vsock) is not supported"
-                )))
+            "nbd+vsock" | "nbds+vsock" => {
+                return Err(bad(&format!("scheme {scheme} (vsock) is not supported")))
             }
             _ => return Err(bad(&format!("unknown scheme {scheme:?}"))),
         };
         Ok(NbdUri {
             address,
             export,
+            tls,
             text: text.to_string(),
         })
     }
@@ -170,8 +189,26 @@ mod tests {
     }
 
     #[test]
+    fn tls_schemes_mark_the_uri_and_name_the_host() {
+        let uri = parse("nbds://brick1.example:2000/e").unwrap();
+        assert!(uri.tls);
+        assert_eq!(uri.host(), "brick1.example");
+        let uri = parse("NBDS+UNIX:///e?socket=/s").unwrap();
+        assert!(uri.tls);
+        assert_eq!(uri.address, Address::Unix("/s".into()));
+        assert_eq!(uri.host(), "localhost");
+        assert_eq!(parse("nbds://[::1]/e").unwrap().host(), "::1");
+        assert!(!parse("nbd://h/e").unwrap().tls);
+        assert!(parse("nbds+unix:///e")
+            .unwrap_err()
+            .contains("nbds+unix:// needs ?socket="));
+    }
+
+    #[test]
     fn other_schemes_and_bad_ports_are_refused_by_name() {
-        assert!(parse("nbds://h/e").unwrap_err().contains("not supported"));
+        assert!(parse("nbd+vsock://2/e")
+            .unwrap_err()
+            .contains("not supported"));
         assert!(parse("http://h/e").unwrap_err().contains("unknown scheme"));
         assert!(parse("nbd://h:99999/e").unwrap_err().contains("port"));
         assert!(parse("disks/a.img").unwrap_err().contains("not an NBD URI"));

@@ -41,6 +41,7 @@ impl Brick {
             description: String::new(),
             device,
             read_only: false,
+            allow: Vec::new(),
         });
         let server = Server::new(exports, limits);
         let listener = {

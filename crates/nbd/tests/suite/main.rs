@@ -3,3 +3,6 @@
 
 mod client;
 mod fake_server;
+mod fuzz;
+mod session;
+mod tls;

@@ -100,6 +100,7 @@ fn run_session(input: Vec<u8>) {
             description: String::new(),
             device: device.clone(),
             read_only: true,
+            allow: Vec::new(),
         });
         let limits = Limits {
             max_payload: 1 << 16,

@@ -42,6 +42,7 @@ fn exports_with(device: Arc<dyn BlockDevice>, read_only: bool) -> Arc<Exports> {
         description: "test volume".into(),
         device,
         read_only,
+        allow: Vec::new(),
     });
     exports
 }
@@ -371,6 +372,7 @@ async fn disconnecting_an_export_answers_in_flight_requests_then_closes() {
         description: "a newer volume".into(),
         device: Arc::new(MemoryDevice::new(SIZE)),
         read_only: false,
+        allow: Vec::new(),
     });
     assert_eq!(server.clients_of(&exports.lookup("vol").unwrap()), 0);
 
