@@ -25,6 +25,8 @@ have fusermount3  || need_pkgs+=(fuse3)
 have mkfs.ext4    || [ -x /usr/sbin/mkfs.ext4 ] || [ -x /sbin/mkfs.ext4 ] || need_pkgs+=(e2fsprogs)
 have qemu-img     || need_pkgs+=(qemu-utils)
 have qemu-io      || need_pkgs+=(qemu-utils)
+have certtool     || need_pkgs+=(gnutls-bin)
+have psktool      || need_pkgs+=(gnutls-bin)
 [ -x /usr/bin/python3 ] || need_pkgs+=(python3)
 if [ -x /usr/bin/python3 ]; then
     /usr/bin/python3 -c 'import nbd' 2>/dev/null           || need_pkgs+=(python3-libnbd)

@@ -107,6 +107,11 @@ class Disk:
     uri: str | None = None
     timeout: str | None = None
     connections: int | None = None
+    # An nbds:// disk's TLS files (absolute paths) and the name to check the server against.
+    tls_ca: str | None = None
+    tls_certificate: str | None = None
+    tls_key: str | None = None
+    tls_name: str | None = None
 
     @property
     def rel_path(self) -> str:
@@ -119,6 +124,8 @@ class Export:
     device: str = "d0"
     read_only: bool = False
     description: str | None = None
+    # Client identities (names in their TLS certificates) that may open the export.
+    allow: list[str] | None = None
 
 
 @dataclass
@@ -149,6 +156,8 @@ class ServerSpec:
     tcp: bool = False
     metrics: bool = False
     layers: list[Layer] = field(default_factory=list)
+    # `[tls]`: {"mode": ..., "certificate": ..., "key": ..., "client-ca": ...}
+    tls: dict | None = None
 
 
 def pid_rss_kib(pid: int) -> int:
@@ -241,7 +250,9 @@ class Server:
         for d in s.disks:
             if d.uri is not None:
                 lines += toml_table("disk", {"name": d.name, "uri": d.uri, "timeout": d.timeout,
-                                             "connections": d.connections})
+                                             "connections": d.connections, "tls-ca": d.tls_ca,
+                                             "tls-certificate": d.tls_certificate,
+                                             "tls-key": d.tls_key, "tls-name": d.tls_name})
                 continue
             lines += toml_table("disk", {
                 "name": d.name, "path": d.rel_path, "size": size_str(d.size), "direct": d.direct,
@@ -260,8 +271,10 @@ class Server:
         for e in s.exports:
             lines += toml_table("export", {
                 "name": e.name, "device": e.device, "read-only": e.read_only,
-                "description": e.description,
+                "description": e.description, "allow": e.allow,
             })
+        if s.tls is not None:
+            lines += ["", "[tls]"] + [f"{k} = {toml_value(v)}" for k, v in s.tls.items() if v is not None]
         return "\n".join(lines) + "\n"
 
     # ---- lifecycle --------------------------------------------------------

@@ -84,6 +84,8 @@ struct Haggle<'a, S> {
     structured_replies: bool,
     meta: MetaSelection,
     out: BytesMut,
+    /// Whether the log already says this client was refused for want of TLS.
+    told_tls_required: bool,
 }
 
 /// Sends the greeting and reads the client's flags; returns whether the client asked for
@@ -131,6 +133,7 @@ where
         structured_replies: false,
         meta: MetaSelection::default(),
         out: BytesMut::with_capacity(512),
+        told_tls_required: false,
     };
     while *options_left > 0 {
         *options_left -= 1;
@@ -221,6 +224,10 @@ where
                 return Err(HandshakeError::Refused(
                     "the client chose an export without TLS, which this server requires".into(),
                 ));
+            }
+            if !self.told_tls_required {
+                self.told_tls_required = true;
+                warn!("client refused: it asked for option {option} without TLS, which this server requires");
             }
             self.error(
                 option,

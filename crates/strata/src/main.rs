@@ -352,7 +352,9 @@ fn call(
 
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("STRATA_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        // rustls warns about what peers send that it ignores (an IP address as SNI, which
+        // GnuTLS clients send): our own log lines say what a connection's TLS came to.
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rustls=error"));
     use std::io::IsTerminal;
     tracing_subscriber::fmt()
         .with_env_filter(filter)
