@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import MiB, Disk, Export, ServerSpec, run
-from test_hierarchy import status_nodes
+from harness import MiB, Disk, Export, Layer, ServerSpec, run
+from test_hierarchy import layer_node, status_nodes
 from test_nbd_tools import fio_job
 
 BRICK = 64 * MiB
@@ -167,3 +167,37 @@ def test_a_restarted_brick_is_reconnected_to(bricks, server_factory, workdir):
         f.seek(MiB)
         assert f.read(64 * 1024) == b"\x22" * 65536
     assert dict(remote_node(front)["detail"])["connection"] == "connected"
+
+
+def test_a_mirror_over_two_bricks_survives_one_host_going_away(server_factory, workdir):
+    """Two `strata serve` bricks, a front mirroring across them. One brick is killed
+    outright (SIGKILL, as a host that loses power): the mirror fails that member, keeps
+    serving from the other, and fio's verify finds every block it wrote; status names the
+    dead brick."""
+    bricks = [server_factory(), server_factory()]
+    uris = [b.uri() for b in bricks]
+    spec = ServerSpec(disks=[Disk("b0", 256 * MiB, uri=uris[0], timeout="5s"),
+                             Disk("b1", 256 * MiB, uri=uris[1], timeout="5s")],
+                      layers=[Layer(name="m", kind="mirror", children=["b0", "b1"],
+                                    options={"region": "4MiB"})],
+                      exports=[Export("vol", "m")])
+    front = server_factory(spec)
+    write = fio_job(workdir / "write.fio", front, "before", rw="randwrite", bs="4k", iodepth=16,
+                    size="32m", verify="crc32c", do_verify=0, verify_dump=0)
+    run(["fio", str(write)], timeout=300, cwd=workdir)
+    run(["qemu-io", "-f", "raw", "-c", "flush", front.uri()])
+    bricks[1].crash()
+    # Requests go on: the first to reach the dead brick fails that member, not the client.
+    more = fio_job(workdir / "more.fio", front, "after", rw="randwrite", bs="64k", iodepth=8,
+                   offset="64m", size="32m", verify="crc32c", do_verify=1, verify_fatal=1,
+                   verify_dump=0)
+    r = run(["fio", "--output-format=json", str(more)], timeout=300, cwd=workdir)
+    assert '"error" : 0' in r.stdout, r.stdout[-3000:]
+    check = fio_job(workdir / "check.fio", front, "before", rw="randwrite", bs="4k", size="32m",
+                    verify="crc32c", verify_only=1, verify_fatal=1, verify_dump=0)
+    r = run(["fio", "--output-format=json", str(check)], timeout=300, cwd=workdir)
+    assert '"error" : 0' in r.stdout, r.stdout[-3000:]
+    assert layer_node(front, "m")["health"] == "degraded", layer_node(front, "m")
+    dead = [n for n in status_nodes(front) if n["kind"] == "remote" and uris[1] in n["name"]]
+    assert dead and dead[0]["health"] == "failed", dead
+    assert front.stop() == 0

@@ -233,11 +233,30 @@ pub async fn serve(loaded: Loaded, start: build::StartOptions) -> anyhow::Result
             warn!(device = %node.name, "stopping background work failed: {e}");
         }
     }
+    let layers = state.plane.reconfig.lock().await.loaded.layers.clone();
+    let names: Vec<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
+    let mut flushed = std::collections::HashSet::new();
     let mut failed = false;
-    for node in &nodes {
-        if let Err(e) = node.flush().await {
-            error!(device = %node.name, "final flush failed: {e}");
-            failed = true;
+    for i in flush_order(&names, &layers) {
+        let node = &nodes[i];
+        let covered_by = layers
+            .iter()
+            .filter(|l| l.children.contains(&node.name))
+            .find(|l| flushed.contains(l.name.as_str()));
+        if let Some(parent) = covered_by {
+            // The layer above flushed what it needs of this device (a member it has failed,
+            // such as a dead brick, it no longer needs at all).
+            tracing::debug!(device = %node.name, parent = %parent.name, "flushed through its parent");
+            continue;
+        }
+        match node.flush().await {
+            Ok(()) => {
+                flushed.insert(node.name.as_str());
+            }
+            Err(e) => {
+                error!(device = %node.name, "final flush failed: {e}");
+                failed = true;
+            }
         }
     }
     let _ = std::fs::remove_file(&admin_path);
@@ -246,6 +265,30 @@ pub async fn serve(loaded: Loaded, start: build::StartOptions) -> anyhow::Result
     }
     info!("all devices flushed; goodbye");
     Ok(())
+}
+
+/// The final flush's order: parents before their children, so that a child whose parent
+/// layer flushed need not be flushed again (a layer's flush covers what it keeps on its
+/// children). Indexes into `names`; nodes in no layer's children keep their order, first.
+fn flush_order(names: &[&str], layers: &[strata_stack::graph::LayerConfig]) -> Vec<usize> {
+    let depth = |name: &str| {
+        // The longest chain of layers above `name`; configs are DAGs (checked at load).
+        fn above(name: &str, layers: &[strata_stack::graph::LayerConfig], seen: usize) -> usize {
+            if seen > layers.len() {
+                return seen;
+            }
+            layers
+                .iter()
+                .filter(|l| l.children.iter().any(|c| c == name))
+                .map(|l| 1 + above(&l.name, layers, seen + 1))
+                .max()
+                .unwrap_or(0)
+        }
+        above(name, layers, 0)
+    };
+    let mut order: Vec<usize> = (0..names.len()).collect();
+    order.sort_by_key(|&i| depth(names[i]));
+    order
 }
 
 async fn bind(addr: &ListenAddr, loaded: &Loaded) -> anyhow::Result<Listener> {
@@ -358,4 +401,33 @@ fn print_welcome(loaded: &Loaded, state: &AdminState, admin: &Path, metrics: Opt
 
 fn absolute(path: &Path) -> PathBuf {
     std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::flush_order;
+    use strata_stack::graph::LayerConfig;
+
+    fn layer(name: &str, children: &[&str]) -> LayerConfig {
+        LayerConfig {
+            name: name.into(),
+            kind: "mirror".into(),
+            children: children.iter().map(|c| c.to_string()).collect(),
+            volumes: Vec::new(),
+            grow_from: Vec::new(),
+            options: Default::default(),
+            span: 0..0,
+        }
+    }
+
+    #[test]
+    fn the_final_flush_goes_from_the_top_down() {
+        let layers = [layer("m", &["b0", "b1"]), layer("pool", &["m"])];
+        let names = ["b0", "b1", "m", "pool", "pool/vol", "spare"];
+        let order: Vec<&str> = flush_order(&names, &layers)
+            .into_iter()
+            .map(|i| names[i])
+            .collect();
+        assert_eq!(order, ["pool", "pool/vol", "spare", "m", "b0", "b1"]);
+    }
 }

@@ -218,13 +218,14 @@ impl BlockDevice for RemoteDevice {
                 let uri = self.client.uri().text.clone();
                 let (health, state) = match self.client.state() {
                     LinkState::Connected => (Health::Ok, "connected".to_string()),
-                    LinkState::Down(why) => (Health::Ok, format!("down ({why})")),
+                    // Down until a request reconnects: a layer above that saw the requests
+                    // fail has failed this member; status must not call it healthy meanwhile.
+                    LinkState::Down(why) => (Health::Failed, format!("down ({why})")),
                 };
                 let mut status = NodeStatus::new(uri.clone(), "remote", self.geometry.size);
-                status.health = if self.read_only {
-                    Health::ReadOnly
-                } else {
-                    health
+                status.health = match health {
+                    Health::Ok if self.read_only => Health::ReadOnly,
+                    health => health,
                 };
                 status.detail = vec![
                     ("uri".into(), uri),

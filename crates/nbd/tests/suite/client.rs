@@ -8,7 +8,10 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use strata_backend::MemoryDevice;
-use strata_core::{async_trait, BlockDevice, BlockError, DeviceRef, Result, WriteFlags, ZeroFlags};
+use strata_core::{
+    async_trait, BlockDevice, BlockError, Control, ControlReply, DeviceRef, Health, Result,
+    WriteFlags, ZeroFlags,
+};
 use strata_crash::testkit::{Intercepted, Interceptor, Request as DeviceRequest};
 use strata_nbd::client::{Client, ClientError, ClientOptions, NbdUri, RemoteDevice};
 use strata_nbd::proto::Request;
@@ -353,6 +356,18 @@ async fn a_killed_server_fails_every_request_in_flight_within_the_timeout() {
         "took {:?}",
         started.elapsed()
     );
+    // Status calls the brick what it is until a request gets through again.
+    let ControlReply::Describe(status) = remote.control(Control::Describe).await.unwrap() else {
+        panic!("Describe answers with a status");
+    };
+    assert_eq!(status.health, Health::Failed, "{status:?}");
+    let connection = &status
+        .detail
+        .iter()
+        .find(|(k, _)| k == "connection")
+        .unwrap()
+        .1;
+    assert!(connection.starts_with("down ("), "{connection}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
