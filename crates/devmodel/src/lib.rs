@@ -5,3 +5,4 @@
 
 pub mod hdd;
 pub mod model;
+pub mod net;

@@ -94,36 +94,7 @@ pub struct LinkParams {
     pub header_bytes: u64,
 }
 
-/// One row of the migration paper's Table 1 (netem round-trip times, as `ping` reports them).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct RttRow {
-    pub avg_ms: f64,
-    pub min_ms: f64,
-    pub max_ms: f64,
-    pub mdev_ms: f64,
-}
-
-/// Kang & Reddy, user-centric migration, Table 1 (digest §1.3).
-pub const MIGRATION_TABLE1: [RttRow; 3] = [
-    RttRow {
-        avg_ms: 9.0,
-        min_ms: 4.3,
-        max_ms: 18.5,
-        mdev_ms: 2.3,
-    },
-    RttRow {
-        avg_ms: 17.0,
-        min_ms: 12.4,
-        max_ms: 24.3,
-        mdev_ms: 2.2,
-    },
-    RttRow {
-        avg_ms: 25.0,
-        min_ms: 20.5,
-        max_ms: 32.2,
-        mdev_ms: 2.2,
-    },
-];
+pub use strata_devmodel::net::{RttRow, MIGRATION_TABLE1};
 
 /// The paper's 100 Mb/s LAN.
 pub const FAST_ETHERNET_BYTES_PER_S: u64 = 100_000_000 / 8;

@@ -10,7 +10,14 @@
 //! read-latency = "2ms"     # added to every read; units ns, us (µs), ms, s
 //! write-latency = "5ms"    # added to every write, write_zeroes, discard and flush
 //! bandwidth = "100MiB"     # bytes per second for reads and writes together ("/s" optional)
+//! rtt = "9ms"              # a network round trip per request: the migration paper's
+//!                          # Table 1 row (9, 17 or 25 ms average, with its deviation)
+//! seed = 1                 # the round trips' random sequence (default 1)
 //! ```
+//!
+//! With `rtt`, every request also waits one round trip drawn from the row's distribution
+//! (normal, the row's mean and deviation, as the simulator's link): a `delay` in front of a
+//! remote disk makes a brick on this machine look like one across the paper's network.
 //!
 //! A request reserves its transfer in a bandwidth schedule shared by every request of this
 //! device when it arrives, and completes `latency` after its transfer is paid (so a lone
@@ -43,10 +50,13 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use futures_util::future::join;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
 use strata_core::{
     async_trait, BlockDevice, BlockError, ByteSize, Control, ControlReply, DeviceRef, Filter,
     NodeStatus, Result, Runtime, WriteFlags, ZeroFlags,
 };
+use strata_devmodel::net::RttRow;
 
 use serde::{Deserialize, Serialize};
 use strata_core::layer::{self, ChildCount, LayerArgs, LayerKind};
@@ -68,6 +78,49 @@ pub struct DelayConfig {
     /// Bytes per second; `None` for no limit.
     #[serde(with = "bandwidth_text", skip_serializing_if = "Option::is_none")]
     pub bandwidth: Option<u64>,
+    /// A round trip per request from Table 1's row with this average, in milliseconds.
+    #[serde(with = "rtt_text", skip_serializing_if = "Option::is_none")]
+    pub rtt: Option<u32>,
+    /// Seeds the round trips' random sequence (default 1), so that runs repeat.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
+}
+
+/// `rtt = "9ms"`: one of Table 1's averages.
+mod rtt_text {
+    use serde::de::Error;
+    use serde::{Deserialize, Deserializer, Serializer};
+    use strata_devmodel::net::{RttRow, MIGRATION_TABLE1};
+
+    pub fn serialize<S: Serializer>(value: &Option<u32>, serializer: S) -> Result<S::Ok, S::Error> {
+        match value {
+            Some(ms) => serializer.collect_str(&format_args!("{ms}ms")),
+            None => serializer.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u32>, D::Error> {
+        let text = String::deserialize(d)?;
+        let known = || {
+            MIGRATION_TABLE1
+                .iter()
+                .map(|row| format!("\"{}ms\"", row.avg_ms))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let ms = text
+            .trim()
+            .strip_suffix("ms")
+            .and_then(|n| n.trim().parse::<u32>().ok())
+            .filter(|ms| RttRow::by_avg_ms(*ms).is_some())
+            .ok_or_else(|| {
+                D::Error::custom(format!(
+                    "{text:?} is not a round trip of the migration paper's Table 1 (one of {})",
+                    known()
+                ))
+            })?;
+        Ok(Some(ms))
+    }
 }
 
 fn build(args: LayerArgs) -> Result<Delay> {
@@ -208,6 +261,8 @@ pub struct Delay {
     config: DelayConfig,
     runtime: Arc<dyn Runtime>,
     schedule: Option<Mutex<Schedule>>,
+    /// The round trips' row and random sequence, with `rtt`.
+    network: Option<(&'static RttRow, Mutex<ChaCha8Rng>)>,
 }
 
 impl Delay {
@@ -217,8 +272,14 @@ impl Delay {
         config: DelayConfig,
         runtime: Arc<dyn Runtime>,
     ) -> Delay {
+        let network = config.rtt.map(|ms| {
+            let row = RttRow::by_avg_ms(ms).expect("checked when the config was parsed");
+            let rng = ChaCha8Rng::seed_from_u64(config.seed.unwrap_or(1));
+            (row, Mutex::new(rng))
+        });
         Delay {
             schedule: config.bandwidth.map(|rate| Mutex::new(Schedule::new(rate))),
+            network,
             name,
             child,
             config,
@@ -249,7 +310,14 @@ impl Delay {
             }
             _ => arrival,
         };
-        let deadline = paid + latency;
+        let round_trip = match &self.network {
+            Some((row, rng)) => {
+                let mut rng = rng.lock().unwrap_or_else(PoisonError::into_inner);
+                Duration::from_nanos(row.sample_ns(&mut rng))
+            }
+            None => Duration::ZERO,
+        };
+        let deadline = paid + latency + round_trip;
         if deadline <= arrival {
             return op.await;
         }
@@ -312,6 +380,12 @@ impl Filter for Delay {
                             .map_or("unlimited".into(), |b| format!("{}/s", ByteSize(b))),
                     ),
                 ];
+                if let Some((row, _)) = &self.network {
+                    node.detail.push((
+                        "rtt".into(),
+                        format!("{} ms avg, {} ms deviation", row.avg_ms, row.mdev_ms),
+                    ));
+                }
                 node.config = layer::to_table(&self.config);
                 node.children = vec![child];
                 Ok(ControlReply::Describe(node))

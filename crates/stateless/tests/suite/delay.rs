@@ -86,6 +86,7 @@ async fn latency_comes_before_the_transfer_and_overlaps_between_requests() {
         read_latency: Duration::from_millis(2),
         write_latency: Duration::from_millis(5),
         bandwidth: Some(100 * MIB),
+        ..DelayConfig::default()
     };
     let device = delayed(config, paused());
     let start = Instant::now();
@@ -170,4 +171,53 @@ async fn options_parse_units_and_refuse_bare_numbers() {
     assert!(error.to_string().contains("needs a unit"), "{error}");
     let error = build(vec![("bandwidth", text("0"))]).await.err().unwrap();
     assert!(error.to_string().contains("`bandwidth`"), "{error}");
+}
+
+/// Each of `n` reads one after another, timed on the paused clock: (mean, deviation) in ms.
+async fn round_trips(device: &dyn BlockDevice, n: usize) -> (f64, f64) {
+    let mut samples = Vec::with_capacity(n);
+    for i in 0..n {
+        let start = Instant::now();
+        device.read((i as u64 % 64) * 4096, 4096).await.unwrap();
+        samples.push(start.elapsed().as_secs_f64() * 1e3);
+    }
+    let mean = samples.iter().sum::<f64>() / n as f64;
+    let var = samples.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / n as f64;
+    (mean, var.sqrt())
+}
+
+#[tokio::test(start_paused = true)]
+async fn rtt_presets_add_the_papers_round_trips_and_repeat_with_their_seed() {
+    let build = |options: Vec<(&str, OptionValue)>| {
+        let args = one_child_args("link", 16 * MIB, &options, Path::new(""), paused());
+        (delay::KIND.build)(args)
+    };
+    let text = |s: &str| OptionValue::Text(s.into());
+    // Table 1: 9 ms ± 2.3, 25 ms ± 2.2 (the paused clock's 1 ms ticks round each sleep up).
+    for (rtt, mean, deviation) in [("9ms", 9.0, 2.3), ("25ms", 25.0, 2.2)] {
+        let device = build(vec![("rtt", text(rtt)), ("seed", OptionValue::Integer(5))])
+            .await
+            .unwrap();
+        let (m, sd) = round_trips(device.as_ref(), 2000).await;
+        assert!((m - mean).abs() < 0.8, "{rtt}: mean {m:.2} ms");
+        assert!((sd - deviation).abs() < 0.4, "{rtt}: deviation {sd:.2} ms");
+    }
+    // The same seed gives the same round trips; another seed others.
+    let mut runs = Vec::new();
+    for seed in [5, 5, 6] {
+        let device = build(vec![
+            ("rtt", text("17ms")),
+            ("seed", OptionValue::Integer(seed)),
+        ])
+        .await
+        .unwrap();
+        runs.push(round_trips(device.as_ref(), 50).await);
+    }
+    assert_eq!(runs[0], runs[1]);
+    assert_ne!(runs[0], runs[2]);
+    let error = build(vec![("rtt", text("10ms"))]).await.err().unwrap();
+    assert!(
+        error.to_string().contains("\"9ms\", \"17ms\", \"25ms\""),
+        "{error}"
+    );
 }
