@@ -158,6 +158,9 @@ class ServerSpec:
     layers: list[Layer] = field(default_factory=list)
     # `[tls]`: {"mode": ..., "certificate": ..., "key": ..., "client-ca": ...}
     tls: dict | None = None
+    # Run inside this network namespace (a host of netns.py), listening on its address.
+    netns: str | None = None
+    host: str = "127.0.0.1"
 
 
 def pid_rss_kib(pid: int) -> int:
@@ -202,7 +205,7 @@ class Server:
     def tcp_uri(self, export: str | None = None) -> str:
         assert self.tcp_port is not None, "server was not started with tcp=True"
         export = self.spec.exports[0].name if export is None else export
-        return f"nbd://127.0.0.1:{self.tcp_port}/{export}"
+        return f"nbd://{self.spec.host}:{self.tcp_port}/{export}"
 
     def disk_file(self, name: str = "d0") -> Path:
         for d in self.spec.disks:
@@ -238,7 +241,7 @@ class Server:
         if s.unix:
             listen.append('"unix:nbd.sock"')
         if s.tcp:
-            listen.append(f'"tcp:127.0.0.1:{self.tcp_port}"')
+            listen.append(f'"tcp:{s.host}:{self.tcp_port}"')
         lines = [
             "# written by tests/integration/conftest.py",
             'data-dir = "."',
@@ -340,7 +343,8 @@ class Server:
         if not STRATA_BIN.exists():
             pytest.fail(f"strata binary not found at {STRATA_BIN} (run cargo build --release or set STRATA_BIN)")
         self.write_config()
-        self._popen([str(STRATA_BIN), "serve", "--config", str(self.config_path)])
+        inside = ["ip", "netns", "exec", self.spec.netns] if self.spec.netns else []
+        self._popen([*inside, str(STRATA_BIN), "serve", "--config", str(self.config_path)])
         deadline = time.monotonic() + READY_TIMEOUT
         while time.monotonic() < deadline:
             out = self.stdout_path.read_text(errors="replace")
