@@ -50,6 +50,7 @@ impl Counters {
         }
     }
 
+    /// The layer-wide counters (status adds the per-child ones, [`Counters::per_child`]).
     pub fn snapshot(&self) -> CountersSnapshot {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         let mut out: CountersSnapshot = [
@@ -67,13 +68,21 @@ impl Counters {
         .into_iter()
         .map(|(name, c)| (name.to_string(), get(c)))
         .collect();
-        for (i, c) in self.child_requests.iter().enumerate() {
-            out.push((format!("child {i} requests"), get(c)));
-        }
-        for (i, c) in self.moved_to.iter().enumerate() {
-            out.push((format!("migrations to child {i}"), get(c)));
+        for (i, (requests, moved_to)) in self.per_child().into_iter().enumerate() {
+            out.push((format!("child {i} requests"), requests));
+            out.push((format!("migrations to child {i}"), moved_to));
         }
         out
+    }
+
+    /// Per child: (requests the layer sent it, migrations toward it).
+    pub fn per_child(&self) -> Vec<(u64, u64)> {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        self.child_requests
+            .iter()
+            .zip(&self.moved_to)
+            .map(|(r, m)| (get(r), get(m)))
+            .collect()
     }
 }
 
@@ -82,9 +91,22 @@ fn ms(us: f64) -> String {
 }
 
 impl Migrate {
-    /// The counters by name (tests, metrics).
+    /// The counters by name (tests, status), the per-child ones last.
     pub fn counters(&self) -> CountersSnapshot {
         self.counters.snapshot()
+    }
+
+    /// The layer-wide counters only (metrics: the per-child ones are labelled instead).
+    pub fn layer_counters(&self) -> CountersSnapshot {
+        let children = self.children.len();
+        let mut all = self.counters.snapshot();
+        all.truncate(all.len() - 2 * children);
+        all
+    }
+
+    /// Per child: (requests the layer sent it, migrations toward it).
+    pub fn child_counters(&self) -> Vec<(u64, u64)> {
+        self.counters.per_child()
     }
 
     /// δ now between the slowest and the fastest child (microseconds).
