@@ -171,21 +171,17 @@ impl Migrate {
                 .holder(i)
                 .map_or(home.device, |k| location(&entry, k).device)
         };
-        let mut on_src = [0u64; 2];
-        let src_device = {
-            // The device most of the request's blocks go to without migration.
-            let mut counts = vec![0u64; self.children.len()];
-            (first..first + count).for_each(|i| counts[source(i)] += 1);
-            (0..counts.len())
-                .max_by_key(|&d| (counts[d], usize::MAX - d))
-                .expect("children")
-        };
-        for i in first..first + count {
-            if source(i) == src_device {
-                on_src[0] |= 1 << i;
-            }
-        }
-        let moving = on_src[0] & requested;
+        // The source: the device most of the request's blocks go to without migration
+        // (ties: the lower child); the blocks that may move are those going there.
+        let mut counts = vec![0u64; self.children.len()];
+        (first..first + count).for_each(|i| counts[source(i)] += 1);
+        let src_device = (0..counts.len())
+            .max_by_key(|&d| (counts[d], usize::MAX - d))
+            .expect("children");
+        let moving = (first..first + count)
+            .filter(|&i| source(i) == src_device)
+            .fold(0u64, |bits, i| bits | 1 << i);
+        assert_eq!(moving & !requested, 0);
         if let Some(decided) = self.decide(chunk, &entry, src_device)? {
             self.migrate_blocks(chunk, entry, decided, first, moving, &data, true)
                 .await?;

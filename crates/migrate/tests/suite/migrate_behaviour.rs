@@ -401,3 +401,26 @@ async fn adaptive_delta_is_computed_from_the_measured_deviations() {
     );
     assert!(delta > 10_000.0, "{delta}");
 }
+
+/// The merger task, as a served layer runs it: every `merge-interval`, partial chunks that
+/// left the candidate list are merged (tokio's clock paused: the sleeps pass at once).
+#[tokio::test(start_paused = true)]
+async fn the_background_merger_rejoins_chunks_once_they_leave_the_candidate_list() {
+    let mut cfg = config("str", "mig", "2ms");
+    cfg.merge_interval = "1s".into();
+    cfg.candidates = 1;
+    let rig = Rig::new(&cfg, &[1000, 10000], 16).await;
+    rig.write(chunk(0), 1, 1).await;
+    rig.write(chunk(1), 4, 2).await;
+    rig.write(chunk(1), 1, 3).await; // chunk 1 partial, and the one candidate
+    assert_eq!(rig.layer.partial_chunks(), 1);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(rig.layer.partial_chunks(), 1, "still listed: still active");
+    rig.read_check(chunk(0), 1, 1).await; // chunk 0 takes the list's only place
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(rig.layer.partial_chunks(), 0);
+    assert_eq!(counter(&rig.layer, "merges"), 1);
+    rig.read_check(chunk(1), 1, 3).await;
+    rig.read_check(chunk(1) + 1, 3, 2).await;
+    assert_invariants(&rig.layer);
+}
