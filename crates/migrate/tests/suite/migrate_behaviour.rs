@@ -424,3 +424,63 @@ async fn the_background_merger_rejoins_chunks_once_they_leave_the_candidate_list
     rig.read_check(chunk(1) + 1, 3, 2).await;
     assert_invariants(&rig.layer);
 }
+
+/// Children that fail: a failed child read fails the read; a migration whose write fails
+/// after a good read leaves the data where it was, frees the slot it took, and the read
+/// still answers.
+#[tokio::test]
+async fn a_failing_child_fails_reads_but_a_failed_migration_only_leaves_the_data_in_place() {
+    let group = strata_crash::CrashGroup::new();
+    let disks = [
+        group.disk(strata_crash::sector_disk(local_size(16))),
+        group.disk(strata_crash::sector_disk(16 * CHUNK)),
+    ];
+    let clock = ManualClock::new();
+    let timed: Vec<Arc<Timed>> = disks
+        .iter()
+        .zip([1000, 10000])
+        .map(|(disk, latency)| Timed::new(Arc::new(disk.clone()) as DeviceRef, &clock, latency))
+        .collect();
+    let children: Vec<DeviceRef> = timed.iter().map(|t| t.clone() as DeviceRef).collect();
+    let config = config("str", "mig", "2ms");
+    let layer = format(children, &config, &clock).await;
+    let device = MigrateDevice(layer.clone());
+    for c in 0..2u64 {
+        let data = blocks_data(chunk(c), 4, c as u8 + 1);
+        device
+            .write(chunk(c) * BLOCK, data, WriteFlags::default())
+            .await
+            .unwrap();
+    }
+    let free_before = layer.describe().await.unwrap().detail;
+    // Child 0's data area refuses writes: the migration toward it fails, the read does not.
+    disks[0].fail_writes(METADATA, 16 * CHUNK);
+    let got = device.read(chunk(1) * BLOCK, CHUNK as usize).await.unwrap();
+    assert!(got[..] == blocks_data(chunk(1), 4, 2)[..]);
+    assert_eq!(counter(&layer, "migration failures"), 1);
+    assert_eq!(counter(&layer, "migrations"), 0);
+    assert_eq!(layer.locate(chunk(1)).unwrap().0, 1);
+    let free_after = layer.describe().await.unwrap().detail;
+    let free = |detail: &Vec<(String, String)>| {
+        detail
+            .iter()
+            .find(|(k, _)| k == "child 0 free slots")
+            .unwrap()
+            .1
+            .clone()
+    };
+    assert_eq!(
+        free(&free_before),
+        free(&free_after),
+        "the slot taken is given back"
+    );
+    assert_invariants(&layer);
+    // Child 1 refuses reads: the read fails with EIO, nothing is served in its place.
+    disks[0].clear_faults();
+    disks[1].fail_reads(0, 16 * CHUNK);
+    let error = device
+        .read(chunk(1) * BLOCK, CHUNK as usize)
+        .await
+        .unwrap_err();
+    assert_eq!(error.errno(), strata_core::errno::EIO, "{error}");
+}
