@@ -101,21 +101,27 @@ impl Migrate {
             .await
     }
 
+    /// A read: its chunks at once (each piece holds one chunk's lock and waits for no
+    /// other while it does, so pieces of requests that overlap cannot deadlock).
     pub(crate) async fn read_blocks(&self, offset: u64, len: usize) -> Result<BytesMut> {
-        let mut out = BytesMut::zeroed(len);
-        for (chunk, first, count, at) in self.pieces(offset, len as u64) {
-            let bytes = (count * BLOCK) as usize;
-            self.read_piece(chunk, first, count, &mut out[at..at + bytes])
-                .await?;
+        let pieces = self.pieces(offset, len as u64);
+        let reads = pieces
+            .iter()
+            .map(|&(chunk, first, count, _)| self.read_piece(chunk, first, count));
+        let mut out = BytesMut::with_capacity(len);
+        for piece in futures_util::future::join_all(reads).await {
+            out.extend_from_slice(&piece?);
         }
+        assert_eq!(out.len(), len);
         Ok(out)
     }
 
-    async fn read_piece(&self, chunk: u64, first: u64, count: u64, out: &mut [u8]) -> Result<()> {
+    async fn read_piece(&self, chunk: u64, first: u64, count: u64) -> Result<BytesMut> {
+        let mut out = BytesMut::zeroed((count * BLOCK) as usize);
         let _alone = self.locks.write_range(chunk..chunk + 1).await;
         let entry = self.entry(chunk);
         if entry.is_empty() {
-            return Ok(()); // never written: zeros
+            return Ok(out); // never written: zeros
         }
         for (holder, start, end) in runs(first, count, |i| entry.holder(i)) {
             let Some(k) = holder else { continue };
@@ -127,12 +133,12 @@ impl Migrate {
         // Migration on access: the data just read goes to the destination, never read again.
         let requested = mask(first, count);
         let Some((src, moving)) = majority_source(&entry, requested) else {
-            return Ok(());
+            return Ok(out);
         };
         let Some(decided) = self.decide(chunk, &entry, src)? else {
-            return Ok(());
+            return Ok(out);
         };
-        let data = Bytes::copy_from_slice(out);
+        let data = Bytes::copy_from_slice(&out);
         if let Err(error) = self
             .migrate_blocks(chunk, entry, decided, first, moving, &data, false)
             .await
@@ -143,13 +149,19 @@ impl Migrate {
         } else {
             self.bump(&self.counters.read_migrations, 1);
         }
-        Ok(())
+        Ok(out)
     }
 
+    /// A write: its chunks at once (as a read); the first failure is the answer, after
+    /// every piece has ended.
     pub(crate) async fn write_blocks(&self, offset: u64, data: Bytes, fua: bool) -> Result<()> {
-        for (chunk, first, count, at) in self.pieces(offset, data.len() as u64) {
+        let pieces = self.pieces(offset, data.len() as u64);
+        let writes = pieces.iter().map(|&(chunk, first, count, at)| {
             let piece = data.slice(at..at + (count * BLOCK) as usize);
-            self.write_piece(chunk, first, count, piece).await?;
+            self.write_piece(chunk, first, count, piece)
+        });
+        for result in futures_util::future::join_all(writes).await {
+            result?;
         }
         if fua {
             self.flush_all().await?;
@@ -389,7 +401,12 @@ impl Migrate {
             // A read moves only blocks that were valid.
             assert_eq!(moving & !valid_bits(&entry), 0);
         }
-        self.put_entry(chunk, updated)?;
+        if let Err(error) = self.put_entry(chunk, updated) {
+            if let Some(slot) = decided.claimed {
+                self.space()?.free[decided.dst].insert(slot);
+            }
+            return Err(error);
+        }
         self.bump(&self.counters.migrations, 1);
         self.bump(
             &self.counters.migrated_blocks,
