@@ -12,12 +12,12 @@
 //!    crash that brings back the old entry finds the old data.
 
 use bytes::{Bytes, BytesMut};
-use strata_core::{BlockError, Result, WriteFlags};
+use strata_core::{push_extent, BlockError, Extent, ExtentState, Result, WriteFlags};
 use strata_meta::TxnClass;
 
 use crate::migrate::Migrate;
 use crate::policy::{self, Policy};
-use crate::records::{Entry, Location};
+use crate::records::{self, Entry, Location};
 use crate::shape::BLOCK;
 
 /// Bits `first..first + count` of a chunk.
@@ -479,6 +479,49 @@ impl Migrate {
         self.commit().await
     }
 }
+
+impl Migrate {
+    /// Allocation of `offset..offset + len`: a block never written, or discarded, is a hole
+    /// (it reads as zeros); any other is data. Answers at most [`STATUS_BLOCKS`] blocks (the
+    /// caller asks again), from one look at the map; extents are cut to the range.
+    pub(crate) fn allocation(&self, offset: u64, len: u64) -> Vec<Extent> {
+        let per = self.shape.chunk_blocks;
+        let stop = offset + len;
+        let first = offset / BLOCK;
+        let end = stop.div_ceil(BLOCK).min(first + STATUS_BLOCKS);
+        let mut extents = Vec::new();
+        self.store.read(|state| {
+            let mut cached: Option<(u64, u64)> = None; // (chunk, valid bits)
+            for block in first..end {
+                let chunk = block / per;
+                let valid = match cached {
+                    Some((c, valid)) if c == chunk => valid,
+                    _ => {
+                        let valid = valid_bits(&records::entry(state, &self.ids, chunk));
+                        cached = Some((chunk, valid));
+                        valid
+                    }
+                };
+                let state = if valid >> (block % per) & 1 == 1 {
+                    ExtentState::Data
+                } else {
+                    ExtentState::Hole
+                };
+                let start = (block * BLOCK).max(offset);
+                let extent = Extent {
+                    offset: start,
+                    len: ((block + 1) * BLOCK).min(stop) - start,
+                    state,
+                };
+                push_extent(&mut extents, extent);
+            }
+        });
+        extents
+    }
+}
+
+/// Blocks one block-status answer covers (16 MiB): bounded work under the store's lock.
+const STATUS_BLOCKS: u64 = 4096;
 
 /// The location at `k` (present).
 fn location(entry: &Entry, k: usize) -> Location {

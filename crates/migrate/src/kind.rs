@@ -7,8 +7,8 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 use strata_core::layer::{ChildCount, LayerArgs, LayerKind, Options, StartPolicy, Verb};
 use strata_core::{
-    async_trait, BlockDevice, BlockError, Capabilities, Control, ControlReply, DeviceRef, Geometry,
-    Result, WriteFlags, ZeroFlags,
+    async_trait, BlockDevice, BlockError, Capabilities, Control, ControlReply, DeviceRef, Extent,
+    Geometry, Result, WriteFlags, ZeroFlags,
 };
 use strata_meta::RecoveryError;
 
@@ -166,6 +166,7 @@ impl BlockDevice for MigrateDevice {
             discard: true,
             write_zeroes: true,
             fast_zero: true,
+            block_status: true,
             ..Capabilities::default()
         }
     }
@@ -190,6 +191,11 @@ impl BlockDevice for MigrateDevice {
     async fn discard(&self, offset: u64, len: u64) -> Result<()> {
         self.geometry().check_range(offset, len)?;
         self.0.unmap_blocks(offset, len, false).await
+    }
+
+    async fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {
+        self.geometry().check_range(offset, len)?;
+        Ok(self.0.allocation(offset, len))
     }
 
     async fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> {

@@ -484,3 +484,37 @@ async fn a_failing_child_fails_reads_but_a_failed_migration_only_leaves_the_data
         .unwrap_err();
     assert_eq!(error.errno(), strata_core::errno::EIO, "{error}");
 }
+
+/// Block status: written blocks are data, never-written and discarded ones holes, wherever
+/// the data lives; extents are cut to the range asked.
+#[tokio::test]
+async fn block_status_reports_holes_for_unwritten_and_discarded_blocks() {
+    use strata_core::{Extent, ExtentState};
+    let rig = Rig::new(&config("str", "mig", "2ms"), &[1000, 10000], 16).await;
+    rig.write(chunk(0), 1, 1).await; // child 0
+    rig.write(chunk(1) + 1, 2, 2).await; // child 1
+    rig.write(chunk(1), 1, 3).await; // block 0 of chunk 1 migrates to child 0
+    rig.device
+        .discard((chunk(1) + 2) * BLOCK, BLOCK)
+        .await
+        .unwrap();
+    let extents = rig.device.block_status(0, 3 * CHUNK).await.unwrap();
+    let e = |offset: u64, len: u64, state| Extent { offset, len, state };
+    assert_eq!(
+        extents,
+        vec![
+            e(0, BLOCK, ExtentState::Data),
+            e(BLOCK, CHUNK - BLOCK, ExtentState::Hole),
+            e(CHUNK, 2 * BLOCK, ExtentState::Data),
+            e(CHUNK + 2 * BLOCK, CHUNK + 2 * BLOCK, ExtentState::Hole),
+        ]
+    );
+    // One block; an unaligned range is refused (the layer's blocks are 4 KiB).
+    let one = rig
+        .device
+        .block_status(CHUNK + 2 * BLOCK, BLOCK)
+        .await
+        .unwrap();
+    assert_eq!(one, vec![e(CHUNK + 2 * BLOCK, BLOCK, ExtentState::Hole)]);
+    assert!(rig.device.block_status(CHUNK + 512, 1024).await.is_err());
+}
