@@ -256,10 +256,11 @@ impl Migrate {
         self.put_entry(chunk, Entry::single(location))
     }
 
-    /// A slot for a chunk's first write. Committing makes slots freed by durable-pending
-    /// transactions reusable, when that is what is missing.
+    /// A slot for a chunk's first write. When none is free, slots freed by transactions not
+    /// yet durable are what is missing: a commit releases them (concurrent requests may free
+    /// more meanwhile, hence a few rounds).
     async fn allocate_first(&self, chunk: u64) -> Result<(usize, u64)> {
-        for attempt in 0..2 {
+        for _ in 0..ALLOCATION_COMMITS {
             {
                 let mut space = self.space()?;
                 let free: Vec<u64> = space.free.iter().map(|f| f.len() as u64).collect();
@@ -269,15 +270,12 @@ impl Migrate {
                     assert!(space.allocated <= self.shape.chunks);
                     return Ok((device, slot));
                 }
-                assert!(
-                    attempt == 0 || space.pending.is_empty(),
-                    "a commit releases every pending free"
-                );
+                // free + pending >= unwritten chunks (a migration claims a slot only above
+                // that), and this chunk is unwritten: some free must be pending.
+                assert!(!space.pending.is_empty(), "no slot free nor pending");
             }
             self.commit().await?;
         }
-        // Unreachable while free + pending >= unallocated holds (a migration claims a slot
-        // only above that); an error rather than a panic in a server.
         Err(BlockError::NoSpace)
     }
 
@@ -519,6 +517,9 @@ impl Migrate {
         extents
     }
 }
+
+/// Commits a first write may wait for before it gives up on a slot.
+const ALLOCATION_COMMITS: usize = 8;
 
 /// Blocks one block-status answer covers (16 MiB): bounded work under the store's lock.
 const STATUS_BLOCKS: u64 = 4096;

@@ -518,3 +518,39 @@ async fn block_status_reports_holes_for_unwritten_and_discarded_blocks() {
     assert_eq!(one, vec![e(CHUNK + 2 * BLOCK, BLOCK, ExtentState::Hole)]);
     assert!(rig.device.block_status(CHUNK + 512, 1024).await.is_err());
 }
+
+/// Every slot taken or waiting for a commit: a first write commits to get the slots freed
+/// back, instead of failing for lack of space.
+#[tokio::test]
+async fn a_first_write_with_only_frees_pending_commits_and_finds_a_slot() {
+    let rig = Rig::new(&config("seq", "mig", "1ms"), &[20000, 1000], 16).await;
+    for c in 0..28 {
+        rig.write(chunk(c), 4, c as u8).await;
+    }
+    // The 4 spare slots (on child 1) are taken by migrations off the slow child 0; the
+    // slots those leave on child 0 wait for a commit.
+    for c in 0..4 {
+        rig.read_check(chunk(c), 4, c as u8).await;
+    }
+    assert_eq!(counter(&rig.layer, "migrations"), 4);
+    rig.device.discard(chunk(27) * BLOCK, CHUNK).await.unwrap();
+    let status = rig.layer.describe().await.unwrap();
+    let free: Vec<&String> = status
+        .detail
+        .iter()
+        .filter(|(k, _)| k.ends_with("free slots"))
+        .map(|(_, v)| v)
+        .collect();
+    assert_eq!(free, ["0 of 16", "0 of 16"]);
+    rig.write(chunk(27), 4, 99).await;
+    assert_eq!(
+        rig.device_of(chunk(27)),
+        0,
+        "a slot child 0 freed, once committed"
+    );
+    rig.read_check(chunk(27), 4, 99).await;
+    for c in 0..27 {
+        rig.read_check(chunk(c), 4, c as u8).await;
+    }
+    assert_invariants(&rig.layer);
+}
