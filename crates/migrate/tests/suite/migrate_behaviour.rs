@@ -554,3 +554,22 @@ async fn a_first_write_with_only_frees_pending_commits_and_finds_a_slot() {
     }
     assert_invariants(&rig.layer);
 }
+
+/// Stationary response times: data moves once, to the fastest child, and then stays (no
+/// ping-pong: migration stops when every accessed block is where the rule is satisfied).
+#[tokio::test]
+async fn with_steady_response_times_migration_stops_once_the_data_is_on_the_fastest_child() {
+    let rig = Rig::new(&config("str", "mig", "adaptive"), &[1000, 10000], 16).await;
+    for c in 0..8 {
+        rig.write(chunk(c), 4, c as u8).await;
+    }
+    for _ in 0..10 {
+        for c in 0..8 {
+            rig.read_check(chunk(c), 4, c as u8).await;
+        }
+    }
+    // The 4 chunks striped onto child 1 moved to child 0, once each.
+    assert_eq!(counter(&rig.layer, "migrations to child 0"), 4);
+    assert_eq!(counter(&rig.layer, "migrations to child 1"), 0);
+    assert!((0..8).all(|c| rig.device_of(chunk(c)) == 0));
+}
