@@ -118,7 +118,8 @@ impl Migrate {
 
     async fn read_piece(&self, chunk: u64, first: u64, count: u64) -> Result<BytesMut> {
         let mut out = BytesMut::zeroed((count * BLOCK) as usize);
-        let _alone = self.locks.write_range(chunk..chunk + 1).await;
+        let shared = self.locks.read_range(chunk..chunk + 1).await;
+        let version = self.version(chunk);
         let entry = self.entry(chunk);
         if entry.is_empty() {
             return Ok(out); // never written: zeros
@@ -138,6 +139,17 @@ impl Migrate {
         let Some(decided) = self.decide(chunk, &entry, src)? else {
             return Ok(out);
         };
+        // Alone now; only if nothing changed the chunk in between is what was read current.
+        drop(shared);
+        let _alone = self.locks.write_range(chunk..chunk + 1).await;
+        if self.version(chunk) != version {
+            if let Some(slot) = decided.claimed {
+                self.space()?.free[decided.dst].insert(slot);
+            }
+            self.bump(&self.counters.migration_races, 1);
+            return Ok(out);
+        }
+        self.changed(chunk);
         let data = Bytes::copy_from_slice(&out);
         if let Err(error) = self
             .migrate_blocks(chunk, entry, decided, first, moving, &data, false)
@@ -171,6 +183,7 @@ impl Migrate {
 
     async fn write_piece(&self, chunk: u64, first: u64, count: u64, data: Bytes) -> Result<()> {
         let _alone = self.locks.write_range(chunk..chunk + 1).await;
+        self.changed(chunk);
         let entry = self.entry(chunk);
         if entry.is_empty() {
             return self.first_write(chunk, first, count, data).await;
@@ -443,6 +456,7 @@ impl Migrate {
     pub(crate) async fn unmap_blocks(&self, offset: u64, len: u64, fua: bool) -> Result<()> {
         for (chunk, first, count, _) in self.pieces(offset, len) {
             let _alone = self.locks.write_range(chunk..chunk + 1).await;
+            self.changed(chunk);
             let entry = self.entry(chunk);
             let clear = mask(first, count);
             if entry.is_empty() || valid_bits(&entry) & clear == 0 {

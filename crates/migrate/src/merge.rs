@@ -43,6 +43,7 @@ impl Migrate {
 
     async fn merge_chunk(&self, chunk: u64) -> strata_core::Result<bool> {
         let _alone = self.locks.write_range(chunk..chunk + 1).await;
+        self.changed(chunk);
         let entry = self.entry(chunk);
         let (Some(a), Some(b)) = (entry.locations[0], entry.locations[1]) else {
             return Ok(false); // merged or emptied meanwhile

@@ -3,10 +3,14 @@
 //! `status`.
 //!
 //! Lock rules:
-//! - `locks` (striped, by logical chunk): every request holds its chunks alone from before it
-//!   looks at the map until its transaction is applied. Reads too, because a read may
-//!   migrate what it read (XXX: two reads of one chunk wait for each other). The merger takes
-//!   one chunk at a time the same way. Never two chunks by hand: `write_range` only.
+//! - `locks` (striped, by logical chunk): a write, a discard, a merge and a migration hold
+//!   their chunk alone from before they look at the map until their transaction is applied,
+//!   and bump the stripe's `versions` counter. A read holds it shared while it looks at the
+//!   map and reads the children; if the data it read is to migrate, it lets go, takes the
+//!   chunk alone, and migrates only if the version is still the one it read under (else a
+//!   write, a discard or another migration came in between: the data may be stale, and the
+//!   migration is dropped). A request holds one chunk at a time: `read_range`/`write_range`
+//!   of one chunk only.
 //! - `space` and `policy` (std mutexes): in-memory only, never held across an await, never
 //!   both at once.
 
@@ -107,6 +111,8 @@ pub struct Migrate {
     pub(crate) space: Mutex<Space>,
     pub(crate) policy: Mutex<PolicyState>,
     pub(crate) locks: StripedLocks,
+    /// Per lock stripe: bumped by everything that changes a chunk's data or entry.
+    pub(crate) versions: Vec<AtomicU64>,
     pub(crate) counters: Counters,
     pub(crate) background: Background,
     /// (time, migrations) at the last status, for the rate it shows.
@@ -246,6 +252,7 @@ impl Migrate {
             space: Mutex::new(space),
             policy: Mutex::new(policy),
             locks: StripedLocks::new(LOCK_STRIPES),
+            versions: (0..LOCK_STRIPES).map(|_| AtomicU64::new(0)).collect(),
             background: Background::new(),
             last_status: Mutex::new((now, 0)),
             config: OnceLock::new(),
@@ -377,6 +384,16 @@ impl Migrate {
         for location in locations {
             space.pending.push((txn, location.device, location.slot));
         }
+    }
+
+    /// The version of `chunk`'s stripe (read under its lock, shared or alone).
+    pub(crate) fn version(&self, chunk: u64) -> u64 {
+        self.versions[self.locks.slot_of(chunk)].load(Ordering::Acquire)
+    }
+
+    /// Marks `chunk` changed: call holding it alone.
+    pub(crate) fn changed(&self, chunk: u64) {
+        self.versions[self.locks.slot_of(chunk)].fetch_add(1, Ordering::AcqRel);
     }
 
     pub(crate) fn now(&self) -> Duration {

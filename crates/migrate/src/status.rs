@@ -20,6 +20,8 @@ pub struct Counters {
     /// Migrations the rule wanted but no token was left.
     pub no_token: AtomicU64,
     pub migration_failures: AtomicU64,
+    /// Read migrations dropped because the chunk changed between the read and the move.
+    pub migration_races: AtomicU64,
     pub merges: AtomicU64,
     pub merged_blocks: AtomicU64,
     pub unmapped_blocks: AtomicU64,
@@ -42,6 +44,7 @@ impl Counters {
             not_candidate: AtomicU64::new(0),
             no_token: AtomicU64::new(0),
             migration_failures: AtomicU64::new(0),
+            migration_races: AtomicU64::new(0),
             merges: AtomicU64::new(0),
             merged_blocks: AtomicU64::new(0),
             unmapped_blocks: AtomicU64::new(0),
@@ -61,6 +64,7 @@ impl Counters {
             ("skipped not candidate", &self.not_candidate),
             ("skipped no token", &self.no_token),
             ("migration failures", &self.migration_failures),
+            ("migrations dropped by a race", &self.migration_races),
             ("merges", &self.merges),
             ("merged blocks", &self.merged_blocks),
             ("unmapped blocks", &self.unmapped_blocks),

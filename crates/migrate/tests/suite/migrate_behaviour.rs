@@ -573,3 +573,108 @@ async fn with_steady_response_times_migration_stops_once_the_data_is_on_the_fast
     assert_eq!(counter(&rig.layer, "migrations to child 1"), 0);
     assert!((0..8).all(|c| rig.device_of(chunk(c)) == 0));
 }
+
+/// A child whose next read, once armed, waits to be released: lets a test put a write
+/// between a read's child read and its migration.
+struct Gate {
+    inner: DeviceRef,
+    armed: std::sync::atomic::AtomicBool,
+    entered: tokio::sync::Notify,
+    release: tokio::sync::Notify,
+}
+
+#[strata_core::async_trait]
+impl BlockDevice for Gate {
+    fn geometry(&self) -> strata_core::Geometry {
+        self.inner.geometry()
+    }
+
+    fn capabilities(&self) -> strata_core::Capabilities {
+        self.inner.capabilities()
+    }
+
+    async fn read(&self, offset: u64, len: usize) -> strata_core::Result<bytes::BytesMut> {
+        if self.armed.swap(false, std::sync::atomic::Ordering::SeqCst) {
+            self.entered.notify_one();
+            self.release.notified().await;
+        }
+        self.inner.read(offset, len).await
+    }
+
+    async fn write(
+        &self,
+        offset: u64,
+        data: bytes::Bytes,
+        flags: WriteFlags,
+    ) -> strata_core::Result<()> {
+        self.inner.write(offset, data, flags).await
+    }
+
+    async fn flush(&self) -> strata_core::Result<()> {
+        self.inner.flush().await
+    }
+}
+
+/// A read's migration carries the data it read: if a write to the chunk comes between the
+/// read and the move, the move is dropped, or it would put the old data back over the new.
+#[tokio::test]
+async fn a_write_between_a_read_and_its_migration_drops_the_migration() {
+    let clock = ManualClock::new();
+    let gate = Arc::new(Gate {
+        inner: Arc::new(MemoryDevice::new(16 * CHUNK)),
+        armed: Default::default(),
+        entered: Default::default(),
+        release: Default::default(),
+    });
+    let timed = [
+        Timed::new(Arc::new(MemoryDevice::new(local_size(16))), &clock, 1000),
+        Timed::new(gate.clone(), &clock, 10000),
+    ];
+    let mut cfg = config("str", "mig", "2ms");
+    cfg.tokens = 1;
+    cfg.token_cap = Some(1);
+    let children: Vec<DeviceRef> = timed.iter().map(|t| t.clone() as DeviceRef).collect();
+    let layer = format(children, &cfg, &clock).await;
+    let device = Arc::new(MigrateDevice(layer.clone()));
+    let at = chunk(1) * BLOCK;
+    device
+        .write(0, blocks_data(0, 1, 9), WriteFlags::default())
+        .await
+        .unwrap();
+    device
+        .write(at, blocks_data(chunk(1), 4, 1), WriteFlags::default())
+        .await
+        .unwrap();
+    gate.armed.store(true, std::sync::atomic::Ordering::SeqCst);
+    let reader = tokio::spawn({
+        let device = device.clone();
+        async move { device.read(at, BLOCK as usize).await.unwrap() }
+    });
+    gate.entered.notified().await; // the read holds the chunk (shared), inside the child read
+    let writer = tokio::spawn({
+        let device = device.clone();
+        async move {
+            let data = blocks_data(chunk(1), 1, 2);
+            device.write(at, data, WriteFlags::default()).await.unwrap()
+        }
+    });
+    for _ in 0..10 {
+        tokio::task::yield_now().await; // the writer queues for the chunk
+    }
+    gate.release.notify_one();
+    let read = reader.await.unwrap();
+    assert!(
+        read[..] == blocks_data(chunk(1), 1, 1)[..],
+        "the read saw the old data"
+    );
+    writer.await.unwrap();
+    let now = device.read(at, BLOCK as usize).await.unwrap();
+    assert!(
+        now[..] == blocks_data(chunk(1), 1, 2)[..],
+        "the write's data stays"
+    );
+    // The read took the only token and let the writer in before its move: dropped.
+    assert_eq!(counter(&layer, "migrations dropped by a race"), 1);
+    assert_eq!(counter(&layer, "migrations"), 0);
+    assert_invariants(&layer);
+}
