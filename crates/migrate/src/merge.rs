@@ -57,14 +57,20 @@ impl Migrate {
             entry.locations[keep].unwrap(),
             entry.locations[gone].unwrap(),
         );
+        let max_io = |d: usize| u64::from(self.children[d].geometry().max_io);
+        let run_max = (max_io(source.device).min(max_io(target.device)) / BLOCK).max(1);
         let mut index = 0;
         while index < self.shape.chunk_blocks {
             if source.valid >> index & 1 == 0 {
                 index += 1;
                 continue;
             }
+            // A run of valid blocks, no longer than either child takes in one request.
             let mut end = index;
-            while end < self.shape.chunk_blocks && source.valid >> end & 1 == 1 {
+            while end < self.shape.chunk_blocks
+                && end - index < run_max
+                && source.valid >> end & 1 == 1
+            {
                 end += 1;
             }
             let at = self.shape.offset(source.device, source.slot, index);

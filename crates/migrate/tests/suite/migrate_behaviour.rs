@@ -678,3 +678,99 @@ async fn a_write_between_a_read_and_its_migration_drops_the_migration() {
     assert_eq!(counter(&layer, "migrations"), 0);
     assert_invariants(&layer);
 }
+
+/// A child that refuses requests larger than its `max_io`.
+struct Limited {
+    inner: DeviceRef,
+    max_io: u32,
+}
+
+#[strata_core::async_trait]
+impl BlockDevice for Limited {
+    fn geometry(&self) -> strata_core::Geometry {
+        strata_core::Geometry {
+            max_io: self.max_io,
+            ..self.inner.geometry()
+        }
+    }
+
+    fn capabilities(&self) -> strata_core::Capabilities {
+        self.inner.capabilities()
+    }
+
+    async fn read(&self, offset: u64, len: usize) -> strata_core::Result<bytes::BytesMut> {
+        assert!(len <= self.max_io as usize, "a read of {len} bytes");
+        self.inner.read(offset, len).await
+    }
+
+    async fn write(
+        &self,
+        offset: u64,
+        data: bytes::Bytes,
+        flags: WriteFlags,
+    ) -> strata_core::Result<()> {
+        assert!(
+            data.len() <= self.max_io as usize,
+            "a write of {}",
+            data.len()
+        );
+        self.inner.write(offset, data, flags).await
+    }
+
+    async fn flush(&self) -> strata_core::Result<()> {
+        self.inner.flush().await
+    }
+}
+
+/// The merger moves a run of blocks in requests no larger than the children take.
+#[tokio::test]
+async fn the_merger_respects_the_childrens_largest_request() {
+    let chunk_bytes = 64 << 10;
+    let clock = ManualClock::new();
+    let limited = |size: u64| -> DeviceRef {
+        Arc::new(Limited {
+            inner: Arc::new(MemoryDevice::new(size)),
+            max_io: 8192,
+        })
+    };
+    let children: Vec<DeviceRef> = vec![
+        limited(METADATA + 8 * chunk_bytes),
+        limited(8 * chunk_bytes),
+    ];
+    // Chunk 1 written whole on child 1 without migration, then half of it moved to child 0
+    // by the locality policy: 8 blocks in each place, a run of 32 KiB for the merger.
+    let mut cfg = config("str", "nomig", "0");
+    cfg.chunk = strata_core::ByteSize(chunk_bytes);
+    let layer = format(children.clone(), &cfg, &clock).await;
+    let put = |layer: &Arc<strata_migrate::Migrate>, block: u64, byte: u8| {
+        let device = MigrateDevice(layer.clone());
+        async move {
+            let data = blocks_data(block, 2, byte);
+            device
+                .write(block * BLOCK, data, WriteFlags::default())
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(MigrateDevice(layer.clone()).geometry().max_io, 8192);
+    for block in (16..32).step_by(2) {
+        put(&layer, block, 2).await;
+    }
+    MigrateDevice(layer.clone()).flush().await.unwrap();
+    drop(layer);
+    cfg.policy = "locality".to_string().try_into().unwrap();
+    let layer = reopen(children, &cfg, &clock).await;
+    for block in (16..24).step_by(2) {
+        put(&layer, block, 3).await;
+    }
+    assert_eq!(layer.partial_chunks(), 1);
+    assert_eq!(layer.merge_partial(10, true).await.unwrap(), 1);
+    assert_eq!(layer.partial_chunks(), 0);
+    let device = MigrateDevice(layer.clone());
+    for block in (16..32).step_by(2) {
+        let got = device.read(block * BLOCK, 8192).await.unwrap();
+        let byte = if block < 24 { 3 } else { 2 };
+        assert!(got[..] == blocks_data(block, 2, byte)[..], "block {block}");
+    }
+    assert_invariants(&layer);
+}
