@@ -160,6 +160,17 @@ impl Stack {
         stages
     }
 
+    /// The migrate layers among the layers (for their metrics).
+    pub async fn migrates(&self) -> Vec<Arc<strata_migrate::Migrate>> {
+        let mut layers = Vec::new();
+        for node in &self.nodes {
+            if let NodeKind::Device(device) = &node.kind {
+                layers.extend(strata_migrate::Migrate::of(device).await);
+            }
+        }
+        layers
+    }
+
     fn device(&self, name: &str) -> Option<DeviceRef> {
         self.nodes
             .iter()

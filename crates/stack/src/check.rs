@@ -7,7 +7,8 @@
 //! owner's invariants (for a thin pool: every mapping inside the pool, marked allocated,
 //! owned once; allocation counts agree; no live data in unmapped extents; for a stage,
 //! `strata_stage::check_state`: one live block per physical block, the log and its reverse
-//! table agreeing).
+//! table agreeing; for a migrate layer, `strata_migrate::check_state`: every written block
+//! valid in exactly one place, no chunk slot used twice).
 //!
 //! Repair rewrites the metadata from what recovery reads: a fresh checkpoint and both
 //! superblock copies. That drops only a torn, never-acknowledged batch and fixes a damaged
@@ -74,10 +75,13 @@ const METADATA_KINDS: [&str; 3] = [strata_thin::KIND.kind, "mirror", "raid5"];
 
 /// Whether `member`, a child of a `kind` layer with these `children`, starts with metadata
 /// after its label: every member of the kinds above; a stage's fast child (its first), not
-/// its slow one, which holds data only.
+/// its slow one, which holds data only; a migrate layer's first child (the local disk), not
+/// the others.
 fn holds_metadata(kind: &str, children: &[String], member: &str) -> bool {
+    let first = children.first().map(String::as_str) == Some(member);
     METADATA_KINDS.contains(&kind)
-        || (kind == strata_stage::KIND.kind && children.first().map(String::as_str) == Some(member))
+        || (kind == strata_stage::KIND.kind && first)
+        || (kind == strata_migrate::KIND.kind && first)
 }
 /// Kinds whose members' metadata must agree: repairing one alone could promote it.
 const MULTI_MEMBER_KINDS: [&str; 2] = ["mirror", "raid5"];
@@ -290,6 +294,12 @@ pub async fn check(path: &Path) -> anyhow::Result<DeviceReport> {
                              {}, not on this slow child",
                             children[0]
                         )
+                    } else if kind == strata_migrate::KIND.kind {
+                        format!(
+                            "its layer {layer} (migrate) keeps its metadata on its first \
+                             child, {}, not on this one",
+                            children[0]
+                        )
                     } else {
                         format!("its layer {layer} ({kind}) keeps no metadata on its members")
                     });
@@ -348,6 +358,9 @@ pub async fn check(path: &Path) -> anyhow::Result<DeviceReport> {
         owner if owner == strata_stage::KIND.kind => report
             .errors
             .extend(strata_stage::check_state(&recovered.state)),
+        owner if owner == strata_migrate::KIND.kind => report
+            .errors
+            .extend(strata_migrate::check_state(&recovered.state)),
         // Not a warning: nothing is wrong, and a warning would read as something to repair.
         other => {
             report.note = Some(format!(

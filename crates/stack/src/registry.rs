@@ -17,6 +17,7 @@ pub static KINDS: &[&LayerKind] = &[
     &strata_raid::raid5::KIND,
     &strata_thin::KIND,
     &strata_stage::KIND,
+    &strata_migrate::KIND,
 ];
 
 pub fn find(kind: &str) -> Option<&'static LayerKind> {

@@ -3,6 +3,7 @@
 mod admin;
 mod kinds;
 mod metrics_http;
+mod migrate_metrics;
 mod pool_metrics;
 mod raid5_cmd;
 mod serve;

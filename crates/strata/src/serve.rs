@@ -21,6 +21,7 @@ use strata_stack::hierarchy;
 use strata_stack::reconfig::Reconfig;
 
 use crate::admin::{self, AdminState};
+use crate::migrate_metrics::MigrateCollector;
 use crate::pool_metrics::PoolCollector;
 use crate::stage_metrics::StageCollector;
 
@@ -175,6 +176,7 @@ pub async fn serve(loaded: Loaded, start: build::StartOptions) -> anyhow::Result
     let stack = build::build(&loaded, &start, runtime.clone(), &metrics).await?;
     registry.register_collector(Box::new(PoolCollector::new(stack.thin_pools().await)));
     registry.register_collector(Box::new(StageCollector::new(stack.stages().await)));
+    registry.register_collector(Box::new(MigrateCollector::new(stack.migrates().await)));
     let tls = match loaded.server_tls() {
         Some((mode, files)) => ServerTls::load(mode, &files).context("[tls]")?,
         None => ServerTls::off(),

@@ -37,7 +37,7 @@ fn documented_files() -> Vec<(PathBuf, &'static str)> {
             .into_iter()
             .map(|p| (p, "")),
     );
-    for family in ["stateless", "raid", "stage"] {
+    for family in ["stateless", "raid", "stage", "migrate"] {
         let sources = files_under(root.join("crates").join(family).join("src"), "rs");
         files.extend(sources.into_iter().map(|p| (p, "//!")));
     }

@@ -4,5 +4,6 @@
 
 mod documented_layers;
 mod media_damage;
+mod migrate_stack;
 mod round_trip;
 mod stage_stack;

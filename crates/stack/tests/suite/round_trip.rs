@@ -277,6 +277,42 @@ fn layer(pick: &mut Picks, kind: &str, children: &[Device], key_dir: &Path) -> (
             ]);
             (text, children[1].size / range_bytes * range_bytes)
         }
+        "migrate" => {
+            // Child 0 holds the metadata (1 MiB here unless configured); every whole chunk
+            // after it, and of the other children, is a slot; an eighth of them is spare.
+            let chunk = size_option(pick, &[16 * KIB, 128 * KIB, 256 * KIB]);
+            let chunk_bytes = chunk.as_ref().map_or(128 * KIB, |c| c.1);
+            let metadata = size_option(pick, &[MIB, 2 * MIB]);
+            let metadata_bytes = metadata.as_ref().map_or(MIB, |m| m.1);
+            let slots: u64 = children
+                .iter()
+                .enumerate()
+                .map(|(i, c)| {
+                    let start = if i == 0 { metadata_bytes } else { 0 };
+                    c.size.saturating_sub(start) / chunk_bytes
+                })
+                .sum();
+            let text = lines([
+                ("allocation", pick.maybe(&["\"str\"", "\"seq\""])),
+                (
+                    "policy",
+                    pick.maybe(&["\"mig\"", "\"nomig\"", "\"locality\""]),
+                ),
+                ("delta", pick.maybe(&["\"adaptive\"", "\"0\"", "\"5ms\""])),
+                ("tokens", pick.maybe(&["0", "4", "100"])),
+                ("token-cap", pick.maybe(&["1", "8"])),
+                ("chunk", option_text(&chunk)),
+                ("candidate-probability", pick.maybe(&["0.05", "1.0", "0.0"])),
+                ("candidates", pick.maybe(&["1", "4096"])),
+                (
+                    "merge-interval",
+                    pick.maybe(&["\"0\"", "\"1s\"", "\"250ms\""]),
+                ),
+                ("seed", pick.maybe(&["0", "42"])),
+                ("metadata-size", option_text(&metadata)),
+            ]);
+            (text, (slots - slots.div_ceil(8).max(1)) * chunk_bytes)
+        }
         other => unreachable!("{other}"),
     }
 }
@@ -358,7 +394,7 @@ fn random_config(seed: u64, disks: usize, key_dir: &Path) -> Generated {
             .find_map(|_| {
                 let mut kinds = vec!["slice", "concat", "count", "crypt", "delay", "hdd", "fault"];
                 if free.len() >= 2 {
-                    kinds.extend(["stripe", "mirror", "stage"]);
+                    kinds.extend(["stripe", "mirror", "stage", "migrate"]);
                 }
                 if free.len() >= 3 {
                     kinds.push("raid5");
@@ -376,6 +412,7 @@ fn random_config(seed: u64, disks: usize, key_dir: &Path) -> Generated {
                     "stripe" => 2 + pick.next(free.len() as u64 - 1) as usize,
                     "mirror" => 2 + pick.next(free.len().min(3) as u64 - 1) as usize,
                     "stage" => 2,
+                    "migrate" => 2 + pick.next(free.len().min(3) as u64 - 1) as usize,
                     "raid5" => 3 + pick.next(free.len().min(5) as u64 - 2) as usize,
                     _ => 1,
                 };
@@ -502,10 +539,10 @@ async fn round_trip(stack: &Generated, data_dir: &Path) {
                 layer.name
             );
         }
-        if !["raid5", "slice", "stage"].contains(&layer.kind.as_str()) {
+        if !["raid5", "slice", "stage", "migrate"].contains(&layer.kind.as_str()) {
             // raid5 decides its chunk and journal at build, a slice its length (to the end
-            // of its child), a stage its metadata size (from its children's sizes); every
-            // other default is the struct's, so nothing may be added.
+            // of its child), a stage and a migrate layer their metadata size (from their
+            // children's sizes); every other default is the struct's, so nothing may be added.
             assert_eq!(described, &given, "{}\n{text}", layer.name);
         }
         assert_eq!(
