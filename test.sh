@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 . scripts/ensure-rust.sh
 
-log() { printf '\n==> %s\n' "$*"; }
+log() { printf '\n==> [%ss] %s\n' "$SECONDS" "$*"; }
 
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then
@@ -64,3 +64,4 @@ cargo build --release
 log "integration tests (tests/integration)"
 export STRATA_BIN="${STRATA_BIN:-$PWD/target/release/strata}"
 /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/integration
+log "all checks passed"
