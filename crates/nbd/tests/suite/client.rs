@@ -61,9 +61,15 @@ impl Brick {
         }
     }
 
+    /// Drops every task of the server, and with them its sockets, before returning: a test
+    /// that kills a brick must not have its next request answered by the dying one. (The
+    /// runtime is shut down from a thread of its own: blocking on it is not allowed from the
+    /// test's async context.)
     fn kill(&mut self) {
         if let Some(runtime) = self.runtime.take() {
-            runtime.shutdown_background();
+            std::thread::spawn(move || runtime.shutdown_timeout(Duration::from_secs(5)))
+                .join()
+                .expect("the brick's runtime shut down");
         }
     }
 }
