@@ -1,5 +1,11 @@
 //! The data path: reads and writes split per chunk, migration on access, discard, flush.
 //!
+//! A read that migrates is answered as soon as its child read completes; the data it read
+//! (a copy, never read again) goes to the destination in a background task of the layer's
+//! `Background` (so a quiesce pauses it and a stop cancels it), which takes the chunk alone
+//! and migrates only if the chunk's version is still the one the read ran under. At most
+//! `MAX_MIGRATIONS_IN_FLIGHT` such tasks, one per chunk; a read beyond does not migrate.
+//!
 //! Crash ordering (also in `docs/layers/migrate.md`):
 //! 1. data goes to its destination first (a fresh slot, or positions of the chunk's other
 //!    location that no durable entry names valid for another block: a position only ever
@@ -11,11 +17,13 @@
 //! 4. a slot an entry stops naming is reused only once that transaction is durable, so a
 //!    crash that brings back the old entry finds the old data.
 
+use std::sync::{Arc, Weak};
+
 use bytes::{Bytes, BytesMut};
 use strata_core::{push_extent, BlockError, Extent, ExtentState, Result, WriteFlags};
 use strata_meta::TxnClass;
 
-use crate::migrate::Migrate;
+use crate::migrate::{Migrate, MAX_MIGRATIONS_IN_FLIGHT};
 use crate::policy::{self, Policy};
 use crate::records::{self, Entry, Location};
 use crate::shape::BLOCK;
@@ -42,6 +50,44 @@ fn runs<K: PartialEq + Copy>(first: u64, count: u64, key: impl Fn(u64) -> K) -> 
         }
     }
     out
+}
+
+/// A read's migration handed to the background: what the read saw and read.
+struct ReadMigration {
+    chunk: u64,
+    /// The chunk's version the read ran under.
+    version: u64,
+    /// The entry the read used.
+    entry: Entry,
+    decided: Move,
+    /// The request's first block index in the chunk; `data` starts there.
+    first: u64,
+    /// The blocks to move (valid on `decided.src` when read).
+    moving: u64,
+    data: Bytes,
+}
+
+/// A read migration's place among those in flight and the slot it claimed: dropping it
+/// gives back both (the slot only if still held: `migrate_blocks` takes it over).
+struct Admitted {
+    layer: Weak<Migrate>,
+    chunk: u64,
+    dst: usize,
+    claimed: Option<u64>,
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        let Some(layer) = self.layer.upgrade() else {
+            return; // the layer is gone, its free slots with it
+        };
+        if let Some(slot) = self.claimed.take() {
+            if let Ok(mut space) = layer.space() {
+                space.free[self.dst].insert(slot);
+            }
+        }
+        layer.end_in_flight(self.chunk);
+    }
 }
 
 /// A migration decided for one request on one chunk.
@@ -103,7 +149,7 @@ impl Migrate {
 
     /// A read: its chunks at once (each piece holds one chunk's lock and waits for no
     /// other while it does, so pieces of requests that overlap cannot deadlock).
-    pub(crate) async fn read_blocks(&self, offset: u64, len: usize) -> Result<BytesMut> {
+    pub(crate) async fn read_blocks(self: &Arc<Self>, offset: u64, len: usize) -> Result<BytesMut> {
         let pieces = self.pieces(offset, len as u64);
         let reads = pieces
             .iter()
@@ -116,9 +162,9 @@ impl Migrate {
         Ok(out)
     }
 
-    async fn read_piece(&self, chunk: u64, first: u64, count: u64) -> Result<BytesMut> {
+    async fn read_piece(self: &Arc<Self>, chunk: u64, first: u64, count: u64) -> Result<BytesMut> {
         let mut out = BytesMut::zeroed((count * BLOCK) as usize);
-        let shared = self.locks.read_range(chunk..chunk + 1).await;
+        let _shared = self.locks.read_range(chunk..chunk + 1).await;
         let version = self.version(chunk);
         let entry = self.entry(chunk);
         if entry.is_empty() {
@@ -131,37 +177,95 @@ impl Migrate {
             let from = ((start - first) * BLOCK) as usize;
             out[from..from + data.len()].copy_from_slice(&data);
         }
-        // Migration on access: the data just read goes to the destination, never read again.
+        // Migration on access: the data just read goes to the destination, never read again,
+        // after the read is answered.
         let requested = mask(first, count);
         let Some((src, moving)) = majority_source(&entry, requested) else {
             return Ok(out);
         };
-        let Some(decided) = self.decide(chunk, &entry, src)? else {
+        let Some(decided) = self.decide(chunk, &entry, src, Some(chunk))? else {
             return Ok(out);
         };
-        // Alone now; only if nothing changed the chunk in between is what was read current.
-        drop(shared);
+        let job = ReadMigration {
+            chunk,
+            version,
+            entry,
+            decided,
+            first,
+            moving,
+            data: Bytes::copy_from_slice(&out),
+        };
+        self.spawn_read_migration(job);
+        Ok(out)
+    }
+
+    /// Hands a read's migration to the background. Admitted by `decide` (counted in
+    /// `in_flight`, its slot claimed): whatever becomes of it, both are given back.
+    fn spawn_read_migration(self: &Arc<Self>, job: ReadMigration) {
+        let admitted = Admitted {
+            layer: Arc::downgrade(self),
+            chunk: job.chunk,
+            dst: job.decided.dst,
+            claimed: job.decided.claimed,
+        };
+        let layer = Arc::downgrade(self);
+        let runtime = self.settings.runtime.clone();
+        let spawned = self
+            .background
+            .spawn(runtime.as_ref(), move |worker| async move {
+                let mut admitted = admitted;
+                let Some(step) = worker.step().await else {
+                    if let Some(layer) = layer.upgrade() {
+                        layer.bump(&layer.counters.migrations_cancelled, 1);
+                    }
+                    // Stopped: the slot and the place given back before the worker ends,
+                    // so that a stop returns with them back.
+                    drop(admitted);
+                    return;
+                };
+                if let Some(layer) = layer.upgrade() {
+                    layer.finish_read_migration(job, &mut admitted).await;
+                }
+                drop(admitted);
+                drop(step);
+            });
+        if !spawned {
+            // Stopped already: the task (and with it `admitted`) was dropped unrun.
+            self.bump(&self.counters.migrations_cancelled, 1);
+        }
+    }
+
+    /// The second half of a read's migration, in the background: alone on the chunk, and
+    /// only if nothing changed it since the read (else the data carried may be stale and the
+    /// migration is dropped), the data read is written to the destination, then the map.
+    async fn finish_read_migration(&self, job: ReadMigration, admitted: &mut Admitted) {
+        let ReadMigration {
+            chunk,
+            version,
+            entry,
+            mut decided,
+            first,
+            moving,
+            data,
+        } = job;
         let _alone = self.locks.write_range(chunk..chunk + 1).await;
         if self.version(chunk) != version {
-            if let Some(slot) = decided.claimed {
-                self.space()?.free[decided.dst].insert(slot);
-            }
             self.bump(&self.counters.migration_races, 1);
-            return Ok(out);
+            return; // `admitted` gives the slot back
         }
         self.changed(chunk);
-        let data = Bytes::copy_from_slice(&out);
+        // From here `migrate_blocks` owns the slot: it gives it back if it fails.
+        decided.claimed = admitted.claimed.take();
         if let Err(error) = self
             .migrate_blocks(chunk, entry, decided, first, moving, &data, false)
             .await
         {
-            // The read itself succeeded: a failed migration leaves the data where it was.
+            // The read succeeded long ago: a failed migration leaves the data where it was.
             self.bump(&self.counters.migration_failures, 1);
             tracing::warn!(migrate = %self.name, chunk, %error, "migration after a read failed");
         } else {
             self.bump(&self.counters.read_migrations, 1);
         }
-        Ok(out)
     }
 
     /// A write: its chunks at once (as a read); the first failure is the answer, after
@@ -207,7 +311,7 @@ impl Migrate {
             .filter(|&i| source(i) == src_device)
             .fold(0u64, |bits, i| bits | 1 << i);
         assert_eq!(moving & !requested, 0);
-        if let Some(decided) = self.decide(chunk, &entry, src_device)? {
+        if let Some(decided) = self.decide(chunk, &entry, src_device, None)? {
             self.migrate_blocks(chunk, entry, decided, first, moving, &data, true)
                 .await?;
             self.bump(&self.counters.write_migrations, 1);
@@ -293,8 +397,16 @@ impl Migrate {
     }
 
     /// The policy's decision for a request whose data is on `src`: the candidate list is
-    /// touched, then the rule asked, then a token taken, then a slot claimed if needed.
-    fn decide(&self, chunk: u64, entry: &Entry, src: usize) -> Result<Option<Move>> {
+    /// touched, then the rule asked, then (a read's: `background` is its chunk) a place among
+    /// the migrations in flight checked, then a token taken, then a slot claimed if needed.
+    /// A read's migration admitted is counted in `in_flight` until its `Admitted` drops.
+    fn decide(
+        &self,
+        chunk: u64,
+        entry: &Entry,
+        src: usize,
+        background: Option<u64>,
+    ) -> Result<Option<Move>> {
         let mode = self.settings.policy;
         if mode == Policy::NoMig {
             return Ok(None);
@@ -313,16 +425,35 @@ impl Migrate {
             self.bump(&self.counters.not_candidate, 1);
             return Ok(None);
         }
+        if let Some(chunk) = background {
+            let in_flight = self.in_flight.borrow();
+            if in_flight.len() >= MAX_MIGRATIONS_IN_FLIGHT || in_flight.contains(&chunk) {
+                self.bump(&self.counters.in_flight_skips, 1);
+                return Ok(None);
+            }
+        }
         if !state.bucket.try_take(now) {
             self.bump(&self.counters.no_token, 1);
             return Ok(None);
         }
+        // Admitted under the policy lock, where every admission is: the check above holds.
+        if let Some(chunk) = background {
+            self.in_flight.send_modify(|in_flight| {
+                in_flight.insert(chunk);
+            });
+        }
         drop(state);
         let claimed = match entry.on_device(dst) {
             Some(_) => None,
-            None => match self.claim_slot(dst)? {
-                Some(slot) => Some(slot),
-                None => return Ok(None), // the room was taken meanwhile
+            None => match self.claim_slot(dst) {
+                Ok(Some(slot)) => Some(slot),
+                claimed => {
+                    if let Some(chunk) = background {
+                        self.end_in_flight(chunk);
+                    }
+                    claimed?;
+                    return Ok(None); // the room was taken meanwhile
+                }
             },
         };
         Ok(Some(Move { src, dst, claimed }))
@@ -340,6 +471,13 @@ impl Migrate {
                     || (entry.locations[1].is_none() && spare && !space.free[d].is_empty())
             })
             .collect())
+    }
+
+    /// A read migration of `chunk` has ended (landed, dropped, failed or cancelled).
+    fn end_in_flight(&self, chunk: u64) {
+        self.in_flight.send_modify(|in_flight| {
+            in_flight.remove(&chunk);
+        });
     }
 
     fn claim_slot(&self, device: usize) -> Result<Option<u64>> {

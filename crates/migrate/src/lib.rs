@@ -21,7 +21,7 @@
 //! - `shape`: chunks and chunk slots (arithmetic);
 //! - `records`: the metadata objects, the map entry, the invariants;
 //! - `migrate`: the layer's state, format and open;
-//! - `io`: reads, writes, migration on access, discard, flush;
+//! - `io`: reads, writes, migration on access (a read's in the background), discard, flush;
 //! - `merge`: the background merger of partial chunks;
 //! - `status`: counters and `strata status`;
 //! - `kind`: the registry kind and the block device.
@@ -40,6 +40,6 @@ mod status;
 
 pub use config::MigrateConfig;
 pub use kind::{open_or_format, MigrateDevice, KIND, MERGE};
-pub use migrate::{Migrate, Settings};
+pub use migrate::{Migrate, Settings, MAX_MIGRATIONS_IN_FLIGHT};
 pub use records::{check_state, MIGRATE_FORMAT_VERSION};
 pub use status::CountersSnapshot;

@@ -9,10 +9,12 @@
 //!   map and reads the children; if the data it read is to migrate, it lets go, takes the
 //!   chunk alone, and migrates only if the version is still the one it read under (else a
 //!   write, a discard or another migration came in between: the data may be stale, and the
-//!   migration is dropped). A request holds one chunk at a time: `read_range`/`write_range`
-//!   of one chunk only.
+//!   migration is dropped). That second half of a read's migration runs in the background,
+//!   after the read has been answered (`io`): the version check is the same. A request holds
+//!   one chunk at a time: `read_range`/`write_range` of one chunk only.
 //! - `space` and `policy` (std mutexes): in-memory only, never held across an await, never
-//!   both at once.
+//!   both at once. `in_flight` (a watch channel) is changed under `policy` when a migration is
+//!   admitted, alone when one ends.
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -29,6 +31,10 @@ use crate::shape::{Shape, BLOCK};
 use crate::status::Counters;
 
 const LOCK_STRIPES: usize = 1024;
+
+/// Read migrations waiting or running in the background at most; a read that would start
+/// one more does not migrate (`skipped in flight`).
+pub const MAX_MIGRATIONS_IN_FLIGHT: usize = 8;
 
 /// How a layer runs: its policy's settings (all may change between starts).
 #[derive(Clone)]
@@ -115,6 +121,9 @@ pub struct Migrate {
     pub(crate) versions: Vec<AtomicU64>,
     pub(crate) counters: Counters,
     pub(crate) background: Background,
+    /// The chunks whose read migration was handed to the background and has not ended (at
+    /// most one per chunk, at most [`MAX_MIGRATIONS_IN_FLIGHT`]).
+    pub(crate) in_flight: tokio::sync::watch::Sender<BTreeSet<u64>>,
     /// (time, migrations) at the last status, for the rate it shows.
     pub(crate) last_status: Mutex<(Duration, u64)>,
     config: OnceLock<toml::Table>,
@@ -254,6 +263,7 @@ impl Migrate {
             locks: StripedLocks::new(LOCK_STRIPES),
             versions: (0..LOCK_STRIPES).map(|_| AtomicU64::new(0)).collect(),
             background: Background::new(),
+            in_flight: tokio::sync::watch::Sender::new(BTreeSet::new()),
             last_status: Mutex::new((now, 0)),
             config: OnceLock::new(),
         });
@@ -281,6 +291,20 @@ impl Migrate {
 
     pub fn background(&self) -> &Background {
         &self.background
+    }
+
+    /// Read migrations handed to the background that have not ended yet.
+    pub fn migrations_in_flight(&self) -> usize {
+        self.in_flight.borrow().len()
+    }
+
+    /// Waits until no read migration is in flight: every one handed to the background so far
+    /// has landed, been dropped, failed or been cancelled. (Waits forever while the
+    /// background work is quiesced with migrations waiting; a stop cancels them.)
+    pub async fn settle(&self) {
+        let mut watching = self.in_flight.subscribe();
+        // The sender lives in `self`: the channel cannot close while we wait.
+        let _ = watching.wait_for(|chunks| chunks.is_empty()).await;
     }
 
     /// The `[[layer]]` options it was built from, defaults explicit, for `describe`.

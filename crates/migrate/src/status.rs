@@ -19,9 +19,14 @@ pub struct Counters {
     pub not_candidate: AtomicU64,
     /// Migrations the rule wanted but no token was left.
     pub no_token: AtomicU64,
+    /// Read migrations the rule wanted but `MAX_MIGRATIONS_IN_FLIGHT` were in flight, or
+    /// one of the same chunk was.
+    pub in_flight_skips: AtomicU64,
     pub migration_failures: AtomicU64,
     /// Read migrations dropped because the chunk changed between the read and the move.
     pub migration_races: AtomicU64,
+    /// Read migrations cancelled before they ran (the background work stopped).
+    pub migrations_cancelled: AtomicU64,
     pub merges: AtomicU64,
     pub merged_blocks: AtomicU64,
     pub unmapped_blocks: AtomicU64,
@@ -43,8 +48,10 @@ impl Counters {
             write_migrations: AtomicU64::new(0),
             not_candidate: AtomicU64::new(0),
             no_token: AtomicU64::new(0),
+            in_flight_skips: AtomicU64::new(0),
             migration_failures: AtomicU64::new(0),
             migration_races: AtomicU64::new(0),
+            migrations_cancelled: AtomicU64::new(0),
             merges: AtomicU64::new(0),
             merged_blocks: AtomicU64::new(0),
             unmapped_blocks: AtomicU64::new(0),
@@ -63,8 +70,10 @@ impl Counters {
             ("write migrations", &self.write_migrations),
             ("skipped not candidate", &self.not_candidate),
             ("skipped no token", &self.no_token),
+            ("skipped in flight", &self.in_flight_skips),
             ("migration failures", &self.migration_failures),
             ("migrations dropped by a race", &self.migration_races),
+            ("migrations cancelled", &self.migrations_cancelled),
             ("merges", &self.merges),
             ("merged blocks", &self.merged_blocks),
             ("unmapped blocks", &self.unmapped_blocks),
@@ -183,6 +192,14 @@ impl Migrate {
             (
                 "migrations per second".into(),
                 format!("{:.2}", self.migration_rate()),
+            ),
+            (
+                "migrations in flight".into(),
+                format!(
+                    "{} (at most {})",
+                    self.migrations_in_flight(),
+                    crate::migrate::MAX_MIGRATIONS_IN_FLIGHT
+                ),
             ),
             ("partial chunks".into(), self.partial_chunks().to_string()),
             ("slots waiting for a commit".into(), pending.to_string()),

@@ -57,6 +57,8 @@ impl Rig {
             .unwrap();
     }
 
+    /// Reads and checks the blocks, then waits for the migration the read may have handed
+    /// to the background to land (or be dropped): the tests look at the map after it.
     async fn read_check(&self, block: u64, count: u64, byte: u8) {
         let got = self
             .device
@@ -67,6 +69,7 @@ impl Rig {
             got[..] == blocks_data(block, count, byte)[..],
             "blocks {block}+{count}"
         );
+        self.layer.settle().await;
     }
 
     fn device_of(&self, block: u64) -> usize {
@@ -457,6 +460,7 @@ async fn a_failing_child_fails_reads_but_a_failed_migration_only_leaves_the_data
     disks[0].fail_writes(METADATA, 16 * CHUNK);
     let got = device.read(chunk(1) * BLOCK, CHUNK as usize).await.unwrap();
     assert!(got[..] == blocks_data(chunk(1), 4, 2)[..]);
+    layer.settle().await;
     assert_eq!(counter(&layer, "migration failures"), 1);
     assert_eq!(counter(&layer, "migrations"), 0);
     assert_eq!(layer.locate(chunk(1)).unwrap().0, 1);
@@ -668,6 +672,7 @@ async fn a_write_between_a_read_and_its_migration_drops_the_migration() {
         "the read saw the old data"
     );
     writer.await.unwrap();
+    layer.settle().await;
     let now = device.read(at, BLOCK as usize).await.unwrap();
     assert!(
         now[..] == blocks_data(chunk(1), 1, 2)[..],
@@ -773,4 +778,271 @@ async fn the_merger_respects_the_childrens_largest_request() {
         assert!(got[..] == blocks_data(block, 2, byte)[..], "block {block}");
     }
     assert_invariants(&layer);
+}
+
+/// A child whose writes at or past `from`, once armed, wait for the test to open the gate:
+/// lets a test hold a migration inside its destination write.
+struct WriteGate {
+    inner: DeviceRef,
+    from: u64,
+    armed: std::sync::atomic::AtomicBool,
+    entered: tokio::sync::Notify,
+    open: tokio::sync::Notify,
+}
+
+#[strata_core::async_trait]
+impl BlockDevice for WriteGate {
+    fn geometry(&self) -> strata_core::Geometry {
+        self.inner.geometry()
+    }
+
+    fn capabilities(&self) -> strata_core::Capabilities {
+        self.inner.capabilities()
+    }
+
+    async fn read(&self, offset: u64, len: usize) -> strata_core::Result<bytes::BytesMut> {
+        self.inner.read(offset, len).await
+    }
+
+    async fn write(
+        &self,
+        offset: u64,
+        data: bytes::Bytes,
+        flags: WriteFlags,
+    ) -> strata_core::Result<()> {
+        if offset >= self.from && self.armed.load(std::sync::atomic::Ordering::SeqCst) {
+            self.entered.notify_one();
+            self.open.notified().await;
+        }
+        self.inner.write(offset, data, flags).await
+    }
+
+    async fn flush(&self) -> strata_core::Result<()> {
+        self.inner.flush().await
+    }
+}
+
+/// The paper's [S] design: a read that migrates is answered once its source read completes;
+/// the data it read goes to the destination afterwards, in the background. The destination's
+/// data writes wait on a closed gate: the read still returns (with the old, synchronous
+/// migration it would wait forever: the timeout fails the test), the map does not change
+/// until the write lands, a stop waits for the migration under way, and afterwards the data
+/// is read from the destination, the source having been read exactly once.
+#[tokio::test]
+async fn a_read_is_answered_before_its_migration_writes_the_destination() {
+    let clock = ManualClock::new();
+    let gate = Arc::new(WriteGate {
+        inner: Arc::new(MemoryDevice::new(local_size(16))),
+        from: METADATA,
+        armed: Default::default(),
+        entered: Default::default(),
+        open: Default::default(),
+    });
+    let timed = [
+        Timed::new(gate.clone(), &clock, 1000),
+        Timed::new(Arc::new(MemoryDevice::new(16 * CHUNK)), &clock, 10000),
+    ];
+    let children: Vec<DeviceRef> = timed.iter().map(|t| t.clone() as DeviceRef).collect();
+    let layer = format(children, &config("str", "mig", "2ms"), &clock).await;
+    let device = Arc::new(MigrateDevice(layer.clone()));
+    let at = chunk(1) * BLOCK;
+    let data = blocks_data(chunk(1), 4, 2);
+    device
+        .write(0, blocks_data(0, 4, 1), WriteFlags::default())
+        .await
+        .unwrap();
+    device
+        .write(at, data.clone(), WriteFlags::default())
+        .await
+        .unwrap();
+    assert_eq!(layer.locate(chunk(1)).unwrap().0, 1);
+    let (source_reads, source_writes) = (timed[1].reads(), timed[1].writes());
+    gate.armed.store(true, std::sync::atomic::Ordering::SeqCst);
+
+    let got = tokio::time::timeout(Duration::from_secs(10), device.read(at, CHUNK as usize))
+        .await
+        .expect("the read is answered while its destination write waits")
+        .unwrap();
+    assert!(got[..] == data[..]);
+    // The migration is under way, inside its destination write: the map has not changed.
+    gate.entered.notified().await;
+    assert_eq!(layer.migrations_in_flight(), 1);
+    assert_eq!(counter(&layer, "migrations"), 0);
+    assert!((0..4).all(|i| layer.locate(chunk(1) + i).unwrap().0 == 1));
+    // A stop waits for the migration under way.
+    let stopping = tokio::spawn({
+        let device = device.clone();
+        async move { device.control(strata_core::Control::Stop).await }
+    });
+    for _ in 0..20 {
+        tokio::task::yield_now().await;
+    }
+    assert!(!stopping.is_finished(), "the stop waits for the migration");
+    gate.armed.store(false, std::sync::atomic::Ordering::SeqCst);
+    gate.open.notify_one();
+    stopping.await.unwrap().unwrap();
+    layer.settle().await;
+
+    assert_eq!(layer.migrations_in_flight(), 0);
+    assert_eq!(counter(&layer, "migrations"), 1);
+    assert_eq!(counter(&layer, "read migrations"), 1);
+    assert_eq!(counter(&layer, "migrations cancelled"), 0);
+    assert_eq!(timed[1].reads() - source_reads, 1, "the source read once");
+    assert_eq!(timed[1].writes(), source_writes);
+    assert!((0..4).all(|i| layer.locate(chunk(1) + i).unwrap().0 == 0));
+    assert_eq!(layer.entry(1).locations[1], None, "the whole chunk moved");
+    // The destination holds exactly the data read.
+    let (device_0, offset) = layer.locate(chunk(1)).unwrap();
+    assert_eq!(device_0, 0);
+    let raw = gate.inner.read(offset, CHUNK as usize).await.unwrap();
+    assert!(raw[..] == data[..]);
+    // Served by the destination from now on.
+    let (local_reads, source_reads) = (timed[0].reads(), timed[1].reads());
+    let again = device.read(at, CHUNK as usize).await.unwrap();
+    assert!(again[..] == data[..]);
+    assert_eq!(timed[1].reads(), source_reads);
+    assert_eq!(timed[0].reads(), local_reads + 1);
+    assert_invariants(&layer);
+}
+
+/// A write that comes after a read was answered but before its migration ran: the
+/// migration (held back by a quiesce) finds the chunk changed and is dropped, or it would
+/// put the data the read carried back over the write's.
+#[tokio::test]
+async fn a_write_after_a_read_was_answered_drops_its_pending_migration() {
+    let rig = Rig::new(&config("str", "mig", "2ms"), &[1000, 10000], 16).await;
+    rig.write(chunk(0), 4, 1).await;
+    rig.write(chunk(1), 4, 2).await;
+    rig.layer.background().quiesce().await;
+    let got = rig
+        .device
+        .read(chunk(1) * BLOCK, BLOCK as usize)
+        .await
+        .unwrap();
+    assert!(got[..] == blocks_data(chunk(1), 1, 2)[..]);
+    assert_eq!(rig.layer.migrations_in_flight(), 1);
+    rig.write(chunk(1), 1, 3).await;
+    rig.layer.background().resume();
+    rig.layer.settle().await;
+    assert_eq!(counter(&rig.layer, "migrations dropped by a race"), 1);
+    assert_eq!(counter(&rig.layer, "read migrations"), 0);
+    // Chunk 0's slot and the write's migration's (block 0 moved to child 0) are taken; the
+    // slot the dropped read migration held is given back.
+    assert_eq!(counter(&rig.layer, "write migrations"), 1);
+    assert_eq!(child_0_free(&rig.layer).await, "14 of 16");
+    rig.read_check(chunk(1), 1, 3).await;
+    rig.read_check(chunk(1) + 1, 3, 2).await;
+    assert_invariants(&rig.layer);
+}
+
+/// At most `MAX_MIGRATIONS_IN_FLIGHT` read migrations wait or run at once, one per chunk:
+/// a read beyond is served without migrating (`skipped in flight`), taking no token.
+#[tokio::test]
+async fn read_migrations_in_flight_are_capped_and_one_per_chunk() {
+    assert_eq!(strata_migrate::MAX_MIGRATIONS_IN_FLIGHT, 8);
+    // SEQ: ten chunks on the slow child 0; child 1 (64 slots) has room for all of them.
+    let rig = Rig::new(&config("seq", "mig", "1ms"), &[20000, 1000], 64).await;
+    for c in 0..10 {
+        rig.write(chunk(c), 4, c as u8).await;
+    }
+    rig.layer.background().quiesce().await;
+    let read = |c: u64| {
+        let device = &rig.device;
+        async move {
+            let got = device.read(chunk(c) * BLOCK, BLOCK as usize).await.unwrap();
+            assert!(
+                got[..] == blocks_data(chunk(c), 1, c as u8)[..],
+                "chunk {c}"
+            );
+        }
+    };
+    read(0).await;
+    read(0).await; // chunk 0 has one in flight already
+    assert_eq!(rig.layer.migrations_in_flight(), 1);
+    assert_eq!(counter(&rig.layer, "skipped in flight"), 1);
+    for c in 1..9 {
+        read(c).await; // chunk 8 finds 8 in flight
+    }
+    assert_eq!(rig.layer.migrations_in_flight(), 8);
+    assert_eq!(counter(&rig.layer, "skipped in flight"), 2);
+    assert_eq!(counter(&rig.layer, "skipped no token"), 0);
+    let status = rig.layer.describe().await.unwrap();
+    let get = |key: &str| {
+        status
+            .detail
+            .iter()
+            .find(|(k, _)| k == key)
+            .unwrap_or_else(|| panic!("no {key:?}"))
+            .1
+            .clone()
+    };
+    assert_eq!(get("migrations in flight"), "8 (at most 8)");
+    assert_eq!(get("child 1 free slots"), "56 of 64", "a slot each, held");
+    assert_eq!(counter(&rig.layer, "migrations"), 0);
+    rig.layer.background().resume();
+    rig.layer.settle().await;
+    assert_eq!(counter(&rig.layer, "migrations"), 8);
+    assert!((0..8).all(|c| rig.device_of(chunk(c)) == 1));
+    assert_eq!(rig.device_of(chunk(8)), 0);
+    // Room again: the next read of chunk 8 migrates it.
+    rig.read_check(chunk(8), 1, 8).await;
+    assert_eq!(rig.device_of(chunk(8)), 1);
+    assert_eq!(counter(&rig.layer, "migrations"), 9);
+    for c in 0..10 {
+        rig.read_check(chunk(c), 4, c as u8).await;
+    }
+    assert_invariants(&rig.layer);
+}
+
+/// Stopping the layer's background work (shutdown) cancels the read migrations still
+/// waiting: the slots they took are given back, the data stays at the source; a read after
+/// the stop migrates nothing.
+#[tokio::test]
+async fn a_stop_cancels_waiting_read_migrations_and_gives_their_slots_back() {
+    let rig = Rig::new(&config("str", "mig", "2ms"), &[1000, 10000], 16).await;
+    rig.write(chunk(0), 4, 1).await;
+    rig.write(chunk(1), 4, 2).await;
+    let before = child_0_free(&rig.layer).await;
+    rig.layer.background().quiesce().await;
+    let got = rig
+        .device
+        .read(chunk(1) * BLOCK, CHUNK as usize)
+        .await
+        .unwrap();
+    assert!(got[..] == blocks_data(chunk(1), 4, 2)[..]);
+    assert_eq!(rig.layer.migrations_in_flight(), 1);
+    assert_ne!(
+        child_0_free(&rig.layer).await,
+        before,
+        "the migration holds a slot"
+    );
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        rig.device.control(strata_core::Control::Stop),
+    )
+    .await
+    .expect("a stop does not wait for quiesced migrations")
+    .unwrap();
+    assert_eq!(rig.layer.migrations_in_flight(), 0);
+    assert_eq!(counter(&rig.layer, "migrations cancelled"), 1);
+    assert_eq!(counter(&rig.layer, "migrations"), 0);
+    assert_eq!(child_0_free(&rig.layer).await, before);
+    assert!((0..4).all(|i| rig.device_of(chunk(1) + i) == 1));
+    // After the stop: served, nothing migrates, nothing is held.
+    rig.read_check(chunk(1), 4, 2).await;
+    assert_eq!(counter(&rig.layer, "migrations cancelled"), 2);
+    assert_eq!(counter(&rig.layer, "migrations"), 0);
+    assert_eq!(child_0_free(&rig.layer).await, before);
+    assert_invariants(&rig.layer);
+}
+
+async fn child_0_free(layer: &Migrate) -> String {
+    let status = layer.describe().await.unwrap();
+    status
+        .detail
+        .iter()
+        .find(|(k, _)| k == "child 0 free slots")
+        .unwrap()
+        .1
+        .clone()
 }

@@ -63,7 +63,8 @@ impl Runtime for ManualClock {
 }
 
 /// A child whose every request takes `latency_us` of the manual clock, and that counts its
-/// reads and writes.
+/// reads and writes. Each read and write yields once first (a real device does not answer
+/// at once), so the layer's background migrations run between and during requests.
 pub struct Timed {
     pub inner: DeviceRef,
     pub clock: Arc<ManualClock>,
@@ -113,6 +114,7 @@ impl BlockDevice for Timed {
     }
 
     async fn read(&self, offset: u64, len: usize) -> Result<BytesMut> {
+        tokio::task::yield_now().await;
         self.reads.fetch_add(1, Ordering::SeqCst);
         let result = self.inner.read(offset, len).await;
         self.tick();
@@ -120,6 +122,7 @@ impl BlockDevice for Timed {
     }
 
     async fn write(&self, offset: u64, data: Bytes, flags: WriteFlags) -> Result<()> {
+        tokio::task::yield_now().await;
         self.writes.fetch_add(1, Ordering::SeqCst);
         let result = self.inner.write(offset, data, flags).await;
         self.tick();
