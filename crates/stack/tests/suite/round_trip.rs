@@ -149,10 +149,15 @@ fn layer(pick: &mut Picks, kind: &str, children: &[Device], key_dir: &Path) -> (
             ];
             // Bandwidths high enough that the writes a build makes are not slowed much.
             let bandwidths = ["\"8GiB\"", "\"16GiB/s\"", "8589934592", "\"10000000000\""];
+            // A round trip costs every request milliseconds of real time: one stack in ten.
+            let rtt =
+                (pick.next(10) == 0).then(|| pick.one_of(&["\"9ms\"", "\"25ms\""]).to_string());
             let text = lines([
                 ("read-latency", pick.maybe(&durations)),
                 ("write-latency", pick.maybe(&durations)),
                 ("bandwidth", pick.maybe(&bandwidths)),
+                ("rtt", rtt),
+                ("seed", pick.maybe(&["1", "42"])),
             ]);
             (text, smallest)
         }
