@@ -86,6 +86,9 @@ pub struct DelayConfig {
     pub seed: Option<u64>,
 }
 
+/// The round trips' seed when the config gives none.
+pub const DEFAULT_SEED: u64 = 1;
+
 /// `rtt = "9ms"`: one of Table 1's averages.
 mod rtt_text {
     use serde::de::Error;
@@ -274,7 +277,7 @@ impl Delay {
     ) -> Delay {
         let network = config.rtt.map(|ms| {
             let row = RttRow::by_avg_ms(ms).expect("checked when the config was parsed");
-            let rng = ChaCha8Rng::seed_from_u64(config.seed.unwrap_or(1));
+            let rng = ChaCha8Rng::seed_from_u64(config.seed.unwrap_or(DEFAULT_SEED));
             (row, Mutex::new(rng))
         });
         Delay {
@@ -386,7 +389,11 @@ impl Filter for Delay {
                         format!("{} ms avg, {} ms deviation", row.avg_ms, row.mdev_ms),
                     ));
                 }
-                node.config = layer::to_table(&self.config);
+                let explicit = DelayConfig {
+                    seed: Some(self.config.seed.unwrap_or(DEFAULT_SEED)),
+                    ..self.config
+                };
+                node.config = layer::to_table(&explicit);
                 node.children = vec![child];
                 Ok(ControlReply::Describe(node))
             }

@@ -153,9 +153,15 @@ fn delay_case() -> impl Strategy<Value = Case> {
         proptest::option::of(duration_value()),
         proptest::option::of(duration_value()),
         proptest::option::of(bandwidth),
+        proptest::option::of(prop_oneof![
+            Just(Value::String("9ms".into())),
+            Just(Value::String("17ms".into())),
+            Just(Value::String("25ms".into())),
+        ]),
+        proptest::option::of((0i64..1000).prop_map(Value::Integer)),
         sector_aligned_child(),
     )
-        .prop_map(|(read, write, bandwidth, child)| {
+        .prop_map(|(read, write, bandwidth, rtt, seed, child)| {
             case(
                 &delay::KIND,
                 vec![child],
@@ -163,6 +169,8 @@ fn delay_case() -> impl Strategy<Value = Case> {
                     ("read-latency", read),
                     ("write-latency", write),
                     ("bandwidth", bandwidth),
+                    ("rtt", rtt),
+                    ("seed", seed),
                 ],
             )
         })
@@ -320,7 +328,12 @@ fn check_round_trip(case: &Case, described: &Table, base: &Path) {
             assert_eq!(back.key_file, Path::new(KEY_FILE), "kept relative");
             assert_eq!(given, back);
         }
-        "delay" => same::<DelayConfig>(case, described, base),
+        "delay" => {
+            // The seed comes back explicit (1 when not given).
+            let (mut given, back) = both::<DelayConfig>(case, described, base);
+            given.seed = given.seed.or(Some(1));
+            assert_eq!(given, back);
+        }
         "fault" => same::<FaultConfig>(case, described, base),
         "hdd" => {
             // The preset's queue depth and scheduler come back explicit.
@@ -331,10 +344,10 @@ fn check_round_trip(case: &Case, described: &Table, base: &Path) {
     }
     // Every option is explicit in the description, except those whose absence means
     // something no value can say (a slice's length is always explicit; delay's bandwidth
-    // absent is "unlimited").
+    // absent is "unlimited", its rtt absent "no round trip").
     for field in (case.kind.options)() {
         assert!(
-            described.contains_key(*field) || *field == "bandwidth",
+            described.contains_key(*field) || *field == "bandwidth" || *field == "rtt",
             "{} describes no {field}: {described:?}",
             case.kind.kind
         );
