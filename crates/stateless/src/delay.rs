@@ -12,7 +12,7 @@
 //! bandwidth = "100MiB"     # bytes per second for reads and writes together ("/s" optional)
 //! rtt = "9ms"              # a network round trip per request: the migration paper's
 //!                          # Table 1 row (9, 17 or 25 ms average, with its deviation)
-//! seed = 1                 # the round trips' random sequence (default 1)
+//! seed = 1                 # the round trips' random sequence (default 0)
 //! ```
 //!
 //! With `rtt`, every request also waits one round trip drawn from the row's distribution
@@ -81,13 +81,9 @@ pub struct DelayConfig {
     /// A round trip per request from Table 1's row with this average, in milliseconds.
     #[serde(with = "rtt_text", skip_serializing_if = "Option::is_none")]
     pub rtt: Option<u32>,
-    /// Seeds the round trips' random sequence (default 1), so that runs repeat.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub seed: Option<u64>,
+    /// Seeds the round trips' random sequence, so that runs repeat.
+    pub seed: u64,
 }
-
-/// The round trips' seed when the config gives none.
-pub const DEFAULT_SEED: u64 = 1;
 
 /// `rtt = "9ms"`: one of Table 1's averages.
 mod rtt_text {
@@ -277,7 +273,7 @@ impl Delay {
     ) -> Delay {
         let network = config.rtt.map(|ms| {
             let row = RttRow::by_avg_ms(ms).expect("checked when the config was parsed");
-            let rng = ChaCha8Rng::seed_from_u64(config.seed.unwrap_or(DEFAULT_SEED));
+            let rng = ChaCha8Rng::seed_from_u64(config.seed);
             (row, Mutex::new(rng))
         });
         Delay {
@@ -389,11 +385,7 @@ impl Filter for Delay {
                         format!("{} ms avg, {} ms deviation", row.avg_ms, row.mdev_ms),
                     ));
                 }
-                let explicit = DelayConfig {
-                    seed: Some(self.config.seed.unwrap_or(DEFAULT_SEED)),
-                    ..self.config
-                };
-                node.config = layer::to_table(&explicit);
+                node.config = layer::to_table(&self.config);
                 node.children = vec![child];
                 Ok(ControlReply::Describe(node))
             }
