@@ -154,13 +154,15 @@ impl MigrationConfig {
             model: MODEL.into(),
             disks: 2,
             partition_bytes: 16 * GIB,
-            data_bytes: GIB,
+            // SFS97 scales its file set at about 10 MB per requested op/s: 4 GiB is its set
+            // at about 400 ops/s, the middle of the sweep.
+            data_bytes: 4 * GIB,
             theta: 1.0,
             warmup_s: 300.0,
             measure_s: 300.0,
             loads: vec![
-                25.0, 50.0, 75.0, 100.0, 125.0, 150.0, 175.0, 200.0, 225.0, 250.0, 275.0, 300.0,
-                325.0, 350.0,
+                25.0, 50.0, 100.0, 150.0, 200.0, 250.0, 300.0, 350.0, 400.0, 450.0, 500.0, 550.0,
+                600.0, 650.0, 700.0, 750.0, 800.0, 900.0, 1000.0, 1100.0, 1200.0,
             ],
             stop_factor: 2.0,
             bound_ms: 50.0,
@@ -858,6 +860,57 @@ mod tests {
         assert_eq!(a, b);
         let c = format_report(&run(&MigrationConfig { seed: 6, ..config }).unwrap());
         assert_ne!(a, c);
+    }
+
+    #[test]
+    fn the_quick_reproduction_prints_every_table_and_draws_every_plot() {
+        let config = MigrationConfig {
+            loads: vec![40.0],
+            warmup_s: 15.0,
+            measure_s: 15.0,
+            converge_s: 40.0,
+            ..MigrationConfig::quick(2)
+        };
+        let report = run(&config).unwrap();
+        let text = format_report(&report);
+        for heading in [
+            "Fig. 4",
+            "Fig. 5",
+            "Fig. 3",
+            "Fig. 6",
+            "3 users, striping, 3:2:1",
+            "2 users, sequential, 4:1",
+            "Convergence",
+        ] {
+            assert!(text.contains(heading), "{heading} missing:\n{text}");
+        }
+        let shared = report.shared.as_ref().unwrap();
+        assert_eq!(shared.curves.len(), 2);
+        let (mig, nomig) = &shared.curves[0];
+        assert_eq!(mig.points[0].users.len(), 3);
+        // 3:2:1: user A offers three times C's load.
+        let offered: Vec<f64> = nomig.points[0].users.iter().map(|p| p.offered).collect();
+        assert!(offered[0] > 2.0 * offered[2], "{offered:?}");
+        // Every user's data is on every drive under striping, none migrates without MIG.
+        assert!(nomig.points[0]
+            .disk_requests
+            .iter()
+            .all(|by_user| by_user.iter().all(|&r| r > 0)));
+        assert!(nomig.points[0]
+            .users
+            .iter()
+            .all(|p| p.counters.migrations == 0));
+        let dir = tempfile::tempdir().unwrap();
+        let written = write_plots(&report, dir.path()).unwrap();
+        let svgs: Vec<_> = written
+            .iter()
+            .filter(|p| p.extension().is_some_and(|e| e == "svg"))
+            .collect();
+        assert_eq!(svgs.len(), 8, "{written:?}");
+        for svg in svgs {
+            let text = std::fs::read_to_string(svg).unwrap();
+            roxmltree::Document::parse(&text).unwrap();
+        }
     }
 
     #[test]
