@@ -207,6 +207,9 @@ enum SimCommand {
         /// Saturation bound: mean response time, ms.
         #[arg(long)]
         bound_ms: Option<f64>,
+        /// The migrate layer's δ: "adaptive" (its default) or a duration ("5ms").
+        #[arg(long)]
+        delta: Option<String>,
         /// Experiments to run (comma-separated; default all).
         #[arg(long, value_delimiter = ',', value_enum)]
         part: Option<Vec<migration::Part>>,
@@ -472,6 +475,7 @@ fn run(command: SimCommand) -> anyhow::Result<()> {
             theta,
             disks,
             bound_ms,
+            delta,
             part,
             out,
             json,
@@ -517,6 +521,7 @@ fn run(command: SimCommand) -> anyhow::Result<()> {
             if let Some(b) = bound_ms {
                 config.bound_ms = b;
             }
+            config.delta = delta;
             if let Some(part) = part {
                 config.parts = part;
             }

@@ -111,10 +111,12 @@ pub struct MigrationConfig {
     pub bound_ms: f64,
     pub rtts: Vec<u32>,
     pub tokens: u64,
+    /// The layer's `delta` option (None: its default, `"adaptive"`).
+    pub delta: Option<String>,
     /// Counters sampled this often (virtual seconds).
     pub sample_s: f64,
-    /// The convergence run: load and length.
-    pub converge_load: f64,
+    /// The convergence runs: loads and length.
+    pub converge_loads: Vec<f64>,
     pub converge_s: f64,
     /// Experiments to run (all by default).
     pub parts: Vec<Part>,
@@ -168,8 +170,9 @@ impl MigrationConfig {
             bound_ms: 50.0,
             rtts: vec![9, 17, 25],
             tokens: 4,
+            delta: None,
             sample_s: 10.0,
-            converge_load: 100.0,
+            converge_loads: vec![100.0, 450.0],
             converge_s: 1800.0,
             parts: ALL_PARTS.to_vec(),
         }
@@ -185,7 +188,7 @@ impl MigrationConfig {
             loads: vec![40.0, 120.0],
             rtts: vec![9],
             sample_s: 5.0,
-            converge_load: 60.0,
+            converge_loads: vec![60.0],
             converge_s: 120.0,
             ..MigrationConfig::full(seed)
         }
@@ -294,6 +297,7 @@ fn stack_text(config: &MigrationConfig, setup: &PointSetup) -> String {
     }
     let children: Vec<String> = (0..config.disks).map(|i| format!("\"p{i}\"")).collect();
     text.push_str(&migrate_layer(
+        config,
         "mig",
         &children.join(", "),
         setup,
@@ -302,9 +306,19 @@ fn stack_text(config: &MigrationConfig, setup: &PointSetup) -> String {
     text
 }
 
-fn migrate_layer(name: &str, children: &str, setup: &PointSetup, seed: u64) -> String {
+fn migrate_layer(
+    config: &MigrationConfig,
+    name: &str,
+    children: &str,
+    setup: &PointSetup,
+    seed: u64,
+) -> String {
+    let delta = config
+        .delta
+        .as_ref()
+        .map_or(String::new(), |d| format!("delta = \"{d}\"\n"));
     format!(
-        "[[layer]]\nname = \"{name}\"\nkind = \"migrate\"\nchildren = [{children}]\nallocation = \"{}\"\npolicy = \"{}\"\ntokens = {}\nseed = {}\n\n",
+        "[[layer]]\nname = \"{name}\"\nkind = \"migrate\"\nchildren = [{children}]\nallocation = \"{}\"\npolicy = \"{}\"\ntokens = {}\nseed = {}\n{delta}\n",
         setup.allocation.option(),
         setup.policy.option(),
         setup.tokens,
@@ -691,7 +705,8 @@ pub struct MigrationReport {
     /// Fig. 6: STR-LOCALITY and SEQ-LOCALITY at the first RTT (the MIG curves are above).
     pub locality: Vec<Curve>,
     pub shared: Option<link::SharedReport>,
-    pub converge: Option<Point>,
+    /// STR-MIG at the first RTT, one long run per convergence load.
+    pub converge: Vec<Point>,
 }
 
 /// Everything the config's parts ask for, in order.
@@ -743,21 +758,22 @@ pub fn run(config: &MigrationConfig) -> Result<MigrationReport, String> {
     } else {
         None
     };
-    let converge = if wants(Part::Converge) {
-        Some(run_point_for(
-            config,
-            &PointSetup {
-                allocation: Allocation::Str,
-                policy: Policy::Mig,
-                rtt_ms: first_rtt,
-                tokens: config.tokens,
-                load: config.converge_load,
-            },
-            config.converge_s,
-        )?)
-    } else {
-        None
-    };
+    let mut converge = Vec::new();
+    if wants(Part::Converge) {
+        for &load in &config.converge_loads {
+            converge.push(run_point_for(
+                config,
+                &PointSetup {
+                    allocation: Allocation::Str,
+                    policy: Policy::Mig,
+                    rtt_ms: first_rtt,
+                    tokens: config.tokens,
+                    load,
+                },
+                config.converge_s,
+            )?);
+        }
+    }
     Ok(MigrationReport {
         config: config.clone(),
         striping,

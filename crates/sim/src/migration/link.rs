@@ -273,6 +273,7 @@ pub fn run_shared_point(
         }
         let quoted: Vec<String> = names.iter().map(|n| format!("\"{n}\"")).collect();
         let text = migrate_layer(
+            config,
             &format!("mig{u}"),
             &quoted.join(", "),
             &point,

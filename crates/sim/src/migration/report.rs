@@ -354,7 +354,7 @@ pub fn format_report(report: &MigrationReport) -> String {
         "User-centric migration on the migrate layer: {} disks of {} (partitions of {} MiB; \
          child 0 local, the others behind the Table 1 link), synthetic SFS-like mix over a \
          {} MiB data set (zipf {}), open loop; warm-up {} s, measured {} s per point; \
-         {} tokens/s; seed {}\n\
+         {} tokens/s; δ {}; seed {}\n\
          base response time = mean at the lowest load; saturation = delivered ops/s where the \
          mean crosses {bound} ms (interpolated)\n\n",
         c.disks,
@@ -365,6 +365,7 @@ pub fn format_report(report: &MigrationReport) -> String {
         c.warmup_s,
         c.measure_s,
         c.tokens,
+        c.delta.as_deref().unwrap_or("adaptive"),
         c.seed,
     ));
     if !report.striping.is_empty() {
@@ -466,7 +467,7 @@ pub fn format_report(report: &MigrationReport) -> String {
     if let Some(shared) = &report.shared {
         out.push_str(&format_shared(shared, bound));
     }
-    if let Some(point) = &report.converge {
+    for point in &report.converge {
         out.push_str(&format!(
             "Convergence: STR-MIG at {} ms, {} ops/s for {} s: {} migrations ({} to local, {} \
              to remote); last migration at {} s\n",
@@ -479,6 +480,7 @@ pub fn format_report(report: &MigrationReport) -> String {
             or_dash(point.last_migration_s, 0)
         ));
         out.push_str(&table(&converge_rows(point, c.converge_s / 12.0)));
+        out.push('\n');
     }
     out
 }
@@ -644,15 +646,17 @@ pub fn write_plots(report: &MigrationReport, dir: &Path) -> Result<Vec<PathBuf>,
             write(name, rt(&mig.setup.name, &[s(nomig), s(mig)])?)?;
         }
     }
-    if let Some(point) = &report.converge {
+    if !report.converge.is_empty() {
+        let series: Vec<Series> = report
+            .converge
+            .iter()
+            .flat_map(|p| timeline_series(&format!("{} ops/s", p.setup.load), p))
+            .collect();
         let svg = results::lines_svg(
-            &format!(
-                "STR-MIG at {} ops/s: migrations per {interval} s",
-                point.setup.load
-            ),
+            &format!("STR-MIG: migrations per {interval} s"),
             "time (s)",
             "migrations per interval",
-            &timeline_series("STR-MIG", point),
+            &series,
         )
         .map_err(|e| e.to_string())?;
         write("converge.svg", svg)?;
