@@ -508,12 +508,17 @@ fn format_shared(shared: &SharedReport, bound: f64) -> String {
     out
 }
 
-fn rt_series(curve: &Curve) -> Series {
+/// Points past `PLOT_CUT ×` the bound are left out of the plots: one overloaded point (an
+/// open-loop queue that grew for 600 s) would flatten every other point onto the x axis.
+const PLOT_CUT: f64 = 2.0;
+
+fn rt_series(curve: &Curve, bound_ms: f64) -> Series {
     Series {
         name: format!("{} {} ms", curve.name, curve.rtt_ms),
         points: curve
             .points
             .iter()
+            .filter(|p| p.mean_ms <= PLOT_CUT * bound_ms)
             .map(|p| (p.delivered, p.mean_ms))
             .collect(),
     }
@@ -561,6 +566,7 @@ pub fn write_plots(report: &MigrationReport, dir: &Path) -> Result<Vec<PathBuf>,
         .map_err(|e| e.to_string())
     };
     let interval = report.config.sample_s;
+    let bound = report.config.bound_ms;
     for (label, pairs) in [
         ("fig4-str", &report.striping),
         ("fig5-seq", &report.sequential),
@@ -568,7 +574,7 @@ pub fn write_plots(report: &MigrationReport, dir: &Path) -> Result<Vec<PathBuf>,
         for (mig, nomig) in pairs {
             let svg = rt(
                 &format!("{} vs {} at {} ms RTT", mig.name, nomig.name, mig.rtt_ms),
-                &[rt_series(nomig), rt_series(mig)],
+                &[rt_series(nomig, bound), rt_series(mig, bound)],
             )?;
             write(&format!("{label}-{}ms.svg", mig.rtt_ms), svg)?;
         }
@@ -579,11 +585,11 @@ pub fn write_plots(report: &MigrationReport, dir: &Path) -> Result<Vec<PathBuf>,
             &[
                 Series {
                     name: "1 token/s".into(),
-                    ..rt_series(&report.tokens[0])
+                    ..rt_series(&report.tokens[0], bound)
                 },
                 Series {
                     name: "4 tokens/s".into(),
-                    ..rt_series(&report.tokens[1])
+                    ..rt_series(&report.tokens[1], bound)
                 },
             ],
         )?;
@@ -619,9 +625,9 @@ pub fn write_plots(report: &MigrationReport, dir: &Path) -> Result<Vec<PathBuf>,
                 .chain(&report.sequential)
                 .find(|(m, _)| m.allocation == loc.allocation && m.rtt_ms == loc.rtt_ms)
             {
-                series.push(rt_series(mig));
+                series.push(rt_series(mig, bound));
             }
-            series.push(rt_series(loc));
+            series.push(rt_series(loc, bound));
         }
         write(
             "fig6-locality.svg",
@@ -635,6 +641,7 @@ pub fn write_plots(report: &MigrationReport, dir: &Path) -> Result<Vec<PathBuf>,
                 points: c
                     .points
                     .iter()
+                    .filter(|p| p.mean_ms() <= PLOT_CUT * bound)
                     .map(|p| (p.delivered(), p.mean_ms()))
                     .collect(),
             };
