@@ -266,6 +266,8 @@ pub struct Point {
     pub mean_ms: f64,
     pub p95_ms: f64,
     pub operations: u64,
+    /// Operations of the whole transaction phase that failed (expected: none).
+    pub failed: u64,
     /// The layer's counters over the transaction phase (warm-up and window).
     pub counters: Counters,
     /// Last migration, seconds from the transaction phase's start (None: none).
@@ -539,6 +541,7 @@ fn measure(
         mean_ms: mean / MILLIS as f64,
         p95_ms: results::percentile(&latencies, 95.0) as f64 / MILLIS as f64,
         operations: latencies.len() as u64,
+        failed: records.iter().filter(|r| r.failed).count() as u64,
         counters: last.since(first),
         last_migration_s,
         timeline,
@@ -785,6 +788,30 @@ pub fn run(config: &MigrationConfig) -> Result<MigrationReport, String> {
     })
 }
 
+impl MigrationReport {
+    /// Failed operations in every run of the report.
+    pub fn failed(&self) -> u64 {
+        let curves = self
+            .striping
+            .iter()
+            .chain(&self.sequential)
+            .flat_map(|(m, n)| [m, n])
+            .chain(&self.tokens)
+            .chain(&self.locality);
+        let single: u64 = curves.flat_map(|c| &c.points).map(|p| p.failed).sum();
+        let shared: u64 = self
+            .shared
+            .iter()
+            .flat_map(|s| &s.curves)
+            .flat_map(|(m, n)| [m, n])
+            .flat_map(|c| &c.points)
+            .flat_map(|p| &p.users)
+            .map(|p| p.failed)
+            .sum();
+        single + shared + self.converge.iter().map(|p| p.failed).sum::<u64>()
+    }
+}
+
 /// Child 0's share of the layer's requests.
 pub fn local_share(counters: &Counters) -> f64 {
     let total: u64 = counters.requests.iter().sum();
@@ -916,6 +943,8 @@ mod tests {
             .users
             .iter()
             .all(|p| p.counters.migrations == 0));
+        assert_eq!(report.failed(), 0);
+        assert!(text.contains("failed operations in all runs: 0"));
         let dir = tempfile::tempdir().unwrap();
         let written = write_plots(&report, dir.path()).unwrap();
         let svgs: Vec<_> = written

@@ -467,6 +467,10 @@ pub fn format_report(report: &MigrationReport) -> String {
     if let Some(shared) = &report.shared {
         out.push_str(&format_shared(shared, bound));
     }
+    out.push_str(&format!(
+        "failed operations in all runs: {}\n\n",
+        report.failed()
+    ));
     for point in &report.converge {
         out.push_str(&format!(
             "Convergence: STR-MIG at {} ms, {} ops/s for {} s: {} migrations ({} to local, {} \
