@@ -11,6 +11,7 @@ use clap::{Parser, Subcommand};
 use strata_sim::alv;
 use strata_sim::clotho;
 use strata_sim::experiment::{self, Experiment};
+use strata_sim::migration;
 use strata_sim::proximal;
 use strata_sim::validate;
 use strata_sim::workload::{TraceFormat, WorkloadSpec};
@@ -165,6 +166,53 @@ enum SimCommand {
         /// Skip the runs on wd-re3-1t-order-quirk.
         #[arg(long)]
         no_quirk: bool,
+        /// Write the plots (SVG) and report.json here.
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Print JSON instead of tables.
+        #[arg(long)]
+        json: bool,
+    },
+    /// User-centric migration (Kang & Reddy) on the migrate layer: a local 10K drive and
+    /// remote ones behind the paper's Table 1 links, a synthetic SFS-like mix open loop;
+    /// STR/SEQ × MIG/NOMIG at 9/17/25 ms, 1 vs 4 tokens, locality-only, two or three users
+    /// sharing drives, convergence. See docs/migration-sim.md.
+    Migration {
+        /// Seconds instead of minutes: a 64 MiB data set, 30 + 30 s per point, two loads,
+        /// 9 ms only.
+        #[arg(long)]
+        quick: bool,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Offered loads of every sweep, ops/s (comma-separated, ascending).
+        #[arg(long, value_delimiter = ',')]
+        loads: Option<Vec<f64>>,
+        /// RTTs (Table 1: 9, 17, 25 ms; comma-separated).
+        #[arg(long, value_delimiter = ',')]
+        rtt: Option<Vec<u32>>,
+        /// Warm-up and measurement window per point, virtual seconds.
+        #[arg(long)]
+        warmup: Option<f64>,
+        #[arg(long)]
+        measure: Option<f64>,
+        /// The data set, MiB.
+        #[arg(long)]
+        data_mib: Option<u64>,
+        /// Zipf skew of the addresses.
+        #[arg(long)]
+        theta: Option<f64>,
+        /// Disks of the single-user runs (1 local + the rest remote).
+        #[arg(long)]
+        disks: Option<usize>,
+        /// Saturation bound: mean response time, ms.
+        #[arg(long)]
+        bound_ms: Option<f64>,
+        /// The migrate layer's δ: "adaptive" (its default) or a duration ("5ms").
+        #[arg(long)]
+        delta: Option<String>,
+        /// Experiments to run (comma-separated; default all).
+        #[arg(long, value_delimiter = ',', value_enum)]
+        part: Option<Vec<migration::Part>>,
         /// Write the plots (SVG) and report.json here.
         #[arg(long)]
         out: Option<PathBuf>,
@@ -410,6 +458,86 @@ fn run(command: SimCommand) -> anyhow::Result<()> {
             }
             if let Some(dir) = out {
                 let written = proximal::write_plots(&report, &dir).map_err(anyhow::Error::msg)?;
+                if !json {
+                    outln!("wrote {} files to {}", written.len(), dir.display());
+                }
+            }
+            Ok(())
+        }
+        SimCommand::Migration {
+            quick,
+            seed,
+            loads,
+            rtt,
+            warmup,
+            measure,
+            data_mib,
+            theta,
+            disks,
+            bound_ms,
+            delta,
+            part,
+            out,
+            json,
+        } => {
+            let mut config = if quick {
+                migration::MigrationConfig::quick(seed)
+            } else {
+                migration::MigrationConfig::full(seed)
+            };
+            if let Some(loads) = loads {
+                if loads.is_empty() || loads.iter().any(|l| !(l.is_finite() && *l > 0.0)) {
+                    bail!("--loads: positive ops/s");
+                }
+                config.loads = loads;
+            }
+            if let Some(rtt) = rtt {
+                if rtt.is_empty() || rtt.iter().any(|r| ![9, 17, 25].contains(r)) {
+                    bail!("--rtt: 9, 17 or 25 (Table 1)");
+                }
+                config.rtts = rtt;
+            }
+            if let Some(w) = warmup {
+                config.warmup_s = w;
+            }
+            if let Some(m) = measure {
+                if m.is_nan() || m <= 0.0 {
+                    bail!("--measure must be positive");
+                }
+                config.measure_s = m;
+            }
+            if let Some(d) = data_mib {
+                config.data_bytes = d << 20;
+            }
+            if let Some(t) = theta {
+                config.theta = t;
+            }
+            if let Some(d) = disks {
+                if d < 2 {
+                    bail!("--disks: at least 2");
+                }
+                config.disks = d;
+            }
+            if let Some(b) = bound_ms {
+                config.bound_ms = b;
+            }
+            config.delta = delta;
+            if let Some(part) = part {
+                config.parts = part;
+            }
+            let started = std::time::Instant::now();
+            let report = migration::run(&config).map_err(anyhow::Error::msg)?;
+            if json {
+                outln!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                out!("{}", migration::format_report(&report));
+                outln!(
+                    "simulated in {:.1} s of wall time",
+                    started.elapsed().as_secs_f64()
+                );
+            }
+            if let Some(dir) = out {
+                let written = migration::write_plots(&report, &dir).map_err(anyhow::Error::msg)?;
                 if !json {
                     outln!("wrote {} files to {}", written.len(), dir.display());
                 }

@@ -202,7 +202,7 @@ impl Sampler {
 
 /// A multiplier coprime with `blocks`, so `rank * step mod blocks` is a bijection; near the
 /// golden ratio of `blocks` so that neighbouring ranks land far apart.
-fn coprime_step(blocks: u64) -> u64 {
+pub fn coprime_step(blocks: u64) -> u64 {
     if blocks <= 1 {
         return 1;
     }
