@@ -9,8 +9,8 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
+use bytes::{BufMut, Bytes, BytesMut};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tracing::warn;
@@ -40,7 +40,8 @@ struct Waiter {
     kind: u16,
     offset: u64,
     length: u32,
-    /// A READ's buffer, zeroed so that holes need no work.
+    /// A READ's buffer: its length is how far it is filled (chunks in order append without
+    /// zeroing first; a chunk past the end zero-fills the gap; the end is zero-filled).
     data: Option<BytesMut>,
     /// Bytes of a READ covered by data and hole chunks so far.
     covered: u64,
@@ -152,8 +153,8 @@ impl Connection {
             if let Some(why) = &table.closed {
                 return Err(ClientError::Disconnected(why.clone()));
             }
-            let data =
-                (command.kind == CMD_READ).then(|| BytesMut::zeroed(command.length as usize));
+            let data = (command.kind == CMD_READ)
+                .then(|| BytesMut::with_capacity(command.length as usize));
             table.waiters.insert(
                 handle,
                 Waiter {
@@ -225,11 +226,14 @@ async fn write_frames<W: AsyncWrite + Unpin>(
 }
 
 async fn read_replies<R: AsyncRead + Unpin>(
-    mut reader: R,
+    reader: R,
     shared: Arc<Shared>,
     info: ExportInfo,
     peer: String,
 ) {
+    // Reply headers are read field by field: buffered, a burst of replies costs one read
+    // call, not six per reply. Large payloads bypass the buffer.
+    let mut reader = BufReader::with_capacity(64 * 1024, reader);
     let why = read_loop(&mut reader, &shared, &info).await;
     match &why {
         ClientError::Io(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
@@ -278,7 +282,8 @@ async fn simple_reply<R: AsyncRead + Unpin>(
             message: String::new(),
         })
     } else if let Some(mut data) = waiter.data.take() {
-        reader.read_exact(&mut data).await?;
+        let length = waiter.length as usize;
+        fill(reader, &mut data, length).await?;
         Ok(Some(data))
     } else {
         Ok(None)
@@ -316,9 +321,33 @@ async fn chunk<R: AsyncRead + Unpin>(reader: &mut R, shared: &Shared) -> Result<
                 waiter.covered, waiter.length
             )))
         }
-        (None, data) => Ok(data),
+        (None, Some(mut data)) => {
+            // Holes at the end were never written.
+            data.resize(waiter.length as usize, 0);
+            Ok(Some(data))
+        }
+        (None, None) => Ok(None),
     };
     let _ = waiter.reply.send(outcome);
+    Ok(())
+}
+
+/// Reads `count` bytes from `reader` onto the end of `data`, into its spare capacity (no
+/// zeroing first: a 1 MiB read would otherwise clear a megabyte only to overwrite it).
+async fn fill<R: AsyncRead + Unpin>(
+    reader: &mut R,
+    data: &mut BytesMut,
+    count: usize,
+) -> std::io::Result<()> {
+    let target = data.len() + count;
+    data.reserve(count);
+    while data.len() < target {
+        let missing = target - data.len();
+        let mut room = (&mut *data).limit(missing);
+        if reader.read_buf(&mut room).await? == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+    }
     Ok(())
 }
 
@@ -364,10 +393,18 @@ async fn read_chunk<R: AsyncRead + Unpin>(
             };
             let data = waiter.data.as_mut().expect("a read has a buffer");
             let range = start as usize..start as usize + span as usize;
-            if kind == REPLY_TYPE_OFFSET_DATA {
-                reader.read_exact(&mut data[range]).await?;
+            if kind == REPLY_TYPE_OFFSET_DATA && range.start == data.len() {
+                fill(reader, data, span as usize).await?;
             } else {
-                data[range].fill(0);
+                // Out of order (or a hole): zero up to the chunk's end, then overwrite.
+                if data.len() < range.end {
+                    data.resize(range.end, 0);
+                }
+                if kind == REPLY_TYPE_OFFSET_DATA {
+                    reader.read_exact(&mut data[range]).await?;
+                } else {
+                    data[range].fill(0);
+                }
             }
             waiter.covered += u64::from(span);
             Ok(())
