@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from harness import MiB, Disk, Export, ServerSpec, run
-from test_remote import Brick, bricks  # noqa: F401  (fixture)
+from test_remote import bricks  # noqa: F401  (fixture)
 from tlscerts import Pki, authority, make_pki
 
 GOOD = "client1.strata.test"

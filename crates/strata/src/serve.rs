@@ -289,7 +289,7 @@ fn flush_order(names: &[&str], layers: &[strata_stack::graph::LayerConfig]) -> V
         above(name, layers, 0)
     };
     let mut order: Vec<usize> = (0..names.len()).collect();
-    order.sort_by_key(|&i| depth(names[i]));
+    order.sort_by_cached_key(|&i| depth(names[i]));
     order
 }
 
