@@ -151,6 +151,10 @@ impl Migrate {
     /// other while it does, so pieces of requests that overlap cannot deadlock).
     pub(crate) async fn read_blocks(self: &Arc<Self>, offset: u64, len: usize) -> Result<BytesMut> {
         let pieces = self.pieces(offset, len as u64);
+        if let [(chunk, first, count, _)] = pieces[..] {
+            // One chunk: its piece is the answer, not a copy of it.
+            return self.read_piece(chunk, first, count).await;
+        }
         let reads = pieces
             .iter()
             .map(|&(chunk, first, count, _)| self.read_piece(chunk, first, count));
@@ -163,20 +167,32 @@ impl Migrate {
     }
 
     async fn read_piece(self: &Arc<Self>, chunk: u64, first: u64, count: u64) -> Result<BytesMut> {
-        let mut out = BytesMut::zeroed((count * BLOCK) as usize);
         let _shared = self.locks.read_range(chunk..chunk + 1).await;
         let version = self.version(chunk);
         let entry = self.entry(chunk);
         if entry.is_empty() {
-            return Ok(out); // never written: zeros
+            // Never written: zeros.
+            return Ok(BytesMut::zeroed((count * BLOCK) as usize));
         }
-        for (holder, start, end) in runs(first, count, |i| entry.holder(i)) {
-            let Some(k) = holder else { continue };
-            let location = entry.locations[k].expect("a holder exists");
-            let data = self.read_at(location, start, end - start).await?;
-            let from = ((start - first) * BLOCK) as usize;
-            out[from..from + data.len()].copy_from_slice(&data);
-        }
+        let runs = runs(first, count, |i| entry.holder(i));
+        let out = match runs[..] {
+            // All of it in one place (the common case): the child's buffer is the answer.
+            [(Some(k), start, end)] => {
+                let location = entry.locations[k].expect("a holder exists");
+                self.read_at(location, start, end - start).await?
+            }
+            _ => {
+                let mut out = BytesMut::zeroed((count * BLOCK) as usize);
+                for (holder, start, end) in runs {
+                    let Some(k) = holder else { continue };
+                    let location = entry.locations[k].expect("a holder exists");
+                    let data = self.read_at(location, start, end - start).await?;
+                    let from = ((start - first) * BLOCK) as usize;
+                    out[from..from + data.len()].copy_from_slice(&data);
+                }
+                out
+            }
+        };
         // Migration on access: the data just read goes to the destination, never read again,
         // after the read is answered.
         let requested = mask(first, count);
