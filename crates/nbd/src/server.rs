@@ -200,7 +200,7 @@ impl Server {
             .acceptor()
             .expect("STARTTLS is accepted only with TLS on");
         let mut stream = acceptor
-            .accept(stream)
+            .accept(crate::transport::buffered_for_tls(stream))
             .await
             .map_err(|e| HandshakeError::Refused(format!("TLS handshake failed: {e}")))?;
         let peer = Peer::Tls(

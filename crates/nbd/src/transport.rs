@@ -1,7 +1,7 @@
 //! Byte streams that carry NBD: whole during the handshake (which may upgrade them to TLS),
 //! then cut into a reader half and a writer half for the transmission phase.
 
-use tokio::io::{AsyncRead, AsyncWrite, DuplexStream};
+use tokio::io::{AsyncRead, AsyncWrite, BufReader, DuplexStream};
 use tokio::net::{TcpStream, UnixStream};
 
 /// A stream's two halves, boxed: sockets split without a lock, TLS streams with one.
@@ -31,6 +31,24 @@ impl Transport for UnixStream {
 }
 
 impl Transport for DuplexStream {
+    fn into_halves(self) -> Halves {
+        let (reader, writer) = tokio::io::split(self);
+        (Box::new(reader), Box::new(writer))
+    }
+}
+
+/// What a TLS session reads from its socket at most per call.
+const TLS_READ_BUFFER: usize = 64 * 1024;
+
+/// The socket under a TLS session, read through a buffer. rustls asks its socket for at most
+/// 4 KiB more than it already holds, so each 4 KiB write request (or read reply) took two
+/// `recv` calls and a 1 MiB one 257, where a plaintext session's 128 KiB buffer takes many
+/// requests per call. Writes pass straight through (rustls already gathers them).
+pub fn buffered_for_tls<S: Transport>(stream: S) -> BufReader<S> {
+    BufReader::with_capacity(TLS_READ_BUFFER, stream)
+}
+
+impl<S: Transport> Transport for BufReader<S> {
     fn into_halves(self) -> Halves {
         let (reader, writer) = tokio::io::split(self);
         (Box::new(reader), Box::new(writer))

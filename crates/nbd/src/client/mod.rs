@@ -546,7 +546,10 @@ async fn start<S: Transport>(
     handshake::start_tls(&mut stream).await?;
     let mut stream = tls
         .connector()
-        .connect(tls.server_name(), stream)
+        .connect(
+            tls.server_name(),
+            crate::transport::buffered_for_tls(stream),
+        )
         .await
         .map_err(|e| ClientError::Refused(format!("TLS handshake failed: {e}")))?;
     let info = match handshake::negotiate(&mut stream, &uri.export, no_zeroes).await {
