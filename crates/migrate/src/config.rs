@@ -25,8 +25,11 @@ pub const MAX_CHUNK: u64 = 64 * BLOCK;
 pub struct MigrateConfig {
     pub allocation: Allocation,
     pub policy: Policy,
-    /// `"adaptive"` (2·σ_device + 2·σ_RTT) or a duration (`"5ms"`, `"0"`).
+    /// `"adaptive"` (2·σ_device + 2·σ_RTT), `"pair"` (σ_src + σ_dst) or a duration (`"5ms"`,
+    /// `"0"`).
     pub delta: String,
+    /// The time constant of the per-child response-time averages (`"10s"`).
+    pub smoothing: String,
     /// Migration tokens per second.
     pub tokens: u64,
     /// Tokens saved up at most (default: `tokens`).
@@ -53,6 +56,7 @@ impl Default for MigrateConfig {
             allocation: Allocation::Str,
             policy: Policy::Mig,
             delta: "adaptive".into(),
+            smoothing: "10s".into(),
             tokens: DEFAULT_TOKENS,
             token_cap: None,
             chunk: ByteSize(DEFAULT_CHUNK),
@@ -75,6 +79,7 @@ impl MigrateConfig {
             ));
         }
         self.delta()?;
+        self.smoothing()?;
         self.merge_interval()?;
         if self.token_cap == Some(0) {
             return Err("field `token-cap`: at least 1 token".into());
@@ -103,9 +108,24 @@ impl MigrateConfig {
         if self.delta == "adaptive" {
             return Ok(Delta::Adaptive);
         }
+        if self.delta == "pair" {
+            return Ok(Delta::Pair);
+        }
         strata_core::duration::parse_duration(&self.delta)
             .map(Delta::Fixed)
-            .map_err(|e| format!("field `delta`: not \"adaptive\" nor a duration: {e}"))
+            .map_err(|e| format!("field `delta`: not \"adaptive\", \"pair\" nor a duration: {e}"))
+    }
+
+    pub fn smoothing(&self) -> Result<Duration, String> {
+        let constant = strata_core::duration::parse_duration(&self.smoothing)
+            .map_err(|e| format!("field `smoothing`: {e}"))?;
+        if constant < Duration::from_millis(1) {
+            return Err(format!(
+                "field `smoothing`: {:?} is shorter than a millisecond",
+                self.smoothing
+            ));
+        }
+        Ok(constant)
     }
 
     /// None: no background merger.
@@ -146,6 +166,7 @@ mod tests {
         assert_eq!(config.token_cap(), 4);
         assert_eq!(config.delta(), Ok(Delta::Adaptive));
         assert_eq!(config.merge_interval(), Ok(Some(Duration::from_secs(1))));
+        assert_eq!(config.smoothing(), Ok(crate::policy::DEFAULT_SMOOTHING));
     }
 
     #[test]
@@ -161,6 +182,8 @@ mod tests {
         bad(|c| c.delta = "fast".into(), "`delta`");
         bad(|c| c.delta = "5".into(), "`delta`");
         bad(|c| c.merge_interval = "soon".into(), "`merge-interval`");
+        bad(|c| c.smoothing = "0".into(), "`smoothing`");
+        bad(|c| c.smoothing = "later".into(), "`smoothing`");
         bad(|c| c.token_cap = Some(0), "`token-cap`");
         bad(|c| c.candidate_probability = 1.5, "`candidate-probability`");
         bad(|c| c.candidates = 0, "`candidates`");
@@ -185,6 +208,11 @@ mod tests {
             ..MigrateConfig::default()
         };
         assert_eq!(zero.delta(), Ok(Delta::Fixed(Duration::ZERO)));
+        let pair = MigrateConfig {
+            delta: "pair".into(),
+            ..MigrateConfig::default()
+        };
+        assert_eq!(pair.delta(), Ok(Delta::Pair));
     }
 
     #[test]

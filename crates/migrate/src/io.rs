@@ -123,10 +123,11 @@ impl Migrate {
     ) -> Result<T> {
         let start = self.now();
         let result = request.await;
-        let elapsed = self.now().saturating_sub(start);
+        let end = self.now();
+        let elapsed = end.saturating_sub(start);
         if result.is_ok() {
             if let Ok(mut policy) = self.policy_state() {
-                policy.stats[device].update(elapsed.as_secs_f64() * 1e6);
+                policy.stats[device].update(end, elapsed.as_secs_f64() * 1e6);
             }
             self.bump(&self.counters.child_requests[device], 1);
         }

@@ -43,6 +43,8 @@ pub struct Settings {
     pub allocation: Allocation,
     pub policy: Policy,
     pub delta: Delta,
+    /// The time constant of the response-time averages.
+    pub smoothing: Duration,
     pub tokens_per_s: u64,
     pub token_cap: u64,
     pub candidate_probability: f64,
@@ -69,6 +71,7 @@ impl Settings {
             allocation: config.allocation,
             policy: config.policy,
             delta: config.delta().map_err(invalid)?,
+            smoothing: config.smoothing().map_err(invalid)?,
             tokens_per_s: config.tokens,
             token_cap: config.token_cap(),
             candidate_probability: config.candidate_probability,
@@ -242,7 +245,7 @@ impl Migrate {
             .map_err(|problem| corrupt(name, problem))?;
         let now = settings.runtime.now();
         let policy = PolicyState {
-            stats: vec![Ewma::default(); children.len()],
+            stats: vec![Ewma::new(settings.smoothing); children.len()],
             bucket: TokenBucket::new(settings.tokens_per_s as f64, settings.token_cap as f64, now),
             candidates: CandidateList::new(
                 settings.candidates as usize,

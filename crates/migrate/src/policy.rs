@@ -14,37 +14,60 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-/// RFC 6298's gains: SRTT moves by 1/8 of an error, RTTVAR by 1/4 (the paper names TCP's
-/// RTT estimation as its smoothing; its own weights are unreported).
-pub const ALPHA: f64 = 1.0 / 8.0;
-pub const BETA: f64 = 1.0 / 4.0;
+/// The default memory of the response-time average: the paper smooths "to capture
+/// longer-term trends and filter short-term variation" (§3.1) without giving a weight; the
+/// digest suggests a time constant of 10–60 s. `smoothing` sets it.
+pub const DEFAULT_SMOOTHING: Duration = Duration::from_secs(10);
 
 /// Devices whose response times are within this fraction of the lowest count as tied for
 /// the destination (the paper's "same or similar range" is unspecified).
 pub const TIE_FRACTION: f64 = 0.05;
 
-/// A device's smoothed response time (SRTT) and mean deviation (RTTVAR), in microseconds.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+/// A device's response time averaged over the recent past: every sample weighs
+/// `exp(−age / time constant)`, so the average forgets at a fixed rate in time whatever
+/// the request rate, and samples that complete together weigh alike. The deviation is the
+/// standard deviation of the samples under the same weights (the paper's σ, §3.2). Until
+/// about one time constant of samples has arrived it is close to the plain mean of all of
+/// them, so a new layer is not steered by its first request.
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Ewma {
     pub mean_us: f64,
     pub deviation_us: f64,
     pub samples: u64,
+    time_constant_s: f64,
+    /// The decayed weight of all samples so far, and their decayed squared deviations
+    /// from the mean (West's weighted update).
+    weight: f64,
+    squares: f64,
+    last: Duration,
 }
 
 impl Ewma {
-    /// One observed response time: RFC 6298 §2. The first sample sets the mean to it and
-    /// the deviation to half of it; later ones update the deviation with the old mean,
-    /// then the mean.
-    pub fn update(&mut self, sample_us: f64) {
-        assert!(sample_us >= 0.0 && sample_us.is_finite(), "{sample_us}");
-        if self.samples == 0 {
-            self.mean_us = sample_us;
-            self.deviation_us = sample_us / 2.0;
-        } else {
-            let error = (self.mean_us - sample_us).abs();
-            self.deviation_us = (1.0 - BETA) * self.deviation_us + BETA * error;
-            self.mean_us = (1.0 - ALPHA) * self.mean_us + ALPHA * sample_us;
+    pub fn new(time_constant: Duration) -> Self {
+        assert!(!time_constant.is_zero());
+        Ewma {
+            mean_us: 0.0,
+            deviation_us: 0.0,
+            samples: 0,
+            time_constant_s: time_constant.as_secs_f64(),
+            weight: 0.0,
+            squares: 0.0,
+            last: Duration::ZERO,
         }
+    }
+
+    /// A response time observed at `now` (non-decreasing; an earlier `now` counts as the
+    /// latest seen).
+    pub fn update(&mut self, now: Duration, sample_us: f64) {
+        assert!(sample_us >= 0.0 && sample_us.is_finite(), "{sample_us}");
+        let age = now.saturating_sub(self.last).as_secs_f64();
+        self.last = self.last.max(now);
+        let decay = (-age / self.time_constant_s).exp();
+        self.weight = self.weight * decay + 1.0;
+        let error = sample_us - self.mean_us;
+        self.mean_us += error / self.weight;
+        self.squares = (self.squares * decay + error * (sample_us - self.mean_us)).max(0.0);
+        self.deviation_us = (self.squares / self.weight).sqrt();
         self.samples += 1;
         assert!(self.mean_us >= 0.0 && self.deviation_us >= 0.0);
     }
@@ -58,12 +81,26 @@ impl Ewma {
             self.mean_us
         }
     }
+
+    /// Test fixture: an average that has seen `mean_us ± deviation_us`.
+    pub fn settled(mean_us: f64, deviation_us: f64) -> Self {
+        Ewma {
+            mean_us,
+            deviation_us,
+            samples: 10,
+            ..Ewma::new(DEFAULT_SMOOTHING)
+        }
+    }
 }
 
-/// How δ is set (`delta = "adaptive" | "<duration>"`).
+/// How δ is set (`delta = "adaptive" | "pair" | "<duration>"`).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Delta {
+    /// 2·σ_device + 2·σ_RTT: the paper's experiments (§3.2).
     Adaptive,
+    /// σ_src + σ_dst: the paper's statistical form, migrate when `μ_src − σ_src > μ_dst +
+    /// σ_dst` (§2.2), from which it derives the adaptive one by taking σ_src ≈ σ_dst.
+    Pair,
     Fixed(Duration),
 }
 
@@ -78,7 +115,7 @@ pub fn sigma_rtt_us(sigma_local_us: f64, sigma_observed_us: f64) -> f64 {
 
 /// δ for moving data from `src` to `dst`, in microseconds. Adaptive: 2·σ_device + 2·σ_RTT
 /// with σ_device the local child's deviation and σ_RTT the larger of the two devices'
-/// (child 0's is 0 by definition).
+/// (child 0's is 0 by definition). Pair: the two devices' deviations added.
 pub fn delta_us(delta: Delta, stats: &[Ewma], src: usize, dst: usize) -> f64 {
     assert!(src < stats.len() && dst < stats.len(), "{src} {dst}");
     match delta {
@@ -94,6 +131,7 @@ pub fn delta_us(delta: Delta, stats: &[Ewma], src: usize, dst: usize) -> f64 {
             };
             2.0 * local + 2.0 * rtt(src).max(rtt(dst))
         }
+        Delta::Pair => stats[src].deviation_us + stats[dst].deviation_us,
     }
 }
 
@@ -349,33 +387,70 @@ mod tests {
     use super::*;
 
     fn ewma(mean_us: f64, deviation_us: f64) -> Ewma {
-        Ewma {
-            mean_us,
-            deviation_us,
-            samples: 10,
-        }
+        Ewma::settled(mean_us, deviation_us)
+    }
+
+    fn at_ms(ms: u64) -> Duration {
+        Duration::from_millis(ms)
     }
 
     #[test]
-    fn the_first_sample_sets_srtt_and_half_of_it_as_rttvar() {
-        let mut e = Ewma::default();
+    fn early_samples_average_plainly_and_their_deviation_is_the_standard_one() {
+        let mut e = Ewma::new(Duration::from_secs(10));
         assert_eq!(e.response_us(), 0.0);
-        e.update(8000.0);
-        assert_eq!((e.mean_us, e.deviation_us), (8000.0, 4000.0));
-        // RFC 6298: RTTVAR = 3/4·4000 + 1/4·|8000 − 16000| = 5000; SRTT = 7/8·8000 + 1/8·16000.
-        e.update(16000.0);
-        assert_eq!(e.deviation_us, 5000.0);
-        assert_eq!(e.mean_us, 9000.0);
+        e.update(at_ms(0), 8000.0);
+        assert_eq!((e.mean_us, e.deviation_us), (8000.0, 0.0));
+        // Two samples at the same instant weigh alike: mean 12 ms, σ 4 ms.
+        e.update(at_ms(0), 16000.0);
+        assert_eq!((e.mean_us, e.deviation_us), (12000.0, 4000.0));
+        assert_eq!(e.samples, 2);
     }
 
     #[test]
-    fn a_steady_latency_converges_and_its_deviation_decays() {
-        let mut e = Ewma::default();
-        for _ in 0..200 {
-            e.update(9000.0);
+    fn the_average_forgets_at_its_time_constant_whatever_the_request_rate() {
+        // 10 ms for a long while, then 20 ms: after one time constant the mean has moved
+        // 1 − 1/e of the way, at 100 samples per second and at 1000 alike.
+        for per_second in [100u64, 1000] {
+            let mut e = Ewma::new(Duration::from_secs(10));
+            let step = 1_000_000 / per_second;
+            let mut now = Duration::ZERO;
+            for _ in 0..per_second * 200 {
+                now += Duration::from_micros(step);
+                e.update(now, 10_000.0);
+            }
+            assert!((e.mean_us - 10_000.0).abs() < 1e-6);
+            assert!(e.deviation_us < 1.0, "{}", e.deviation_us);
+            for _ in 0..per_second * 10 {
+                now += Duration::from_micros(step);
+                e.update(now, 20_000.0);
+            }
+            let moved = (e.mean_us - 10_000.0) / 10_000.0;
+            let expected = 1.0 - (-1.0f64).exp();
+            assert!((moved - expected).abs() < 0.01, "{per_second}/s: {moved}");
         }
-        assert!((e.mean_us - 9000.0).abs() < 1e-6);
-        assert!(e.deviation_us < 1e-6, "{}", e.deviation_us);
+    }
+
+    #[test]
+    fn a_steady_latency_converges_and_a_jittery_one_shows_its_sigma() {
+        let mut steady = Ewma::new(DEFAULT_SMOOTHING);
+        let mut jittery = Ewma::new(DEFAULT_SMOOTHING);
+        for i in 0..20_000u64 {
+            steady.update(at_ms(i), 9000.0);
+            // 5 or 13 ms alternately: mean 9 ms, σ 4 ms.
+            jittery.update(at_ms(i), if i % 2 == 0 { 5000.0 } else { 13000.0 });
+        }
+        assert!((steady.mean_us - 9000.0).abs() < 1e-6);
+        assert!(steady.deviation_us < 1e-3, "{}", steady.deviation_us);
+        assert!(
+            (jittery.mean_us - 9000.0).abs() < 10.0,
+            "{}",
+            jittery.mean_us
+        );
+        assert!(
+            (jittery.deviation_us - 4000.0).abs() < 10.0,
+            "{}",
+            jittery.deviation_us
+        );
     }
 
     #[test]
@@ -396,6 +471,9 @@ mod tests {
         let stats = [ewma(5000.0, 3000.0), ewma(14000.0, 5000.0)];
         assert_eq!(delta_us(Delta::Adaptive, &stats, 1, 0), 14000.0);
         assert_eq!(delta_us(Delta::Adaptive, &stats, 0, 1), 14000.0);
+        // The pair form: σ_src + σ_dst, either way.
+        assert_eq!(delta_us(Delta::Pair, &stats, 1, 0), 8000.0);
+        assert_eq!(delta_us(Delta::Pair, &stats, 0, 1), 8000.0);
         let fixed = Delta::Fixed(Duration::from_micros(2500));
         assert_eq!(delta_us(fixed, &stats, 1, 0), 2500.0);
     }
@@ -472,7 +550,7 @@ mod tests {
 
     #[test]
     fn an_unmeasured_device_is_tried() {
-        let stats = [ewma(5000.0, 100.0), Ewma::default()];
+        let stats = [ewma(5000.0, 100.0), Ewma::new(DEFAULT_SMOOTHING)];
         let delta = Delta::Fixed(Duration::from_millis(1));
         assert_eq!(
             decide(Policy::Mig, delta, &stats, &[true; 2], 0, 0),

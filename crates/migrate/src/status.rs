@@ -141,7 +141,7 @@ impl Migrate {
         if slow == fast {
             return match self.settings.delta {
                 Delta::Fixed(d) => d.as_secs_f64() * 1e6,
-                Delta::Adaptive => policy::delta_us(Delta::Adaptive, &stats, 0, 0),
+                adaptive => policy::delta_us(adaptive, &stats, 0, 0),
             };
         }
         policy::delta_us(self.settings.delta, &stats, slow, fast)
@@ -176,6 +176,7 @@ impl Migrate {
         };
         let delta = match self.settings.delta {
             Delta::Adaptive => format!("adaptive, now {}", ms(self.current_delta_us())),
+            Delta::Pair => format!("pair, now {}", ms(self.current_delta_us())),
             Delta::Fixed(d) => format!("fixed {}", ms(d.as_secs_f64() * 1e6)),
         };
         let mut detail: Vec<(String, String)> = vec![

@@ -210,6 +210,10 @@ enum SimCommand {
         /// The migrate layer's δ: "adaptive" (its default) or a duration ("5ms").
         #[arg(long)]
         delta: Option<String>,
+        /// More options of the migrate layer, as TOML lines (`--set 'smoothing = "30s"'`),
+        /// for sensitivity runs; repeatable.
+        #[arg(long = "set")]
+        set: Vec<String>,
         /// Experiments to run (comma-separated; default all).
         #[arg(long, value_delimiter = ',', value_enum)]
         part: Option<Vec<migration::Part>>,
@@ -476,6 +480,7 @@ fn run(command: SimCommand) -> anyhow::Result<()> {
             disks,
             bound_ms,
             delta,
+            set,
             part,
             out,
             json,
@@ -522,6 +527,7 @@ fn run(command: SimCommand) -> anyhow::Result<()> {
                 config.bound_ms = b;
             }
             config.delta = delta;
+            config.layer_options = set;
             if let Some(part) = part {
                 config.parts = part;
             }

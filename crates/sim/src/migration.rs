@@ -113,6 +113,8 @@ pub struct MigrationConfig {
     pub tokens: u64,
     /// The layer's `delta` option (None: its default, `"adaptive"`).
     pub delta: Option<String>,
+    /// More lines of the migrate layer's table (`key = value`), for sensitivity runs.
+    pub layer_options: Vec<String>,
     /// Counters sampled this often (virtual seconds).
     pub sample_s: f64,
     /// The convergence runs: loads and length.
@@ -171,6 +173,7 @@ impl MigrationConfig {
             rtts: vec![9, 17, 25],
             tokens: 4,
             delta: None,
+            layer_options: Vec::new(),
             sample_s: 10.0,
             converge_loads: vec![100.0, 450.0],
             converge_s: 1800.0,
@@ -319,8 +322,13 @@ fn migrate_layer(
         .delta
         .as_ref()
         .map_or(String::new(), |d| format!("delta = \"{d}\"\n"));
+    let extra: String = config
+        .layer_options
+        .iter()
+        .map(|line| format!("{line}\n"))
+        .collect();
     format!(
-        "[[layer]]\nname = \"{name}\"\nkind = \"migrate\"\nchildren = [{children}]\nallocation = \"{}\"\npolicy = \"{}\"\ntokens = {}\nseed = {}\n{delta}\n",
+        "[[layer]]\nname = \"{name}\"\nkind = \"migrate\"\nchildren = [{children}]\nallocation = \"{}\"\npolicy = \"{}\"\ntokens = {}\nseed = {}\n{delta}{extra}\n",
         setup.allocation.option(),
         setup.policy.option(),
         setup.tokens,

@@ -86,7 +86,7 @@ impl Collector for MigrateCollector {
             ),
             (
                 "strata_migrate_response_deviation_seconds",
-                "Smoothed mean deviation of each child's response time",
+                "Standard deviation of each child's recent response times, weighted as the smoothed mean",
                 Kind::Gauge,
                 self.per_child(|l| {
                     l.response_times()

@@ -303,7 +303,11 @@ fn layer(pick: &mut Picks, kind: &str, children: &[Device], key_dir: &Path) -> (
                     "policy",
                     pick.maybe(&["\"mig\"", "\"nomig\"", "\"locality\""]),
                 ),
-                ("delta", pick.maybe(&["\"adaptive\"", "\"0\"", "\"5ms\""])),
+                (
+                    "delta",
+                    pick.maybe(&["\"adaptive\"", "\"pair\"", "\"0\"", "\"5ms\""]),
+                ),
+                ("smoothing", pick.maybe(&["\"10s\"", "\"250ms\""])),
                 ("tokens", pick.maybe(&["0", "4", "100"])),
                 ("token-cap", pick.maybe(&["1", "8"])),
                 ("chunk", option_text(&chunk)),

@@ -146,6 +146,7 @@ pub fn config(allocation: &str, policy: &str, delta: &str) -> MigrateConfig {
         allocation: allocation.to_string().try_into().unwrap(),
         policy: policy.to_string().try_into().unwrap(),
         delta: delta.into(),
+        smoothing: "10s".into(),
         tokens: 1_000_000,
         token_cap: Some(1_000_000),
         chunk: ByteSize(CHUNK),
