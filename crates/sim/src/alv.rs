@@ -709,6 +709,7 @@ pub fn run_grow(
         queue_depth: 1,
         sample_interval: None,
         verify_data: false,
+        outstanding_limit: None,
     };
     let outcome = sim.try_block_on(async {
         raid.control(request)
@@ -853,6 +854,7 @@ pub fn run_baseline(
             queue_depth: 1,
             sample_interval: None,
             verify_data: false,
+            outstanding_limit: None,
         },
     );
     let latencies: Vec<Nanos> = output.records.iter().map(results::latency_ns).collect();
@@ -949,6 +951,7 @@ pub fn sustained_bandwidth(config: &AlvConfig) -> Result<f64, String> {
             queue_depth: 2,
             sample_interval: None,
             verify_data: false,
+            outstanding_limit: None,
         },
     );
     Ok(region as f64 * SECONDS as f64 / output.end.max(1) as f64)

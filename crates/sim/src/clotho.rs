@@ -459,6 +459,7 @@ impl Bench {
             queue_depth,
             sample_interval: None,
             verify_data: false,
+            outstanding_limit: None,
         };
         self.sim.block_on(driver::drive(
             self.sim.handle(),
@@ -542,6 +543,7 @@ impl Bench {
             queue_depth,
             sample_interval: None,
             verify_data: false,
+            outstanding_limit: None,
         };
         let drive = driver::drive(
             clock.clone(),

@@ -34,6 +34,11 @@ pub struct DriverConfig {
     /// Write the seed's [`pattern`] and check every read against it. Off: writes carry
     /// zeros (no generation cost, for speed runs) and reads are not checked.
     pub verify_data: bool,
+    /// Open loop with a ceiling: I/Os with arrival times are issued at their arrival but
+    /// with at most this many outstanding; later arrivals wait, in order, for a slot (a
+    /// benchmark's fixed pool of client processes, each with one request in flight). `None`:
+    /// no ceiling.
+    pub outstanding_limit: Option<usize>,
 }
 
 impl Default for DriverConfig {
@@ -42,6 +47,7 @@ impl Default for DriverConfig {
             queue_depth: 1,
             sample_interval: None,
             verify_data: true,
+            outstanding_limit: None,
         }
     }
 }
@@ -91,6 +97,10 @@ pub async fn drive(
     config: &DriverConfig,
 ) -> RunOutput {
     assert!(config.queue_depth >= 1, "queue_depth must be at least 1");
+    assert!(
+        config.outstanding_limit != Some(0),
+        "outstanding_limit must be at least 1"
+    );
     let start = clock.now_nanos();
     let data_seed = derive_seed(clock.seed(), "driver-data");
     let zeros = Bytes::from(vec![0u8; 1 << 20]);
@@ -110,6 +120,7 @@ pub async fn drive(
         if let Some(sampler) = &mut sampler {
             sampler.take_due(now, disks);
         }
+        let full = |inflight: usize| config.outstanding_limit.is_some_and(|m| inflight >= m);
         loop {
             if pending.is_none() && !exhausted {
                 pending = workload.next_io();
@@ -118,7 +129,7 @@ pub async fn drive(
             let Some(io) = pending else { break };
             let due = match io.arrival {
                 None => inflight.len() < config.queue_depth,
-                Some(arrival) => start + arrival <= now,
+                Some(arrival) => start + arrival <= now && !full(inflight.len()),
             };
             if !due {
                 break;
@@ -141,7 +152,11 @@ pub async fn drive(
         if inflight.is_empty() && pending.is_none() {
             break;
         }
-        let arrival = pending.and_then(|io| io.arrival).map(|a| start + a);
+        // An arrival held back by the ceiling waits for a completion, not for its time.
+        let arrival = pending
+            .and_then(|io| io.arrival)
+            .filter(|_| !full(inflight.len()))
+            .map(|a| start + a);
         let wake_at = [arrival, sampler.as_ref().map(|s| s.next)]
             .into_iter()
             .flatten()

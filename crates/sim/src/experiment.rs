@@ -151,6 +151,7 @@ impl Experiment {
             queue_depth: self.queue_depth,
             sample_interval: self.sample_interval,
             verify_data: self.data == DataMode::Stored,
+            outstanding_limit: None,
         };
         let output = sim
             .try_block_on(driver::drive(

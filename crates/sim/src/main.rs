@@ -214,6 +214,14 @@ enum SimCommand {
         /// for sensitivity runs; repeatable.
         #[arg(long = "set")]
         set: Vec<String>,
+        /// The migrate layer's candidate-probability (default 1: calibrated to the paper's
+        /// Fig. 3; see docs/migration-sim.md).
+        #[arg(long)]
+        candidate_probability: Option<f64>,
+        /// Client processes, each with one operation in flight (arrivals wait for one);
+        /// default: open loop without a ceiling.
+        #[arg(long)]
+        processes: Option<usize>,
         /// Experiments to run (comma-separated; default all).
         #[arg(long, value_delimiter = ',', value_enum)]
         part: Option<Vec<migration::Part>>,
@@ -481,6 +489,8 @@ fn run(command: SimCommand) -> anyhow::Result<()> {
             bound_ms,
             delta,
             set,
+            candidate_probability,
+            processes,
             part,
             out,
             json,
@@ -528,6 +538,10 @@ fn run(command: SimCommand) -> anyhow::Result<()> {
             }
             config.delta = delta;
             config.layer_options = set;
+            config.processes = processes;
+            if let Some(p) = candidate_probability {
+                config.candidate_probability = Some(p);
+            }
             if let Some(part) = part {
                 config.parts = part;
             }

@@ -360,6 +360,7 @@ fn one_at_a_time(sim: &Simulation, top: DeviceRef, ios: Vec<Io>) -> driver::RunO
         queue_depth: 1,
         sample_interval: None,
         verify_data: false,
+        outstanding_limit: None,
     };
     driver::run(sim, top, &mut Listed(ios.into_iter()), &[], &config)
 }

@@ -304,7 +304,7 @@ pub fn run_shared_point(
             top.clone(),
             &mut super::Listed(sfs::creation(config.data_bytes).into_iter()),
             &[],
-            &quiet(),
+            &quiet(None),
         );
     }
     let seconds = config.warmup_s + config.measure_s;
@@ -324,8 +324,14 @@ pub fn run_shared_point(
         .collect::<Result<Vec<_>, _>>()?;
     let interval = (config.sample_s * SECONDS as f64) as Nanos;
     let layers: Vec<(DeviceRef, usize)> = tops.iter().map(|t| (t.clone(), users)).collect();
-    let (outputs, disk_ios, disk_util) =
-        run_phase(&sim, &layers, workloads, interval, &stack.disks)?;
+    let (outputs, disk_ios, disk_util) = run_phase(
+        &sim,
+        &layers,
+        workloads,
+        interval,
+        &stack.disks,
+        config.processes,
+    )?;
     let mut points = Vec::new();
     let mut disk_requests = vec![vec![0u64; users]; users];
     for (u, ((records, samples), s)) in outputs.iter().zip(&setups).enumerate() {

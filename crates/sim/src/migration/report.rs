@@ -353,8 +353,8 @@ pub fn format_report(report: &MigrationReport) -> String {
     out.push_str(&format!(
         "User-centric migration on the migrate layer: {} disks of {} (partitions of {} MiB; \
          child 0 local, the others behind the Table 1 link), synthetic SFS-like mix over a \
-         {} MiB data set (zipf {}), open loop; warm-up {} s, measured {} s per point; \
-         {} tokens/s; δ {}; seed {}\n\
+         {} MiB data set (zipf {}), {}; warm-up {} s, measured {} s per point; \
+         {} tokens/s; δ {}; candidate probability {}{}; seed {}\n\
          base response time = mean at the lowest load; saturation = delivered ops/s where the \
          mean crosses {bound} ms (interpolated)\n\n",
         c.disks,
@@ -362,10 +362,19 @@ pub fn format_report(report: &MigrationReport) -> String {
         c.partition_bytes / MIB,
         c.data_bytes / MIB,
         c.theta,
+        c.processes.map_or("open loop".to_string(), |n| format!(
+            "open loop with at most {n} operations outstanding"
+        )),
         c.warmup_s,
         c.measure_s,
         c.tokens,
         c.delta.as_deref().unwrap_or("adaptive"),
+        c.candidate_probability
+            .map_or("(the layer's default)".to_string(), |p| p.to_string()),
+        c.layer_options
+            .iter()
+            .map(|o| format!("; {o}"))
+            .collect::<String>(),
         c.seed,
     ));
     if !report.striping.is_empty() {

@@ -227,6 +227,7 @@ fn ten_virtual_hours_take_well_under_a_wall_second() {
     };
     let config = DriverConfig {
         verify_data: false,
+        outstanding_limit: None,
         ..closed(1)
     };
     let output = driver::run(&sim, disk.clone(), &mut workload, &[disk], &config);
@@ -262,6 +263,7 @@ fn one_fixed_disk_serves_requests_back_to_back_and_queues_the_rest() {
             queue_depth: 3,
             sample_interval: Some(10 * MILLIS),
             verify_data: true,
+            outstanding_limit: None,
         },
     );
     assert_eq!(output.end, 30 * MILLIS);
@@ -317,6 +319,48 @@ fn open_loop_issues_at_arrival_whatever_is_outstanding() {
     latencies.sort_unstable();
     assert_eq!(latencies, (1..=10).map(|n| n * MILLIS).collect::<Vec<_>>());
     assert!(output.records.iter().all(|r| r.issued == 5 * MILLIS));
+}
+
+#[test]
+fn an_outstanding_limit_holds_arrivals_until_a_slot_frees() {
+    let sim = Simulation::new(4);
+    let disk = &disks(&sim, 1, MILLIS)[0];
+    // Ten arriving at once, at most two outstanding: issued two at a time as the disk
+    // finishes, in arrival order; each waits for at most one ahead of it at the disk.
+    let config = DriverConfig {
+        outstanding_limit: Some(2),
+        ..closed(1)
+    };
+    let run = |mut arrivals: Arrivals| {
+        driver::run(
+            &sim,
+            disk.clone(),
+            &mut arrivals,
+            std::slice::from_ref(disk),
+            &config,
+        )
+    };
+    let output = run(Arrivals(std::iter::repeat_n(5 * MILLIS, 10).collect()));
+    assert_eq!(output.records.len(), 10);
+    let mut issued: Vec<Nanos> = output.records.iter().map(|r| r.issued).collect();
+    issued.sort_unstable();
+    // Two at 5 ms, then one at each completion: 6, 7, …, 13 ms.
+    let expected: Vec<Nanos> = [5, 5, 6, 7, 8, 9, 10, 11, 12, 13]
+        .iter()
+        .map(|ms| ms * MILLIS)
+        .collect();
+    assert_eq!(issued, expected);
+    assert!(output
+        .records
+        .iter()
+        .all(|r| r.completed - r.issued <= 2 * MILLIS));
+    assert_eq!(output.end, 15 * MILLIS);
+    // Arrivals spaced wider than the service never meet the limit.
+    let output = run(Arrivals((0..10).map(|i| i * 2 * MILLIS).collect()));
+    assert!(output
+        .records
+        .iter()
+        .all(|r| r.completed - r.issued == MILLIS && r.issued % (2 * MILLIS) == 0));
 }
 
 #[test]
@@ -443,6 +487,7 @@ fn the_same_seed_gives_byte_identical_output_and_another_seed_differs() {
                 queue_depth: 6,
                 sample_interval: Some(20 * MILLIS),
                 verify_data: true,
+                outstanding_limit: None,
             },
         );
         serde_json::to_string(&output).unwrap()
@@ -610,6 +655,7 @@ fn measure_simulated_requests_per_wall_second() {
                 queue_depth,
                 sample_interval: Some(SECONDS),
                 verify_data: false,
+                outstanding_limit: None,
             },
         );
         let seconds = wall.elapsed().as_secs_f64();
