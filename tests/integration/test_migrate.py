@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+import urllib.request
 
 from harness import MiB, Disk, Export, Layer, ServerSpec, run
 from netns import hosts
@@ -35,6 +36,20 @@ def detail(srv) -> dict:
     return dict(layer_node(srv, "mig")["detail"])
 
 
+def metrics(srv) -> dict[str, list[tuple[str, float]]]:
+    """The server's Prometheus samples of migrate layers: name -> [(labels, value)]."""
+    url = f"http://127.0.0.1:{srv.metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as r:
+        body = r.read().decode()
+    out: dict[str, list[tuple[str, float]]] = {}
+    for line in body.splitlines():
+        if line.startswith("strata_migrate_"):
+            series, value = line.rsplit(None, 1)
+            name, _, labels = series.partition("{")
+            out.setdefault(name, []).append((labels.rstrip("}"), float(value)))
+    return out
+
+
 def fio_ok(job, workdir, timeout=600) -> dict:
     r = run(["fio", "--output-format=json", str(job)], timeout=timeout, cwd=workdir, check=False)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -48,7 +63,9 @@ def test_forced_migration_and_a_brick_restart_lose_no_verified_block(server_fact
     with hosts(2) as places:
         bricks = [server_factory(ServerSpec(tcp=True, unix=False, netns=ns, host=address))
                   for ns, address in places]
-        front = server_factory(migrate_spec(bricks))
+        spec = migrate_spec(bricks)
+        spec.metrics = True
+        front = server_factory(spec)
         # Writes with verification headers, spread over the three children by STR, moved
         # toward the fastest child as they land (δ = 0).
         write = fio_job(workdir / "write.fio", front, "data", rw="randwrite", bs="16k",
@@ -84,6 +101,24 @@ def test_forced_migration_and_a_brick_restart_lose_no_verified_block(server_fact
         stats = detail(front)
         for i in range(3):
             assert "ms ±" in stats[f"child {i} response"], stats
+        # Prometheus says the same as status: every migration counted once by its pair and
+        # once by its destination; a response time for each child.
+        time.sleep(1)  # the last read migrations finish in the background
+        stats = detail(front)
+        scraped = metrics(front)
+        total = int(stats["migrations"])
+        assert scraped["strata_migrate_migrations_total"] == [('migrate="mig"', total)], scraped
+        between = scraped["strata_migrate_migrations_between_total"]
+        assert len(between) == 6 and sum(v for _, v in between) == total, between
+        for src in range(3):
+            for dst in range(3):
+                if src != dst:
+                    key = f"migrations child {src} to child {dst}"
+                    labels = f'migrate="mig",from="{src}",to="{dst}"'
+                    assert (labels, float(stats[key])) in between, (key, between)
+        assert sum(v for _, v in scraped["strata_migrate_migrations_to_total"]) == total
+        responses = scraped["strata_migrate_response_seconds"]
+        assert len(responses) == 3 and all(v > 0 for _, v in responses), responses
         assert front.stop() == 0
         for brick in bricks:
             assert brick.stop() == 0

@@ -579,6 +579,7 @@ impl Migrate {
             u64::from(moving.count_ones()),
         );
         self.bump(&self.counters.moved_to[decided.dst], 1);
+        self.bump(&self.counters.moved[decided.src][decided.dst], 1);
         Ok(())
     }
 

@@ -33,6 +33,8 @@ pub struct Counters {
     /// Per child: requests the layer sent it (timed), and migrations toward it.
     pub child_requests: Vec<AtomicU64>,
     pub moved_to: Vec<AtomicU64>,
+    /// Migrations by (source, destination): `moved[src][dst]`.
+    pub moved: Vec<Vec<AtomicU64>>,
 }
 
 /// A copy of the counters, by name (the order status prints them in).
@@ -57,6 +59,7 @@ impl Counters {
             unmapped_blocks: AtomicU64::new(0),
             child_requests: per(),
             moved_to: per(),
+            moved: (0..children).map(|_| per()).collect(),
         }
     }
 
@@ -88,6 +91,19 @@ impl Counters {
         out
     }
 
+    /// Migrations by (source, destination), for every ordered pair of two children.
+    pub fn per_pair(&self) -> Vec<(usize, usize, u64)> {
+        let mut out = Vec::new();
+        for (src, row) in self.moved.iter().enumerate() {
+            for (dst, count) in row.iter().enumerate() {
+                if src != dst {
+                    out.push((src, dst, count.load(Ordering::Relaxed)));
+                }
+            }
+        }
+        out
+    }
+
     /// Per child: (requests the layer sent it, migrations toward it).
     pub fn per_child(&self) -> Vec<(u64, u64)> {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
@@ -115,6 +131,11 @@ impl Migrate {
         let mut all = self.counters.snapshot();
         all.truncate(all.len() - 2 * children);
         all
+    }
+
+    /// Migrations by (source, destination), every ordered pair of two children.
+    pub fn pair_counters(&self) -> Vec<(usize, usize, u64)> {
+        self.counters.per_pair()
     }
 
     /// Per child: (requests the layer sent it, migrations toward it).
@@ -219,6 +240,12 @@ impl Migrate {
             detail.push((
                 format!("child {i} free slots"),
                 format!("{} of {}", free[i], self.shape.slots[i]),
+            ));
+        }
+        for (src, dst, count) in self.counters.per_pair() {
+            detail.push((
+                format!("migrations child {src} to child {dst}"),
+                count.to_string(),
             ));
         }
         let store_space = self.store.space();

@@ -203,6 +203,13 @@ impl Server {
             .accept(crate::transport::buffered_for_tls(stream))
             .await
             .map_err(|e| HandshakeError::Refused(format!("TLS handshake failed: {e}")))?;
+        let session = stream.get_ref().1;
+        let agreed = |what: Option<String>| what.unwrap_or_else(|| "unknown".into());
+        info!(
+            version = %agreed(session.protocol_version().map(|v| format!("{v:?}"))),
+            suite = %agreed(session.negotiated_cipher_suite().map(|s| format!("{:?}", s.suite()))),
+            "TLS session established"
+        );
         let peer = Peer::Tls(
             stream
                 .get_ref()

@@ -1,6 +1,6 @@
 //! Prometheus metrics of migrate layers, read at scrape time: each child's smoothed response
 //! time and deviation, δ, where the data is, and every counter `strata status` shows,
-//! labelled by layer (and child).
+//! labelled by layer (and child, or the pair of children a migration went between).
 
 use std::sync::Arc;
 
@@ -45,6 +45,22 @@ impl MigrateCollector {
                     ("child", child.to_string()),
                 ];
                 out.push((labels, v));
+            }
+        }
+        out
+    }
+
+    /// One series per ordered pair of two children of every layer.
+    fn per_pair(&self) -> Vec<(Labels, f64)> {
+        let mut out = Vec::new();
+        for layer in &self.layers {
+            for (from, to, count) in layer.pair_counters() {
+                let labels = vec![
+                    ("migrate", layer.name().to_string()),
+                    ("from", from.to_string()),
+                    ("to", to.to_string()),
+                ];
+                out.push((labels, count as f64));
             }
         }
         out
@@ -112,6 +128,12 @@ impl Collector for MigrateCollector {
                 "Migrations toward each child",
                 Kind::Counter,
                 self.per_child(|l| l.child_counters().iter().map(|c| c.1 as f64).collect()),
+            ),
+            (
+                "strata_migrate_migrations_between",
+                "Migrations from one child to another",
+                Kind::Counter,
+                self.per_pair(),
             ),
             (
                 "strata_migrate_delta_seconds",

@@ -209,6 +209,26 @@ async fn the_destination_is_the_fastest_of_three() {
     assert_eq!(rig.device_of(chunk(2)), 1);
     rig.read_check(chunk(0), 4, 0).await;
     assert_eq!(rig.device_of(chunk(0)), 1);
+    // Status says from where: one move from child 2 and one from child 0, both to child 1.
+    let status = rig.layer.describe().await.unwrap();
+    let pairs: Vec<(String, String)> = status
+        .detail
+        .into_iter()
+        .filter(|(k, _)| k.starts_with("migrations child "))
+        .collect();
+    let expected = [
+        ("0 to child 1", "1"),
+        ("0 to child 2", "0"),
+        ("1 to child 0", "0"),
+        ("1 to child 2", "0"),
+        ("2 to child 0", "0"),
+        ("2 to child 1", "1"),
+    ];
+    let expected: Vec<(String, String)> = expected
+        .iter()
+        .map(|(k, v)| (format!("migrations child {k}"), v.to_string()))
+        .collect();
+    assert_eq!(pairs, expected);
 }
 
 #[tokio::test]
