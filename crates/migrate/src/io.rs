@@ -200,7 +200,7 @@ impl Migrate {
         let Some((src, moving)) = majority_source(&entry, requested) else {
             return Ok(out);
         };
-        let Some(decided) = self.decide(chunk, &entry, src, Some(chunk))? else {
+        let Some(decided) = self.decide(chunk, &entry, src, true)? else {
             return Ok(out);
         };
         let job = ReadMigration {
@@ -328,7 +328,7 @@ impl Migrate {
             .filter(|&i| source(i) == src_device)
             .fold(0u64, |bits, i| bits | 1 << i);
         assert_eq!(moving & !requested, 0);
-        if let Some(decided) = self.decide(chunk, &entry, src_device, None)? {
+        if let Some(decided) = self.decide(chunk, &entry, src_device, false)? {
             self.migrate_blocks(chunk, entry, decided, first, moving, &data, true)
                 .await?;
             self.bump(&self.counters.write_migrations, 1);
@@ -414,15 +414,16 @@ impl Migrate {
     }
 
     /// The policy's decision for a request whose data is on `src`: the candidate list is
-    /// touched, then the rule asked, then (a read's: `background` is its chunk) a place among
-    /// the migrations in flight checked, then a token taken, then a slot claimed if needed.
+    /// touched, then the rule asked, then (for a read's, which runs in the background) a place
+    /// among the migrations in flight checked, then a token taken, then a slot claimed if
+    /// needed.
     /// A read's migration admitted is counted in `in_flight` until its `Admitted` drops.
     fn decide(
         &self,
         chunk: u64,
         entry: &Entry,
         src: usize,
-        background: Option<u64>,
+        background: bool,
     ) -> Result<Option<Move>> {
         let mode = self.settings.policy;
         if mode == Policy::NoMig {
@@ -442,7 +443,7 @@ impl Migrate {
             self.bump(&self.counters.not_candidate, 1);
             return Ok(None);
         }
-        if let Some(chunk) = background {
+        if background {
             let in_flight = self.in_flight.borrow();
             if in_flight.len() >= MAX_MIGRATIONS_IN_FLIGHT || in_flight.contains(&chunk) {
                 self.bump(&self.counters.in_flight_skips, 1);
@@ -454,7 +455,7 @@ impl Migrate {
             return Ok(None);
         }
         // Admitted under the policy lock, where every admission is: the check above holds.
-        if let Some(chunk) = background {
+        if background {
             self.in_flight.send_modify(|in_flight| {
                 in_flight.insert(chunk);
             });
@@ -465,7 +466,7 @@ impl Migrate {
             None => match self.claim_slot(dst) {
                 Ok(Some(slot)) => Some(slot),
                 claimed => {
-                    if let Some(chunk) = background {
+                    if background {
                         self.end_in_flight(chunk);
                     }
                     claimed?;

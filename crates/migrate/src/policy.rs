@@ -81,16 +81,6 @@ impl Ewma {
             self.mean_us
         }
     }
-
-    /// Test fixture: an average that has seen `mean_us ± deviation_us`.
-    pub fn settled(mean_us: f64, deviation_us: f64) -> Self {
-        Ewma {
-            mean_us,
-            deviation_us,
-            samples: 10,
-            ..Ewma::new(DEFAULT_SMOOTHING)
-        }
-    }
 }
 
 /// How δ is set (`delta = "adaptive" | "pair" | "<duration>"`).
@@ -386,8 +376,14 @@ impl Rng {
 mod tests {
     use super::*;
 
+    /// An average that has seen `mean_us ± deviation_us`.
     fn ewma(mean_us: f64, deviation_us: f64) -> Ewma {
-        Ewma::settled(mean_us, deviation_us)
+        Ewma {
+            mean_us,
+            deviation_us,
+            samples: 10,
+            ..Ewma::new(DEFAULT_SMOOTHING)
+        }
     }
 
     fn at_ms(ms: u64) -> Duration {

@@ -211,9 +211,7 @@ impl Server {
             "TLS session established"
         );
         let peer = Peer::Tls(
-            stream
-                .get_ref()
-                .1
+            session
                 .peer_certificates()
                 .map(|chain| chain.iter().map(|c| c.clone().into_owned()).collect())
                 .unwrap_or_default(),
