@@ -13,6 +13,7 @@ pub mod layer;
 mod layer_config;
 pub mod lifecycle;
 pub mod pages;
+pub mod planted;
 pub mod poison;
 mod runtime;
 mod size;

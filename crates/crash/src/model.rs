@@ -264,6 +264,23 @@ impl DeviceModel {
         self.tick();
     }
 
+    /// The device now holds `size` bytes (a volume resized): sectors past the new end are
+    /// forgotten, sectors added read as zeros. Call with nothing in flight.
+    pub fn resize(&mut self, size: u64) {
+        assert!(
+            size.is_multiple_of(SECTOR),
+            "the model works in 512-byte sectors; size {size} is not a multiple"
+        );
+        let sectors = (size / SECTOR) as usize;
+        while self.candidates.len() > sectors {
+            for id in self.candidates.pop().expect("longer than sectors") {
+                self.release(id);
+            }
+        }
+        self.candidates.resize(sectors, vec![WriteId::ZEROS]);
+        self.size = size;
+    }
+
     /// Power failed: writes still in flight will never complete; they stay candidates.
     pub fn crashed(&mut self) {
         for write in self.writes.values_mut() {

@@ -9,6 +9,7 @@ pub mod disk;
 pub mod driver;
 pub mod executor;
 pub mod experiment;
+pub mod explore;
 pub mod migration;
 pub mod models;
 pub mod net;

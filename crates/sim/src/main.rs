@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use strata_core::{errln, out, outln};
 
+mod explore_cmd;
+
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
 use strata_sim::alv;
@@ -234,6 +236,10 @@ enum SimCommand {
     },
     /// List the device-model presets.
     Models,
+    /// Whole-stack simulation testing: random hierarchies, workloads, crashes, member
+    /// failures and online changes from a seed, each start checked against a reference
+    /// model. See docs/explore.md.
+    Explore(explore_cmd::ExploreArgs),
 }
 
 /// How a run is reported, alike for `run` and `replay`.
@@ -564,6 +570,7 @@ fn run(command: SimCommand) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        SimCommand::Explore(args) => explore_cmd::run(args),
         SimCommand::Models => {
             for name in strata_sim::models::preset_names() {
                 outln!("{name}");

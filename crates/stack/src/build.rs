@@ -332,11 +332,27 @@ pub async fn build_on(
     label_disks(&mut stack, loaded).await?;
     for &index in &loaded.build_order {
         let layer = &loaded.layers[index];
-        // A layer over a refused layer cannot start; over an absent disk, it decides.
-        if let Some(child) = layer.children.iter().find_map(|c| stack.refused(c)) {
-            let reason = format!("its child {} was refused ({})", child.name, child.reason);
-            refuse(&mut stack, loaded, &layer.name, &layer.kind, reason);
-            continue;
+        // Over an absent disk, a layer decides. Over a refused layer, one that can do without
+        // members (a mirror, a raid5) decides too, as if that child were missing: a raid5
+        // over crypt members whose disk died starts degraded (with `--degraded`, which
+        // its own rules ask for) instead of taking the whole array down. Others cannot start.
+        let refused_children: Vec<Refused> = layer
+            .children
+            .iter()
+            .filter_map(|c| stack.refused(c).cloned())
+            .collect();
+        let kind = registry::find(&layer.kind).expect("config validation checked the kind");
+        if let Some(child) = refused_children.first() {
+            if refused_children.len() > (kind.tolerates_missing)(layer.children.len()) {
+                let reason = format!("its child {} was refused ({})", child.name, child.reason);
+                refuse(&mut stack, loaded, &layer.name, &layer.kind, reason);
+                continue;
+            }
+            for child in &refused_children {
+                stack
+                    .absent
+                    .insert(child.name.clone(), format!("refused ({})", child.reason));
+            }
         }
         let policy = start_policy(loaded, &layer.name, &stack.fresh, start);
         let built = build_layer(&mut stack, layer, loaded, policy, runtime.clone(), metrics).await;

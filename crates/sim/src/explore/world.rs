@@ -1,0 +1,939 @@
+//! One run: a plan's hierarchy built through the serve path (`config::load`, `build_on`,
+//! labels and all) over crash disks in a simulation of its own, its steps played in order,
+//! and after every start each target read whole and checked against its reference model.
+//!
+//! Each start ("boot") is a fresh [`Simulation`]: dropping the old one drops every task the
+//! old stack left, as a process exit does. What carries over from boot to boot is only what
+//! a real system keeps: the disks' images (after a crash, what the crash left of them) and
+//! the models of what each target must hold.
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use rand::SeedableRng;
+use strata_core::{Control, ControlReply, DeviceRef, Health, MetricsRegistry};
+use strata_crash::{CrashDisk, CrashGroup, CrashPolicy, CrashRng, DeviceModel, DiskImage};
+use strata_stack::build::{self, Disks, StartOptions};
+use strata_stack::config::{self, Loaded};
+
+use crate::executor::{derive_seed, SimConfig, Simulation};
+use crate::explore::client::{self, Shared, Target as Client};
+use crate::explore::coverage::Coverage;
+use crate::explore::disks::{TimedDisk, Timing};
+use crate::explore::generate::{Cut, Plan, Step, Target};
+
+const MIB: u64 = 1 << 20;
+
+/// The largest rewrite of ranges reported lost.
+const MAX_REWRITE: u64 = 1 << 20;
+
+/// How long a boot may run in virtual time before the run is called hung: an hour, far
+/// beyond anything a step needs (the longest waits are rebuilds of a few MiB).
+const BOOT_TIME_LIMIT: u64 = 3_600_000_000_000;
+
+/// A defect: what was wrong, and the steps up to it.
+#[derive(Clone, Debug)]
+pub struct Failure {
+    pub message: String,
+    /// Index into the plan's steps of the step that failed (None: the first start; the
+    /// number of steps: the clean restart after the last).
+    pub step: Option<usize>,
+    pub log: Vec<String>,
+}
+
+/// What a run that found nothing wrong did.
+#[derive(Clone, Debug, Default)]
+pub struct Outcome {
+    pub coverage: Coverage,
+    /// Requests the disks served, over every boot.
+    pub disk_requests: u64,
+    /// What happened, one line per step and start: the same seed gives the same lines.
+    pub log: Vec<String>,
+}
+
+/// A running stack.
+struct Boot {
+    /// None: nothing could be served (an expected refusal of everything).
+    stack: Option<build::Stack>,
+    group: CrashGroup,
+    /// By plan disk index: the disk, if it was given at this start.
+    disks: Vec<Option<CrashDisk>>,
+    timing: Arc<Timing>,
+    // Dropped last: the stack's tasks hold handles into it.
+    sim: Simulation,
+}
+
+impl Boot {
+    fn nodes(&self) -> &[build::Node] {
+        self.stack.as_ref().map_or(&[], |s| &s.nodes)
+    }
+
+    fn refused(&self) -> &[build::Refused] {
+        self.stack.as_ref().map_or(&[], |s| &s.refused)
+    }
+}
+
+/// What must be true of a start.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Expect {
+    /// Everything starts.
+    Serve,
+    /// The array over the disks in this list must refuse; the rest serves.
+    Refuse,
+}
+
+struct World<'a> {
+    plan: &'a Plan,
+    seed: u64,
+    loaded: Loaded,
+    boots: u64,
+    boot: Option<Boot>,
+    /// Unplugged disks and what they held when they went.
+    gone: BTreeMap<usize, DiskImage>,
+    /// Every target the clients know and its model.
+    models: BTreeMap<Target, DeviceModel>,
+    /// Write ids for the next target's model start here (each target its own range, so a
+    /// block from another volume names the volume it came from).
+    next_model: u64,
+    coverage: Coverage,
+    disk_requests: u64,
+    log: Vec<String>,
+    step: Option<usize>,
+}
+
+/// Plays `plan` (run seed `seed`) with the steps `steps` (indexes into the plan's steps; all
+/// when None). `data_dir` holds the key file a crypt layer reads.
+pub fn run(
+    plan: &Plan,
+    seed: u64,
+    steps: Option<&[usize]>,
+    data_dir: &Path,
+) -> Result<Outcome, Failure> {
+    let loaded =
+        config::load(&plan.config, "explore.toml", data_dir, Some(data_dir)).map_err(|e| {
+            Failure {
+                message: format!("the generated configuration does not load: {e}"),
+                step: None,
+                log: vec![plan.config.clone()],
+            }
+        })?;
+    let mut world = World {
+        plan,
+        seed,
+        loaded,
+        boots: 0,
+        boot: None,
+        gone: BTreeMap::new(),
+        models: BTreeMap::new(),
+        next_model: 1,
+        coverage: Coverage::default(),
+        disk_requests: 0,
+        log: Vec::new(),
+        step: None,
+    };
+    for layer in &plan.layers {
+        world.coverage.count("layer", layer.kind);
+    }
+    let result = world.play(steps);
+    world.shutdown_quietly();
+    match result {
+        Ok(()) => Ok(Outcome {
+            coverage: world.coverage,
+            disk_requests: world.disk_requests,
+            log: world.log,
+        }),
+        Err(message) => Err(Failure {
+            message,
+            step: world.step,
+            log: world.log,
+        }),
+    }
+}
+
+impl World<'_> {
+    fn play(&mut self, steps: Option<&[usize]>) -> Result<(), String> {
+        let images: Vec<Option<DiskImage>> = self
+            .plan
+            .disks
+            .iter()
+            .map(|&size| Some(DiskImage::zeroed(strata_crash::sector_disk(size))))
+            .collect();
+        self.start(images, Expect::Serve, None)?;
+        let all: Vec<usize> = (0..self.plan.steps.len()).collect();
+        for &index in steps.unwrap_or(&all) {
+            self.step = Some(index);
+            let step = self.plan.steps[index].clone();
+            self.log.push(format!("step {index}: {step}"));
+            self.coverage.count("event", step.kind());
+            self.play_step(&step)?;
+        }
+        self.step = Some(self.plan.steps.len());
+        // Last, a clean restart: everything written is flushed and must come back exactly.
+        self.restart(false)
+    }
+
+    fn play_step(&mut self, step: &Step) -> Result<(), String> {
+        match *step {
+            Step::Work { seed, ops, clients } => self.work(seed, ops, clients, None),
+            Step::Crash {
+                seed,
+                ops,
+                clients,
+                after,
+                cut,
+            } => {
+                self.work(seed, ops, clients, Some(after))?;
+                self.crash(cut)
+            }
+            Step::Restart => self.restart(false),
+            Step::FailDisk { disk } => self.fail_disk(disk),
+            Step::ReturnDisks => {
+                if self.gone.is_empty() {
+                    return self.skip("return-disks");
+                }
+                self.restart(true)
+            }
+            Step::StaleAlone { disk } => self.stale_alone(disk),
+            Step::LatencySpike {
+                disk,
+                millis,
+                requests,
+            } => {
+                let boot = self.boot.as_ref().expect("running");
+                let index = disk as usize % self.plan.disks.len();
+                boot.timing
+                    .spike(index, Duration::from_millis(millis.into()), requests);
+                Ok(())
+            }
+            Step::CreateVolume { id, mib } => self.create_volume(id, mib),
+            Step::DeleteVolume { nth } => self.delete_volume(nth),
+            Step::ResizeVolume { nth, mib } => self.resize_volume(nth, mib),
+        }
+    }
+
+    fn skip(&mut self, what: &str) -> Result<(), String> {
+        self.coverage.count("skipped", what);
+        self.log
+            .push(format!("  skipped: {what} has nothing to act on"));
+        Ok(())
+    }
+
+    // ---- starting and stopping -----------------------------------------------------------
+
+    /// Starts the stack on `images` (None: the disk is absent) and checks every target.
+    fn start(
+        &mut self,
+        images: Vec<Option<DiskImage>>,
+        expect: Expect,
+        refused_under: Option<&str>,
+    ) -> Result<(), String> {
+        // The operator knows a disk died and says so (`--degraded`); never for the start
+        // whose point is that an array must not start without it.
+        let degraded = expect == Expect::Serve && images.iter().any(|i| i.is_none());
+        self.boots += 1;
+        let boot_seed = derive_seed(self.seed, &format!("boot-{}", self.boots));
+        let sim = Simulation::with_config(SimConfig {
+            time_limit: Some(BOOT_TIME_LIMIT),
+            ..SimConfig::new(boot_seed)
+        });
+        let timing = Timing::new(
+            derive_seed(boot_seed, "timing"),
+            self.plan.disks.len(),
+            sim.runtime(),
+        );
+        let group = CrashGroup::new();
+        let mut given: BTreeMap<String, DeviceRef> = BTreeMap::new();
+        let disks: Vec<Option<CrashDisk>> = images
+            .into_iter()
+            .enumerate()
+            .map(|(i, image)| {
+                let disk = group.disk_from(image?);
+                let timed = TimedDisk::new(disk.clone(), i, timing.clone());
+                given.insert(format!("d{i}"), Arc::new(timed) as DeviceRef);
+                Some(disk)
+            })
+            .collect();
+        let present: Vec<String> = disks
+            .iter()
+            .enumerate()
+            .map(|(i, d)| format!("d{i}{}", if d.is_some() { "" } else { " (absent)" }))
+            .collect();
+        self.log
+            .push(format!("  start {}: {}", self.boots, present.join(", ")));
+        let built = sim.try_block_on(build::build_on(
+            &self.loaded,
+            &Disks::Given(given),
+            &StartOptions {
+                degraded,
+                ..StartOptions::default()
+            },
+            sim.runtime(),
+            &MetricsRegistry::default(),
+        ));
+        let stack = match built {
+            Ok(Ok(stack)) => Some(stack),
+            Ok(Err(e))
+                if expect == Expect::Refuse
+                    && format!("{e:#}").contains("no export could be served") =>
+            {
+                self.log.push(format!("  nothing served: {e:#}"));
+                None
+            }
+            Ok(Err(e)) => return Err(format!("the stack did not start: {e:#}")),
+            Err(stop) => return Err(format!("starting the stack hung: {stop}")),
+        };
+        for refused in stack.iter().flat_map(|s| &s.refused) {
+            self.log
+                .push(format!("  refused {}: {}", refused.name, refused.reason));
+        }
+        self.boot = Some(Boot {
+            stack,
+            group,
+            disks,
+            timing,
+            sim,
+        });
+        // With disks absent, the layers over them that cannot do without them are refused
+        // (the arrays above run degraded); nothing else may be.
+        let absent: Vec<String> = self
+            .boot()
+            .disks
+            .iter()
+            .enumerate()
+            .filter(|(_, d)| d.is_none())
+            .map(|(i, _)| format!("d{i}"))
+            .collect();
+        let unexplained: Vec<String> = self
+            .boot()
+            .refused()
+            .iter()
+            .filter(|r| !absent.iter().any(|d| self.under(&r.name, d)))
+            .map(|r| format!("{} ({})", r.name, r.reason))
+            .collect();
+        match expect {
+            Expect::Serve if !unexplained.is_empty() => {
+                return Err(format!(
+                    "a start refused devices with all their disks present: {}",
+                    unexplained.join("; ")
+                ));
+            }
+            Expect::Refuse => {
+                let array = refused_under.expect("an array to refuse");
+                let under = self.plan.disks_under(array);
+                let served = self
+                    .boot()
+                    .nodes()
+                    .iter()
+                    .any(|n| n.name == array && n.device().is_some());
+                if served {
+                    return Err(format!(
+                        "{array} started with only a stale member of it present ({}) and \
+                         without --degraded",
+                        under.join(", ")
+                    ));
+                }
+                self.coverage.count("refused-as-expected", array);
+            }
+            Expect::Serve => {}
+        }
+        let mut created = Vec::new();
+        if self.models.is_empty() && self.boots == 1 {
+            created = self.plan.targets.clone();
+        }
+        for target in created {
+            let device = self.resolve(&target)?;
+            let size = device.geometry().size;
+            let model = DeviceModel::with_first_id(size, self.next_model);
+            self.next_model += 1 << 40;
+            self.models.insert(target, model);
+        }
+        self.verify_all(refused_under)
+    }
+
+    fn boot(&self) -> &Boot {
+        self.boot.as_ref().expect("a running stack")
+    }
+
+    /// A target's device in the running stack.
+    fn resolve(&self, target: &Target) -> Result<DeviceRef, String> {
+        let boot = self.boot();
+        match target {
+            Target::Device(name) => boot
+                .nodes()
+                .iter()
+                .find(|n| &n.name == name)
+                .and_then(|n| n.device().cloned())
+                .ok_or_else(|| format!("{name} is not served")),
+            Target::Volume { pool, volume } => {
+                let node = boot
+                    .nodes()
+                    .iter()
+                    .find(|n| &n.name == pool)
+                    .ok_or_else(|| format!("pool {pool} is not served"))?;
+                let request = Control::Volume {
+                    name: volume.clone(),
+                };
+                match boot
+                    .sim
+                    .try_block_on(node.control_device().control(request))
+                {
+                    Ok(Ok(ControlReply::Device(device))) => Ok(device),
+                    Ok(Ok(_)) => Err(format!("{target}: the pool answered something else")),
+                    Ok(Err(e)) => Err(format!("{target} is not served: {e}")),
+                    Err(stop) => Err(format!("looking up {target} hung: {stop}")),
+                }
+            }
+        }
+    }
+
+    /// Whether `target` lies over `array` (so a refused array takes it down).
+    fn over(&self, target: &Target, array: &str) -> bool {
+        match target {
+            Target::Device(name) => self.under(name, array),
+            Target::Volume { pool, .. } => self.under(pool, array),
+        }
+    }
+
+    fn under(&self, device: &str, array: &str) -> bool {
+        device == array
+            || self
+                .plan
+                .layers
+                .iter()
+                .find(|l| l.name == device)
+                .is_some_and(|l| l.children.iter().any(|c| self.under(c, array)))
+    }
+
+    /// Reads every target whole and checks it against its model; pins the model to what was
+    /// read (a later crash cannot take back what a start presented).
+    fn verify_all(&mut self, refused_under: Option<&str>) -> Result<(), String> {
+        let targets: Vec<Target> = self.models.keys().cloned().collect();
+        for target in targets {
+            if refused_under.is_some_and(|array| self.over(&target, array)) {
+                if self.resolve(&target).is_ok() {
+                    return Err(format!(
+                        "{target} is served although {} under it was refused",
+                        refused_under.unwrap_or_default()
+                    ));
+                }
+                continue;
+            }
+            let device = self.resolve(&target)?;
+            let model = self.models.get_mut(&target).expect("model");
+            let size = device.geometry().size;
+            if size != model.size() {
+                return Err(format!(
+                    "{target} has {size} bytes after a start; it had {}",
+                    model.size()
+                ));
+            }
+            let sim = &self.boot.as_ref().expect("running").sim;
+            let lost = read_and_check(sim, &target, &device, model, true)?;
+            if lost > 0 {
+                self.coverage.add("reported-lost", "sectors", lost);
+                self.log.push(format!(
+                    "  {target}: {lost} sectors reported lost, rewritten"
+                ));
+            }
+            self.coverage.add("verified", "MiB", size / MIB);
+        }
+        Ok(())
+    }
+
+    /// Flushes every target, ends background work and closes the stack; returns the disks'
+    /// images (everything was flushed, so all of it is durable).
+    fn stop(&mut self) -> Result<Vec<Option<DiskImage>>, String> {
+        let targets: Vec<Target> = self.models.keys().cloned().collect();
+        for target in targets {
+            let device = self.resolve(&target)?;
+            let model = self.models.get_mut(&target).expect("model");
+            let boot = self.boot.as_ref().expect("running");
+            let id = model.flush_started();
+            match boot.sim.try_block_on(device.flush()) {
+                Ok(Ok(())) => model.flush_completed(id),
+                Ok(Err(e)) => return Err(format!("{target}: flush at shutdown failed: {e}")),
+                Err(stop) => return Err(format!("{target}: flush at shutdown hung: {stop}")),
+            }
+        }
+        let boot = self.boot.take().expect("running");
+        // Disks have no background work; an unplugged one answers nothing.
+        let layers = boot
+            .nodes()
+            .iter()
+            .filter(|n| self.plan.layers.iter().any(|l| l.name == n.name));
+        for node in layers.rev() {
+            match boot.sim.try_block_on(node.stop_background()) {
+                Ok(Ok(())) => {}
+                // A layer over an unplugged disk may say so (its array has failed it).
+                Ok(Err(_))
+                    if self
+                        .gone
+                        .keys()
+                        .any(|d| self.under(&node.name, &format!("d{d}"))) => {}
+                Ok(Err(e)) => return Err(format!("{}: stopping failed: {e}", node.name)),
+                Err(stop) => return Err(format!("{}: stopping hung: {stop}", node.name)),
+            }
+        }
+        Ok(self.images_of(boot, CrashPolicy::KeepAll))
+    }
+
+    /// The images a boot's disks leave (absent disks: None), and the boot dropped.
+    fn images_of(&mut self, boot: Boot, policy: CrashPolicy) -> Vec<Option<DiskImage>> {
+        let mut rng =
+            CrashRng::seed_from_u64(derive_seed(self.seed, &format!("crash-{}", self.boots)));
+        let images = boot.group.crash_with(policy, &mut rng);
+        self.disk_requests += boot.timing.requests();
+        let by_disk = boot
+            .disks
+            .iter()
+            .map(|d| d.as_ref().map(|d| images[d.index()].clone()))
+            .collect();
+        drop(boot);
+        by_disk
+    }
+
+    /// The images for the next start: a gone disk stays absent unless `with_gone`.
+    fn next_images(
+        &mut self,
+        mut images: Vec<Option<DiskImage>>,
+        with_gone: bool,
+    ) -> Vec<Option<DiskImage>> {
+        for (&disk, image) in &self.gone {
+            images[disk] = with_gone.then(|| image.clone());
+        }
+        if with_gone {
+            self.gone.clear();
+        }
+        images
+    }
+
+    fn restart(&mut self, with_gone: bool) -> Result<(), String> {
+        let images = self.stop()?;
+        let images = self.next_images(images, with_gone);
+        self.start(images, Expect::Serve, None)
+    }
+
+    fn shutdown_quietly(&mut self) {
+        if let Some(boot) = self.boot.take() {
+            self.disk_requests += boot.timing.requests();
+        }
+    }
+
+    // ---- steps ---------------------------------------------------------------------------
+
+    /// Clients on every target; with `crash_after`, power fails about that many disk writes
+    /// in (or at the end, if the work is done first).
+    fn work(
+        &mut self,
+        seed: u64,
+        ops: u32,
+        clients: u32,
+        crash_after: Option<u32>,
+    ) -> Result<(), String> {
+        let boot = self.boot.as_ref().expect("running");
+        if let Some(after) = crash_after {
+            boot.group
+                .arm_crash_at(boot.group.mutating_ops() + u64::from(after));
+        }
+        let mut targets = Vec::new();
+        for (target, model) in std::mem::take(&mut self.models) {
+            let device = self.resolve(&target)?;
+            let may_fill = matches!(target, Target::Volume { .. });
+            let name = target.to_string();
+            targets.push((
+                target,
+                Rc::new(RefCell::new(Client::new(name, device, model, may_fill))),
+            ));
+        }
+        let boot = self.boot.as_ref().expect("running");
+        let coverage = RefCell::new(std::mem::take(&mut self.coverage));
+        let shared = Shared {
+            group: &boot.group,
+            coverage: &coverage,
+            failure: RefCell::new(None),
+        };
+        let per_client = ops.div_ceil(clients.max(1));
+        let mut futures = Vec::new();
+        for (t, (_, state)) in targets.iter().enumerate() {
+            for c in 0..clients {
+                let seed = derive_seed(seed, &format!("target-{t}-client-{c}"));
+                futures.push(client::client(state.clone(), &shared, seed, per_client));
+            }
+        }
+        let done = boot.sim.try_block_on(join_all(futures));
+        let failure = shared.failure.borrow_mut().take();
+        self.coverage = coverage.into_inner();
+        for (target, state) in targets {
+            let state = Rc::try_unwrap(state)
+                .ok()
+                .expect("clients done")
+                .into_inner();
+            self.models.insert(target, state.model);
+        }
+        if let Err(stop) = done {
+            return Err(format!("clients hung: {stop}"));
+        }
+        if let Some(failure) = failure {
+            return Err(failure);
+        }
+        Ok(())
+    }
+
+    /// Power fails (or the process dies) now, if it has not already; the stack restarts from
+    /// what the disks kept.
+    fn crash(&mut self, cut: Cut) -> Result<(), String> {
+        let boot = self.boot.take().expect("running");
+        let fired = boot.group.is_powered_off();
+        self.log.push(format!(
+            "  {} {}",
+            if cut == Cut::Power {
+                "power cut"
+            } else {
+                "process crash"
+            },
+            if fired {
+                "during the work"
+            } else {
+                "after the work"
+            }
+        ));
+        let policy = match cut {
+            Cut::Power => CrashPolicy::Random,
+            Cut::Process => CrashPolicy::KeepAll,
+        };
+        let images = self.images_of(boot, policy);
+        for model in self.models.values_mut() {
+            model.crashed();
+        }
+        let images = self.next_images(images, false);
+        self.start(images, Expect::Serve, None)
+    }
+
+    /// Unplugs a disk the stack can do without: one under a redundant array that is healthy
+    /// and has lost nothing yet.
+    fn fail_disk(&mut self, pick: u32) -> Result<(), String> {
+        let candidates: Vec<usize> = (0..self.plan.disks.len())
+            .filter(|&d| self.boot().disks[d].is_some() && !self.gone.contains_key(&d))
+            .filter(|&d| {
+                self.plan
+                    .redundant_ancestors(&format!("d{d}"))
+                    .iter()
+                    .any(|(array, _)| self.may_lose_under(&array.name))
+            })
+            .collect();
+        if candidates.is_empty() {
+            return self.skip("fail-disk");
+        }
+        let disk = candidates[pick as usize % candidates.len()];
+        let crash_disk = self.boot().disks[disk].clone().expect("present");
+        // What the disk will hold if it comes back: what it made durable.
+        self.gone.insert(disk, crash_disk.durable_image());
+        crash_disk.disappear();
+        self.log.push(format!("  d{disk} unplugged"));
+        Ok(())
+    }
+
+    /// `array` has every disk under it and reports itself healthy with nothing under way.
+    fn may_lose_under(&self, array: &str) -> bool {
+        let disks = self.plan.disks_under(array);
+        if disks.iter().any(|d| {
+            let index: usize = d[1..].parse().expect("disk name");
+            self.gone.contains_key(&index) || self.boot().disks[index].is_none()
+        }) {
+            return false;
+        }
+        let boot = self.boot();
+        let Some(node) = boot.nodes().iter().find(|n| n.name == array) else {
+            return false;
+        };
+        match boot.sim.try_block_on(node.describe()) {
+            Ok(Ok(status)) => healthy(&status),
+            _ => false,
+        }
+    }
+
+    /// A restart with one unplugged (stale) disk back and the other members of its array
+    /// missing: the array must refuse. Then a restart with every disk.
+    fn stale_alone(&mut self, pick: u32) -> Result<(), String> {
+        let candidates: Vec<(usize, String)> = self
+            .gone
+            .keys()
+            .filter_map(|&d| {
+                let ancestors = self.plan.redundant_ancestors(&format!("d{d}"));
+                ancestors.first().map(|(array, _)| (d, array.name.clone()))
+            })
+            .collect();
+        if candidates.is_empty() {
+            return self.skip("stale-alone");
+        }
+        let (disk, array) = candidates[pick as usize % candidates.len()].clone();
+        let images = self.stop()?;
+        let stale = self.gone.remove(&disk).expect("gone");
+        let mut alone = self.next_images(images.clone(), false);
+        alone[disk] = Some(stale);
+        for other in self.plan.disks_under(&array) {
+            let index: usize = other[1..].parse().expect("disk name");
+            if index != disk {
+                alone[index] = None;
+            }
+        }
+        self.log.push(format!("  d{disk} alone in {array}"));
+        self.start(alone, Expect::Refuse, Some(&array))?;
+        // Then every disk of the array back, the stale one as the lone start left it: the
+        // array must still know it is stale. Disks unplugged elsewhere stay out.
+        let boot = self.boot.take().expect("running");
+        let after_alone = self.images_of(boot, CrashPolicy::KeepAll);
+        let mut all = images;
+        for (index, image) in after_alone.into_iter().enumerate() {
+            if let Some(image) = image {
+                all[index] = Some(image);
+            }
+        }
+        let all = self.next_images(all, false);
+        self.start(all, Expect::Serve, None)
+    }
+
+    fn pool_node(&self) -> Option<(DeviceRef, String)> {
+        let pool = self.plan.pool.as_ref()?;
+        let node = self.boot().nodes().iter().find(|n| &n.name == pool)?;
+        Some((node.control_device().clone(), pool.clone()))
+    }
+
+    fn control(&self, device: &DeviceRef, request: Control) -> Result<ControlReply, String> {
+        let what = format!("{request:?}");
+        match self.boot().sim.try_block_on(device.control(request)) {
+            Ok(Ok(reply)) => Ok(reply),
+            Ok(Err(e)) => Err(format!("{what} failed: {e}")),
+            Err(stop) => Err(format!("{what} hung: {stop}")),
+        }
+    }
+
+    fn volumes(&self) -> Vec<Target> {
+        self.models
+            .keys()
+            .filter(|t| matches!(t, Target::Volume { .. }))
+            .cloned()
+            .collect()
+    }
+
+    fn create_volume(&mut self, id: u32, mib: u32) -> Result<(), String> {
+        let Some((pool, pool_name)) = self.pool_node() else {
+            return self.skip("volume-create");
+        };
+        let name = format!("v{id}");
+        let target = Target::Volume {
+            pool: pool_name,
+            volume: name.clone(),
+        };
+        if self.models.contains_key(&target) {
+            return self.skip("volume-create");
+        }
+        let size = u64::from(mib) * MIB;
+        let request = Control::CreateVolume {
+            name: name.clone(),
+            size,
+        };
+        match self.boot().sim.try_block_on(pool.control(request)) {
+            Ok(Ok(_)) => {}
+            // A full pool may refuse a new volume for want of metadata space.
+            Ok(Err(strata_core::BlockError::NoSpace)) => return self.skip("volume-create"),
+            Ok(Err(e)) => return Err(format!("creating {name} failed: {e}")),
+            Err(stop) => return Err(format!("creating {name} hung: {stop}")),
+        }
+        let model = DeviceModel::with_first_id(size, self.next_model);
+        self.next_model += 1 << 40;
+        self.models.insert(target.clone(), model);
+        // A new volume reads as zeros, whatever the pool held before.
+        let device = self.resolve(&target)?;
+        self.check_whole(&target, &device)
+    }
+
+    fn check_whole(&mut self, target: &Target, device: &DeviceRef) -> Result<(), String> {
+        let model = self.models.get_mut(target).expect("model");
+        let sim = &self.boot.as_ref().expect("running").sim;
+        read_and_check(sim, target, device, model, false).map(|_| ())
+    }
+
+    fn delete_volume(&mut self, nth: u32) -> Result<(), String> {
+        let volumes = self.volumes();
+        let Some((pool, _)) = self.pool_node() else {
+            return self.skip("volume-delete");
+        };
+        if volumes.is_empty() {
+            return self.skip("volume-delete");
+        }
+        let target = volumes[nth as usize % volumes.len()].clone();
+        let Target::Volume { volume, .. } = &target else {
+            unreachable!("volumes only")
+        };
+        self.control(
+            &pool,
+            Control::DeleteVolume {
+                name: volume.clone(),
+            },
+        )?;
+        self.models.remove(&target);
+        self.log.push(format!("  deleted {target}"));
+        Ok(())
+    }
+
+    fn resize_volume(&mut self, nth: u32, mib: u32) -> Result<(), String> {
+        let volumes = self.volumes();
+        let Some((pool, _)) = self.pool_node() else {
+            return self.skip("volume-resize");
+        };
+        if volumes.is_empty() {
+            return self.skip("volume-resize");
+        }
+        let target = volumes[nth as usize % volumes.len()].clone();
+        let Target::Volume { volume, .. } = &target else {
+            unreachable!("volumes only")
+        };
+        let size = u64::from(mib) * MIB;
+        self.control(
+            &pool,
+            Control::ResizeVolume {
+                name: volume.clone(),
+                size,
+            },
+        )?;
+        self.models.get_mut(&target).expect("model").resize(size);
+        let device = self.resolve(&target)?;
+        if device.geometry().size != size {
+            return Err(format!(
+                "{target} resized to {size} bytes has {}",
+                device.geometry().size
+            ));
+        }
+        self.log.push(format!("  resized {target} to {mib} MiB"));
+        self.check_whole(&target, &device)
+    }
+}
+
+/// Reads `device` whole, in pieces, and checks it against `model`: after a start (`settle`:
+/// any candidate may be there, and the model is pinned to what was read), or live.
+///
+/// After a start, a piece that fails to read is read again unit by unit: a unit may fail
+/// (damage reported, as a raid5 reports a chunk lost in a crash while degraded) only if the
+/// model has every sector of it in doubt. Such units are then rewritten with zeros, as the
+/// operator would (all of them before any is read again: a raid5 forgets a lost chunk only
+/// once it is rewritten whole), and must read back. Returns the sectors so reported.
+fn read_and_check(
+    sim: &Simulation,
+    target: &Target,
+    device: &DeviceRef,
+    model: &mut DeviceModel,
+    settle: bool,
+) -> Result<u64, String> {
+    let size = device.geometry().size;
+    let unit = u64::from(device.geometry().min_io).max(512);
+    let piece = 256 * 1024;
+    let mut failed = Vec::new();
+    let mut offset = 0;
+    while offset < size {
+        let len = piece.min(size - offset);
+        match read(sim, target, device, offset, len)? {
+            Ok(data) => check(target, model, offset, &data, settle)?,
+            Err(e) if settle => {
+                for at in (offset..offset + len).step_by(unit as usize) {
+                    match read(sim, target, device, at, unit)? {
+                        Ok(data) => check(target, model, at, &data, true)?,
+                        Err(e) => failed.push((at, e)),
+                    }
+                }
+                if failed.is_empty() {
+                    return Err(format!(
+                        "{target}: read [{offset}, +{len}) failed, its units did not: {e}"
+                    ));
+                }
+            }
+            Err(e) => return Err(format!("{target}: read [{offset}, +{len}) failed: {e}")),
+        }
+        offset += len;
+    }
+    for (at, e) in &failed {
+        let in_doubt = (*at..at + unit)
+            .step_by(512)
+            .all(|sector| model.allowed(sector).len() > 1);
+        if !in_doubt {
+            return Err(format!(
+                "{target}: read [{at}, +{unit}) failed after a start where the model holds a \
+                 durable write: {e}"
+            ));
+        }
+    }
+    // Adjacent units are rewritten in one request: a raid5 forgets a lost chunk only when
+    // one write covers it whole.
+    let mut runs: Vec<(u64, u64)> = Vec::new();
+    for &(at, _) in &failed {
+        match runs.last_mut() {
+            Some((start, len)) if *start + *len == at && *len < MAX_REWRITE => *len += unit,
+            _ => runs.push((at, unit)),
+        }
+    }
+    for (at, len) in runs {
+        let id = model.zeroes_started(at, len);
+        let zeros = bytes::Bytes::from(vec![0u8; len as usize]);
+        match sim.try_block_on(device.write(at, zeros, strata_core::WriteFlags { fua: true })) {
+            Ok(Ok(())) => model.write_completed(id, true),
+            Ok(Err(e)) => {
+                return Err(format!(
+                    "{target}: [{at}, +{len}) was reported lost and cannot be rewritten: {e}"
+                ))
+            }
+            Err(stop) => return Err(format!("{target}: a rewrite hung: {stop}")),
+        }
+    }
+    for (at, e) in &failed {
+        match read(sim, target, device, *at, unit)? {
+            Ok(data) => check(target, model, *at, &data, true)?,
+            Err(again) => {
+                return Err(format!(
+                    "{target}: [{at}, +{unit}) was reported lost ({e}) and still fails after a \
+                     rewrite: {again}"
+                ))
+            }
+        }
+    }
+    Ok(failed.len() as u64 * unit / 512)
+}
+
+fn read(
+    sim: &Simulation,
+    target: &Target,
+    device: &DeviceRef,
+    offset: u64,
+    len: u64,
+) -> Result<strata_core::Result<bytes::BytesMut>, String> {
+    sim.try_block_on(device.read(offset, len as usize))
+        .map_err(|stop| format!("{target}: a read hung: {stop}"))
+}
+
+fn check(
+    target: &Target,
+    model: &mut DeviceModel,
+    offset: u64,
+    data: &[u8],
+    settle: bool,
+) -> Result<(), String> {
+    if settle {
+        model
+            .check(offset, data)
+            .map_err(|e| format!("{target} after a start: {e}"))?;
+        model.settle(offset, data);
+    } else {
+        model
+            .check_live(offset, data)
+            .map_err(|e| format!("{target}: {e}"))?;
+    }
+    Ok(())
+}
+
+fn healthy(status: &strata_core::NodeStatus) -> bool {
+    status.health == Health::Ok && status.activity.is_none() && status.children.iter().all(healthy)
+}
