@@ -453,6 +453,12 @@ impl MetaStore {
         let started = std::time::Instant::now();
         let (batch, upto, checkpoint) = {
             let mut shared = self.write_shared();
+            // A commit that failed took its batch with it: the pending batch no longer holds
+            // those transactions, so "nothing pending" below would call them durable (and a
+            // layer would reuse the space they freed). The caller gets the failure instead.
+            if let Some(failure) = &shared.failed {
+                return Err(failure.refusal(&self.options.name));
+            }
             let upto = shared.next_txn;
             let batch = std::mem::replace(&mut shared.pending, PendingBatch::new(upto));
             if batch.is_empty() {

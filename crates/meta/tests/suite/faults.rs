@@ -469,3 +469,51 @@ async fn a_failed_store_keeps_the_kind_of_the_failure_that_stopped_it() {
         "{refused}"
     );
 }
+
+/// Yields once before every write, so that a second commit can queue behind the first.
+struct YieldBeforeWrites;
+
+#[strata_core::async_trait]
+impl strata_crash::testkit::Interceptor for YieldBeforeWrites {
+    async fn before(&self, request: strata_crash::testkit::Request) -> strata_core::Result<()> {
+        if let strata_crash::testkit::Request::Write { .. } = request {
+            tokio::task::yield_now().await;
+        }
+        Ok(())
+    }
+}
+
+/// Found by `strata sim explore` (issue 18): a commit that waited for the committer behind a
+/// commit that then failed found the pending batch empty (the failed commit had taken it)
+/// and recorded every transaction as durable before it saw the failure. Layers read that
+/// record: a thin pool's or a migrate layer's FLUSH that found "nothing uncommitted"
+/// answered success in the same instant as a power cut, and slots freed by transactions
+/// that never reached the disk were reused.
+#[tokio::test]
+async fn a_commit_queued_behind_a_failed_commit_fails_too() {
+    let group = CrashGroup::new();
+    let disk = group.disk(sector_disk(DISK));
+    let device: DeviceRef =
+        strata_crash::testkit::Intercepted::new(Arc::new(disk.clone()), YieldBeforeWrites);
+    let (store, map) = format_with_map(device).await;
+    put(&store, map, 1).unwrap();
+    let failed_txn = store.next_txn() - 1;
+    disk.fail_writes(layout().journal_offset(0), layout().journal_blocks * 4096);
+    let (first, second) = tokio::join!(store.commit(), store.commit());
+    assert!(
+        first.is_err(),
+        "the commit whose journal write failed succeeded"
+    );
+    let second = second.expect_err("a commit queued behind a failed one succeeded");
+    assert!(second.to_string().contains("failed earlier"), "{second}");
+    assert!(
+        store.durable_txn() <= failed_txn,
+        "transaction {failed_txn} never reached the disk, yet the store records transactions \
+         below {} as durable",
+        store.durable_txn()
+    );
+    assert!(
+        store.uncommitted() > 0,
+        "the failed transaction counts as committed"
+    );
+}

@@ -62,6 +62,8 @@ pub struct Shared<'a> {
     pub coverage: &'a RefCell<Coverage>,
     /// The first defect a client saw; every client stops at it.
     pub failure: RefCell<Option<String>>,
+    /// Where a trace of every operation goes (`STRATA_EXPLORE_TRACE=1`).
+    pub timing: &'a crate::explore::disks::Timing,
 }
 
 impl Shared<'_> {
@@ -75,6 +77,10 @@ impl Shared<'_> {
 
     fn count(&self, what: &str) {
         self.coverage.borrow_mut().count("op", what);
+    }
+
+    fn trace(&self, line: impl FnOnce() -> String) {
+        self.timing.record(line);
     }
 }
 
@@ -170,7 +176,20 @@ pub async fn client(target: Rc<RefCell<Target>>, shared: &Shared<'_>, seed: u64,
             flush(&target, &device, shared).await;
             continue;
         };
+        let next = target.borrow().model.next_write_id();
+        shared.trace(|| {
+            format!(
+                "    {} {op:?} [{offset}, +{len}) as {next} ...",
+                target.borrow().name
+            )
+        });
         ranged(&target, &device, shared, op, offset, len).await;
+        shared.trace(|| {
+            format!(
+                "    {} {op:?} [{offset}, +{len}) done",
+                target.borrow().name
+            )
+        });
         target.borrow_mut().unlock(offset);
     }
 }
@@ -178,7 +197,10 @@ pub async fn client(target: Rc<RefCell<Target>>, shared: &Shared<'_>, seed: u64,
 async fn flush(target: &RefCell<Target>, device: &DeviceRef, shared: &Shared<'_>) {
     shared.count("flush");
     let id = target.borrow_mut().model.flush_started();
-    match device.flush().await {
+    shared.trace(|| format!("    {} flush ...", target.borrow().name));
+    let result = device.flush().await;
+    shared.trace(|| format!("    {} flush: {result:?}", target.borrow().name));
+    match result {
         Ok(()) => target.borrow_mut().model.flush_completed(id),
         Err(e) => {
             target.borrow_mut().model.flush_failed(id);

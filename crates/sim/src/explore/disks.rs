@@ -23,6 +23,8 @@ pub struct Timing {
     spikes: Mutex<Vec<(Duration, u32)>>,
     requests: AtomicU64,
     runtime: Arc<dyn Runtime>,
+    /// Every request and its answer, when tracing (`STRATA_EXPLORE_TRACE=1`).
+    trace: Option<Mutex<Vec<String>>>,
 }
 
 impl Timing {
@@ -32,6 +34,7 @@ impl Timing {
             spikes: Mutex::new(vec![(Duration::ZERO, 0); disks]),
             requests: AtomicU64::new(0),
             runtime,
+            trace: std::env::var_os("STRATA_EXPLORE_TRACE").map(|_| Mutex::new(Vec::new())),
         })
     }
 
@@ -67,6 +70,22 @@ impl Timing {
         (before, after + extra)
     }
 
+    /// The trace so far (emptied).
+    pub fn take_trace(&self) -> Vec<String> {
+        self.trace
+            .as_ref()
+            .map(|t| std::mem::take(&mut *t.lock().expect("trace")))
+            .unwrap_or_default()
+    }
+
+    /// Adds a line to the trace, stamped with virtual time, when tracing.
+    pub fn record(&self, line: impl FnOnce() -> String) {
+        if let Some(trace) = &self.trace {
+            let line = format!("      [{:?}] {}", self.runtime.now(), line());
+            trace.lock().expect("trace").push(line);
+        }
+    }
+
     async fn wait(&self, time: Duration) {
         if !time.is_zero() {
             self.runtime.sleep(time).await;
@@ -90,10 +109,22 @@ impl TimedDisk {
         }
     }
 
-    async fn around<T>(&self, op: impl std::future::Future<Output = T>) -> T {
+    async fn around<T: std::fmt::Debug>(
+        &self,
+        what: impl FnOnce() -> String + Send,
+        op: impl std::future::Future<Output = Result<T>>,
+    ) -> Result<T> {
         let (before, after) = self.timing.service_time(self.index);
         self.timing.wait(before).await;
         let result = op.await;
+        let index = self.index;
+        self.timing.record(|| {
+            let answer = match &result {
+                Ok(_) => "ok".to_string(),
+                Err(e) => format!("{e}"),
+            };
+            format!("d{index} {}: {answer}", what())
+        });
         self.timing.wait(after).await;
         result
     }
@@ -110,24 +141,41 @@ impl BlockDevice for TimedDisk {
     }
 
     async fn read(&self, offset: u64, len: usize) -> Result<BytesMut> {
-        self.around(self.disk.read(offset, len)).await
+        self.around(
+            move || format!("read [{offset}, +{len})"),
+            self.disk.read(offset, len),
+        )
+        .await
     }
 
     async fn write(&self, offset: u64, data: Bytes, flags: WriteFlags) -> Result<()> {
-        self.around(self.disk.write(offset, data, flags)).await
+        let len = data.len();
+        self.around(
+            move || format!("write [{offset}, +{len}) fua={}", flags.fua),
+            self.disk.write(offset, data, flags),
+        )
+        .await
     }
 
     async fn flush(&self) -> Result<()> {
-        self.around(self.disk.flush()).await
+        self.around(move || format!("flush"), self.disk.flush())
+            .await
     }
 
     async fn discard(&self, offset: u64, len: u64) -> Result<()> {
-        self.around(self.disk.discard(offset, len)).await
+        self.around(
+            move || format!("discard [{offset}, +{len})"),
+            self.disk.discard(offset, len),
+        )
+        .await
     }
 
     async fn write_zeroes(&self, offset: u64, len: u64, flags: ZeroFlags) -> Result<()> {
-        self.around(self.disk.write_zeroes(offset, len, flags))
-            .await
+        self.around(
+            move || format!("write_zeroes [{offset}, +{len})"),
+            self.disk.write_zeroes(offset, len, flags),
+        )
+        .await
     }
 
     async fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Extent>> {

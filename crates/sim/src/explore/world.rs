@@ -171,6 +171,9 @@ impl World<'_> {
             self.log.push(format!("step {index}: {step}"));
             self.coverage.count("event", step.kind());
             self.play_step(&step)?;
+            if std::env::var_os("STRATA_EXPLORE_TRACE").is_some() {
+                self.trace_layers();
+            }
         }
         self.step = Some(self.plan.steps.len());
         // Last, a clean restart: everything written is flushed and must come back exactly.
@@ -214,6 +217,30 @@ impl World<'_> {
             Step::DeleteVolume { nth } => self.delete_volume(nth),
             Step::ResizeVolume { nth, mib } => self.resize_volume(nth, mib),
         }
+    }
+
+    /// Every layer's status details, into the log.
+    fn trace_layers(&mut self) {
+        let Some(boot) = self.boot.as_ref() else {
+            return;
+        };
+        let mut lines = Vec::new();
+        for node in boot.nodes() {
+            if let Ok(Ok(status)) = boot.sim.try_block_on(node.describe()) {
+                let detail: Vec<String> = status
+                    .detail
+                    .iter()
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect();
+                lines.push(format!(
+                    "    {} ({:?}): {}",
+                    node.name,
+                    status.health,
+                    detail.join(", ")
+                ));
+            }
+        }
+        self.log.extend(lines);
     }
 
     fn skip(&mut self, what: &str) -> Result<(), String> {
@@ -556,6 +583,7 @@ impl World<'_> {
             group: &boot.group,
             coverage: &coverage,
             failure: RefCell::new(None),
+            timing: &boot.timing,
         };
         let per_client = ops.div_ceil(clients.max(1));
         let mut futures = Vec::new();
@@ -567,6 +595,7 @@ impl World<'_> {
         }
         let done = boot.sim.try_block_on(join_all(futures));
         let failure = shared.failure.borrow_mut().take();
+        self.log.extend(boot.timing.take_trace());
         self.coverage = coverage.into_inner();
         for (target, state) in targets {
             let state = Rc::try_unwrap(state)
