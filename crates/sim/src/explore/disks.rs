@@ -158,8 +158,7 @@ impl BlockDevice for TimedDisk {
     }
 
     async fn flush(&self) -> Result<()> {
-        self.around(move || format!("flush"), self.disk.flush())
-            .await
+        self.around(|| "flush".to_string(), self.disk.flush()).await
     }
 
     async fn discard(&self, offset: u64, len: u64) -> Result<()> {
