@@ -50,6 +50,13 @@ pub fn run(args: ExploreArgs) -> anyhow::Result<()> {
         planted::plant(Some(bug));
     }
     install_panic_hook();
+    if std::env::var_os("STRATA_EXPLORE_TRACE").is_some() {
+        // The layers' own warnings (a member failed, a commit failed), beside the trace.
+        tracing_subscriber::fmt()
+            .with_writer(std::io::stderr)
+            .with_env_filter("warn")
+            .init();
+    }
     let data_dir = DataDir::create().context("creating a data folder for key files")?;
     let runs = args
         .runs

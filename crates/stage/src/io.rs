@@ -365,8 +365,30 @@ impl Stage {
 
     async fn write_direct(&self, first: u64, data: Bytes, fua: bool) -> Result<()> {
         let count = data.len() as u64 / BLOCK;
-        let _exclusive = self.locks.write_range(first..first + count).await;
-        let targets = self.place_direct(first, count)?;
+        // The slow child has a block for every logical block, so a place is always there in
+        // the end; but the free ones may be frees not yet durable (a staged overwrite's old
+        // place), or reserved by a destage for blocks this write moves out of the log. Then
+        // commit (the frees become usable), and next wait for the destage to end (it releases
+        // the targets of blocks overwritten meanwhile), before calling the device full. The
+        // range lock is dropped while waiting: the destage's switch takes every range.
+        // (Found by `strata sim explore`, seed 4 run 470: a raid5 over a stage failed the
+        // stage as a member on a NoSpace.)
+        let mut attempt = 0;
+        let (_exclusive, targets) = loop {
+            let exclusive = self.locks.write_range(first..first + count).await;
+            match self.place_direct(first, count) {
+                Ok(targets) => break (exclusive, targets),
+                Err(BlockError::NoSpace) if attempt < 2 => {
+                    drop(exclusive);
+                    if attempt == 1 {
+                        let _destage_done = self.destaging.lock().await;
+                    }
+                    self.commit().await?;
+                    attempt += 1;
+                }
+                Err(error) => return Err(error),
+            }
+        };
         let writes = runs(&targets, |t| t.physical).into_iter().map(|run| {
             let at = self.shape.block_offset(targets[run.start].physical);
             let piece = data.slice(run.start * BLOCK as usize..run.end * BLOCK as usize);

@@ -323,6 +323,9 @@ impl BlockDevice for Stripe {
     }
 
     async fn flush(&self) -> Result<()> {
+        if strata_core::planted::planted(strata_core::planted::Bug::StripeFlushDropped) {
+            return Ok(());
+        }
         try_join_all(self.children.iter().map(|c| c.flush())).await?;
         Ok(())
     }

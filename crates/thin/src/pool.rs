@@ -944,7 +944,8 @@ impl ThinPool {
 
 fn store_options(name: &str, settings: &PoolRuntime) -> StoreOptions {
     let mut options = StoreOptions::new(&format!("{name} metadata"));
-    options.unsafe_skip_data_barrier = settings.unsafe_skip_data_barrier;
+    options.unsafe_skip_data_barrier = settings.unsafe_skip_data_barrier
+        || strata_core::planted::planted(strata_core::planted::Bug::ThinMapBeforeData);
     options
 }
 

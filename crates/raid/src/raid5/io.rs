@@ -290,9 +290,14 @@ impl Array {
                 Err(_) => return Ok(Step::Failed(self.journal_write_failed(parity)?.member)),
             }
         }
-        let in_place = writes.into_iter().map(|(m, start, bytes)| {
-            self.m_write(m, layout.member_offset(stripe, start), bytes, fua)
-        });
+        let skip_parity = kind != WriteKind::FullStripe
+            && strata_core::planted::planted(strata_core::planted::Bug::Raid5ParitySkipped);
+        let in_place = writes
+            .into_iter()
+            .filter(|(m, ..)| !(skip_parity && *m == parity))
+            .map(|(m, start, bytes)| {
+                self.m_write(m, layout.member_offset(stripe, start), bytes, fua)
+            });
         for result in join_all(in_place).await {
             if let Err(Fault { member }) = result {
                 self.fail_member(member).await?;

@@ -37,6 +37,11 @@ impl Target {
         }
     }
 
+    /// Keeps clients off `[offset, offset + len)` for good (a range reported lost).
+    pub fn reserve(&mut self, offset: u64, len: u64) {
+        self.busy.push((offset, len));
+    }
+
     fn lock(&mut self, offset: u64, len: u64) -> bool {
         let end = offset + len;
         if self.busy.iter().any(|&(o, l)| offset < o + l && o < end) {

@@ -97,6 +97,10 @@ struct World<'a> {
     gone: BTreeMap<usize, DiskImage>,
     /// Every target the clients know and its model.
     models: BTreeMap<Target, DeviceModel>,
+    /// Units of a target reported lost that a rewrite through the target could not clear
+    /// (a raid5 chunk lost in a crash while degraded, only part of which lies in this
+    /// target): reads of them may fail; the clients leave them alone.
+    lost: BTreeMap<Target, std::collections::BTreeSet<u64>>,
     /// Write ids for the next target's model start here (each target its own range, so a
     /// block from another volume names the volume it came from).
     next_model: u64,
@@ -130,6 +134,7 @@ pub fn run(
         boot: None,
         gone: BTreeMap::new(),
         models: BTreeMap::new(),
+        lost: BTreeMap::new(),
         next_model: 1,
         coverage: Coverage::default(),
         disk_requests: 0,
@@ -368,6 +373,7 @@ impl World<'_> {
             }
             Expect::Serve => {}
         }
+        self.check_layers()?;
         let mut created = Vec::new();
         if self.models.is_empty() && self.boots == 1 {
             created = self.plan.targets.clone();
@@ -384,6 +390,53 @@ impl World<'_> {
 
     fn boot(&self) -> &Boot {
         self.boot.as_ref().expect("a running stack")
+    }
+
+    /// Each stateful layer's own invariants over its metadata (what its tests assert after a
+    /// reopen): a thin pool's, a stage's, a migrate layer's `check_state`.
+    fn check_layers(&mut self) -> Result<(), String> {
+        let boot = self.boot.as_ref().expect("running");
+        for layer in &self.plan.layers {
+            let check: fn(&strata_meta::State) -> Vec<String> = match layer.kind {
+                "thin-pool" => strata_thin::check_state,
+                "stage" => strata_stage::check_state,
+                "migrate" => strata_migrate::check_state,
+                _ => continue,
+            };
+            let Some(node) = boot.nodes().iter().find(|n| n.name == layer.name) else {
+                continue;
+            };
+            let handle = match boot
+                .sim
+                .try_block_on(node.control_device().control(Control::Handle))
+            {
+                Ok(Ok(ControlReply::Handle(handle))) => handle,
+                _ => return Err(format!("{}: no handle to check its state", layer.name)),
+            };
+            let store = if let Some(pool) = handle.downcast_ref::<strata_thin::ThinPool>() {
+                pool.store().clone()
+            } else if let Some(stage) = handle.downcast_ref::<strata_stage::Stage>() {
+                stage.store().clone()
+            } else if let Some(migrate) = handle.downcast_ref::<strata_migrate::Migrate>() {
+                migrate.store().clone()
+            } else {
+                return Err(format!(
+                    "{}: its handle is not a {}",
+                    layer.name, layer.kind
+                ));
+            };
+            let problems = store.read(check);
+            if !problems.is_empty() {
+                return Err(format!(
+                    "{} ({}) fails its own checks after a start: {}",
+                    layer.name,
+                    layer.kind,
+                    problems.join("; ")
+                ));
+            }
+            self.coverage.count("state-checked", layer.kind);
+        }
+        Ok(())
     }
 
     /// A target's device in the running stack.
@@ -460,7 +513,8 @@ impl World<'_> {
                 ));
             }
             let sim = &self.boot.as_ref().expect("running").sim;
-            let lost = read_and_check(sim, &target, &device, model, true)?;
+            let stuck = self.lost.entry(target.clone()).or_default();
+            let lost = read_and_check(sim, &target, &device, model, Some(stuck))?;
             if lost > 0 {
                 self.coverage.add("reported-lost", "sectors", lost);
                 self.log.push(format!(
@@ -572,10 +626,12 @@ impl World<'_> {
             let device = self.resolve(&target)?;
             let may_fill = matches!(target, Target::Volume { .. });
             let name = target.to_string();
-            targets.push((
-                target,
-                Rc::new(RefCell::new(Client::new(name, device, model, may_fill))),
-            ));
+            let unit = u64::from(device.geometry().min_io).max(512);
+            let mut client = Client::new(name, device, model, may_fill);
+            for &at in self.lost.get(&target).into_iter().flatten() {
+                client.reserve(at, unit);
+            }
+            targets.push((target, Rc::new(RefCell::new(client))));
         }
         let boot = self.boot.as_ref().expect("running");
         let coverage = RefCell::new(std::mem::take(&mut self.coverage));
@@ -643,16 +699,21 @@ impl World<'_> {
         self.start(images, Expect::Serve, None)
     }
 
-    /// Unplugs a disk the stack can do without: one under a redundant array that is healthy
-    /// and has lost nothing yet.
+    /// Unplugs a disk the stack can do without: one under a redundant array that is healthy,
+    /// with no disk missing under any array above it either. (Stacked redundancy could
+    /// survive more, but an array degraded by one loss and then crashed may report chunks
+    /// lost, which its parent array would take as a second failure: exploring that is left
+    /// for later, see docs/explore.md.)
     fn fail_disk(&mut self, pick: u32) -> Result<(), String> {
         let candidates: Vec<usize> = (0..self.plan.disks.len())
             .filter(|&d| self.boot().disks[d].is_some() && !self.gone.contains_key(&d))
             .filter(|&d| {
-                self.plan
-                    .redundant_ancestors(&format!("d{d}"))
-                    .iter()
-                    .any(|(array, _)| self.may_lose_under(&array.name))
+                let arrays = self.plan.redundant_ancestors(&format!("d{d}"));
+                !arrays.is_empty()
+                    && arrays
+                        .iter()
+                        .all(|(array, _)| self.nothing_missing_under(&array.name))
+                    && self.healthy_node(&arrays[0].0.name)
             })
             .collect();
         if candidates.is_empty() {
@@ -667,17 +728,18 @@ impl World<'_> {
         Ok(())
     }
 
-    /// `array` has every disk under it and reports itself healthy with nothing under way.
-    fn may_lose_under(&self, array: &str) -> bool {
-        let disks = self.plan.disks_under(array);
-        if disks.iter().any(|d| {
+    /// Every disk under `array` is present and plugged in.
+    fn nothing_missing_under(&self, array: &str) -> bool {
+        self.plan.disks_under(array).iter().all(|d| {
             let index: usize = d[1..].parse().expect("disk name");
-            self.gone.contains_key(&index) || self.boot().disks[index].is_none()
-        }) {
-            return false;
-        }
+            !self.gone.contains_key(&index) && self.boot().disks[index].is_some()
+        })
+    }
+
+    /// `name` reports itself healthy, with nothing under way, and so do its children.
+    fn healthy_node(&self, name: &str) -> bool {
         let boot = self.boot();
-        let Some(node) = boot.nodes().iter().find(|n| n.name == array) else {
+        let Some(node) = boot.nodes().iter().find(|n| n.name == name) else {
             return false;
         };
         match boot.sim.try_block_on(node.describe()) {
@@ -785,7 +847,7 @@ impl World<'_> {
     fn check_whole(&mut self, target: &Target, device: &DeviceRef) -> Result<(), String> {
         let model = self.models.get_mut(target).expect("model");
         let sim = &self.boot.as_ref().expect("running").sim;
-        read_and_check(sim, target, device, model, false).map(|_| ())
+        read_and_check(sim, target, device, model, None).map(|_| ())
     }
 
     fn delete_volume(&mut self, nth: u32) -> Result<(), String> {
@@ -807,6 +869,7 @@ impl World<'_> {
             },
         )?;
         self.models.remove(&target);
+        self.lost.remove(&target);
         self.log.push(format!("  deleted {target}"));
         Ok(())
     }
@@ -832,6 +895,9 @@ impl World<'_> {
             },
         )?;
         self.models.get_mut(&target).expect("model").resize(size);
+        if let Some(lost) = self.lost.get_mut(&target) {
+            lost.retain(|&at| at < size);
+        }
         let device = self.resolve(&target)?;
         if device.geometry().size != size {
             return Err(format!(
@@ -847,18 +913,21 @@ impl World<'_> {
 /// Reads `device` whole, in pieces, and checks it against `model`: after a start (`settle`:
 /// any candidate may be there, and the model is pinned to what was read), or live.
 ///
-/// After a start, a piece that fails to read is read again unit by unit: a unit may fail
-/// (damage reported, as a raid5 reports a chunk lost in a crash while degraded) only if the
-/// model has every sector of it in doubt. Such units are then rewritten with zeros, as the
-/// operator would (all of them before any is read again: a raid5 forgets a lost chunk only
-/// once it is rewritten whole), and must read back. Returns the sectors so reported.
+/// After a start (`lost`: the units already known lost), a piece that fails to read is
+/// read again unit by unit: a unit may fail (damage reported, as a raid5 reports a chunk
+/// lost in a crash while degraded) only if the model has every sector of it in doubt. Such
+/// units are then rewritten with zeros, as the operator would (adjacent ones in one write:
+/// a raid5 forgets a lost chunk only once one write covers it whole). A unit that still
+/// fails joins `lost`: the chunk reaches outside this target, which cannot rewrite it
+/// whole. Returns the sectors reported lost.
 fn read_and_check(
     sim: &Simulation,
     target: &Target,
     device: &DeviceRef,
     model: &mut DeviceModel,
-    settle: bool,
+    mut lost: Option<&mut std::collections::BTreeSet<u64>>,
 ) -> Result<u64, String> {
+    let settle = lost.is_some();
     let size = device.geometry().size;
     let unit = u64::from(device.geometry().min_io).max(512);
     let piece = 256 * 1024;
@@ -872,10 +941,14 @@ fn read_and_check(
                 for at in (offset..offset + len).step_by(unit as usize) {
                     match read(sim, target, device, at, unit)? {
                         Ok(data) => check(target, model, at, &data, true)?,
+                        Err(_) if lost.as_ref().is_some_and(|l| l.contains(&at)) => {}
                         Err(e) => failed.push((at, e)),
                     }
                 }
-                if failed.is_empty() {
+                let known = lost
+                    .as_ref()
+                    .is_some_and(|l| l.range(offset..offset + len).next().is_some());
+                if failed.is_empty() && !known {
                     return Err(format!(
                         "{target}: read [{offset}, +{len}) failed, its units did not: {e}"
                     ));
@@ -921,11 +994,11 @@ fn read_and_check(
     for (at, e) in &failed {
         match read(sim, target, device, *at, unit)? {
             Ok(data) => check(target, model, *at, &data, true)?,
-            Err(again) => {
-                return Err(format!(
-                    "{target}: [{at}, +{unit}) was reported lost ({e}) and still fails after a \
-                     rewrite: {again}"
-                ))
+            Err(_) => {
+                if let Some(lost) = lost.as_mut() {
+                    lost.insert(*at);
+                }
+                let _ = e;
             }
         }
     }

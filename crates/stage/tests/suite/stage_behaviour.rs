@@ -679,3 +679,37 @@ async fn block_status_reports_unwritten_blocks_as_holes() {
     assert_eq!(covered, 16 << 20, "one answer covers 16 MiB");
     assert_eq!(whole.last().unwrap().state, Hole);
 }
+
+/// Found by `strata sim explore` (issue 18, seed 4 run 470): on a stage whose every block had
+/// been written (a raid5 above zeroes its members whole), a large write over blocks that were
+/// in the log needed fresh places on the slow child, and the only free ones were the places
+/// the staged writes had freed, not yet durable. The write failed with NoSpace, and the raid5
+/// above failed the stage as a member. It must commit and use them.
+#[tokio::test]
+async fn a_large_write_over_staged_blocks_of_a_full_stage_commits_to_find_room() {
+    let config = config("full");
+    let slow = memory(1 << 20);
+    let stage = format(memory(fast_size(64)), slow, &config).await;
+    let device = StageDevice(stage.clone());
+    let blocks_total = device.geometry().size / BLOCK;
+    // Every block written directly: the slow child has no free block left.
+    for first in (0..blocks_total).step_by(8) {
+        write(&device, first, blocks(first, 8, 0x11)).await;
+    }
+    // Four staged overwrites: their old places are freed, once that is durable.
+    for block in [8, 9, 10, 11] {
+        write(&device, block, blocks(block, 1, 0x22)).await;
+        assert!(matches!(stage.locate(block), Location::Log(_)));
+    }
+    // A direct write over them must find places for them.
+    write(&device, 8, blocks(8, 8, 0x33)).await;
+    assert_eq!(read(&device, 8, 8).await, blocks(8, 8, 0x33));
+    for block in [8, 9, 10, 11] {
+        assert!(
+            matches!(stage.locate(block), Location::Disk(_)),
+            "{:?}",
+            stage.locate(block)
+        );
+    }
+    assert_consistent(&stage);
+}
