@@ -91,6 +91,9 @@ pub enum Step {
     /// the array must not start (the operator did not say `--degraded`, and the disk is
     /// stale). Then a restart with all disks.
     StaleAlone { disk: u32 },
+    /// An unplugged disk that is a member of a mirror or raid5 is replaced online by a new,
+    /// blank disk (which takes its name): the array resyncs or rebuilds onto it.
+    ReplaceDisk { disk: u32 },
     /// A disk's requests take `millis` longer for the next `requests` requests.
     LatencySpike {
         disk: u32,
@@ -120,6 +123,7 @@ impl Step {
             Step::FailDisk { .. } => "fail-disk",
             Step::ReturnDisks => "return-disks",
             Step::StaleAlone { .. } => "stale-alone",
+            Step::ReplaceDisk { .. } => "replace-disk",
             Step::LatencySpike { .. } => "latency-spike",
             Step::CreateVolume { .. } => "volume-create",
             Step::DeleteVolume { .. } => "volume-delete",
@@ -146,6 +150,7 @@ impl fmt::Display for Step {
             ),
             Step::FailDisk { disk } => write!(f, "fail-disk: pick {disk}"),
             Step::StaleAlone { disk } => write!(f, "stale-alone: pick {disk}"),
+            Step::ReplaceDisk { disk } => write!(f, "replace-disk: pick {disk}"),
             Step::LatencySpike {
                 disk,
                 millis,
@@ -563,7 +568,7 @@ fn steps(pick: &mut Picks, pool: bool) -> Vec<Step> {
         let clients = pick.between(1, 4) as u32;
         let mut events = vec![
             "work", "work", "power", "power", "power", "process", "restart", "fail", "fail",
-            "return", "stale", "spike",
+            "return", "stale", "spike", "replace", "replace",
         ];
         if pool {
             events.extend(["create", "create", "delete", "resize"]);
@@ -589,6 +594,9 @@ fn steps(pick: &mut Picks, pool: bool) -> Vec<Step> {
             "stale" => Step::StaleAlone {
                 disk: pick.next(64) as u32,
             },
+            "replace" => Step::ReplaceDisk {
+                disk: pick.next(64) as u32,
+            },
             "spike" => Step::LatencySpike {
                 disk: pick.next(64) as u32,
                 millis: pick.one_of(&[5, 50, 400]),
@@ -607,7 +615,23 @@ fn steps(pick: &mut Picks, pool: bool) -> Vec<Step> {
             },
             other => unreachable!("{other}"),
         };
+        let failed = matches!(step, Step::FailDisk { .. });
         steps.push(step);
+        // A disk that fails is usually dealt with a little later: replaced, returned, or
+        // started alone (each needs a disk gone, so drawn alone they mostly find none).
+        if failed && pick.next(3) != 0 {
+            steps.push(Step::Work {
+                seed: pick.rng().random(),
+                ops: pick.between(8, 60) as u32,
+                clients: pick.between(1, 3) as u32,
+            });
+            let disk = pick.next(64) as u32;
+            steps.push(match pick.next(4) {
+                0 | 1 => Step::ReplaceDisk { disk },
+                2 => Step::ReturnDisks,
+                _ => Step::StaleAlone { disk },
+            });
+        }
         // Work between events, so that each event has something to lose.
         if !matches!(steps.last(), Some(Step::Work { .. } | Step::Crash { .. })) {
             steps.push(Step::Work {

@@ -25,7 +25,8 @@ use crate::executor::{derive_seed, SimConfig, Simulation};
 use crate::explore::client::{self, Shared, Target as Client};
 use crate::explore::coverage::Coverage;
 use crate::explore::disks::{TimedDisk, Timing};
-use crate::explore::generate::{Cut, Plan, Step, Target};
+use crate::explore::generate::{self, Cut, Plan, Step, Target};
+use strata_stack::hierarchy;
 
 const MIB: u64 = 1 << 20;
 
@@ -207,6 +208,7 @@ impl World<'_> {
                 self.restart(true)
             }
             Step::StaleAlone { disk } => self.stale_alone(disk),
+            Step::ReplaceDisk { disk } => self.replace_disk(disk),
             Step::LatencySpike {
                 disk,
                 millis,
@@ -787,6 +789,73 @@ impl World<'_> {
         }
         let all = self.next_images(all, false);
         self.start(all, Expect::Serve, None)
+    }
+
+    /// Replaces an unplugged disk that is a mirror's or raid5's member by a new blank disk,
+    /// online (`Control::ReplaceMember`, what `strata replace` sends). The new disk carries
+    /// the hierarchy label under the old disk's name, as a replacement does.
+    fn replace_disk(&mut self, pick: u32) -> Result<(), String> {
+        let candidates: Vec<(usize, String, usize)> = self
+            .gone
+            .keys()
+            .filter(|&&d| self.boot().disks[d].is_some())
+            .filter_map(|&d| {
+                let name = format!("d{d}");
+                let parent = self.plan.parent_of(&name)?;
+                let index = parent.children.iter().position(|c| *c == name)?;
+                let journal = parent.journal_device && index + 1 == parent.children.len();
+                (generate::REDUNDANT.contains(&parent.kind) && !journal)
+                    .then(|| (d, parent.name.clone(), index))
+            })
+            .collect();
+        if candidates.is_empty() {
+            return self.skip("replace-disk");
+        }
+        let (disk, array, index) = candidates[pick as usize % candidates.len()].clone();
+        let name = format!("d{disk}");
+        // The label the array's other members carry, under this disk's name.
+        let sibling = self
+            .plan
+            .parent_of(&name)
+            .expect("a parent")
+            .children
+            .iter()
+            .filter_map(|c| c.strip_prefix('d').and_then(|i| i.parse::<usize>().ok()))
+            .find(|&i| i != disk && !self.gone.contains_key(&i) && self.boot().disks[i].is_some());
+        let Some(sibling) = sibling else {
+            return self.skip("replace-disk");
+        };
+        let boot = self.boot.as_mut().expect("running");
+        let sibling_disk = boot.disks[sibling].clone().expect("present");
+        let mut label = match boot.sim.try_block_on(hierarchy::read_label(&sibling_disk)) {
+            Ok(Ok(Some(label))) => label,
+            other => return Err(format!("d{sibling} has no readable label: {other:?}")),
+        };
+        label.member = name.clone();
+        let fresh = boot
+            .group
+            .disk(strata_crash::sector_disk(self.plan.disks[disk]));
+        let timed: DeviceRef = Arc::new(TimedDisk::new(fresh.clone(), disk, boot.timing.clone()));
+        if let Err(e) = boot.sim.try_block_on(hierarchy::write_label(timed.as_ref(), &label)) {
+            return Err(format!("labelling the replacement of {name}: {e:?}"));
+        }
+        let view = hierarchy::Labelled::new(&name, timed).map_err(|e| format!("{e:#}"))?;
+        let member = strata_core::Member {
+            name: name.clone(),
+            device: Arc::new(view),
+        };
+        let node = boot
+            .nodes()
+            .iter()
+            .find(|n| n.name == array)
+            .map(|n| n.control_device().clone())
+            .ok_or_else(|| format!("{array} is not running"))?;
+        self.control(&node, Control::ReplaceMember { index, member })?;
+        let boot = self.boot.as_mut().expect("running");
+        boot.disks[disk] = Some(fresh);
+        self.gone.remove(&disk);
+        self.log.push(format!("  {name} replaced in {array} by a blank disk"));
+        Ok(())
     }
 
     fn pool_node(&self) -> Option<(DeviceRef, String)> {
