@@ -245,6 +245,10 @@ impl EventSource for Device {
 struct Completed {
     device: Arc<Device>,
     id: u64,
+    /// Not polled yet, and created in the poll that submitted the request and stored the
+    /// waker with it: nothing can have completed it since (completions are delivered
+    /// between polls), so the first poll is pending without a look.
+    submitted_in_this_poll: bool,
     /// Returned ready (its waiter is gone already: nothing to remove on drop).
     finished: bool,
 }
@@ -253,6 +257,9 @@ impl Future for Completed {
     type Output = ();
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if std::mem::take(&mut self.submitted_in_this_poll) {
+            return Poll::Pending;
+        }
         let mut state = self.device.state.lock().unwrap();
         let waiter = state
             .waiting
@@ -405,6 +412,9 @@ impl SimDisk {
             return;
         }
         let now = self.clock.now_nanos();
+        // The waker is stored with the request, in the same poll that then awaits it, so the
+        // first poll of `Completed` need not take the lock only to store it.
+        let waker = std::future::poll_fn(|cx| Poll::Ready(cx.waker().clone())).await;
         let id = {
             let mut state = self.device.state.lock().unwrap();
             let id = state.next_id;
@@ -423,7 +433,7 @@ impl SimDisk {
                 id,
                 Waiter {
                     done: false,
-                    waker: None,
+                    waker: Some(waker),
                     op,
                     offset,
                     submitted: now,
@@ -445,6 +455,7 @@ impl SimDisk {
         Completed {
             device: self.device.clone(),
             id,
+            submitted_in_this_poll: true,
             finished: false,
         }
         .await;

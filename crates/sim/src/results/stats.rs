@@ -117,11 +117,11 @@ fn summarize_sorted(sorted: &[Nanos]) -> Option<LatencySummary> {
         mean_ns: mean,
         stddev_ns: variance.sqrt(),
         min_ns: sorted[0],
-        p50_ns: percentile(&sorted, 50.0),
-        p90_ns: percentile(&sorted, 90.0),
-        p95_ns: percentile(&sorted, 95.0),
-        p99_ns: percentile(&sorted, 99.0),
-        p999_ns: percentile(&sorted, 99.9),
+        p50_ns: percentile(sorted, 50.0),
+        p90_ns: percentile(sorted, 90.0),
+        p95_ns: percentile(sorted, 95.0),
+        p99_ns: percentile(sorted, 99.0),
+        p999_ns: percentile(sorted, 99.9),
         max_ns: sorted[sorted.len() - 1],
     })
 }
