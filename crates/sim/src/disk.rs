@@ -220,7 +220,11 @@ impl EventSource for Device {
         let mut wrote = false;
         state.stats.completed += completed.len() as u64;
         for completion in completed.drain(..) {
-            wrote |= state.open_writes.remove(completion.id);
+            let waiter = state.waiting.get_mut(completion.id);
+            // A read is never an open write; a request nobody waits for any more may be.
+            if waiter.as_ref().is_none_or(|waiter| waiter.op == Op::Write) {
+                wrote |= state.open_writes.remove(completion.id);
+            }
             if let Some(waiter) = state.waiting.get_mut(completion.id) {
                 waiter.done = true;
                 if let Some(recorded) = state.recorded.as_mut() {
