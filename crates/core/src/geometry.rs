@@ -43,7 +43,13 @@ impl Geometry {
             });
         }
         let align = u64::from(self.min_io);
-        if !offset.is_multiple_of(align) || !len.is_multiple_of(align) {
+        // min_io is a power of two on every device there is: a mask, not two divisions.
+        let misaligned = if align.is_power_of_two() {
+            (offset | len) & (align - 1) != 0
+        } else {
+            !offset.is_multiple_of(align) || !len.is_multiple_of(align)
+        };
+        if misaligned {
             return Err(crate::BlockError::InvalidArgument(format!(
                 "[{offset}, +{len}) is not aligned to {align} bytes"
             )));

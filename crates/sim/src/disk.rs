@@ -15,9 +15,10 @@
 //! [`DataMode::TimingOnly`] nothing is stored (reads return zeros), so trace replays over
 //! hundreds of GB allocate nothing in proportion to the address space.
 
-use std::collections::BTreeSet;
+use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 
@@ -27,7 +28,7 @@ use strata_core::{
     NodeStatus, PageStore, Result, WriteFlags, ZeroFlags,
 };
 
-use crate::executor::{EventSource, IdMap, SimRuntime, Simulation};
+use crate::executor::{EventSource, SimRuntime, Simulation};
 use crate::model::{Completion, DeviceModel, Nanos, Op, Request};
 
 pub const SECTOR: u64 = 512;
@@ -52,6 +53,10 @@ pub struct DiskStats {
     pub flushes: u64,
     pub read_bytes: u64,
     pub written_bytes: u64,
+    /// Reads and writes the model has completed (flushes cost no device time and are not
+    /// counted).
+    #[serde(default)]
+    pub completed: u64,
     /// Time during which the model was serving at least one request.
     pub busy_time: Nanos,
 }
@@ -65,6 +70,7 @@ impl DiskStats {
             flushes: self.flushes - earlier.flushes,
             read_bytes: self.read_bytes - earlier.read_bytes,
             written_bytes: self.written_bytes - earlier.written_bytes,
+            completed: self.completed - earlier.completed,
             busy_time: self.busy_time - earlier.busy_time,
         }
     }
@@ -92,9 +98,9 @@ pub struct CompletionRecord {
 struct DeviceState {
     model: Box<dyn DeviceModel>,
     next_id: u64,
-    waiting: IdMap<Waiter>,
+    waiting: Waiting,
     /// Writes submitted and not yet completed, for flushes to wait on.
-    open_writes: BTreeSet<u64>,
+    open_writes: OpenWrites,
     flush_waiters: Vec<Waker>,
     stats: DiskStats,
     completed: Vec<Completion>,
@@ -104,11 +110,105 @@ struct DeviceState {
 
 struct Device {
     state: Mutex<DeviceState>,
+    /// The model's `next_completion` (`u64::MAX`: none), stored whenever the model changes
+    /// (a submit, an advance), so that the executor, which asks every disk at every step,
+    /// reads it without taking the lock.
+    next_event: AtomicU64,
+}
+
+impl Device {
+    /// Publishes the model's next completion; called with the state locked, after every
+    /// change to the model.
+    fn publish_next_event(&self, state: &DeviceState) {
+        let next = state.model.next_completion().unwrap_or(u64::MAX);
+        debug_assert!(
+            state.model.next_completion() != Some(u64::MAX),
+            "u64::MAX means none"
+        );
+        self.next_event.store(next, Ordering::Relaxed);
+    }
+}
+
+/// Who waits for which request, by id. Every request gets the next id and a waiter at once,
+/// so the waiters sit in id order from the oldest one still waited for: finding one is an
+/// index, and finished ones leave from the front. Cheaper than a hash map for the same
+/// answers.
+#[derive(Default)]
+struct Waiting {
+    /// The id of `slots[0]`.
+    first: u64,
+    slots: VecDeque<Option<Waiter>>,
+}
+
+impl Waiting {
+    fn insert(&mut self, id: u64, waiter: Waiter) {
+        if self.slots.is_empty() {
+            self.first = id;
+        }
+        assert_eq!(
+            self.first + self.slots.len() as u64,
+            id,
+            "waiters come in id order"
+        );
+        self.slots.push_back(Some(waiter));
+    }
+
+    fn get_mut(&mut self, id: u64) -> Option<&mut Waiter> {
+        let at = id.checked_sub(self.first)?;
+        self.slots.get_mut(usize::try_from(at).ok()?)?.as_mut()
+    }
+
+    fn remove(&mut self, id: u64) {
+        if let Some(slot) = id
+            .checked_sub(self.first)
+            .and_then(|at| self.slots.get_mut(usize::try_from(at).ok()?))
+        {
+            *slot = None;
+        }
+        while self.slots.front().is_some_and(Option::is_none) {
+            self.slots.pop_front();
+            self.first += 1;
+        }
+    }
+}
+
+/// The ids of writes submitted and not yet completed. Ids are handed out in increasing
+/// order, so they are kept in submission order, each with whether it is still open; a
+/// completed write is marked, and marked ones leave from the front. Cheaper than a
+/// `BTreeSet` (no node allocation, no rebalancing) for the same answers.
+#[derive(Default)]
+struct OpenWrites {
+    ids: VecDeque<(u64, bool)>,
+}
+
+impl OpenWrites {
+    fn insert(&mut self, id: u64) {
+        debug_assert!(self.ids.back().is_none_or(|&(last, _)| last < id));
+        self.ids.push_back((id, true));
+    }
+
+    /// Closes `id`; whether it was open.
+    fn remove(&mut self, id: u64) -> bool {
+        let Ok(at) = self.ids.binary_search_by_key(&id, |&(id, _)| id) else {
+            return false;
+        };
+        let was_open = std::mem::replace(&mut self.ids[at].1, false);
+        while self.ids.front().is_some_and(|&(_, open)| !open) {
+            self.ids.pop_front();
+        }
+        was_open
+    }
+
+    /// The oldest open write.
+    fn first(&self) -> Option<u64> {
+        self.ids.front().map(|&(id, _)| id)
+    }
 }
 
 impl EventSource for Device {
     fn next_event(&self) -> Option<Nanos> {
-        self.state.lock().unwrap().model.next_completion()
+        let next = self.next_event.load(Ordering::Relaxed);
+        (next != u64::MAX).then_some(next)
     }
 
     fn advance(&self, now: Nanos, wake: &mut Vec<Waker>) {
@@ -116,10 +216,16 @@ impl EventSource for Device {
         let state = &mut *guard;
         let mut completed = std::mem::take(&mut state.completed);
         state.model.advance(now, &mut completed);
+        self.publish_next_event(state);
         let mut wrote = false;
+        state.stats.completed += completed.len() as u64;
         for completion in completed.drain(..) {
-            wrote |= state.open_writes.remove(&completion.id);
-            if let Some(waiter) = state.waiting.get_mut(&completion.id) {
+            let waiter = state.waiting.get_mut(completion.id);
+            // A read is never an open write; a request nobody waits for any more may be.
+            if waiter.as_ref().is_none_or(|waiter| waiter.op == Op::Write) {
+                wrote |= state.open_writes.remove(completion.id);
+            }
+            if let Some(waiter) = state.waiting.get_mut(completion.id) {
                 waiter.done = true;
                 if let Some(recorded) = state.recorded.as_mut() {
                     recorded.push(CompletionRecord {
@@ -143,19 +249,30 @@ impl EventSource for Device {
 struct Completed {
     device: Arc<Device>,
     id: u64,
+    /// Not polled yet, and created in the poll that submitted the request and stored the
+    /// waker with it: nothing can have completed it since (completions are delivered
+    /// between polls), so the first poll is pending without a look.
+    submitted_in_this_poll: bool,
+    /// Returned ready (its waiter is gone already: nothing to remove on drop).
+    finished: bool,
 }
 
 impl Future for Completed {
     type Output = ();
 
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if std::mem::take(&mut self.submitted_in_this_poll) {
+            return Poll::Pending;
+        }
         let mut state = self.device.state.lock().unwrap();
         let waiter = state
             .waiting
-            .get_mut(&self.id)
+            .get_mut(self.id)
             .expect("a request is waited for until it completes");
         if waiter.done {
-            state.waiting.remove(&self.id);
+            state.waiting.remove(self.id);
+            drop(state);
+            self.finished = true;
             Poll::Ready(())
         } else {
             waiter.waker = Some(cx.waker().clone());
@@ -167,8 +284,11 @@ impl Future for Completed {
 impl Drop for Completed {
     /// A cancelled caller stops waiting; the model still serves the request.
     fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
         if let Ok(mut state) = self.device.state.lock() {
-            state.waiting.remove(&self.id);
+            state.waiting.remove(self.id);
         }
     }
 }
@@ -184,7 +304,7 @@ impl Future for WritesDrained {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let mut state = self.device.state.lock().unwrap();
-        if state.open_writes.first().is_none_or(|&id| id >= self.upto) {
+        if state.open_writes.first().is_none_or(|id| id >= self.upto) {
             Poll::Ready(())
         } else {
             state.flush_waiters.push(cx.waker().clone());
@@ -218,13 +338,14 @@ impl SimDisk {
             state: Mutex::new(DeviceState {
                 model,
                 next_id: 0,
-                waiting: IdMap::default(),
-                open_writes: BTreeSet::new(),
+                waiting: Waiting::default(),
+                open_writes: OpenWrites::default(),
                 flush_waiters: Vec::new(),
                 stats: DiskStats::default(),
                 completed: Vec::new(),
                 recorded: None,
             }),
+            next_event: AtomicU64::new(u64::MAX),
         });
         sim.register(device.clone());
         Arc::new(SimDisk {
@@ -295,6 +416,9 @@ impl SimDisk {
             return;
         }
         let now = self.clock.now_nanos();
+        // The waker is stored with the request, in the same poll that then awaits it, so the
+        // first poll of `Completed` need not take the lock only to store it.
+        let waker = std::future::poll_fn(|cx| Poll::Ready(cx.waker().clone())).await;
         let id = {
             let mut state = self.device.state.lock().unwrap();
             let id = state.next_id;
@@ -308,11 +432,12 @@ impl SimDisk {
                     len,
                 },
             );
+            self.device.publish_next_event(&state);
             state.waiting.insert(
                 id,
                 Waiter {
                     done: false,
-                    waker: None,
+                    waker: Some(waker),
                     op,
                     offset,
                     submitted: now,
@@ -334,6 +459,8 @@ impl SimDisk {
         Completed {
             device: self.device.clone(),
             id,
+            submitted_in_this_poll: true,
+            finished: false,
         }
         .await;
     }

@@ -141,8 +141,8 @@ pub async fn drive(
                 (Op::Write, false) => Some(zero_payload(&zeros, io.len as usize)),
             };
             inflight.push(issue(
-                clock.clone(),
-                top.clone(),
+                &clock,
+                &top,
                 io,
                 start,
                 data,
@@ -209,8 +209,8 @@ pub async fn drive(
 
 /// Issues one I/O and reports it, with whether a read returned unexpected bytes.
 async fn issue(
-    clock: SimRuntime,
-    top: DeviceRef,
+    clock: &SimRuntime,
+    top: &DeviceRef,
     io: Io,
     start: Nanos,
     data: Option<Bytes>,

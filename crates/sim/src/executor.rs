@@ -216,20 +216,20 @@ impl Shared {
             next_events,
             wakers,
         } = &mut *world;
-        let next_timer = {
-            let mut timers = lock(&self.timers);
-            // A dropped `Sleep` leaves its entry behind; time must not jump to it.
-            while timers
-                .heap
-                .peek()
-                .is_some_and(|t| lock(&t.slot.waker).is_none())
-            {
-                timers.heap.pop();
-            }
-            timers.heap.peek().map(|t| t.at)
-        };
         next_events.clear();
         next_events.extend(sources.iter().map(|s| s.next_event()));
+        // Held until the due timers are out: looked at twice (the earliest, then the due
+        // ones), locked once.
+        let mut timers = lock(&self.timers);
+        // A dropped `Sleep` leaves its entry behind; time must not jump to it.
+        while timers
+            .heap
+            .peek()
+            .is_some_and(|t| lock(&t.slot.waker).is_none())
+        {
+            timers.heap.pop();
+        }
+        let next_timer = timers.heap.peek().map(|t| t.at);
         let Some(next) = next_events
             .iter()
             .copied()
@@ -250,15 +250,13 @@ impl Shared {
         }
         self.now.store(next, Ordering::Relaxed);
 
-        {
-            let mut timers = lock(&self.timers);
-            while timers.heap.peek().is_some_and(|t| t.at <= next) {
-                let entry = timers.heap.pop().expect("peeked");
-                entry.slot.fired.store(true, Ordering::Release);
-                let waker = lock(&entry.slot.waker).take();
-                wakers.extend(waker);
-            }
+        while timers.heap.peek().is_some_and(|t| t.at <= next) {
+            let entry = timers.heap.pop().expect("peeked");
+            entry.slot.fired.store(true, Ordering::Release);
+            let waker = lock(&entry.slot.waker).take();
+            wakers.extend(waker);
         }
+        drop(timers);
         for (source, at) in sources.iter().zip(next_events.iter()) {
             if at.is_some_and(|t| t <= next) {
                 source.advance(next, wakers);

@@ -594,10 +594,13 @@ fn run_and_report(mut loaded: Experiment, file: &Path, args: &ReportArgs) -> any
         outln!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         out!("{}", experiment::format_report(&report));
+        let disk_requests: u64 = output.disks.iter().map(|d| d.stats.completed).sum();
         outln!(
-            "\n{} requests simulated in {:.2} s of wall time",
+            "\n{} requests simulated in {:.2} s of wall time: {} disk requests, {:.2} M per wall second",
             output.records.len(),
-            elapsed.as_secs_f64()
+            elapsed.as_secs_f64(),
+            disk_requests,
+            disk_requests as f64 / elapsed.as_secs_f64() / 1e6
         );
     }
     if let Some(dir) = out {

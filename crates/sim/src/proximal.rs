@@ -339,6 +339,7 @@ fn sum_stats(drives: &[Arc<SimDisk>], before: &[DiskStats]) -> DiskStats {
         total.writes += s.writes;
         total.read_bytes += s.read_bytes;
         total.written_bytes += s.written_bytes;
+        total.completed += s.completed;
         total.busy_time += s.busy_time;
     }
     total

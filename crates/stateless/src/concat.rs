@@ -111,6 +111,16 @@ pub fn split(starts: &[u64], offset: u64, len: u64) -> Vec<Piece> {
     pieces
 }
 
+/// Where a non-empty request that lies inside one child goes, `(child, offset on the
+/// child)`: [`split`]'s one piece, found without building the list. `None` for an empty
+/// request or one that crosses a boundary.
+fn inside_one_child(starts: &[u64], offset: u64, len: u64) -> Option<(usize, u64)> {
+    let child = starts
+        .partition_point(|&start| start <= offset)
+        .saturating_sub(1);
+    (len > 0 && offset + len <= starts[child + 1]).then(|| (child, offset - starts[child]))
+}
+
 /// The layout requests work from; replaced whole when a member is added.
 struct Layout {
     members: Vec<Member>,
@@ -231,23 +241,29 @@ fn check_member(name: &str, member: &Member, align: u64) -> Result<()> {
 
 #[async_trait]
 impl BlockDevice for Concat {
+    // Read under the lock rather than through `layout()`: a layer above may ask for the
+    // geometry on every request, and cloning the `Arc` costs two atomic operations.
     fn geometry(&self) -> Geometry {
-        self.layout().geometry
+        self.layout
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .geometry
     }
 
     fn capabilities(&self) -> Capabilities {
-        self.layout().capabilities
+        self.layout
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .capabilities
     }
 
     async fn read(&self, offset: u64, len: usize) -> Result<BytesMut> {
         let layout = self.layout();
         layout.geometry.check_range(offset, len as u64)?;
-        let pieces = split(&layout.starts, offset, len as u64);
-        if let [piece] = pieces[..] {
-            return layout.devices[piece.child]
-                .read(piece.child_offset, len)
-                .await;
+        if let Some((child, child_offset)) = inside_one_child(&layout.starts, offset, len as u64) {
+            return layout.devices[child].read(child_offset, len).await;
         }
+        let pieces = split(&layout.starts, offset, len as u64);
         let parts = try_join_all(
             pieces
                 .iter()
@@ -266,6 +282,11 @@ impl BlockDevice for Concat {
     async fn write(&self, offset: u64, data: Bytes, flags: WriteFlags) -> Result<()> {
         let layout = self.layout();
         layout.geometry.check_range(offset, data.len() as u64)?;
+        if let Some((child, child_offset)) =
+            inside_one_child(&layout.starts, offset, data.len() as u64)
+        {
+            return layout.devices[child].write(child_offset, data, flags).await;
+        }
         let pieces = split(&layout.starts, offset, data.len() as u64);
         try_join_all(pieces.iter().map(|p| {
             let part = data.slice(p.at as usize..(p.at + p.len) as usize);
@@ -358,6 +379,24 @@ mod tests {
         let last = split(&STARTS, 1536, 2560);
         assert_eq!(last.len(), 1);
         assert_eq!((last[0].child, last[0].child_offset), (2, 0));
+    }
+
+    #[test]
+    fn the_one_child_shortcut_agrees_with_split() {
+        for offset in (0..4096).step_by(256) {
+            for len in (0..=4096 - offset).step_by(256) {
+                let pieces = split(&STARTS, offset, len);
+                let expected = match pieces[..] {
+                    [piece] => Some((piece.child, piece.child_offset)),
+                    _ => None,
+                };
+                assert_eq!(
+                    inside_one_child(&STARTS, offset, len),
+                    expected,
+                    "[{offset}, +{len})"
+                );
+            }
+        }
     }
 
     #[test]

@@ -138,6 +138,14 @@ pub fn plan(members: usize, chunk: u64, offset: u64, len: u64) -> Vec<Run> {
     runs
 }
 
+/// Where a non-empty request inside one chunk goes, `(child, offset on the child)`: the one
+/// run of one segment [`plan`] would make. `None` for an empty request or one that crosses a
+/// chunk boundary.
+pub fn inside_one_chunk(members: usize, chunk: u64, offset: u64, len: u64) -> Option<(usize, u64)> {
+    let one = len > 0 && offset / chunk == (offset + len - 1) / chunk;
+    one.then(|| locate(members, chunk, offset))
+}
+
 /// The range each child holds of `[offset, offset + len)`, as `(child, child offset, len)`,
 /// computed from the two ends alone: O(children) whatever the length, for discard and
 /// write_zeroes of a whole device (whose per-chunk [`plan`] would have millions of segments).
@@ -251,6 +259,19 @@ impl Stripe {
         self.chunk
     }
 
+    /// Where a request that lies inside one chunk goes, `(child, offset on the child)`, after
+    /// the range check; `None` for an empty request or one that crosses a chunk boundary.
+    /// Such a request is the [`plan`]'s one run of one segment, served without building it.
+    fn inside_one_chunk(&self, offset: u64, len: u64) -> Result<Option<(usize, u64)>> {
+        self.geometry.check_range(offset, len)?;
+        Ok(inside_one_chunk(
+            self.children.len(),
+            self.chunk,
+            offset,
+            len,
+        ))
+    }
+
     fn plan(&self, offset: u64, len: u64) -> Result<Vec<Run>> {
         self.geometry.check_range(offset, len)?;
         Ok(plan(self.children.len(), self.chunk, offset, len))
@@ -287,6 +308,11 @@ impl BlockDevice for Stripe {
     }
 
     async fn read(&self, offset: u64, len: usize) -> Result<BytesMut> {
+        if let Some((child, child_offset)) = self.inside_one_chunk(offset, len as u64)? {
+            let part = self.children[child].read(child_offset, len).await?;
+            assert_eq!(part.len(), len, "child returned a short read");
+            return Ok(part);
+        }
         let runs = self.plan(offset, len as u64)?;
         let parts = try_join_all(
             runs.iter()
@@ -296,9 +322,10 @@ impl BlockDevice for Stripe {
         for (part, run) in parts.iter().zip(&runs) {
             assert_eq!(part.len() as u64, run.len, "child returned a short read");
         }
-        if let ([run], [part]) = (&runs[..], &parts[..]) {
+        if let [run] = &runs[..] {
             if run.segments.len() == 1 {
-                return Ok(part.clone());
+                // Handed over as the child returned it (a clone would copy the bytes).
+                return Ok(parts.into_iter().next().expect("one run, one part"));
             }
         }
         // Scatter: the segments in request order, each from its run's buffer.
@@ -313,6 +340,9 @@ impl BlockDevice for Stripe {
     }
 
     async fn write(&self, offset: u64, data: Bytes, flags: WriteFlags) -> Result<()> {
+        if let Some((child, child_offset)) = self.inside_one_chunk(offset, data.len() as u64)? {
+            return self.children[child].write(child_offset, data, flags).await;
+        }
         let runs = self.plan(offset, data.len() as u64)?;
         try_join_all(runs.iter().map(|run| {
             let part = gather(&data, run);
@@ -402,6 +432,24 @@ mod tests {
     use super::*;
 
     const K: u64 = 4096;
+
+    #[test]
+    fn the_one_chunk_shortcut_agrees_with_plan() {
+        for offset in (0..8 * K).step_by(512) {
+            for len in (0..=4 * K).step_by(512) {
+                let runs = plan(3, K, offset, len);
+                let expected = match &runs[..] {
+                    [run] if run.segments.len() == 1 => Some((run.child, run.child_offset)),
+                    _ => None,
+                };
+                assert_eq!(
+                    inside_one_chunk(3, K, offset, len),
+                    expected,
+                    "[{offset}, +{len})"
+                );
+            }
+        }
+    }
 
     #[test]
     fn locate_deals_chunks_round_robin() {

@@ -282,7 +282,16 @@ impl Hdd {
         let movement = self.movement(job);
         let ready = now + self.overhead(job, now) + movement;
         let angle = (ready + self.phase) % self.revolution;
-        let wait = (job.start_angle + self.revolution - angle) % self.revolution;
+        // Both angles lie in [0, revolution) (a slot is below its track's sector count), so
+        // the remainder of their difference plus one revolution is one conditional
+        // subtraction: the same value without a division, on the SPTF pick's hot path.
+        debug_assert!(job.start_angle < self.revolution && angle < self.revolution);
+        let wait = job.start_angle + self.revolution - angle;
+        let wait = if wait >= self.revolution {
+            wait - self.revolution
+        } else {
+            wait
+        };
         ready + wait - now
     }
 
@@ -323,11 +332,12 @@ impl Hdd {
         (!job.write && fits && job.first_lbn == stream.next_lbn).then_some(stream)
     }
 
-    /// When `job`, started at `now`, completes.
-    fn completion_time(&self, job: &Job, now: Nanos) -> Nanos {
+    /// When `job`, started at `now`, completes; `positioning` is
+    /// `self.positioning(job, now)`, which the caller has already worked out.
+    fn completion_time(&self, job: &Job, now: Nanos, positioning: Nanos) -> Nanos {
         match self.streams(job) {
             Some(stream) => (now + self.overhead(job, now)).max(stream.from + job.transfer),
-            None => now + self.positioning(job, now) + job.transfer,
+            None => now + positioning + job.transfer,
         }
     }
 
@@ -338,23 +348,39 @@ impl Hdd {
         }
         // Under the order quirk only the oldest run is eligible: the others cost "never".
         let oldest_run = self.queued.iter().map(|job| job.run).min();
+        // SPTF picks the cheapest command, so the smallest cost it saw is the positioning
+        // of the one it picked: kept rather than worked out again.
+        let mut cheapest = Nanos::MAX;
         let index = queue::pick(self.params.scheduler, &self.queued, |job| {
-            if Some(job.run) == oldest_run {
+            let cost = if Some(job.run) == oldest_run {
                 self.positioning(job, now)
             } else {
                 Nanos::MAX
-            }
+            };
+            cheapest = cheapest.min(cost);
+            cost
         });
         let job = self.queued.remove(index);
-        self.serve(job, now);
+        if self.params.scheduler == Scheduler::Sptf && cheapest != Nanos::MAX {
+            debug_assert_eq!(cheapest, self.positioning(&job, now));
+            self.serve_positioned(job, now, cheapest);
+        } else {
+            self.serve(job, now);
+        }
     }
 
     fn serve(&mut self, job: Job, now: Nanos) {
+        let positioning = self.positioning(&job, now);
+        self.serve_positioned(job, now, positioning);
+    }
+
+    /// [`Hdd::serve`] with `job`'s positioning from now already worked out.
+    fn serve_positioned(&mut self, job: Job, now: Nanos, positioning: Nanos) {
         self.in_service = Some(InService {
             job,
             start: now,
-            positioning: self.positioning(&job, now),
-            done_at: self.completion_time(&job, now),
+            positioning,
+            done_at: self.completion_time(&job, now, positioning),
         });
     }
 
