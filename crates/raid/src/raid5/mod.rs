@@ -203,6 +203,14 @@ impl Raid5 {
             .collect()
     }
 
+    /// Journal reclaims completed since the array was opened (records freed while the writes
+    /// go on; the synchronous resets at open, replace and grow are not counted).
+    pub fn journal_reclaims(&self) -> u64 {
+        self.array
+            .reclaims
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Array byte ranges that read as errors because a crash tore them while degraded.
     pub fn lost_ranges(&self) -> Vec<(u64, u64)> {
         let shape = self.array.shape();
@@ -258,6 +266,12 @@ impl Raid5 {
             (
                 "journal findings".into(),
                 a.journal_findings
+                    .load(std::sync::atomic::Ordering::Relaxed)
+                    .to_string(),
+            ),
+            (
+                "journal reclaims".into(),
+                a.reclaims
                     .load(std::sync::atomic::Ordering::Relaxed)
                     .to_string(),
             ),
