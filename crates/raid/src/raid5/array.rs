@@ -91,6 +91,8 @@ pub struct Array {
     /// Reclaims completed (shown by Describe); a writer waiting for journal space returns
     /// when this moves.
     pub reclaims: AtomicU64,
+    /// Reclaims that ended in an error (a member or journal write failed under them).
+    pub reclaims_failed: AtomicU64,
     /// A background reclaim is spawned and has not finished.
     pub reclaim_spawned: AtomicBool,
     /// The array itself, for the background reclaims it spawns (set by [`Array::shared`]).
@@ -410,6 +412,14 @@ impl Array {
     }
 
     async fn reclaim_locked(&self) -> Result<()> {
+        let result = self.reclaim_steps().await;
+        if result.is_err() {
+            self.reclaims_failed.fetch_add(1, Ordering::Relaxed);
+        }
+        result
+    }
+
+    async fn reclaim_steps(&self) -> Result<()> {
         let journals: Vec<Arc<Journal>> = self
             .journals
             .read()

@@ -805,6 +805,9 @@ impl Journal {
     pub async fn settle(&self, device: &DeviceRef, cut: &Cut) -> Result<()> {
         let _all = cut.pins.write().await;
         for (lane, &(_, index)) in cut.lanes.iter().enumerate() {
+            // Whether the last write_lane found nothing queued (another appender's batch may
+            // have carried the records meanwhile: checked once more before giving up).
+            let mut idle = false;
             loop {
                 {
                     let state = self.lock();
@@ -815,12 +818,13 @@ impl Journal {
                         return Err(journal_error(self.member, reason));
                     }
                 }
-                if !self.write_lane(device, lane).await? {
+                if idle {
                     return Err(journal_error(
                         self.member,
                         "record dropped before its write",
                     ));
                 }
+                idle = !self.write_lane(device, lane).await?;
             }
         }
         Ok(())

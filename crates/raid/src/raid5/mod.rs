@@ -211,6 +211,19 @@ impl Raid5 {
             .load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// Journal reclaims that ended in an error (a write or flush under them failed; the
+    /// records stay and the next reclaim frees them).
+    pub fn journal_reclaims_failed(&self) -> u64 {
+        self.array
+            .reclaims_failed
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Whether a journal reclaim (or a journal reset) is under way now.
+    pub fn journal_reclaiming(&self) -> bool {
+        self.array.reclaim_lock.try_lock().is_err()
+    }
+
     /// Array byte ranges that read as errors because a crash tore them while degraded.
     pub fn lost_ranges(&self) -> Vec<(u64, u64)> {
         let shape = self.array.shape();

@@ -596,6 +596,7 @@ fn build(
         resets: AtomicU64::new(0),
         reclaim_lock: tokio::sync::Mutex::new(()),
         reclaims: AtomicU64::new(0),
+        reclaims_failed: AtomicU64::new(0),
         reclaim_spawned: Default::default(),
         this: Default::default(),
         journal_findings: AtomicU64::new(0),
