@@ -1344,7 +1344,7 @@ mod rings {
                 Appended::Full => {
                     let cut = journal.cut().unwrap();
                     // Half of the time a record goes in between the cut and the tail move.
-                    if (x >> 40) % 2 == 0 {
+                    if (x >> 40).is_multiple_of(2) {
                         if let Appended::Durable(seq, _) = journal
                             .append(&device, &update(step, 1), None)
                             .await

@@ -7,10 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use strata_backend::MemoryDevice;
-use strata_core::layer::StartPolicy;
-use strata_core::{async_trait, BlockDevice, DeviceRef, Result, TokioRuntime, WriteFlags};
+use strata_core::{async_trait, BlockDevice, Result, WriteFlags};
 use strata_crash::testkit::{Intercepted, Interceptor, Request};
-use strata_raid::raid5::{Raid5, Settings, META_BYTES};
+use strata_raid::raid5::{Raid5, META_BYTES};
 
 const CHUNK: u64 = 4096;
 /// 16 blocks a copy: one lane of 15, reclaimed from 8 on; a full-stripe intent takes 1.
@@ -88,22 +87,7 @@ async fn write_stripe(raid: &Raid5, i: u64) -> std::result::Result<(), String> {
 #[tokio::test]
 async fn writes_go_on_while_a_reclaim_flushes_the_members() {
     let members = held_members(3);
-    let children = members
-        .iter()
-        .map(|m| Some(m.clone() as DeviceRef))
-        .collect();
-    let settings = Settings {
-        chunk: Some(CHUNK),
-        journal: Some(JOURNAL),
-        journal_device: None,
-        unsafe_skip_journal: false,
-        start: StartPolicy::FRESH,
-    };
-    let raid = Arc::new(
-        Raid5::open("r5".into(), children, settings, TokioRuntime::current())
-            .await
-            .unwrap(),
-    );
+    let raid = Arc::new(crate::common::fresh_raid5(&members, CHUNK, JOURNAL).await);
     hold(&members, true);
     // Each member's journal takes every third stripe's intent: the first reclaim starts by
     // write 24 (8 intents in a 15-block lane) and waits for the held flush.
