@@ -2,14 +2,17 @@
 //! member it failed on, durable failure marking, member flushes, journal resets.
 //!
 //! Lock order (outermost first): one writer slot (held by whoever runs a stripe's queued
-//! writes, across their retries, journal resets included), `gate` (shared by every stripe
-//! update and rebuild step, exclusive for a journal reset), one stripe lock, then `fail_lock`
-//! (async, held while a failure is made durable). std Mutexes (`full`, `lost`, `record`,
+//! writes, across their retries, journal resets included), `reclaim_lock` (held by a journal
+//! reclaim or reset from start to end; a writer waiting for journal space waits for it, never
+//! holding the gate), `gate` (shared by every stripe update and rebuild step, exclusive for a
+//! journal reset), one stripe lock, then `fail_lock` (async, held while a failure is made
+//! durable). A reclaim takes no gate: it waits for the journals' pins (`journal::Pin`), which
+//! updates hold only between their journal append and the end of their in-place writes. std Mutexes (`full`, `lost`, `record`,
 //! `activity`, `queued`) are held only for in-memory work, never across an await.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 
 use bytes::Bytes;
 use futures_util::future::join_all;
@@ -20,7 +23,7 @@ use strata_meta::{MetaStore, ObjectId, TxnClass};
 
 use super::grow::GrowControl;
 use super::io::Queued;
-use super::journal::{Appended, Journal, Record, MAX_DONE};
+use super::journal::{Appended, Cut, Journal, Record, MAX_DONE};
 use super::layout::Layout;
 use super::members::{array_failed, MemberState, Members};
 use super::record::ArrayRecord;
@@ -83,6 +86,17 @@ pub struct Array {
     pub skip_journal: bool,
     pub epoch_base: u64,
     pub resets: AtomicU64,
+    /// Held by a journal reclaim or reset for its whole run: one at a time.
+    pub reclaim_lock: tokio::sync::Mutex<()>,
+    /// Reclaims completed (shown by Describe); a writer waiting for journal space returns
+    /// when this moves.
+    pub reclaims: AtomicU64,
+    /// Reclaims that ended in an error (a member or journal write failed under them).
+    pub reclaims_failed: AtomicU64,
+    /// A background reclaim is spawned and has not finished.
+    pub reclaim_spawned: AtomicBool,
+    /// The array itself, for the background reclaims it spawns (set by [`Array::shared`]).
+    pub this: OnceLock<Weak<Array>>,
     /// Stripe-journal damage repaired from the other copy at open (shown by Describe, so a
     /// failing medium is seen before a second fault makes the damage unrecoverable).
     pub journal_findings: AtomicU64,
@@ -92,7 +106,22 @@ pub struct Array {
     pub grow: GrowControl,
 }
 
+/// Attempts at making journal room per write or Done record: a reclaim frees every record
+/// placed before it, but concurrent writers can take the freed space first. The bound only
+/// stops a bug from looping.
+pub const FULL_RETRIES: usize = 1000;
+
 impl Array {
+    /// The array, shared, knowing itself (for the background reclaims it spawns).
+    pub fn shared(self) -> Arc<Array> {
+        let array = Arc::new(self);
+        array
+            .this
+            .set(Arc::downgrade(&array))
+            .expect("set once, here");
+        array
+    }
+
     /// The geometry now (and where a grow stands).
     pub fn shape(&self) -> Shape {
         *self.shape.read().unwrap_or_else(|p| p.into_inner())
@@ -288,13 +317,16 @@ impl Array {
     }
 
     /// Empties every journal: waits for all stripe updates (the gate), makes their in-place
-    /// writes durable, then starts a new epoch on each member in use.
+    /// writes durable, then starts a new epoch on each member in use. After a reclaim under
+    /// way, never during one.
     pub async fn reset_journals(&self) -> Result<()> {
+        let _serial = self.reclaim_lock.lock().await;
         let _gate = self.gate.write().await;
         self.reset_journals_locked().await
     }
 
-    /// [`Array::reset_journals`] for a caller already holding the gate exclusively (open).
+    /// [`Array::reset_journals`] for a caller already holding the gate exclusively (open,
+    /// before any reclaim can start).
     pub async fn reset_journals_locked(&self) -> Result<()> {
         self.flush_all().await?;
         let epoch = self.epoch_base + self.resets.fetch_add(1, Ordering::Relaxed) + 1;
@@ -312,57 +344,196 @@ impl Array {
                     .await
                     .map_err(|_| Fault { member: m })
             });
-        for result in join_all(resets).await {
+        self.journal_faults(join_all(resets).await).await?;
+        *self.full_writes()? = FullWrites::default();
+        Ok(())
+    }
+
+    /// Fails the members (or the journal device) whose journal writes returned a fault.
+    async fn journal_faults(&self, results: Vec<std::result::Result<(), Fault>>) -> Result<()> {
+        for result in results {
             if let Err(Fault { member }) = result {
                 let fault = self.journal_write_failed(member)?;
                 self.fail_member(fault.member).await?;
             }
         }
-        *self.full_writes()? = FullWrites::default();
         Ok(())
+    }
+
+    /// Starts a reclaim in the background if `journal` passed its high-water mark and none
+    /// is spawned yet; the writes go on meanwhile.
+    pub fn reclaim_soon(&self, journal: &Journal) {
+        if !journal.wants_reclaim() || self.reclaim_spawned.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let Some(weak) = self.this.get().cloned() else {
+            self.reclaim_spawned.store(false, Ordering::Release);
+            return;
+        };
+        let spawned = self
+            .background
+            .spawn(self.runtime.as_ref(), move |worker| async move {
+                let _worker = worker;
+                let Some(array) = weak.upgrade() else { return };
+                let wanted = {
+                    let _serial = array.reclaim_lock.lock().await;
+                    let journals = array.journals.read().unwrap_or_else(|p| p.into_inner());
+                    journals.iter().any(|j| j.wants_reclaim())
+                };
+                if wanted {
+                    if let Err(error) = array.reclaim().await {
+                        tracing::warn!(array = %array.name, %error, "raid5: journal reclaim failed");
+                    }
+                }
+                array.reclaim_spawned.store(false, Ordering::Release);
+            });
+        if !spawned {
+            self.reclaim_spawned.store(false, Ordering::Release);
+        }
+    }
+
+    /// Waits until a journal may have room again: for the reclaim under way if there is
+    /// one (never a second one behind it), else runs one. A caller holds no gate.
+    pub async fn make_room(&self) -> Result<()> {
+        let seen = self.reclaims.load(Ordering::Acquire);
+        let _serial = self.reclaim_lock.lock().await;
+        if self.reclaims.load(Ordering::Acquire) != seen {
+            return Ok(());
+        }
+        self.reclaim_locked().await
+    }
+
+    /// Frees every journal's records placed so far, while appends go on (module doc of
+    /// `journal`): cut, wait for the cut updates' in-place writes, flush the members, move
+    /// the tails.
+    pub async fn reclaim(&self) -> Result<()> {
+        let _serial = self.reclaim_lock.lock().await;
+        self.reclaim_locked().await
+    }
+
+    async fn reclaim_locked(&self) -> Result<()> {
+        let result = self.reclaim_steps().await;
+        if result.is_err() {
+            self.reclaims_failed.fetch_add(1, Ordering::Relaxed);
+        }
+        result
+    }
+
+    async fn reclaim_steps(&self) -> Result<()> {
+        let journals: Vec<Arc<Journal>> = self
+            .journals
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let snapshot = self.members.snapshot();
+        let cuts: Vec<(usize, Cut)> = (0..journals.len())
+            .filter(|&m| {
+                snapshot
+                    .get(m)
+                    .is_some_and(|s| s.state != MemberState::Failed)
+            })
+            .filter_map(|m| journals[m].cut().map(|cut| (m, cut)))
+            .collect();
+        let settles = cuts.iter().map(|(m, cut)| {
+            self.on_journal(*m, move |j, d| async move { j.settle(&d, cut).await })
+        });
+        self.journal_faults(join_all(settles).await).await?;
+        // Every update placed before the cuts has finished its in-place writes: this flush
+        // makes them durable, and with them every record before the cuts is redundant.
+        self.flush_all().await?;
+        let moves = cuts.iter().map(|(m, cut)| {
+            self.on_journal(*m, move |j, d| async move { j.move_tail(&d, cut).await })
+        });
+        self.journal_faults(join_all(moves).await).await?;
+        {
+            let mut full = self.full_writes()?;
+            let before = |&(member, epoch, seq): &(usize, u64, u64)| {
+                cuts.iter()
+                    .any(|(m, cut)| (*m, cut.epoch()) == (member, epoch) && seq < cut.seq)
+            };
+            full.dirty.retain(|_, intent| !before(intent));
+            full.completed
+                .retain(|&(_, member, epoch, seq)| !before(&(member, epoch, seq)));
+        }
+        self.reclaims.fetch_add(1, Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// Runs `work` on member `member`'s journal and where it is written; a failure is the
+    /// member's fault (for [`Array::journal_faults`]).
+    async fn on_journal<'a, F, Fut>(
+        &'a self,
+        member: usize,
+        work: F,
+    ) -> std::result::Result<(), Fault>
+    where
+        F: FnOnce(Arc<Journal>, DeviceRef) -> Fut,
+        Fut: std::future::Future<Output = Result<()>> + 'a,
+    {
+        let device = self.journal_target(member).ok_or(Fault { member })?;
+        let journal = self.journal(member);
+        if self.members.lock()[member].state == MemberState::Failed {
+            return Ok(());
+        }
+        work(journal, device).await.map_err(|_| Fault { member })
     }
 
     /// After a member flush: tells each journal that the full-stripe writes it logged before
     /// `completed` was taken are durable, so recovery will not doubt them.
     pub async fn log_done(&self, completed: Vec<(u64, usize, u64, u64)>) -> Result<()> {
-        let mut by_member: BTreeMap<(usize, u64), Vec<u64>> = BTreeMap::new();
+        let mut parts: VecDeque<(usize, u64, Vec<u64>)> = VecDeque::new();
         {
             let mut full = self.full_writes()?;
+            let mut by_member: BTreeMap<(usize, u64), Vec<u64>> = BTreeMap::new();
             for &(stripe, member, epoch, seq) in &completed {
                 if full.dirty.get(&stripe) == Some(&(member, epoch, seq)) {
                     full.dirty.remove(&stripe);
                 }
                 by_member.entry((member, epoch)).or_default().push(seq);
             }
+            for ((member, epoch), seqs) in by_member {
+                parts.extend(seqs.chunks(MAX_DONE).map(|p| (member, epoch, p.to_vec())));
+            }
         }
+        for _ in 0..FULL_RETRIES {
+            if self.append_dones(&mut parts).await? {
+                return Ok(());
+            }
+            self.make_room().await?;
+        }
+        Err(Array::io_error(format!(
+            "raid5 {}: no journal room for Done records",
+            self.name
+        )))
+    }
+
+    /// Appends the Done records of `parts` in order; false when a journal was full (the
+    /// rest stay in `parts`).
+    async fn append_dones(&self, parts: &mut VecDeque<(usize, u64, Vec<u64>)>) -> Result<bool> {
         // Appends hold the gate shared, so that a reset never runs under them.
-        let gate = self.gate.read().await;
-        for ((member, epoch), seqs) in by_member {
+        let _gate = self.gate.read().await;
+        while let Some((member, epoch, seqs)) = parts.pop_front() {
             let Some(device) = self.journal_target(member) else {
                 continue;
             };
-            for part in seqs.chunks(MAX_DONE) {
-                let record = Record::Done {
-                    seqs: part.to_vec(),
-                };
-                match self
-                    .journal(member)
-                    .append(&device, &record, Some(epoch))
-                    .await
-                {
-                    Ok(Appended::Full) => {
-                        drop(gate);
-                        return self.reset_journals().await;
-                    }
-                    Ok(_) => {}
-                    Err(_) => {
-                        let fault = self.journal_write_failed(member)?;
-                        self.fail_member(fault.member).await?
-                    }
+            let journal = self.journal(member);
+            let record = Record::Done { seqs };
+            match journal.append(&device, &record, Some(epoch)).await {
+                Ok(Appended::Full) => {
+                    let Record::Done { seqs } = record else {
+                        unreachable!()
+                    };
+                    parts.push_front((member, epoch, seqs));
+                    return Ok(false);
+                }
+                Ok(_) => self.reclaim_soon(&journal),
+                Err(_) => {
+                    let fault = self.journal_write_failed(member)?;
+                    self.fail_member(fault.member).await?
                 }
             }
         }
-        Ok(())
+        Ok(true)
     }
 
     /// Removes the lost mark of `stripe`'s chunk on `member` (it was rewritten whole).

@@ -22,7 +22,7 @@ use futures_util::future::join_all;
 use strata_core::{BlockError, Result};
 use tokio::sync::oneshot;
 
-use super::array::{Array, Fault};
+use super::array::{Array, Fault, FULL_RETRIES};
 use super::journal::{Appended, Record, MAX_UPDATE_WRITES};
 use super::layout::Layout;
 use super::plan::{plan_read, plan_writes, xor_into, ReadSource, WriteKind, WritePlan};
@@ -70,21 +70,19 @@ enum Step {
     Done,
     /// Member failed: record it durably and retry.
     Failed(usize),
-    /// The journal is full: reset it and retry.
+    /// The journal is full: wait for a reclaim and retry.
     JournalFull,
-    /// Done, but a Done record did not fit: reset the journals before acknowledging.
-    DoneReset,
+    /// Done, but the Done record of this FUA full-stripe write (parity member, epoch, intent
+    /// seq) did not fit: log it after a reclaim, before acknowledging.
+    DoneFull((usize, u64, u64)),
 }
 
-/// Attempts per stripe: each retry follows a member failure or a journal reset, and an
-/// array fails at its second member failure, so a handful is plenty.
+/// Attempts per stripe: each retry follows a member failure, and an array fails at its
+/// second member failure, so a handful is plenty. Journal-full retries are counted apart
+/// ([`FULL_RETRIES`]): a reclaim frees every record placed before it and the largest record
+/// fits an empty lane, but many concurrent stripe writes to a small journal can each lose
+/// the race for the freed space several times.
 const ATTEMPTS: usize = 8;
-
-/// Journal-full retries per stripe. Counted apart from failures: every reset empties the
-/// journal and the largest record fits an empty lane, but many concurrent stripe writes to
-/// a small journal can each lose the race for the fresh space several times (journal
-/// version 3's two copies halve a journal's room). The bound only stops a bug from looping.
-const FULL_RETRIES: usize = 1000;
 
 impl Array {
     /// Writes `data` at `within` of `stripe`, coalesced with the writes to it queued
@@ -165,8 +163,8 @@ impl Array {
         }
     }
 
-    /// Updates `stripe` with disjoint `writes`, retrying after member failures and journal
-    /// resets.
+    /// Updates `stripe` with disjoint `writes`, retrying after member failures and after
+    /// waiting for journal room.
     async fn settle_stripe(
         &self,
         layout: Layout,
@@ -174,18 +172,22 @@ impl Array {
         writes: &[(u64, Bytes)],
         fua: bool,
     ) -> Result<()> {
-        let (mut failures, mut resets) = (0, 0);
-        while failures < ATTEMPTS && resets < FULL_RETRIES {
+        let (mut failures, mut full) = (0, 0);
+        while failures < ATTEMPTS && full < FULL_RETRIES {
             match self.try_write_stripe(layout, stripe, writes, fua).await? {
                 Step::Done => return Ok(()),
-                Step::DoneReset => return self.reset_journals().await,
+                Step::DoneFull((parity, epoch, seq)) => {
+                    return self.log_done(vec![(stripe, parity, epoch, seq)]).await
+                }
                 Step::Failed(member) => {
                     failures += 1;
                     self.fail_member(member).await?
                 }
                 Step::JournalFull => {
-                    resets += 1;
-                    self.reset_journals().await?
+                    full += 1;
+                    // Without the gate or the stripe lock: the reclaim waits for updates
+                    // in flight to finish their in-place writes.
+                    self.make_room().await?
                 }
             }
         }
@@ -273,20 +275,28 @@ impl Array {
             }),
         };
         let mut intent = None;
+        // Held until the in-place writes are done: a reclaim's member flush must cover them
+        // before it frees the record.
+        let mut pin = None;
         if let Some(record) = record.filter(|_| !self.skip_journal) {
             let Some(device) = self.journal_target(parity) else {
                 return Ok(Step::Failed(parity));
             };
-            let epoch = self.journal(parity).epoch();
-            match self.journal(parity).append(&device, &record, None).await {
+            let journal = self.journal(parity);
+            let epoch = journal.epoch();
+            match journal.append(&device, &record, None).await {
                 Ok(Appended::Full) => return Ok(Step::JournalFull),
-                Ok(Appended::Durable(seq)) if kind == WriteKind::FullStripe => {
-                    intent = Some((parity, epoch, seq));
-                    self.full_writes()?
-                        .dirty
-                        .insert(stripe, (parity, epoch, seq));
+                Ok(Appended::Durable(seq, held)) => {
+                    pin = Some(held);
+                    if kind == WriteKind::FullStripe {
+                        intent = Some((parity, epoch, seq));
+                        self.full_writes()?
+                            .dirty
+                            .insert(stripe, (parity, epoch, seq));
+                    }
+                    self.reclaim_soon(&journal);
                 }
-                Ok(_) => {}
+                Ok(Appended::Stale) => {}
                 Err(_) => return Ok(Step::Failed(self.journal_write_failed(parity)?.member)),
             }
         }
@@ -303,6 +313,7 @@ impl Array {
                 self.fail_member(member).await?;
             }
         }
+        drop(pin);
         self.after_write(stripe, &plans, intent, fua).await
     }
 
@@ -338,13 +349,13 @@ impl Array {
             return Ok(Step::Done);
         };
         let done = Record::Done { seqs: vec![seq] };
-        match self
-            .journal(parity)
-            .append(&device, &done, Some(epoch))
-            .await
-        {
-            Ok(Appended::Full) => Ok(Step::DoneReset),
-            Ok(_) => Ok(Step::Done),
+        let journal = self.journal(parity);
+        match journal.append(&device, &done, Some(epoch)).await {
+            Ok(Appended::Full) => Ok(Step::DoneFull((parity, epoch, seq))),
+            Ok(_) => {
+                self.reclaim_soon(&journal);
+                Ok(Step::Done)
+            }
             Err(_) => {
                 // The write itself is durable in place; only its Done record is missing, so
                 // recovery would resync the stripe (or call its chunk lost), never misread.

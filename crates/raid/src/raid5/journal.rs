@@ -34,10 +34,22 @@
 //! one valid copy: recovery replays it and reports a finding; both invalid is a crash before
 //! either copy was whole; both valid but different cannot come from one write and refuses.
 //! Version 2 journals (one copy) are still read, with the old rules, so an array written by
-//! the previous version replays its journal; the reset after replay writes version 3.
+//! the previous version replays its journal; the reset after replay writes version 4.
+//!
+//! Reclaim (version 4): each lane is a ring. The superblock records, per lane, where its live
+//! records start (the *tail*: block offset and index) and the least seq they carry; a
+//! reclaim *cuts* the journal (every record appended before the cut), waits for the updates
+//! of those records to finish their in-place writes, flushes the members, then writes a
+//! superblock whose tails are the cut: the records before it are durable in place and are
+//! never read again, and their space is reused only once both superblock copies say so.
+//! Appends go on meanwhile into the rest of the ring. Records are read from the tail, across
+//! the end of the lane, each the next index with a higher seq than the one before (a stale
+//! record of an earlier pass has a lower one). Version 3 is the case of tails at 0.
 //!
 //! Lock rule: `state` (std Mutex) never across an await; `writers[lane]` (async Mutex)
-//! serializes the journal writes of one lane.
+//! serializes the journal writes of one lane; a cut's generation lock is held (shared) by
+//! each appender from its record's placement until its update's in-place writes are done,
+//! and taken exclusively by the reclaim to wait for them.
 
 use std::sync::Mutex;
 
@@ -49,8 +61,12 @@ pub const JBLOCK: u64 = 4096;
 const RECORD_MAGIC: u32 = 0x5335_4a52; // "S5JR"
 const SUPER_MAGIC: u32 = 0x5335_4a53; // "S5JS"
 const DEVICE_MAGIC: u32 = 0x5335_4a44; // "S5JD"
-/// Version 3: two copies of everything (version 2: one copy, lanes; version 1: one log).
-pub const JOURNAL_VERSION: u32 = 3;
+/// Version 4: lanes are rings whose tails the superblock records (reclaim); version 3: two
+/// copies of everything, lanes read from their start; version 2: one copy, lanes; version 1:
+/// one log.
+pub const JOURNAL_VERSION: u32 = 4;
+/// Two copies, lanes from their start: read as version 4 with every tail at 0.
+const TWO_COPY_VERSION: u32 = 3;
 /// The previous version, still read (one copy, the same lanes over the whole region).
 const ONE_COPY_VERSION: u32 = 2;
 /// At most this many lanes per journal; fewer when the journal is small (each lane must hold
@@ -207,10 +223,40 @@ pub fn decode(log: &[u8], epoch: u64, lane: u8, index: u32) -> Option<(u64, Reco
     Some((seq, record, blocks))
 }
 
-/// Block 0 of a journal: which array and member it belongs to, the current epoch, and how
-/// many lanes share the rest of the region.
-pub fn encode_super(uuid: [u8; 16], member: usize, epoch: u64, lanes: u64) -> Vec<u8> {
-    encode_super_version(JOURNAL_VERSION, uuid, member, epoch, lanes)
+/// Where a journal's live records start (version 4): the generation of this superblock
+/// (one per reclaim in an epoch), the least seq of a live record, and per lane the block
+/// offset (from the lane's first block) and index of its first live record. All zero after a
+/// reset, and for version 3 (lanes read from their start).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Tails {
+    pub generation: u64,
+    pub seq: u64,
+    pub lanes: [(u64, u32); MAX_LANES as usize],
+}
+
+/// Byte offset of the per-lane tails in a version 4 superblock: (offset u64, index u32).
+const TAILS_AT: usize = 64;
+const TAIL: usize = 12;
+const _: () = assert!(TAILS_AT + MAX_LANES as usize * TAIL <= JBLOCK as usize);
+
+/// Block 0 of a journal: which array and member it belongs to, the current epoch, how many
+/// lanes share the rest of the region, and where their live records start.
+pub fn encode_super(
+    uuid: [u8; 16],
+    member: usize,
+    epoch: u64,
+    lanes: u64,
+    tails: &Tails,
+) -> Vec<u8> {
+    let mut out = encode_super_version(JOURNAL_VERSION, uuid, member, epoch, lanes);
+    out[48..56].copy_from_slice(&tails.generation.to_le_bytes());
+    out[56..64].copy_from_slice(&tails.seq.to_le_bytes());
+    for (lane, (offset, index)) in tails.lanes.iter().enumerate() {
+        let at = TAILS_AT + lane * TAIL;
+        out[at..at + 8].copy_from_slice(&offset.to_le_bytes());
+        out[at + 8..at + 12].copy_from_slice(&index.to_le_bytes());
+    }
+    seal(out)
 }
 
 fn encode_super_version(
@@ -238,9 +284,11 @@ pub struct Super {
     pub epoch: u64,
     pub lanes: u64,
     pub version: u32,
+    /// Version 4's tails; zero for the older versions.
+    pub tails: Tails,
 }
 
-/// The superblock in `block` if it is whole and of a version this code reads (2 or 3).
+/// The superblock in `block` if it is whole and of a version this code reads (2 to 4).
 pub fn decode_super(block: &[u8]) -> Option<Super> {
     let copy = unseal(block, SUPER_MAGIC, JBLOCK as usize)?;
     let version = u32_at(&copy, 36);
@@ -251,12 +299,22 @@ pub fn decode_super(block: &[u8]) -> Option<Super> {
     if !(1..=MAX_LANES).contains(&lanes) {
         return None;
     }
+    let mut tails = Tails::default();
+    if version >= JOURNAL_VERSION {
+        tails.generation = u64_at(&copy, 48);
+        tails.seq = u64_at(&copy, 56);
+        for (lane, tail) in tails.lanes.iter_mut().enumerate() {
+            let at = TAILS_AT + lane * TAIL;
+            *tail = (u64_at(&copy, at), u32_at(&copy, at + 8));
+        }
+    }
     Some(Super {
         uuid: copy[16..32].try_into().unwrap(),
         member: u32_at(&copy, 32) as usize,
         epoch: u64_at(&copy, 8),
         lanes,
         version,
+        tails,
     })
 }
 
@@ -353,13 +411,16 @@ pub fn scan(region: &[u8], uuid: [u8; 16], member: usize) -> std::result::Result
     if let Some(s) = first.filter(|s| s.version == ONE_COPY_VERSION) {
         return Ok(scan_one_copy(region, uuid, member, s));
     }
-    // Version 3: the superblock at the start of each half. A reset writes copy 1, then copy
-    // 2, so a crash leaves at most one of them torn, or both valid with copy 1 a newer
-    // epoch; either way every record of the older epoch was durable in place before the
-    // reset began (it flushes the members first), so the newer epoch is the one to read.
+    // Versions 3 and 4: the superblock at the start of each half. A reset (or a reclaim's
+    // tail move) writes copy 1, then copy 2, so a crash leaves at most one of them torn, or
+    // both valid with copy 1 newer (a later epoch, or the same epoch and a later tail
+    // generation); either way every record the newer one drops was durable in place before
+    // it was written (a reset and a reclaim flush the members first), and the space it frees
+    // is reused only once both copies are written, so the older one still reads whole.
+    let two_copies = |s: &Super| s.version >= TWO_COPY_VERSION;
     let copies = [
-        first.filter(|s| s.version == JOURNAL_VERSION),
-        decode_super(block(half)).filter(|s| s.version == JOURNAL_VERSION),
+        first.filter(two_copies),
+        decode_super(block(half)).filter(two_copies),
     ];
     let mut findings = Vec::new();
     let sup = match copies {
@@ -370,7 +431,7 @@ pub fn scan(region: &[u8], uuid: [u8; 16], member: usize) -> std::result::Result
                     journals ({a:?} and {b:?})"
                 ));
             }
-            if a.epoch >= b.epoch {
+            if (a.epoch, a.tails.generation) >= (b.epoch, b.tails.generation) {
                 a
             } else {
                 b
@@ -407,59 +468,90 @@ pub fn scan(region: &[u8], uuid: [u8; 16], member: usize) -> std::result::Result
         ));
     }
     let copy = |c: u64| &region[(c * half * JBLOCK) as usize..((c + 1) * half * JBLOCK) as usize];
-    let (one, two) = (copy(0), copy(1));
     let mut records = Vec::new();
     for lane in 0..sup.lanes {
         let (first, len) = lane_span(half, sup.lanes, lane);
-        let end = ((first + len) * JBLOCK) as usize;
-        let mut at = (first * JBLOCK) as usize;
-        let mut index = 0;
-        loop {
-            let from = at.min(end);
-            let a = decode(&one[from..end], sup.epoch, lane as u8, index);
-            let b = decode(&two[from..end], sup.epoch, lane as u8, index);
-            let one_bad = a.is_none();
-            let (seq, record, taken) = match (a, b) {
-                // Both copies were written from the same bytes: a difference is damage that
-                // still passed a checksum, or a bug; neither can be replayed safely.
-                (Some(a), Some(b)) if a != b => {
-                    return Err(format!(
-                        "lane {lane} record {index} (epoch {}): the two copies are both \
-                    valid but differ",
-                        sup.epoch
-                    ))
-                }
-                (Some(a), Some(_)) => a,
-                // One copy whole: either acknowledged and later damaged in the other copy
-                // (it must be replayed), or in flight when a crash hit between the two
-                // writes (replaying a whole, unacknowledged update is also correct: its
-                // in-place writes had not started, and it writes data and parity alike).
-                (Some(r), None) | (None, Some(r)) => {
-                    let bad = if one_bad { 1 } else { 2 };
-                    findings.push(format!(
-                        "lane {lane} record {index} (epoch {}): copy {bad} failed its check; \
-                    replayed from the other copy",
-                        sup.epoch
-                    ));
-                    r
-                }
-                // Neither copy whole: a batch cut by a crash before either copy was whole,
-                // never acknowledged (group commit may leave whole records after it in the
-                // same write, also unacknowledged): the end of the lane. Two independent
-                // faults at this position in both copies look the same: the format's limit.
-                (None, None) => break,
-            };
-            records.push((seq, record));
-            at += (taken * JBLOCK) as usize;
-            index += 1;
+        let (offset, index) = sup.tails.lanes[lane as usize];
+        if offset >= len {
+            return Err(format!(
+                "lane {lane}'s tail is block {offset} of a {len}-block lane (epoch {})",
+                sup.epoch
+            ));
         }
+        // The lane from its tail on, across its end: a linear log again.
+        let ring = |c: u64| {
+            let lane = &copy(c)[(first * JBLOCK) as usize..((first + len) * JBLOCK) as usize];
+            let split = (offset * JBLOCK) as usize;
+            [&lane[split..], &lane[..split]].concat()
+        };
+        let from = (sup.epoch, lane as u8, index, sup.tails.seq);
+        let found = scan_lane(&ring(0), &ring(1), from, &mut findings)?;
+        records.extend(found);
     }
     records.sort_by_key(|(seq, _)| *seq);
     Ok(Scanned {
         records,
         findings,
-        version: JOURNAL_VERSION,
+        version: sup.version,
     })
+}
+
+/// The records of one lane, read in both copies (`one`, `two`: the lane from its tail on)
+/// from `(epoch, lane, first index, least seq)`: each the next index, with a seq above the
+/// previous one's, until a position where neither copy holds one.
+fn scan_lane(
+    one: &[u8],
+    two: &[u8],
+    (epoch, lane, first, least): (u64, u8, u32, u64),
+    findings: &mut Vec<String>,
+) -> std::result::Result<Vec<(u64, Record)>, String> {
+    assert_eq!(one.len(), two.len());
+    let (end, mut at, mut index, mut least) = (one.len(), 0usize, first, least);
+    let mut records = Vec::new();
+    loop {
+        let from = at.min(end);
+        // A stale record of an earlier pass round the ring can carry the index expected
+        // here only after 2^32 records; its seq is lower than every live record's anyway.
+        let valid =
+            |log: &[u8]| decode(&log[from..end], epoch, lane, index).filter(|r| r.0 >= least);
+        let a = valid(one);
+        let b = valid(two);
+        let one_bad = a.is_none();
+        let (seq, record, taken) = match (a, b) {
+            // Both copies were written from the same bytes: a difference is damage that
+            // still passed a checksum, or a bug; neither can be replayed safely.
+            (Some(a), Some(b)) if a != b => {
+                return Err(format!(
+                    "lane {lane} record {index} (epoch {epoch}): the two copies are both \
+                    valid but differ"
+                ))
+            }
+            (Some(a), Some(_)) => a,
+            // One copy whole: either acknowledged and later damaged in the other copy (it
+            // must be replayed), or in flight when a crash hit between the two writes
+            // (replaying a whole, unacknowledged update is also correct: its in-place writes
+            // had not started, and it writes data and parity alike).
+            (Some(r), None) | (None, Some(r)) => {
+                let bad = if one_bad { 1 } else { 2 };
+                findings.push(format!(
+                    "lane {lane} record {index} (epoch {epoch}): copy {bad} failed its check; \
+                    replayed from the other copy"
+                ));
+                r
+            }
+            // Neither copy whole: a batch cut by a crash before either copy was whole, never
+            // acknowledged (group commit may leave whole records after it in the same write,
+            // also unacknowledged): the end of the lane. Two independent faults at this
+            // position in both copies look the same: the format's limit.
+            (None, None) => break,
+        };
+        assert!(seq >= least);
+        records.push((seq, record));
+        at += (taken * JBLOCK) as usize;
+        index = index.wrapping_add(1);
+        least = seq + 1;
+    }
+    Ok(records)
 }
 
 /// A version 2 journal (one copy): each lane is read up to its first record that is not
@@ -490,16 +582,22 @@ fn scan_one_copy(region: &[u8], uuid: [u8; 16], member: usize, sup: Super) -> Sc
     out
 }
 
-/// One lane's log: blocks `[first, first + len)`.
+/// One lane's ring: blocks `[first, first + len)`. Positions are counted in blocks from the
+/// epoch's start without wrapping (`head`, `tail`); block `first + v % len` holds position v.
 struct Lane {
     first: u64,
     len: u64,
-    next_block: u64,
-    next_index: u32,
+    /// Where the next record goes.
+    head: u64,
+    /// Where the live records start, as both superblock copies say: the blocks from here to
+    /// `head` must not be overwritten.
+    tail: u64,
+    /// Indexes count records in the lane since the epoch's start (written as u32).
+    next_index: u64,
     /// Every index below this is durable.
-    durable: u32,
-    /// Queued, not yet written: (index, first block, bytes).
-    pending: Vec<(u32, u64, Vec<u8>)>,
+    durable: u64,
+    /// Queued, not yet written: (index, position, bytes).
+    pending: Vec<(u64, u64, Vec<u8>)>,
     /// A batch of this lane is being written.
     writing: bool,
 }
@@ -509,7 +607,8 @@ impl Lane {
         Lane {
             first,
             len,
-            next_block: first,
+            head: 0,
+            tail: 0,
             next_index: 0,
             durable: 0,
             pending: Vec::new(),
@@ -518,7 +617,7 @@ impl Lane {
     }
 
     fn room(&self, blocks: u64) -> bool {
-        self.next_block + blocks <= self.first + self.len
+        self.head + blocks - self.tail <= self.len
     }
 }
 
@@ -527,6 +626,10 @@ struct State {
     next_seq: u64,
     lanes: Vec<Lane>,
     failed: Option<String>,
+    /// The superblock generation both copies hold (a reclaim writes the next).
+    generation: u64,
+    /// Held shared by every appender placed since the last cut (see [`Pin`]).
+    pins: std::sync::Arc<tokio::sync::RwLock<()>>,
 }
 
 /// One member's journal: a region at `base` holding two copies of `blocks` blocks each,
@@ -542,13 +645,37 @@ pub struct Journal {
     writers: Vec<tokio::sync::Mutex<()>>,
 }
 
+/// Held from a record's placement until the update it logs has finished its in-place
+/// writes (drop it then): a reclaim waits for the pins of the records before its cut, so
+/// that its member flush covers their writes.
+pub struct Pin {
+    _held: tokio::sync::OwnedRwLockReadGuard<()>,
+}
+
 /// Outcome of an append.
 pub enum Appended {
-    Durable(u64),
-    /// No room: the caller resets the journals (after a flush) and retries.
+    Durable(u64, Pin),
+    /// No room: the caller waits for a reclaim (or runs one) and retries.
     Full,
     /// The journal moved to another epoch; nothing written.
     Stale,
+}
+
+/// Where a reclaim cut a journal: the records placed before it are freed once their
+/// updates' writes are flushed ([`Journal::settle`], then [`Journal::move_tail`]).
+pub struct Cut {
+    epoch: u64,
+    /// Every record before the cut has a lower seq, every record after it this or higher.
+    pub seq: u64,
+    /// Per lane: (head position, next index) at the cut.
+    lanes: Vec<(u64, u64)>,
+    pins: std::sync::Arc<tokio::sync::RwLock<()>>,
+}
+
+impl Cut {
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
 }
 
 impl Journal {
@@ -568,6 +695,8 @@ impl Journal {
                 next_seq: 0,
                 lanes: Self::empty_lanes(blocks, lanes),
                 failed: Some("not yet reset".into()),
+                generation: 0,
+                pins: Default::default(),
             }),
             writers: (0..lanes).map(|_| tokio::sync::Mutex::new(())).collect(),
         }
@@ -596,6 +725,19 @@ impl Journal {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Writes `block` as the superblock: copy 1, then (after it completed) copy 2, never both
+    /// at once: a crash then tears at most one, and both copies invalid stays a sign of
+    /// damage (see `scan`).
+    async fn write_super(&self, device: &DeviceRef, block: Vec<u8>) -> Result<()> {
+        let block = Bytes::from(block);
+        for offset in self.offsets(0) {
+            device
+                .write(offset, block.clone(), WriteFlags { fua: true })
+                .await?;
+        }
+        Ok(())
+    }
+
     /// Empties the journal under a new epoch. Only when nothing is being appended and every
     /// logged update is durable in place (the caller holds the gate exclusively and flushed).
     pub async fn reset(&self, device: &DeviceRef, epoch: u64) -> Result<()> {
@@ -603,14 +745,8 @@ impl Journal {
         for writer in &self.writers {
             writers.push(writer.lock().await);
         }
-        let block = Bytes::from(encode_super(self.uuid, self.member, epoch, self.lanes));
-        // One copy after the other, never both at once: a crash then tears at most one, and
-        // both copies invalid stays a sign of damage (see `scan`).
-        for offset in self.offsets(0) {
-            device
-                .write(offset, block.clone(), WriteFlags { fua: true })
-                .await?;
-        }
+        let block = encode_super(self.uuid, self.member, epoch, self.lanes, &Tails::default());
+        self.write_super(device, block).await?;
         let mut state = self.lock();
         // Appenders hold the array's gate, which a reset holds exclusively: records can only
         // still be queued when their appender was cancelled (its update never reached the
@@ -628,12 +764,102 @@ impl Journal {
             next_seq: 0,
             lanes: Self::empty_lanes(self.blocks, self.lanes),
             failed: None,
+            generation: 0,
+            pins: Default::default(),
         };
         Ok(())
     }
 
     pub fn epoch(&self) -> u64 {
         self.lock().epoch
+    }
+
+    /// Whether a lane is half full or more (live records and records not yet reclaimed).
+    /// Half: a reclaim frees what was placed before its cut, and leaves the other half for
+    /// the appends that go on while it flushes the members; starting earlier means more
+    /// member flushes for the same records, later less room to write on during one.
+    pub fn wants_reclaim(&self) -> bool {
+        let state = self.lock();
+        state.failed.is_none() && state.lanes.iter().any(|l| 2 * (l.head - l.tail) >= l.len)
+    }
+
+    /// Cuts the journal: the records placed so far will be freed by [`Journal::move_tail`].
+    /// None when the journal is unusable.
+    pub fn cut(&self) -> Option<Cut> {
+        let mut state = self.lock();
+        if state.failed.is_some() {
+            return None;
+        }
+        let pins = std::mem::take(&mut state.pins);
+        Some(Cut {
+            epoch: state.epoch,
+            seq: state.next_seq,
+            lanes: state.lanes.iter().map(|l| (l.head, l.next_index)).collect(),
+            pins,
+        })
+    }
+
+    /// Waits until every update placed before `cut` has finished its in-place writes (or
+    /// was abandoned), then writes what its appenders left queued, so that no hole precedes
+    /// the records after the cut.
+    pub async fn settle(&self, device: &DeviceRef, cut: &Cut) -> Result<()> {
+        let _all = cut.pins.write().await;
+        for (lane, &(_, index)) in cut.lanes.iter().enumerate() {
+            // Whether the last write_lane found nothing queued (another appender's batch may
+            // have carried the records meanwhile: checked once more before giving up).
+            let mut idle = false;
+            loop {
+                {
+                    let state = self.lock();
+                    if state.epoch != cut.epoch || state.lanes[lane].durable >= index {
+                        break;
+                    }
+                    if let Some(reason) = &state.failed {
+                        return Err(journal_error(self.member, reason));
+                    }
+                }
+                if idle {
+                    return Err(journal_error(
+                        self.member,
+                        "record dropped before its write",
+                    ));
+                }
+                idle = !self.write_lane(device, lane).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Frees the records before `cut`, once the members were flushed after [`Journal::settle`]:
+    /// both superblock copies name the cut as the tail, then its space is reused.
+    pub async fn move_tail(&self, device: &DeviceRef, cut: &Cut) -> Result<()> {
+        let (block, generation) = {
+            let state = self.lock();
+            if state.epoch != cut.epoch || state.failed.is_some() {
+                return Ok(());
+            }
+            let generation = state.generation + 1;
+            let mut tails = Tails {
+                generation,
+                seq: cut.seq,
+                ..Tails::default()
+            };
+            for (lane, &(head, index)) in cut.lanes.iter().enumerate() {
+                tails.lanes[lane] = (head % state.lanes[lane].len, index as u32);
+            }
+            let block = encode_super(self.uuid, self.member, state.epoch, self.lanes, &tails);
+            (block, generation)
+        };
+        self.write_super(device, block).await?;
+        let mut state = self.lock();
+        if state.epoch == cut.epoch {
+            state.generation = generation;
+            for (lane, &(head, _)) in state.lanes.iter_mut().zip(&cut.lanes) {
+                assert!(lane.tail <= head && head <= lane.head);
+                lane.tail = head;
+            }
+        }
+        Ok(())
     }
 
     /// The lane for a record of `blocks`: an idle one if any (its write starts at once),
@@ -648,16 +874,17 @@ impl Journal {
             .map(|(i, _)| i)
     }
 
-    /// Logs `record` and returns once it is durable. With `epoch`, only if the journal is
-    /// still in that epoch (a Done record names seqs of one epoch; after a reset they are
-    /// moot): otherwise returns `Stale` and writes nothing.
+    /// Logs `record` and returns once it is durable, with the [`Pin`] its update holds until
+    /// its in-place writes are done. With `epoch`, only if the journal is still in that
+    /// epoch (a Done record names seqs of one epoch; after a reset they are moot): otherwise
+    /// returns `Stale` and writes nothing.
     pub async fn append(
         &self,
         device: &DeviceRef,
         record: &Record,
         epoch: Option<u64>,
     ) -> Result<Appended> {
-        let (lane, seq, index) = {
+        let (lane, seq, index, pin) = {
             let mut state = self.lock();
             if let Some(reason) = &state.failed {
                 return Err(journal_error(self.member, reason));
@@ -669,37 +896,37 @@ impl Journal {
             let Some(lane) = Self::choose_lane(&state.lanes, blocks) else {
                 return Ok(Appended::Full);
             };
+            // Never contended: a reclaim takes the lock exclusively only after replacing it.
+            let pin = Pin {
+                _held: state
+                    .pins
+                    .clone()
+                    .try_read_owned()
+                    .expect("current pins are shared"),
+            };
             let seq = state.next_seq;
             state.next_seq += 1;
             let epoch = state.epoch;
             let l = &mut state.lanes[lane];
             let index = l.next_index;
-            let bytes = record.encode(epoch, seq, lane as u8, index);
-            l.pending.push((index, l.next_block, bytes));
+            let bytes = record.encode(epoch, seq, lane as u8, index as u32);
+            l.pending.push((index, l.head, bytes));
             l.next_index += 1;
-            l.next_block += blocks;
-            (lane, seq, index)
+            l.head += blocks;
+            (lane, seq, index, pin)
         };
         loop {
             {
                 let state = self.lock();
                 if state.lanes[lane].durable > index {
-                    return Ok(Appended::Durable(seq));
+                    return Ok(Appended::Durable(seq, pin));
                 }
                 if let Some(reason) = &state.failed {
                     return Err(journal_error(self.member, reason));
                 }
             }
-            let _writer = self.writers[lane].lock().await;
-            let batch = {
-                let mut state = self.lock();
-                let l = &mut state.lanes[lane];
-                l.writing = true;
-                std::mem::take(&mut l.pending)
-            };
-            let Some(&(_, first, _)) = batch.first() else {
-                let mut state = self.lock();
-                state.lanes[lane].writing = false;
+            if !self.write_lane(device, lane).await? {
+                let state = self.lock();
                 // Not queued, not durable, not failed: a reset dropped it (it cannot happen
                 // to an appender holding the gate; refuse rather than spin).
                 if state.lanes[lane].durable <= index && state.failed.is_none() {
@@ -708,27 +935,48 @@ impl Journal {
                         "record dropped by a journal reset",
                     ));
                 }
-                continue;
-            };
-            let last = batch.last().expect("non-empty").0;
-            let bytes = Bytes::from(
-                batch
-                    .into_iter()
-                    .flat_map(|(_, _, b)| b)
-                    .collect::<Vec<u8>>(),
-            );
-            // Both copies at once (the cost of the second is one more concurrent write, not a
-            // second round trip), and durable only when both are: an acknowledged record
-            // then survives any fault that spares one copy.
-            let written = strata_meta::write_copies(&**device, self.offsets(first), bytes).await;
+            }
+        }
+    }
+
+    /// Writes the records queued in `lane` as one batch (false: none were queued). A batch
+    /// that crosses the end of the lane is written in two parts, the one at the end first.
+    async fn write_lane(&self, device: &DeviceRef, lane: usize) -> Result<bool> {
+        let _writer = self.writers[lane].lock().await;
+        let (batch, first, len) = {
             let mut state = self.lock();
-            state.lanes[lane].writing = false;
-            match written {
-                Ok(()) => state.lanes[lane].durable = last + 1,
-                Err(error) => {
-                    state.failed = Some(error.to_string());
-                    return Err(error);
-                }
+            let l = &mut state.lanes[lane];
+            l.writing = true;
+            (std::mem::take(&mut l.pending), l.first, l.len)
+        };
+        let Some(&(_, start, _)) = batch.first() else {
+            self.lock().lanes[lane].writing = false;
+            return Ok(false);
+        };
+        let last = batch.last().expect("non-empty").0;
+        let mut bytes: Vec<u8> = batch.into_iter().flat_map(|(_, _, b)| b).collect();
+        let at = start % len;
+        let rest = bytes.split_off(bytes.len().min(((len - at) * JBLOCK) as usize));
+        // Both copies at once (the cost of the second is one more concurrent write, not a
+        // second round trip), and durable only when both are: an acknowledged record then
+        // survives any fault that spares one copy.
+        let mut written =
+            strata_meta::write_copies(&**device, self.offsets(first + at), Bytes::from(bytes))
+                .await;
+        if written.is_ok() && !rest.is_empty() {
+            written =
+                strata_meta::write_copies(&**device, self.offsets(first), Bytes::from(rest)).await;
+        }
+        let mut state = self.lock();
+        state.lanes[lane].writing = false;
+        match written {
+            Ok(()) => {
+                state.lanes[lane].durable = last + 1;
+                Ok(true)
+            }
+            Err(error) => {
+                state.failed = Some(error.to_string());
+                Err(error)
             }
         }
     }
@@ -834,8 +1082,10 @@ mod tests {
         );
         assert_eq!(scan(&region, uuid, 0).unwrap().records.len(), 4);
         // Lane counts a journal cannot have are refused.
-        assert!(decode_super(&encode_super(uuid, 0, 5, 0)).is_none());
-        assert!(decode_super(&encode_super(uuid, 0, 5, MAX_LANES + 1)).is_none());
+        assert!(decode_super(&encode_super(uuid, 0, 5, 0, &Tails::default())).is_none());
+        assert!(
+            decode_super(&encode_super(uuid, 0, 5, MAX_LANES + 1, &Tails::default())).is_none()
+        );
         assert_eq!(lanes_for(1 + 4 * 33, 33), 2);
         assert_eq!(lanes_for(9, 33), 1);
         assert_eq!(lanes_for(1 << 20, 33), MAX_LANES);
@@ -869,7 +1119,7 @@ mod two_copies {
     /// A version 3 region with `records` (lane, bytes) placed in both copies, in order.
     fn region(records: &[(u64, Vec<u8>)]) -> Vec<u8> {
         let mut region = vec![0u8; (2 * HALF * JBLOCK) as usize];
-        let sup = encode_super(UUID, 1, 9, 2);
+        let sup = encode_super(UUID, 1, 9, 2, &Tails::default());
         place(&mut region, 0, &sup);
         place(&mut region, HALF, &sup);
         let mut next = [lane_span(HALF, 2, 0).0, lane_span(HALF, 2, 1).0];
@@ -997,8 +1247,16 @@ mod two_copies {
         assert!(scan(&region, UUID, 1).unwrap().records.is_empty());
         // A reset torn between its two writes: copy 1 newer, copy 2 older; the newer wins
         // (every record of the older epoch was durable in place before the reset).
-        place(&mut region, 0, &encode_super(UUID, 1, 10, 2));
-        place(&mut region, HALF, &encode_super(UUID, 1, 9, 2));
+        place(
+            &mut region,
+            0,
+            &encode_super(UUID, 1, 10, 2, &Tails::default()),
+        );
+        place(
+            &mut region,
+            HALF,
+            &encode_super(UUID, 1, 9, 2, &Tails::default()),
+        );
         let (first, _) = lane_span(HALF, 2, 0);
         place(&mut region, first, &update(3, 1).encode(9, 0, 0, 0));
         place(&mut region, HALF + first, &update(3, 1).encode(9, 0, 0, 0));
@@ -1019,5 +1277,97 @@ mod two_copies {
         // One block less and the largest record would never fit in a copy.
         let (_, short) = lane_span(copy_blocks(bytes / JBLOCK - 1, JOURNAL_VERSION), 1, 0);
         assert!(short < max_record / JBLOCK);
+    }
+}
+
+#[cfg(test)]
+mod rings {
+    use std::sync::Arc;
+
+    use super::*;
+
+    const UUID: [u8; 16] = [3u8; 16];
+    /// Blocks of one copy: a superblock and four lanes of 10 blocks (largest record 5).
+    const HALF: u64 = 41;
+
+    fn update(stripe: u64, blocks: u64) -> Record {
+        Record::Update {
+            stripe,
+            writes: vec![(
+                1,
+                0,
+                Bytes::from(vec![stripe as u8; ((blocks - 1) * JBLOCK) as usize]),
+            )],
+        }
+    }
+
+    /// A version 3 superblock over the same records reads as version 4 with its tails at 0.
+    #[test]
+    fn version_3_reads_as_tails_at_zero() {
+        let mut region = vec![0u8; (2 * HALF * JBLOCK) as usize];
+        let (first, _) = lane_span(HALF, 4, 2);
+        for copy in 0..2 {
+            let sup = encode_super_version(TWO_COPY_VERSION, UUID, 0, 6, 4);
+            let at = (copy * HALF * JBLOCK) as usize;
+            region[at..at + JBLOCK as usize].copy_from_slice(&sup);
+            let bytes = update(9, 2).encode(6, 0, 2, 0);
+            let at = ((copy * HALF + first) * JBLOCK) as usize;
+            region[at..at + bytes.len()].copy_from_slice(&bytes);
+        }
+        let scanned = scan(&region, UUID, 0).unwrap();
+        assert_eq!(scanned.version, TWO_COPY_VERSION);
+        assert_eq!(scanned.records, vec![(0, update(9, 2))]);
+        let sup = decode_super(&region[..JBLOCK as usize]).unwrap();
+        assert_eq!(sup.tails, Tails::default());
+    }
+
+    /// Appends of random sizes with reclaims between them (some with appends between the cut
+    /// and the tail move): at every point the region reads back exactly the records not
+    /// freed, in seq order, across the lanes' ends and over stale records of earlier passes.
+    #[tokio::test]
+    async fn the_ring_reads_back_every_live_record() {
+        let bytes = 2 * HALF * JBLOCK;
+        let device: DeviceRef = Arc::new(strata_backend::MemoryDevice::new(bytes));
+        let journal = Journal::new(0, 0, bytes, 5 * JBLOCK, UUID);
+        assert_eq!(journal.lanes(), 4);
+        journal.reset(&device, 6).await.unwrap();
+        let mut live: Vec<(u64, Record)> = Vec::new();
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        let (mut reclaims, mut wrapped) = (0, false);
+        for step in 0..3000u64 {
+            x = x
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            let record = update(step, 1 + (x >> 33) % 5);
+            match journal.append(&device, &record, None).await.unwrap() {
+                Appended::Durable(seq, _) => live.push((seq, record)),
+                Appended::Full => {
+                    let cut = journal.cut().unwrap();
+                    // Half of the time a record goes in between the cut and the tail move.
+                    if (x >> 40).is_multiple_of(2) {
+                        if let Appended::Durable(seq, _) = journal
+                            .append(&device, &update(step, 1), None)
+                            .await
+                            .unwrap()
+                        {
+                            live.push((seq, update(step, 1)));
+                        }
+                    }
+                    journal.settle(&device, &cut).await.unwrap();
+                    journal.move_tail(&device, &cut).await.unwrap();
+                    live.retain(|(seq, _)| *seq >= cut.seq);
+                    reclaims += 1;
+                }
+                Appended::Stale => unreachable!(),
+            }
+            wrapped |= journal.lock().lanes.iter().any(|l| l.head > l.len);
+            if step % 37 == 0 {
+                let region = device.read(0, bytes as usize).await.unwrap();
+                let scanned = scan(&region, UUID, 0).unwrap();
+                assert!(scanned.findings.is_empty());
+                assert_eq!(scanned.records, live, "step {step}");
+            }
+        }
+        assert!(reclaims > 100 && wrapped, "{reclaims} reclaims");
     }
 }

@@ -203,6 +203,27 @@ impl Raid5 {
             .collect()
     }
 
+    /// Journal reclaims completed since the array was opened (records freed while the writes
+    /// go on; the synchronous resets at open, replace and grow are not counted).
+    pub fn journal_reclaims(&self) -> u64 {
+        self.array
+            .reclaims
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Journal reclaims that ended in an error (a write or flush under them failed; the
+    /// records stay and the next reclaim frees them).
+    pub fn journal_reclaims_failed(&self) -> u64 {
+        self.array
+            .reclaims_failed
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Whether a journal reclaim (or a journal reset) is under way now.
+    pub fn journal_reclaiming(&self) -> bool {
+        self.array.reclaim_lock.try_lock().is_err()
+    }
+
     /// Array byte ranges that read as errors because a crash tore them while degraded.
     pub fn lost_ranges(&self) -> Vec<(u64, u64)> {
         let shape = self.array.shape();
@@ -258,6 +279,12 @@ impl Raid5 {
             (
                 "journal findings".into(),
                 a.journal_findings
+                    .load(std::sync::atomic::Ordering::Relaxed)
+                    .to_string(),
+            ),
+            (
+                "journal reclaims".into(),
+                a.reclaims
                     .load(std::sync::atomic::Ordering::Relaxed)
                     .to_string(),
             ),

@@ -169,7 +169,7 @@ pub async fn assemble(
     let members = Members::new(children, states);
     let (store, _) =
         MetaStore::open(metadata_device(members.clone()), 0, store_options(&name)).await?;
-    let array = Arc::new(build(name, members, store, record, given)?);
+    let array = build(name, members, store, record, given)?.shared();
     let _gate = array.gate.write().await;
     let replayed = array.replay().await?;
     tracing::info!(array = %array.name, updates = replayed.updates, resynced = replayed.resynced, lost = replayed.lost, "raid5: journals replayed");
@@ -493,7 +493,7 @@ async fn create(
         Ok(())
     })?;
     store.commit().await?;
-    let array = Arc::new(build(name, members, store, record, given)?);
+    let array = build(name, members, store, record, given)?.shared();
     array.reset_journals().await?;
     array.persist().await?;
     Ok(array)
@@ -594,6 +594,11 @@ fn build(
         activity: Mutex::new(None),
         skip_journal: settings.unsafe_skip_journal,
         resets: AtomicU64::new(0),
+        reclaim_lock: tokio::sync::Mutex::new(()),
+        reclaims: AtomicU64::new(0),
+        reclaims_failed: AtomicU64::new(0),
+        reclaim_spawned: Default::default(),
+        this: Default::default(),
         journal_findings: AtomicU64::new(0),
         background: strata_core::Background::new(),
         grow: Default::default(),

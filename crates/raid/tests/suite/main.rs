@@ -12,4 +12,5 @@ mod raid5_assembly;
 mod raid5_bench;
 mod raid5_crash;
 mod raid5_grow;
+mod raid5_reclaim;
 mod stale_members;

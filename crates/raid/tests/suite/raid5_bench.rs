@@ -161,3 +161,129 @@ fn small_random_writes_over_bandwidth_limited_members() {
         );
     });
 }
+
+/// A member whose flushes take `delay` (a disk writing back its cache; page-cache members
+/// writing back dirty pages), counting them.
+struct SlowFlush {
+    delay: Duration,
+    flushes: AtomicU64,
+}
+
+#[strata_core::async_trait]
+impl strata_crash::testkit::Interceptor for SlowFlush {
+    async fn before(&self, request: strata_crash::testkit::Request) -> strata_core::Result<()> {
+        if request == strata_crash::testkit::Request::Flush {
+            self.flushes.fetch_add(1, Ordering::Relaxed);
+            tokio::time::sleep(self.delay).await;
+        }
+        Ok(())
+    }
+}
+
+/// What a run of sustained writes saw: MiB/s, member flushes, and the writes that waited at
+/// least `stall` (and how long they waited in all).
+struct Stalls {
+    rate: f64,
+    flushes: u64,
+    stalled: u64,
+    stalled_s: f64,
+}
+
+/// Sequential full-stripe writes (no client flush) at queue depth `QD` for `SECONDS` over four
+/// bandwidth-limited members whose flushes take `flush_ms`, with a 1 MiB journal per member
+/// (one lane of 127 blocks per copy: a journal fills with intents every ~500 full-stripe
+/// writes).
+async fn full_stripes_with_slow_flush(flush_ms: u64) -> Stalls {
+    let members: Vec<_> = (0..4)
+        .map(|_| {
+            strata_crash::testkit::Intercepted::new(
+                limited(1 << 30),
+                SlowFlush {
+                    delay: Duration::from_millis(flush_ms),
+                    flushes: AtomicU64::new(0),
+                },
+            )
+        })
+        .collect();
+    let raid: DeviceRef = Arc::new(crate::common::fresh_raid5(&members, CHUNK, 1 << 20).await);
+    let flushes = || -> u64 {
+        members
+            .iter()
+            .map(|m| m.flushes.load(Ordering::Relaxed))
+            .sum()
+    };
+    let before = flushes();
+    let (bs, stall) = (3 * CHUNK, Duration::from_millis(40));
+    let slots = raid.geometry().size / bs;
+    let next = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let workers = (0..QD).map(|_| {
+        let (raid, next) = (raid.clone(), next.clone());
+        tokio::spawn(async move {
+            let (mut done, mut stalled, mut stalled_s) = (0u64, 0u64, 0f64);
+            while start.elapsed() < Duration::from_secs(SECONDS) {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let began = Instant::now();
+                raid.write(
+                    i % slots * bs,
+                    vec![i as u8; bs as usize].into(),
+                    WriteFlags::default(),
+                )
+                .await
+                .unwrap();
+                if began.elapsed() >= stall {
+                    stalled += 1;
+                    stalled_s += began.elapsed().as_secs_f64();
+                }
+                done += 1;
+            }
+            (done, stalled, stalled_s)
+        })
+    });
+    let mut out = Stalls {
+        rate: 0.0,
+        flushes: 0,
+        stalled: 0,
+        stalled_s: 0.0,
+    };
+    let mut writes = 0;
+    for worker in workers.collect::<Vec<_>>() {
+        let (done, stalled, stalled_s) = worker.await.unwrap();
+        writes += done;
+        out.stalled += stalled;
+        out.stalled_s += stalled_s;
+    }
+    out.rate = (writes * bs) as f64 / start.elapsed().as_secs_f64() / (1u64 << 20) as f64;
+    out.flushes = flushes() - before;
+    out
+}
+
+/// Time lost to making journal space: the same sustained full-stripe writes with member
+/// flushes that take 0, 50 and 100 ms. A journal that stops the writes while it flushes the
+/// members makes every write in flight wait for the flush at every reset; one reclaimed in
+/// the background does not (as long as half a journal outlasts a flush: here ~250
+/// full-stripe writes, ~190 ms). Writes that take 40 ms or more (a full-stripe write takes
+/// ~2 ms here) are counted as stalled; fails if the stalls of the runs with slow flushes add
+/// up to a second or more (on a loaded machine a few writes stall without any flush).
+#[test]
+#[ignore = "wall-clock benchmark"]
+fn full_stripe_writes_do_not_stall_on_slow_member_flushes() {
+    on_two_threads(async {
+        let mut stalled_s = 0.0;
+        for flush_ms in [0, 50, 100] {
+            let run = full_stripes_with_slow_flush(flush_ms).await;
+            eprintln!(
+                "full stripes QD{QD}, 1 MiB journals, member flush {flush_ms} ms: {:.0} MiB/s, \
+                 {} member flushes, {} writes waited >= 40 ms ({:.2} s in all)",
+                run.rate, run.flushes, run.stalled, run.stalled_s
+            );
+            if flush_ms > 0 {
+                stalled_s += run.stalled_s;
+            }
+        }
+        assert!(
+            stalled_s < 1.0,
+            "writes waited {stalled_s:.2} s for member flushes"
+        );
+    });
+}

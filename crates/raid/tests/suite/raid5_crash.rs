@@ -10,9 +10,14 @@
 //!   model still has in doubt.
 //! - `write_hole_without_journal_is_caught`: the same with the journal switched off
 //!   (`unsafe_skip_journal`); the check must fail for some seed.
+//! - `write_hole_with_journal_reclaims` and `flat_scenario_small_journals`: journals of 64 to
+//!   128 KiB, reclaimed every few writes, so that power fails during reclaims (after the cut,
+//!   during the member flush, between the two superblock copies of a tail move).
 //!
 //! Replay: `STRATA_CRASH_SEED=<seed> cargo test -p strata-raid --test suite -- raid5_crash::<name>`.
 
+use std::cell::Cell;
+use std::rc::Rc;
 use std::sync::Arc;
 
 use strata_core::layer::StartPolicy;
@@ -29,44 +34,47 @@ const JOURNAL: u64 = 64 << 10;
 const STRIPES: u64 = 24;
 
 fn disk_bytes() -> u64 {
-    (META_BYTES + JOURNAL).div_ceil(CHUNK) * CHUNK + STRIPES * CHUNK
+    disk_bytes_for(JOURNAL)
+}
+
+fn disk_bytes_for(journal: u64) -> u64 {
+    (META_BYTES + journal).div_ceil(CHUNK) * CHUNK + STRIPES * CHUNK
 }
 
 /// Bytes of a journal device for `members` journals (its header block plus the journals).
-fn journal_device_bytes(members: usize) -> u64 {
-    4096 + members as u64 * JOURNAL
+fn journal_device_bytes(members: usize, journal: u64) -> u64 {
+    4096 + members as u64 * journal
 }
 
-fn settings(skip_journal: bool, journal_device: Option<usize>) -> Settings {
+fn settings(skip_journal: bool, journal_device: Option<usize>, journal: u64) -> Settings {
     Settings {
         chunk: Some(CHUNK),
-        journal: Some(JOURNAL),
+        journal: Some(journal),
         journal_device,
         unsafe_skip_journal: skip_journal,
         start: StartPolicy::FRESH,
     }
 }
 
-async fn open(children: Vec<Option<DeviceRef>>, skip_journal: bool) -> strata_core::Result<Raid5> {
+/// Opens over `children`, the last of them the journal device if `journal_device`.
+async fn open_with(
+    children: Vec<Option<DeviceRef>>,
+    skip_journal: bool,
+    journal_device: bool,
+    journal: u64,
+) -> strata_core::Result<Raid5> {
+    let last = journal_device.then(|| children.len() - 1);
     Raid5::open(
         "r5".into(),
         children,
-        settings(skip_journal, None),
+        settings(skip_journal, last, journal),
         TokioRuntime::current(),
     )
     .await
 }
 
-/// Opens with the last child as the journal device.
-async fn open_with_journal_device(children: Vec<Option<DeviceRef>>) -> strata_core::Result<Raid5> {
-    let last = children.len() - 1;
-    Raid5::open(
-        "r5".into(),
-        children,
-        settings(false, Some(last)),
-        TokioRuntime::current(),
-    )
-    .await
+async fn open(children: Vec<Option<DeviceRef>>, skip_journal: bool) -> strata_core::Result<Raid5> {
+    open_with(children, skip_journal, false, JOURNAL).await
 }
 
 fn flat(members: usize, concurrency: usize, name: &'static str, iterations: u64) {
@@ -90,17 +98,45 @@ fn flat_with(
     name: &'static str,
     iterations: u64,
 ) {
-    let mut disks = vec![sector_disk(disk_bytes()); members];
+    flat_sized(
+        members,
+        journal_device,
+        concurrency,
+        JOURNAL,
+        name,
+        iterations,
+    )
+}
+
+fn flat_sized(
+    members: usize,
+    journal_device: bool,
+    concurrency: usize,
+    journal: u64,
+    name: &'static str,
+    iterations: u64,
+) {
+    let mut disks = vec![sector_disk(disk_bytes_for(journal)); members];
     if journal_device {
-        disks.push(sector_disk(journal_device_bytes(members)));
+        disks.push(sector_disk(journal_device_bytes(members, journal)));
     }
     let mut config = ScenarioConfig::new(disks);
     config.max_write = 3 * CHUNK as usize * (members - 1);
     config.concurrency = concurrency;
-    flat_run(config, journal_device, name, iterations);
+    flat_run_sized(config, journal_device, journal, name, iterations);
 }
 
 fn flat_run(config: ScenarioConfig, journal_device: bool, name: &'static str, iterations: u64) {
+    flat_run_sized(config, journal_device, JOURNAL, name, iterations)
+}
+
+fn flat_run_sized(
+    config: ScenarioConfig,
+    journal_device: bool,
+    journal: u64,
+    name: &'static str,
+    iterations: u64,
+) {
     CrashRun {
         name,
         replay: "cargo test -p strata-raid --test suite -- raid5_crash::flat",
@@ -114,11 +150,7 @@ fn flat_run(config: ScenarioConfig, journal_device: bool, name: &'static str, it
                     .into_iter()
                     .map(|d| Some(Arc::new(d) as DeviceRef))
                     .collect();
-                let raid = if journal_device {
-                    open_with_journal_device(children).await?
-                } else {
-                    open(children, false).await?
-                };
+                let raid = open_with(children, false, journal_device, journal).await?;
                 Ok(Arc::new(raid) as DeviceRef)
             }
         })
@@ -159,45 +191,106 @@ fn flat_scenario_journal_device() {
     );
 }
 
-/// One seed of the write-hole scenario. Ok(()) when every sector is legal.
-async fn write_hole_seed(seed: u64, skip_journal: bool) -> Result<CrashStats, String> {
-    write_hole_seed_with(seed, skip_journal, false).await
+/// What the write-hole scenario runs over.
+#[derive(Clone, Copy)]
+struct Case {
+    skip_journal: bool,
+    /// The last disk holds the journals and is never the one removed.
+    journal_device: bool,
+    journal: u64,
+    /// Operations of the workload; power fails within the first `window` mutating ones.
+    ops: usize,
+    window: u64,
+    /// Writes issued at once.
+    concurrency: usize,
+    /// Member requests yield to the other tasks 0–2 times first (the crash disks complete
+    /// at once otherwise, so an update would never be caught between its journal append and
+    /// its in-place writes).
+    yields: bool,
 }
 
-/// With `journal_device`, the last disk holds the journals and is never the one removed.
+/// Yields a seeded random number of times before each request.
+struct Yields(std::sync::Mutex<CrashRng>);
+
+#[strata_core::async_trait]
+impl strata_crash::testkit::Interceptor for Yields {
+    async fn before(&self, _: strata_crash::testkit::Request) -> strata_core::Result<()> {
+        let times = self.0.lock().unwrap().random_range(0..3);
+        for _ in 0..times {
+            tokio::task::yield_now().await;
+        }
+        Ok(())
+    }
+}
+
+const CASE: Case = Case {
+    skip_journal: false,
+    journal_device: false,
+    journal: JOURNAL,
+    ops: 40,
+    window: 60,
+    concurrency: 1,
+    yields: false,
+};
+
+/// What the seeds of a run saw of journal reclaim: reclaims completed before the power cut,
+/// and power cuts that interrupted one (it failed on the dead disks).
+#[derive(Default)]
+struct Reclaims {
+    completed: Cell<u64>,
+    cut: Cell<u64>,
+}
+
+/// One seed of the write-hole scenario. Ok(()) when every sector is legal.
+async fn write_hole_seed(seed: u64, skip_journal: bool) -> Result<CrashStats, String> {
+    let case = Case {
+        skip_journal,
+        ..CASE
+    };
+    write_hole_seed_with(seed, case, Rc::default()).await
+}
+
 async fn write_hole_seed_with(
     seed: u64,
-    skip_journal: bool,
-    journal_device: bool,
+    case: Case,
+    reclaims: Rc<Reclaims>,
 ) -> Result<CrashStats, String> {
     let mut rng = CrashRng::seed_from_u64(seed);
     let members = rng.random_range(3..=4usize);
-    let mut geometries = vec![sector_disk(disk_bytes()); members];
-    if journal_device {
-        geometries.push(sector_disk(journal_device_bytes(members)));
+    let mut geometries = vec![sector_disk(disk_bytes_for(case.journal)); members];
+    if case.journal_device {
+        geometries.push(sector_disk(journal_device_bytes(members, case.journal)));
     }
-    let reopen = |children: Vec<Option<DeviceRef>>| async move {
-        if journal_device {
-            open_with_journal_device(children).await
-        } else {
-            open(children, skip_journal).await
-        }
+    let reopen = |children: Vec<Option<DeviceRef>>| {
+        open_with(
+            children,
+            case.skip_journal,
+            case.journal_device,
+            case.journal,
+        )
     };
     let group = CrashGroup::new();
     let disks = open_disks(&group, &geometries, None);
     let children = disks
         .into_iter()
-        .map(|d| Some(Arc::new(d) as DeviceRef))
+        .map(|d| {
+            let disk = Arc::new(d) as DeviceRef;
+            if !case.yields {
+                return Some(disk);
+            }
+            let rng = CrashRng::seed_from_u64(rng.random());
+            Some(strata_crash::testkit::Intercepted::new(disk, Yields(rng.into())) as DeviceRef)
+        })
         .collect();
     let raid = reopen(children).await.map_err(|e| format!("create: {e}"))?;
     let size = raid.geometry().size;
     let stripe = CHUNK * (members as u64 - 1);
     let mut model = DeviceModel::new(size);
     let mut log = Vec::new();
-    // Power fails somewhere in the first ~60 mutating operations of the workload.
-    let at = group.mutating_ops() + rng.random_range(0..60);
+    // Power fails somewhere in the first `window` mutating operations of the workload.
+    let at = group.mutating_ops() + rng.random_range(0..case.window);
     group.arm_crash_at(at);
-    for _ in 0..40 {
+    for _ in 0..case.ops {
         if group.is_powered_off() {
             break;
         }
@@ -210,31 +303,63 @@ async fn write_hole_seed_with(
             log.push("flush".to_string());
             continue;
         }
-        // Small writes and whole stripes, in a few hot stripes so stripes are updated twice.
-        let sectors = if rng.random_bool(0.3) {
-            stripe / 512
-        } else {
-            rng.random_range(1..=16)
+        // Small writes and whole stripes, in a few hot stripes so stripes are updated twice;
+        // up to `concurrency` at once.
+        let count = match case.concurrency {
+            1 => 1,
+            most => rng.random_range(1..=most),
         };
-        let hot = 4 * stripe;
-        let offset = rng.random_range(0..=(hot / 512 - sectors)) * 512;
-        let offset = if rng.random_bool(0.3) {
-            offset / stripe * stripe
-        } else {
-            offset
-        };
-        let fua = rng.random_bool(0.2);
-        let (id, data) = model.pattern_write_started(offset, (sectors * 512) as usize);
-        let result = raid.write(offset, data, WriteFlags { fua }).await;
-        log.push(format!(
-            "{id} write [{offset}, +{}) fua={fua}: {}",
-            sectors * 512,
-            result.is_ok()
-        ));
-        match result {
-            Ok(()) => model.write_completed(id, fua),
-            Err(_) => model.write_failed(id),
+        let mut batch = Vec::with_capacity(count);
+        for _ in 0..count {
+            let sectors = if rng.random_bool(0.3) {
+                stripe / 512
+            } else {
+                rng.random_range(1..=16)
+            };
+            let hot = 4 * stripe;
+            let offset = rng.random_range(0..=(hot / 512 - sectors)) * 512;
+            let offset = if rng.random_bool(0.3) {
+                offset / stripe * stripe
+            } else {
+                offset
+            };
+            let fua = rng.random_bool(0.2);
+            let len = sectors * 512;
+            // Concurrent writes must not overlap (a block device leaves that undefined).
+            let overlaps = |&(_, o, _, ref d): &(_, u64, _, bytes::Bytes)| {
+                offset < o + d.len() as u64 && o < offset + len
+            };
+            if batch.iter().any(overlaps) {
+                continue;
+            }
+            let (id, data) = model.pattern_write_started(offset, len as usize);
+            batch.push((id, offset, fua, data));
         }
+        let writes = batch.iter().map(|(_, offset, fua, data)| {
+            raid.write(*offset, data.clone(), WriteFlags { fua: *fua })
+        });
+        let results = futures_util::future::join_all(writes).await;
+        for ((id, offset, fua, data), result) in batch.into_iter().zip(results) {
+            log.push(format!(
+                "{id} write [{offset}, +{}) fua={fua}: {}",
+                data.len(),
+                result.is_ok()
+            ));
+            match result {
+                Ok(()) => model.write_completed(id, fua),
+                Err(_) => model.write_failed(id),
+            }
+        }
+    }
+    reclaims
+        .completed
+        .set(reclaims.completed.get() + raid.journal_reclaims());
+    // Let a reclaim the power cut interrupted run into its failed I/O.
+    for _ in 0..8 {
+        tokio::task::yield_now().await;
+    }
+    if raid.journal_reclaims_failed() > 0 {
+        reclaims.cut.set(reclaims.cut.get() + 1);
     }
     let images: Vec<DiskImage> = group.crash(&mut rng);
     model.crashed();
@@ -292,7 +417,73 @@ fn write_hole_journal_device() {
         replay: "cargo test -p strata-raid --test suite -- raid5_crash::write_hole_journal_device",
         default_iterations: 300,
     }
-    .run_async(|seed| write_hole_seed_with(seed, false, true));
+    .run_async(|seed| {
+        let case = Case {
+            journal_device: true,
+            ..CASE
+        };
+        write_hole_seed_with(seed, case, Rc::default())
+    });
+}
+
+/// Journals of 64 to 128 KiB (one lane of 7 to 15 blocks a copy; a largest record takes 4 or 5)
+/// and longer workloads: every seed reclaims many times, and power fails during reclaims.
+/// Every sector must still be legal after a member is then removed.
+#[test]
+fn write_hole_with_journal_reclaims() {
+    let reclaims = Rc::new(Reclaims::default());
+    let summary = CrashRun {
+        name: "raid5 write hole, small journals reclaimed: crash, then lose a member",
+        replay: "cargo test -p strata-raid --test suite -- raid5_crash::write_hole_with_journal_reclaims",
+        default_iterations: 1000,
+    }
+    .run_async(|seed| {
+        let case = Case {
+            journal: [64 << 10, 96 << 10, 128 << 10][(seed % 3) as usize],
+            journal_device: seed % 4 == 3,
+            ops: 60,
+            window: 300,
+            concurrency: 4,
+            yields: true,
+            ..CASE
+        };
+        write_hole_seed_with(seed, case, reclaims.clone())
+    });
+    let (completed, cut) = (reclaims.completed.get(), reclaims.cut.get());
+    eprintln!(
+        "{} seeds: {completed} journal reclaims before the power cuts, {cut} cuts during one",
+        summary.iterations
+    );
+    assert!(
+        completed >= 3 * summary.iterations,
+        "too few reclaims: {completed}"
+    );
+    assert!(
+        20 * cut >= summary.iterations,
+        "too few cuts during a reclaim: {cut}"
+    );
+}
+
+/// The flat scenario (concurrent writes and flushes, whole-device check after the reopen)
+/// over journals small enough to be reclaimed every few writes.
+#[test]
+fn flat_scenario_small_journals() {
+    flat_sized(
+        3,
+        false,
+        4,
+        64 << 10,
+        "raid5 flat, 3 members, 64 KiB journals",
+        150,
+    );
+    flat_sized(
+        4,
+        true,
+        4,
+        96 << 10,
+        "raid5 flat, 4 members + journal device, 96 KiB journals",
+        150,
+    );
 }
 
 #[test]

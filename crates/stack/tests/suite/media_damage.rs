@@ -619,19 +619,22 @@ async fn thin_pool_damage_to_the_last_journal_batch_is_never_silent() {
 }
 
 /// An array whose stripe journal is still version 2 (one copy) after an upgrade: its records
-/// are replayed with version 2's rules and the reset after replay writes version 3. Built
-/// from a version 3 journal with one lane, whose copy 1 has version 2's layout (records from
-/// block 1): its superblock is re-stamped version 2 and copy 2's superblock erased. The
+/// are replayed with version 2's rules and the reset after replay writes the current version
+/// (4). Built from a current journal with one lane and its tails at 0 (no reclaim yet), whose
+/// copy 1 has version 2's layout (records from block 1): its superblock is re-stamped version
+/// 2 and copy 2's superblock erased. The
 /// in-place data of stripe 0 are zeroed so that only the replay can bring them back.
 #[tokio::test]
-async fn raid5_version_2_journal_is_replayed_then_rewritten_as_version_3() {
+async fn raid5_version_2_journal_is_replayed_then_rewritten_as_the_current_version() {
     let (disks, newer) = two_updates_of_stripe_zero().await;
     let mut sup = disks[2]
         .read(META_BYTES, BLOCK as usize)
         .await
         .unwrap()
         .to_vec();
-    assert_eq!(sup[36..40], 3u32.to_le_bytes());
+    assert_eq!(sup[36..40], 4u32.to_le_bytes());
+    // No reclaim yet: the tails (generation, seq, per-lane offset and index) are all zero.
+    assert!(sup[48..112].iter().all(|&b| b == 0));
     sup[36..40].copy_from_slice(&2u32.to_le_bytes());
     sup[4..8].fill(0);
     let crc = crc32c::crc32c(&sup);
@@ -669,6 +672,6 @@ async fn raid5_version_2_journal_is_replayed_then_rewritten_as_version_3() {
             "copy {}",
             copy + 1
         );
-        assert_eq!(block[36..40], 3u32.to_le_bytes(), "copy {}", copy + 1);
+        assert_eq!(block[36..40], 4u32.to_le_bytes(), "copy {}", copy + 1);
     }
 }

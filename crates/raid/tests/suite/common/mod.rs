@@ -83,3 +83,25 @@ pub fn replace(index: usize, name: &str, device: DeviceRef) -> Control {
 pub fn refused<T>(result: Result<T>, words: &[&str]) {
     assert_refused(result, "refused", words);
 }
+
+/// Opens a new raid5 over `members` (chunk and journal bytes given, journals on the members).
+pub async fn fresh_raid5<D: BlockDevice + 'static>(
+    members: &[Arc<D>],
+    chunk: u64,
+    journal: u64,
+) -> strata_raid::raid5::Raid5 {
+    let children = members
+        .iter()
+        .map(|m| Some(m.clone() as DeviceRef))
+        .collect();
+    let settings = strata_raid::raid5::Settings {
+        chunk: Some(chunk),
+        journal: Some(journal),
+        journal_device: None,
+        unsafe_skip_journal: false,
+        start: StartPolicy::FRESH,
+    };
+    strata_raid::raid5::Raid5::open("r5".into(), children, settings, TokioRuntime::current())
+        .await
+        .unwrap()
+}
