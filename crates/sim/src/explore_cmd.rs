@@ -31,6 +31,9 @@ pub struct ExploreArgs {
     /// Do not shrink a failure.
     #[arg(long)]
     no_shrink: bool,
+    /// Start no more runs after the first failure.
+    #[arg(long)]
+    stop_at_failure: bool,
     /// Turn on a deliberate defect (testing the explorer itself): stripe-flush-dropped,
     /// thin-map-before-data, raid5-parity-skipped, mirror-stale-leg-read,
     /// mirror-degraded-unasked.
@@ -70,6 +73,7 @@ pub fn run(args: ExploreArgs) -> anyhow::Result<()> {
             .jobs
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
         shrink: !args.no_shrink,
+        stop_at_failure: args.stop_at_failure,
     };
     if args.verbose {
         return verbose(&options, data_dir.path());

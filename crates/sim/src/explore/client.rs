@@ -216,10 +216,25 @@ async fn flush(target: &RefCell<Target>, device: &DeviceRef, shared: &Shared<'_>
     }
 }
 
-/// Whether an error is an answer the device may give here, rather than a defect.
+/// What a raid5 answers for a chunk it lost in a crash while degraded: damage reported,
+/// which the device may answer where its content was in doubt.
+const LOST: &str = "was lost in a crash while degraded";
+
+/// Whether an error is an answer the device may give here, rather than a defect: power is
+/// off; a thin volume's pool is full; a write into a chunk reported lost (the write fails,
+/// so the model keeps it as "may have landed").
 fn excused(target: &RefCell<Target>, shared: &Shared<'_>, error: &BlockError) -> bool {
     shared.group.is_powered_off()
         || (matches!(error, BlockError::NoSpace) && target.borrow().may_fill)
+        || error.to_string().contains(LOST)
+}
+
+/// Whether every sector of `[offset, offset + len)` is in doubt in `model` (more than one
+/// thing may be there), so that a read of it may report the content lost.
+fn in_doubt(model: &DeviceModel, offset: u64, len: u64) -> bool {
+    (offset..offset + len)
+        .step_by(512)
+        .all(|sector| model.allowed(sector).len() > 1)
 }
 
 async fn ranged(
@@ -293,6 +308,12 @@ async fn ranged(
                     } else if let Err(e) = target.borrow().model.check_live(offset, &data) {
                         shared.fail(format!("{name}: read [{offset}, +{len}): {e}"));
                     }
+                }
+                Err(e)
+                    if e.to_string().contains(LOST)
+                        && in_doubt(&target.borrow().model, offset, len) =>
+                {
+                    shared.count("read-reported-lost");
                 }
                 Err(e) => {
                     if !shared.group.is_powered_off() {

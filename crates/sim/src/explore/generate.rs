@@ -335,7 +335,14 @@ fn layer(pick: &mut Picks, kind: &str, children: &[Device]) -> (String, u64, boo
         "raid5" => {
             let chunk = size_option(pick, &[4 * KIB, 16 * KIB, 64 * KIB]);
             let chunk_bytes = chunk.as_ref().map_or(64 * KIB, |c| c.1);
-            let journal = size_option(pick, &[MIB, 2 * MIB]);
+            // Small journals too, so that reclaims and full journals come often; never
+            // below what the array needs for its largest record.
+            let record = n * chunk_bytes + 4096;
+            let journals: Vec<u64> = [128 * KIB, 256 * KIB, MIB, 2 * MIB]
+                .into_iter()
+                .filter(|&j| j >= least_bytes(record))
+                .collect();
+            let journal = size_option(pick, &journals);
             let last = &children[children.len() - 1];
             let journal_device = n >= 4
                 && pick.next(3) == 0

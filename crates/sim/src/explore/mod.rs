@@ -36,6 +36,8 @@ pub struct Options {
     pub jobs: usize,
     /// Shrink the first failure to the fewest steps that still fail.
     pub shrink: bool,
+    /// Start no run after the first failure (runs under way finish).
+    pub stop_at_failure: bool,
 }
 
 /// A run that failed, shrunk where it could be.
@@ -124,13 +126,25 @@ pub fn play(
         world::run(&plan, run_seed(seed, run), steps, data_dir)
     }));
     CURRENT.with(|c| c.set(None));
-    result.unwrap_or_else(|panic| {
-        Err(Failure {
+    // The data folder's name differs from process to process; a run's text must not.
+    let folder = data_dir.display().to_string();
+    let anonymous = |text: &str| text.replace(&folder, "DATA");
+    match result {
+        Ok(Ok(mut outcome)) => {
+            outcome.log.iter_mut().for_each(|l| *l = anonymous(l));
+            Ok(outcome)
+        }
+        Ok(Err(mut failure)) => {
+            failure.message = anonymous(&failure.message);
+            failure.log.iter_mut().for_each(|l| *l = anonymous(l));
+            Err(failure)
+        }
+        Err(panic) => Err(Failure {
             message: format!("panicked: {}", strata_crash::panic_message(&panic)),
             step: None,
             log: Vec::new(),
-        })
-    })
+        }),
+    }
 }
 
 /// The fewest steps of run `run` that still fail: drops steps one at a time, keeping each
@@ -168,17 +182,19 @@ pub fn shrink(
 pub fn explore(options: &Options, data_dir: &Path, mut progress: impl FnMut(u64, u64)) -> Report {
     let started = Instant::now();
     let next = Arc::new(AtomicU64::new(options.first));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let end = options.first + options.runs;
     let (send, receive) = mpsc::channel::<(u64, Result<Outcome, Failure>)>();
     let mut report = Report::default();
     std::thread::scope(|scope| {
         for _ in 0..options.jobs.max(1) {
             let next = next.clone();
+            let stop = stop.clone();
             let send = send.clone();
             let steps = options.steps.clone();
             scope.spawn(move || loop {
                 let run = next.fetch_add(1, Ordering::Relaxed);
-                if run >= end {
+                if run >= end || stop.load(Ordering::Relaxed) {
                     return;
                 }
                 let result = play(options.seed, run, steps.as_deref(), data_dir);
@@ -195,11 +211,16 @@ pub fn explore(options: &Options, data_dir: &Path, mut progress: impl FnMut(u64,
                     report.coverage.merge(&outcome.coverage);
                     report.disk_requests += outcome.disk_requests;
                 }
-                Err(failure) => report.failures.push(Found {
-                    run,
-                    failure,
-                    shrunk: None,
-                }),
+                Err(failure) => {
+                    if options.stop_at_failure {
+                        stop.store(true, Ordering::Relaxed);
+                    }
+                    report.failures.push(Found {
+                        run,
+                        failure,
+                        shrunk: None,
+                    })
+                }
             }
             progress(report.runs, options.runs);
         }

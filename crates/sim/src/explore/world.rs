@@ -177,9 +177,9 @@ impl World<'_> {
             self.log.push(format!("step {index}: {step}"));
             self.coverage.count("event", step.kind());
             self.play_step(&step)?;
-            if std::env::var_os("STRATA_EXPLORE_TRACE").is_some() {
-                self.trace_layers();
-            }
+            // Always, so that tracing does not change the run: asking every layer for its
+            // status lets the simulation run what is ready.
+            self.trace_layers(std::env::var_os("STRATA_EXPLORE_TRACE").is_some());
         }
         self.step = Some(self.plan.steps.len());
         // Last, a clean restart: everything written is flushed and must come back exactly.
@@ -226,8 +226,8 @@ impl World<'_> {
         }
     }
 
-    /// Every layer's status details, into the log.
-    fn trace_layers(&mut self) {
+    /// Asks every layer for its status; with `log`, into the log.
+    fn trace_layers(&mut self, log: bool) {
         let Some(boot) = self.boot.as_ref() else {
             return;
         };
@@ -247,7 +247,9 @@ impl World<'_> {
                 ));
             }
         }
-        self.log.extend(lines);
+        if log {
+            self.log.extend(lines);
+        }
     }
 
     fn skip(&mut self, what: &str) -> Result<(), String> {
@@ -836,7 +838,10 @@ impl World<'_> {
             .group
             .disk(strata_crash::sector_disk(self.plan.disks[disk]));
         let timed: DeviceRef = Arc::new(TimedDisk::new(fresh.clone(), disk, boot.timing.clone()));
-        if let Err(e) = boot.sim.try_block_on(hierarchy::write_label(timed.as_ref(), &label)) {
+        if let Err(e) = boot
+            .sim
+            .try_block_on(hierarchy::write_label(timed.as_ref(), &label))
+        {
             return Err(format!("labelling the replacement of {name}: {e:?}"));
         }
         let view = hierarchy::Labelled::new(&name, timed).map_err(|e| format!("{e:#}"))?;
@@ -850,11 +855,21 @@ impl World<'_> {
             .find(|n| n.name == array)
             .map(|n| n.control_device().clone())
             .ok_or_else(|| format!("{array} is not running"))?;
-        self.control(&node, Control::ReplaceMember { index, member })?;
+        // An array that has not noticed the disk is gone yet is told first, as an operator
+        // runs `strata fail` before `strata replace`.
+        let replace = |member| Control::ReplaceMember { index, member };
+        if let Err(e) = self.control(&node, replace(member.clone())) {
+            if !e.contains("only a failed member can be replaced") {
+                return Err(e);
+            }
+            self.control(&node, Control::FailMember { index })?;
+            self.control(&node, replace(member))?;
+        }
         let boot = self.boot.as_mut().expect("running");
         boot.disks[disk] = Some(fresh);
         self.gone.remove(&disk);
-        self.log.push(format!("  {name} replaced in {array} by a blank disk"));
+        self.log
+            .push(format!("  {name} replaced in {array} by a blank disk"));
         Ok(())
     }
 
@@ -1052,6 +1067,11 @@ fn read_and_check(
         let zeros = bytes::Bytes::from(vec![0u8; len as usize]);
         match sim.try_block_on(device.write(at, zeros, strata_core::WriteFlags { fua: true })) {
             Ok(Ok(())) => model.write_completed(id, true),
+            // Only part of the lost chunk lies in this target: it cannot rewrite it whole
+            // (the units are then kept out, below, as they still fail).
+            Ok(Err(e)) if e.to_string().contains("was lost in a crash while degraded") => {
+                model.write_failed(id);
+            }
             Ok(Err(e)) => {
                 return Err(format!(
                     "{target}: [{at}, +{len}) was reported lost and cannot be rewritten: {e}"
