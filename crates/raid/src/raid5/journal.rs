@@ -366,9 +366,11 @@ pub fn lanes_for(blocks: u64, max_record: u64) -> u64 {
 /// copies, each a superblock and room for one of the largest records (a journal this small
 /// resets after every such record, but always makes progress). One block more than version
 /// 2's minimum (a superblock and two records in one copy), so that journals sized by the
-/// old rule mostly still open.
+/// old rule mostly still open. Never under 64 KiB: a copy needs 8 blocks for its lanes
+/// (`Journal::new` asserts it), which a 48 KiB journal for three members of 4 KiB chunks
+/// passed this check without and then panicked at open.
 pub fn least_bytes(max_record: u64) -> u64 {
-    2 * (max_record.div_ceil(JBLOCK) * JBLOCK + JBLOCK)
+    (2 * (max_record.div_ceil(JBLOCK) * JBLOCK + JBLOCK)).max(16 * JBLOCK)
 }
 
 /// Blocks of one copy in a region of `blocks` blocks: version 3 keeps two copies, in the two
@@ -1267,8 +1269,16 @@ mod two_copies {
     }
 
     #[test]
+    fn least_bytes_is_never_below_the_eight_blocks_a_copy_needs() {
+        assert_eq!(least_bytes(3 * 4096 + JBLOCK), 16 * JBLOCK);
+        let blocks = copy_blocks(least_bytes(JBLOCK) / JBLOCK, JOURNAL_VERSION);
+        assert!(blocks >= 8, "{blocks}");
+    }
+
+    #[test]
     fn least_bytes_holds_a_largest_record_per_copy() {
-        let max_record = 3 * 4096 + 4096;
+        // Records large enough that the record rule, not the 64 KiB floor, decides.
+        let max_record = 3 * 65536 + 4096;
         let bytes = least_bytes(max_record);
         let half = copy_blocks(bytes / JBLOCK, JOURNAL_VERSION);
         assert_eq!(lanes_for(half, max_record / JBLOCK), 1);

@@ -885,3 +885,19 @@ async fn quiesce_pauses_a_rebuild_and_resume_continues_it() {
     check_parity(&members, raid.layout()).await;
     raid.control(Control::Stop).await.expect("stop");
 }
+
+/// A journal that passes the record rule but is too small for a copy's lanes (48 KiB for three
+/// members of 4 KiB chunks) is refused with the rule, not a panic at open.
+#[tokio::test]
+async fn a_journal_below_64_kib_is_refused_by_field() {
+    let journal = 48 << 10;
+    let devices: Vec<Option<DeviceRef>> = (0..3)
+        .map(|_| {
+            Some(Arc::new(MemoryDevice::new(member_size(CHUNK, 64 << 10, STRIPES))) as DeviceRef)
+        })
+        .collect();
+    refused(
+        open(&devices, CHUNK, journal).await,
+        &["journal = 49152", "at least 65536 bytes"],
+    );
+}
