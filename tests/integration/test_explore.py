@@ -24,7 +24,7 @@ SEED = int(os.environ.get("STRATA_EXPLORE_SEED", "20261127"))
 CI_RUNS = 2000
 
 EVENTS = [
-    "power-cut", "process-crash", "restart", "fail-disk", "return-disks", "stale-alone",
+    "power-cut", "process-crash", "restart", "assemble", "fail-disk", "return-disks", "stale-alone",
     "replace-disk", "latency-spike", "volume-create", "volume-delete", "volume-resize", "work",
 ]
 LAYERS = [
@@ -32,7 +32,7 @@ LAYERS = [
     "migrate", "thin-pool",
 ]
 OPS = ["write", "write-fua", "read", "flush", "write-zeroes", "discard", "block-status",
-       "misaligned", "past-end"]
+       "misaligned", "past-end", "pool-full"]
 PLANTED = [
     "stripe-flush-dropped", "thin-map-before-data", "raid5-parity-skipped",
     "mirror-stale-leg-read", "mirror-degraded-unasked",

@@ -257,6 +257,9 @@ async fn ranged(
                 Ok(()) => target.borrow_mut().model.write_completed(id, fua),
                 Err(e) => {
                     target.borrow_mut().model.write_failed(id);
+                    if matches!(e, BlockError::NoSpace) {
+                        shared.count("pool-full");
+                    }
                     if !excused(target, shared, &e) {
                         shared.fail(format!("{name}: write [{offset}, +{len}) failed: {e}"));
                     }

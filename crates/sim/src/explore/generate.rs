@@ -83,6 +83,9 @@ pub enum Step {
     },
     /// A clean shutdown (flush, background work stopped) and a start from the labels.
     Restart,
+    /// A clean shutdown and a start from a configuration assembled from the disks' labels
+    /// alone (`strata serve --assemble`); then a restart from the configuration.
+    Assemble,
     /// Disk `disk` (an index into the plan's disks, modulo those that may fail) is unplugged.
     FailDisk { disk: u32 },
     /// Every unplugged disk comes back, as it was when it went, at a restart.
@@ -120,6 +123,7 @@ impl Step {
                 cut: Cut::Process, ..
             } => "process-crash",
             Step::Restart => "restart",
+            Step::Assemble => "assemble",
             Step::FailDisk { .. } => "fail-disk",
             Step::ReturnDisks => "return-disks",
             Step::StaleAlone { .. } => "stale-alone",
@@ -162,7 +166,7 @@ impl fmt::Display for Step {
             Step::CreateVolume { id, mib } => write!(f, "volume-create: v{id}, {mib} MiB"),
             Step::DeleteVolume { nth } => write!(f, "volume-delete: pick {nth}"),
             Step::ResizeVolume { nth, mib } => write!(f, "volume-resize: pick {nth} to {mib} MiB"),
-            Step::Restart | Step::ReturnDisks => write!(f, "{}", self.kind()),
+            Step::Restart | Step::Assemble | Step::ReturnDisks => write!(f, "{}", self.kind()),
         }
     }
 }
@@ -574,8 +578,8 @@ fn steps(pick: &mut Picks, pool: bool) -> Vec<Step> {
         let ops = pick.between(8, 120) as u32;
         let clients = pick.between(1, 4) as u32;
         let mut events = vec![
-            "work", "work", "power", "power", "power", "process", "restart", "fail", "fail",
-            "return", "stale", "spike", "replace", "replace",
+            "work", "work", "power", "power", "power", "process", "restart", "assemble", "fail",
+            "fail", "return", "stale", "spike", "replace", "replace",
         ];
         if pool {
             events.extend(["create", "create", "delete", "resize"]);
@@ -594,6 +598,7 @@ fn steps(pick: &mut Picks, pool: bool) -> Vec<Step> {
                 },
             },
             "restart" => Step::Restart,
+            "assemble" => Step::Assemble,
             "fail" => Step::FailDisk {
                 disk: pick.next(64) as u32,
             },

@@ -94,6 +94,11 @@ struct World<'a> {
     loaded: Loaded,
     boots: u64,
     boot: Option<Boot>,
+    /// Where generated configurations find their key files.
+    data_dir: std::path::PathBuf,
+    /// The running stack was assembled from labels: targets on unlabelled disks are not
+    /// served.
+    assembled: bool,
     /// Unplugged disks and what they held when they went.
     gone: BTreeMap<usize, DiskImage>,
     /// Every target the clients know and its model.
@@ -133,6 +138,8 @@ pub fn run(
         loaded,
         boots: 0,
         boot: None,
+        data_dir: data_dir.to_path_buf(),
+        assembled: false,
         gone: BTreeMap::new(),
         models: BTreeMap::new(),
         lost: BTreeMap::new(),
@@ -200,6 +207,7 @@ impl World<'_> {
                 self.crash(cut)
             }
             Step::Restart => self.restart(false),
+            Step::Assemble => self.assemble(),
             Step::FailDisk { disk } => self.fail_disk(disk),
             Step::ReturnDisks => {
                 if self.gone.is_empty() {
@@ -475,6 +483,12 @@ impl World<'_> {
         }
     }
 
+    /// A target that is a disk under no layer: it carries no hierarchy label.
+    fn unlabelled(&self, target: &Target) -> bool {
+        matches!(target, Target::Device(name) if self.plan.layers.iter().all(|l| &l.name != name)
+            && self.plan.parent_of(name).is_none())
+    }
+
     /// Whether `target` lies over `array` (so a refused array takes it down).
     fn over(&self, target: &Target, array: &str) -> bool {
         match target {
@@ -498,6 +512,9 @@ impl World<'_> {
     fn verify_all(&mut self, refused_under: Option<&str>) -> Result<(), String> {
         let targets: Vec<Target> = self.models.keys().cloned().collect();
         for target in targets {
+            if self.assembled && self.unlabelled(&target) {
+                continue;
+            }
             if refused_under.is_some_and(|array| self.over(&target, array)) {
                 if self.resolve(&target).is_ok() {
                     return Err(format!(
@@ -535,6 +552,9 @@ impl World<'_> {
     fn stop(&mut self) -> Result<Vec<Option<DiskImage>>, String> {
         let targets: Vec<Target> = self.models.keys().cloned().collect();
         for target in targets {
+            if self.assembled && self.unlabelled(&target) {
+                continue;
+            }
             let device = self.resolve(&target)?;
             let model = self.models.get_mut(&target).expect("model");
             let boot = self.boot.as_ref().expect("running");
@@ -600,6 +620,50 @@ impl World<'_> {
     fn restart(&mut self, with_gone: bool) -> Result<(), String> {
         let images = self.stop()?;
         let images = self.next_images(images, with_gone);
+        self.start(images, Expect::Serve, None)
+    }
+
+    /// A clean shutdown, and a start from the disks' labels alone, as `strata serve
+    /// --assemble` does: the labelled disks present are read, their hierarchy picked, and
+    /// its configuration built with the disks found. A disk under no layer carries no
+    /// label, so targets on such disks are not served by it. Then a restart from the
+    /// configuration.
+    fn assemble(&mut self) -> Result<(), String> {
+        let images = self.stop()?;
+        let images = self.next_images(images, false);
+        let mut labels = Vec::new();
+        for (i, image) in images.iter().enumerate() {
+            let name = format!("d{i}");
+            let Some(image) = image
+                .as_ref()
+                .filter(|_| self.plan.parent_of(&name).is_some())
+            else {
+                continue;
+            };
+            let head = image.read(0, hierarchy::LABEL_BYTES as usize);
+            labels.push((
+                std::path::PathBuf::from(&name),
+                hierarchy::label_copies(&head).label,
+            ));
+        }
+        let assembly = hierarchy::assemble(labels).map_err(|e| format!("assembly: {e:#}"))?;
+        let text = hierarchy::assembled_config(&assembly).map_err(|e| format!("{e:#}"))?;
+        let assembled = config::load(
+            &text,
+            "assembled.toml",
+            &self.data_dir,
+            Some(&self.data_dir),
+        )
+        .map_err(|e| format!("the assembled configuration does not load: {e}\n{text}"))?;
+        let configured = std::mem::replace(&mut self.loaded, assembled);
+        self.assembled = true;
+        let images = match self.start(images, Expect::Serve, None) {
+            Ok(()) => self.stop(),
+            Err(e) => Err(format!("started from its labels: {e}")),
+        };
+        self.assembled = false;
+        self.loaded = configured;
+        let images = self.next_images(images?, false);
         self.start(images, Expect::Serve, None)
     }
 
