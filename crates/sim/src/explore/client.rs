@@ -218,7 +218,7 @@ async fn flush(target: &RefCell<Target>, device: &DeviceRef, shared: &Shared<'_>
 
 /// What a raid5 answers for a chunk it lost in a crash while degraded: damage reported,
 /// which the device may answer where its content was in doubt.
-const LOST: &str = "was lost in a crash while degraded";
+pub(crate) const LOST: &str = "was lost in a crash while degraded";
 
 /// Whether an error is an answer the device may give here, rather than a defect: power is
 /// off; a thin volume's pool is full; a write into a chunk reported lost (the write fails,
@@ -231,7 +231,7 @@ fn excused(target: &RefCell<Target>, shared: &Shared<'_>, error: &BlockError) ->
 
 /// Whether every sector of `[offset, offset + len)` is in doubt in `model` (more than one
 /// thing may be there), so that a read of it may report the content lost.
-fn in_doubt(model: &DeviceModel, offset: u64, len: u64) -> bool {
+pub(crate) fn in_doubt(model: &DeviceModel, offset: u64, len: u64) -> bool {
     (offset..offset + len)
         .step_by(512)
         .all(|sector| model.allowed(sector).len() > 1)

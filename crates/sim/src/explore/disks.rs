@@ -95,7 +95,7 @@ impl Timing {
 
 /// A crash disk with service times.
 pub struct TimedDisk {
-    pub disk: CrashDisk,
+    disk: CrashDisk,
     index: usize,
     timing: Arc<Timing>,
 }
@@ -109,7 +109,7 @@ impl TimedDisk {
         }
     }
 
-    async fn around<T: std::fmt::Debug>(
+    async fn around<T>(
         &self,
         what: impl FnOnce() -> String + Send,
         op: impl std::future::Future<Output = Result<T>>,

@@ -179,7 +179,7 @@ pub struct Plan {
     pub layers: Vec<LayerShape>,
     /// The serve configuration of the hierarchy.
     pub config: String,
-    /// A thin pool on top, if any, and the volumes it starts with.
+    /// The thin pool on top, if any (its starting volumes are among `targets`).
     pub pool: Option<String>,
     /// What clients write to at the start.
     pub targets: Vec<Target>,

@@ -80,10 +80,11 @@ pub struct DataDir(PathBuf);
 
 impl DataDir {
     pub fn create() -> std::io::Result<DataDir> {
+        static MADE: AtomicU64 = AtomicU64::new(0);
         let dir = std::env::temp_dir().join(format!(
             "strata-explore-{}-{}",
             std::process::id(),
-            derive_seed(0, &format!("{:?}", Instant::now())) & 0xffff_ffff
+            MADE.fetch_add(1, Ordering::Relaxed)
         ));
         std::fs::create_dir_all(dir.join("keys"))?;
         let key: Vec<u8> = (0..64).collect();

@@ -84,7 +84,7 @@ impl Boot {
 enum Expect {
     /// Everything starts.
     Serve,
-    /// The array over the disks in this list must refuse; the rest serves.
+    /// The array named by `refused_under` must not start; the rest serves.
     Refuse,
 }
 
@@ -241,7 +241,8 @@ impl World<'_> {
         };
         let mut lines = Vec::new();
         for node in boot.nodes() {
-            if let Ok(Ok(status)) = boot.sim.try_block_on(node.describe()) {
+            let described = boot.sim.try_block_on(node.describe());
+            if let (true, Ok(Ok(status))) = (log, described) {
                 let detail: Vec<String> = status
                     .detail
                     .iter()
@@ -255,9 +256,7 @@ impl World<'_> {
                 ));
             }
         }
-        if log {
-            self.log.extend(lines);
-        }
+        self.log.extend(lines);
     }
 
     fn skip(&mut self, what: &str) -> Result<(), String> {
@@ -386,18 +385,25 @@ impl World<'_> {
             Expect::Serve => {}
         }
         self.check_layers()?;
-        let mut created = Vec::new();
-        if self.models.is_empty() && self.boots == 1 {
-            created = self.plan.targets.clone();
-        }
+        // The targets' models begin at the first start, over what it formatted.
+        let created = if self.boots == 1 {
+            self.plan.targets.clone()
+        } else {
+            Vec::new()
+        };
         for target in created {
-            let device = self.resolve(&target)?;
-            let size = device.geometry().size;
-            let model = DeviceModel::with_first_id(size, self.next_model);
-            self.next_model += 1 << 40;
+            let size = self.resolve(&target)?.geometry().size;
+            let model = self.new_model(size);
             self.models.insert(target, model);
         }
         self.verify_all(refused_under)
+    }
+
+    /// A model for a new target of `size` bytes, with write ids of its own.
+    fn new_model(&mut self, size: u64) -> DeviceModel {
+        let model = DeviceModel::with_first_id(size, self.next_model);
+        self.next_model += 1 << 40;
+        model
     }
 
     fn boot(&self) -> &Boot {
@@ -984,8 +990,7 @@ impl World<'_> {
             Ok(Err(e)) => return Err(format!("creating {name} failed: {e}")),
             Err(stop) => return Err(format!("creating {name} hung: {stop}")),
         }
-        let model = DeviceModel::with_first_id(size, self.next_model);
-        self.next_model += 1 << 40;
+        let model = self.new_model(size);
         self.models.insert(target.clone(), model);
         // A new volume reads as zeros, whatever the pool held before.
         let device = self.resolve(&target)?;
@@ -1065,9 +1070,9 @@ impl World<'_> {
 /// read again unit by unit: a unit may fail (damage reported, as a raid5 reports a chunk
 /// lost in a crash while degraded) only if the model has every sector of it in doubt. Such
 /// units are then rewritten with zeros, as the operator would (adjacent ones in one write:
-/// a raid5 forgets a lost chunk only once one write covers it whole). A unit that still
-/// fails joins `lost`: the chunk reaches outside this target, which cannot rewrite it
-/// whole. Returns the sectors reported lost.
+/// a raid5 forgets a lost chunk only once one write covers it whole), and must read back.
+/// A unit whose rewrite the array refused (the chunk reaches outside this target, which
+/// cannot rewrite it whole) joins `lost` instead. Returns the sectors reported lost.
 fn read_and_check(
     sim: &Simulation,
     target: &Target,
@@ -1107,10 +1112,7 @@ fn read_and_check(
         offset += len;
     }
     for (at, e) in &failed {
-        let in_doubt = (*at..at + unit)
-            .step_by(512)
-            .all(|sector| model.allowed(sector).len() > 1);
-        if !in_doubt {
+        if !client::in_doubt(model, *at, unit) {
             return Err(format!(
                 "{target}: read [{at}, +{unit}) failed after a start where the model holds a \
                  durable write: {e}"
@@ -1126,15 +1128,16 @@ fn read_and_check(
             _ => runs.push((at, unit)),
         }
     }
+    // Runs the array refused to rewrite: only part of the lost chunk lies in this target.
+    let mut refused: Vec<(u64, u64)> = Vec::new();
     for (at, len) in runs {
         let id = model.zeroes_started(at, len);
         let zeros = bytes::Bytes::from(vec![0u8; len as usize]);
         match sim.try_block_on(device.write(at, zeros, strata_core::WriteFlags { fua: true })) {
             Ok(Ok(())) => model.write_completed(id, true),
-            // Only part of the lost chunk lies in this target: it cannot rewrite it whole
-            // (the units are then kept out, below, as they still fail).
-            Ok(Err(e)) if e.to_string().contains("was lost in a crash while degraded") => {
+            Ok(Err(e)) if e.to_string().contains(client::LOST) => {
                 model.write_failed(id);
+                refused.push((at, len));
             }
             Ok(Err(e)) => {
                 return Err(format!(
@@ -1144,14 +1147,24 @@ fn read_and_check(
             Err(stop) => return Err(format!("{target}: a rewrite hung: {stop}")),
         }
     }
-    for (at, e) in &failed {
-        match read(sim, target, device, *at, unit)? {
-            Ok(data) => check(target, model, *at, &data, true)?,
-            Err(_) => {
+    for &(at, _) in &failed {
+        let was_refused = refused
+            .iter()
+            .any(|&(start, len)| start <= at && at < start + len);
+        match read(sim, target, device, at, unit)? {
+            Ok(data) => check(target, model, at, &data, true)?,
+            // Kept out of later checks: this target cannot rewrite the chunk whole.
+            Err(_) if was_refused => {
                 if let Some(lost) = lost.as_mut() {
-                    lost.insert(*at);
+                    lost.insert(at);
                 }
-                let _ = e;
+            }
+            // The array took the rewrite, with FUA: it must read back.
+            Err(e) => {
+                return Err(format!(
+                    "{target}: [{at}, +{unit}) was rewritten after being reported lost and \
+                     still fails: {e}"
+                ))
             }
         }
     }
