@@ -223,6 +223,8 @@ def diverge(root: Path, before: dict, shared: str, rng: random.Random, tag: str)
     content = bytearray((root / shared).read_bytes())
     patch = rng.randbytes(300 * 1024)
     at = len(content) // 3 + rng.randrange(4096)
+    # A write past the end leaves a hole: zeros up to `at` (a slice assignment would append).
+    content.extend(bytes(max(0, at - len(content))))
     content[at:at + len(patch)] = patch
     with open(root / shared, "r+b") as f:
         f.seek(at)
@@ -272,8 +274,9 @@ def test_ext4_snapshots_mount_as_taken_clone_diverges_deletes_spare_the_rest(ser
             # side changes its own copy of the same files.
             out = snapshot(srv, "clone", "pool/v", CLONED, "c").stdout
             assert 'exported as "pool/c"' in out, out
-            # The biggest file both have: each side rewrites part of it.
-            size, shared = max((e[1], p) for p, e in live.items()
+            # The biggest file both have (the smaller of its two sizes): each side rewrites part
+            # of it.
+            size, shared = max((min(e[1], manifests[CLONED][p][1]), p) for p, e in live.items()
                                if e[0] == "file" and manifests[CLONED].get(p, ("",))[0] == "file")
             assert size > MiB
             with block_device(srv, workdir, "clone", export="pool/c") as cloop:
@@ -282,6 +285,8 @@ def test_ext4_snapshots_mount_as_taken_clone_diverges_deletes_spare_the_rest(ser
                     want_clone = diverge(cmnt / "tree", manifests[CLONED], shared, rng, "clone")
                     want_origin = diverge(tree, live, shared, rng, "origin")
                     run(["sync"])
+                    # Read back from the devices, not from what the page cache kept of the writes.
+                    Path("/proc/sys/vm/drop_caches").write_text("3")
                     assert_tree(cmnt / "tree", want_clone, "the clone after its changes")
                     assert_tree(tree, want_origin, "the origin after its changes")
                 assert_fsck_clean(cloop, "the clone")
