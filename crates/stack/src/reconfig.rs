@@ -152,6 +152,70 @@ pub struct Reconfig {
     pub loaded: Loaded,
     pub runtime: Arc<dyn Runtime>,
     pub metrics: MetricsRegistry,
+    /// Where the config text lives and where a change's new disks come from.
+    pub site: Arc<dyn Site>,
+}
+
+/// Where a server keeps its config text and finds the disks a change brings: files for
+/// `strata serve` ([`Files`]); memory and simulated disks for the simulator's explorer,
+/// which so runs the same change path (validation, labels, the layer's order, relabelling).
+pub trait Site: Send + Sync {
+    /// The config file's text.
+    fn read_config(&self, source: &Path) -> anyhow::Result<String>;
+    /// Replaces the config file's text, atomically.
+    fn write_config(&self, source: &Path, text: &str) -> anyhow::Result<()>;
+    /// Opens (creating, sparse, `size` bytes) the disk at `path`, named `name`.
+    fn open_disk(
+        &self,
+        name: &str,
+        path: &Path,
+        size: u64,
+        direct: bool,
+        runtime: &Arc<dyn Runtime>,
+        metrics: &MetricsRegistry,
+    ) -> anyhow::Result<DeviceRef>;
+}
+
+/// The config file and disks as files (or block devices), as `strata serve` has them.
+pub struct Files;
+
+impl Site for Files {
+    fn read_config(&self, source: &Path) -> anyhow::Result<String> {
+        std::fs::read_to_string(source).with_context(|| format!("reading {}", source.display()))
+    }
+
+    fn write_config(&self, source: &Path, text: &str) -> anyhow::Result<()> {
+        let temporary = source.with_extension("toml.new");
+        std::fs::write(&temporary, text)
+            .with_context(|| format!("writing {}", temporary.display()))?;
+        std::fs::rename(&temporary, source)
+            .with_context(|| format!("replacing {}", source.display()))
+    }
+
+    fn open_disk(
+        &self,
+        name: &str,
+        path: &Path,
+        size: u64,
+        direct: bool,
+        runtime: &Arc<dyn Runtime>,
+        metrics: &MetricsRegistry,
+    ) -> anyhow::Result<DeviceRef> {
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)
+                .with_context(|| format!("creating {}", parent.display()))?;
+        }
+        let mut options = FileOptions::new(path.to_path_buf());
+        options.size = Some(size);
+        options.direct = direct;
+        let file = FileDevice::open(options, runtime.clone())
+            .with_context(|| format!("opening {}", path.display()))?;
+        Ok(Arc::new(Metered::new(
+            file,
+            metrics.device(name),
+            runtime.clone(),
+        )))
+    }
 }
 
 fn layer_index(loaded: &Loaded, layer: &str) -> anyhow::Result<usize> {
@@ -271,6 +335,23 @@ fn spare_size(path: &Path) -> anyhow::Result<u64> {
     Ok(size)
 }
 
+/// Appends `names` to a layer's children; a raid5's journal device stays the last child, so
+/// they go before it.
+fn add_members(table: &mut Table, names: &[String]) -> anyhow::Result<()> {
+    let journal = table.get("journal-device").and_then(|j| j.as_str());
+    let journal = journal.map(str::to_string);
+    let children = children_array(table)?;
+    let last = children.iter().last().and_then(|c| c.as_str());
+    let at = match journal {
+        Some(journal) if last == Some(journal.as_str()) => children.len() - 1,
+        _ => children.len(),
+    };
+    for (i, name) in names.iter().enumerate() {
+        children.insert(at + i, name.as_str());
+    }
+    Ok(())
+}
+
 fn children_array(table: &mut Table) -> anyhow::Result<&mut Array> {
     table
         .get_mut("children")
@@ -298,22 +379,15 @@ impl Reconfig {
         Ok(loaded)
     }
 
+    /// The config file's text now.
+    pub fn read_config(&self) -> anyhow::Result<String> {
+        self.site.read_config(&self.source()?)
+    }
+
     /// Opens (creating, sparse) the disk a change brings, sized like the member it joins.
     fn open_disk(&self, name: &str, path: &Path, size: u64) -> anyhow::Result<DeviceRef> {
-        if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent)
-                .with_context(|| format!("creating {}", parent.display()))?;
-        }
-        let mut options = FileOptions::new(path.to_path_buf());
-        options.size = Some(size);
-        options.direct = direct_for_new_disks(&self.loaded.config);
-        let file = FileDevice::open(options, self.runtime.clone())
-            .with_context(|| format!("opening {}", path.display()))?;
-        Ok(Arc::new(Metered::new(
-            file,
-            self.metrics.device(name),
-            self.runtime.clone(),
-        )))
+        let direct = direct_for_new_disks(&self.loaded.config);
+        (self.site).open_disk(name, path, size, direct, &self.runtime, &self.metrics)
     }
 
     /// Size for a new member: the configured size of the layer's first disk member, else the
@@ -362,7 +436,7 @@ impl Reconfig {
     /// anything is touched: attach the new disk, tell the layer (the point of no return),
     /// drop the member it replaced, record the config and relabel.
     fn plan<'a>(&self, change: &Change, nodes: &[Node]) -> anyhow::Result<Plan<Applying<'a>>> {
-        let text = std::fs::read_to_string(self.source()?)?;
+        let text = self.read_config()?;
         let direct = direct_for_new_disks(&self.loaded.config);
         let (layer_name, doc, new_disks) = match change {
             Change::Replace {
@@ -411,13 +485,7 @@ impl Reconfig {
                     }
                     names.push(name);
                 }
-                let mut doc = edit_config(&text, layer, |t| {
-                    let children = children_array(t)?;
-                    for name in &names {
-                        children.push(name.as_str());
-                    }
-                    Ok(())
-                })?;
+                let mut doc = edit_config(&text, layer, |t| add_members(t, &names))?;
                 for (name, path) in names.iter().zip(paths) {
                     add_disk(&mut doc, name, path, size, direct);
                 }
@@ -532,11 +600,7 @@ impl Reconfig {
         nodes: &[Node],
     ) -> anyhow::Result<String> {
         let source = self.source()?;
-        let temporary = source.with_extension("toml.new");
-        std::fs::write(&temporary, text)
-            .with_context(|| format!("writing {}", temporary.display()))?;
-        std::fs::rename(&temporary, &source)
-            .with_context(|| format!("replacing {}", source.display()))?;
+        self.site.write_config(&source, text)?;
         let generation = crate::build::write_labels(&loaded, nodes).await?;
         self.loaded = loaded;
         Ok(format!(
@@ -799,6 +863,28 @@ mod tests {
         };
         assert_eq!(added(true), Some(true));
         assert_eq!(added(false), None);
+    }
+
+    #[test]
+    fn a_grow_puts_new_members_before_a_raid5_journal_device() {
+        let grown = |layer: &str| -> Vec<String> {
+            let mut doc: DocumentMut = layer.parse().unwrap();
+            let table = doc.as_table_mut();
+            add_members(table, &["n1".into(), "n2".into()]).unwrap();
+            let children = table["children"].as_array().unwrap();
+            children
+                .iter()
+                .map(|c| c.as_str().unwrap().to_string())
+                .collect()
+        };
+        assert_eq!(
+            grown("children = [\"a\", \"b\", \"c\", \"nv\"]\njournal-device = \"nv\"\n"),
+            ["a", "b", "c", "n1", "n2", "nv"]
+        );
+        assert_eq!(
+            grown("children = [\"a\", \"b\", \"c\"]\n"),
+            ["a", "b", "c", "n1", "n2"]
+        );
     }
 
     #[test]

@@ -768,13 +768,7 @@ fn recording(reconfig: &Reconfig, edited: Option<String>) -> anyhow::Result<Opti
     let Some(text) = edited else {
         return Ok(None);
     };
-    let source = reconfig
-        .loaded
-        .source
-        .as_ref()
-        .context("this server has no config file to record changes in")?;
-    let old =
-        std::fs::read_to_string(source).with_context(|| format!("reading {}", source.display()))?;
+    let old = reconfig.read_config()?;
     let loaded = reconfig.reload(&text)?;
     Ok(Some(RecordConfig::new(old, text, loaded)))
 }

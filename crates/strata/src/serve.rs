@@ -205,6 +205,7 @@ pub async fn serve(loaded: Loaded, start: build::StartOptions) -> anyhow::Result
                 loaded: loaded.clone(),
                 runtime,
                 metrics: metrics.clone(),
+                site: Arc::new(strata_stack::reconfig::Files),
             }),
         }),
         registry,
