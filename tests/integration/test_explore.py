@@ -25,7 +25,8 @@ CI_RUNS = 2000
 
 EVENTS = [
     "power-cut", "process-crash", "restart", "assemble", "fail-disk", "return-disks", "stale-alone",
-    "replace-disk", "latency-spike", "volume-create", "volume-delete", "volume-resize", "work",
+    "replace-disk", "latency-spike", "volume-create", "volume-delete", "volume-resize", "grow",
+    "work",
 ]
 LAYERS = [
     "slice", "concat", "count", "crypt", "delay", "hdd", "stripe", "mirror", "raid5", "stage",
@@ -74,10 +75,13 @@ def test_two_thousand_whole_stack_runs_with_faults_find_nothing():
         assert not missing, f"never exercised ({section}): {missing}\n{r.stdout[-3000:]}"
     # Events that need a disk gone do not always find one; each must still have run (drawn
     # minus skipped) dozens of times.
-    for event in ("fail-disk", "return-disks", "stale-alone", "replace-disk", "volume-delete"):
+    for event in ("fail-disk", "return-disks", "stale-alone", "replace-disk", "volume-delete", "grow"):
         ran = cov["event"][event] - cov.get("skipped", {}).get(event, 0)
         assert ran >= 20, f"{event} ran only {ran} times"
     assert sum(cov["refused-as-expected"].values()) >= 20, cov
+    # Online changes through the server's change path: each kind that adds disks, many times.
+    for kind in ("mirror", "concat", "raid5"):
+        assert cov["grown"].get(kind, 0) >= 50, cov["grown"]
     for kind in ("thin-pool", "stage", "migrate"):
         assert cov["state-checked"][kind] > 100, cov["state-checked"]
     assert cov["verified"]["MiB"] > 50_000, cov["verified"]
@@ -135,6 +139,9 @@ FOUND = [
     (4, 470, "stage answered NoSpace: stage_behaviour::a_large_write_over_staged_blocks_of_a_full_stage_commits_to_find_room"),
     (2, 437, "raid5 chunk lost in a crash while degraded, reaching outside its target"),
     (3, 219, "nested raid5 failed by a degraded, crashed member array"),
+    (1, 16, "a mirror leg added for a dead one: relabel::a_new_leg_for_a_mirror_whose_leg_died_is_added_and_the_dead_disk_keeps_its_label"),
+    (7, 14, "concat data moved by a grown middle child: relabel::only_a_concats_last_child_may_grow"),
+    (7, 715, "a concat member added over a dead last child"),
 ]
 
 

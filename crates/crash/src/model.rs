@@ -281,6 +281,24 @@ impl DeviceModel {
         self.size = size;
     }
 
+    /// The device grew to `size` bytes (a raid5 grown onto new disks, a concat given a member)
+    /// and `tail`, what it reads past the old end, is what the new sectors hold, durably: a
+    /// device's new capacity holds what it holds (a reshape may leave old copies there).
+    /// Call with nothing in flight.
+    pub fn grow_as_read(&mut self, size: u64, tail: Bytes) {
+        let old = self.size;
+        assert_eq!(
+            old + tail.len() as u64,
+            size,
+            "the tail is what the device grew by"
+        );
+        self.resize(size);
+        if tail.iter().any(|&b| b != 0) {
+            let id = self.write_started(old, tail);
+            self.write_completed(id, true);
+        }
+    }
+
     /// Power failed: writes still in flight will never complete; they stay candidates.
     pub fn crashed(&mut self) {
         for write in self.writes.values_mut() {

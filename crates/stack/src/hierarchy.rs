@@ -321,10 +321,25 @@ fn one_hierarchy(labels: &[(&String, Option<Label>)]) -> anyhow::Result<Option<S
     Ok(uuid.map(|(_, id)| id.to_string()))
 }
 
+/// Whether `error` is the medium failing (the disk died or was pulled), not damage or a
+/// refusal.
+fn medium_failed(error: &anyhow::Error) -> bool {
+    matches!(
+        error.downcast_ref::<strata_core::BlockError>(),
+        Some(strata_core::BlockError::Io { .. })
+    )
+}
+
 /// Makes the labels on `disks` (present labelled disks, by name) describe `loaded` with each
 /// layer's options as it runs (`running`): one uuid (refusing disks of another hierarchy),
 /// and a new generation whenever the graph or a label differs. Returns the generation now on
 /// the disks.
+///
+/// A disk whose label cannot be read or written because its medium fails is left at the
+/// label it has, with a warning: its layer has failed it or will, and its older generation
+/// marks it stale at the next assembly, as a disk absent from the change would be. Without
+/// this, adding a mirror leg in place of a dead one (the usual repair) failed after the
+/// mirror had taken the leg.
 pub async fn reconcile(
     loaded: &Loaded,
     running: &Running,
@@ -333,8 +348,21 @@ pub async fn reconcile(
     let hierarchy = render_hierarchy(loaded, running)?;
     let mut labels = Vec::new();
     let mut all_intact = true;
+    let mut reachable = Vec::new();
     for (name, device) in disks {
-        let copies = read_label_copies(device.as_ref()).await?;
+        let copies = match read_label_copies(device.as_ref()).await {
+            Ok(copies) => copies,
+            Err(e) if medium_failed(&e) => {
+                tracing::warn!(
+                    disk = %name,
+                    error = %format!("{e:#}"),
+                    "the hierarchy label cannot be read: the disk keeps the label it has"
+                );
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        reachable.push((name, device));
         if copies.label.is_none() {
             refuse_to_overwrite(name, device.as_ref()).await?;
         } else if !copies.intact {
@@ -364,16 +392,25 @@ pub async fn reconcile(
     }
     let uuid = uuid.unwrap_or_else(|| uuid_text(strata_meta::random_uuid()));
     let generation = newest + 1;
-    for (name, device) in disks {
+    let mut written = 0;
+    for (name, device) in reachable {
         let label = Label {
             uuid: uuid.clone(),
             generation,
-            member: name.clone(),
+            member: name.to_string(),
             hierarchy: hierarchy.clone(),
         };
-        write_label(device.as_ref(), &label).await?;
+        match write_label(device.as_ref(), &label).await {
+            Ok(()) => written += 1,
+            Err(e) if medium_failed(&e) => tracing::warn!(
+                disk = %name,
+                error = %format!("{e:#}"),
+                "the hierarchy label cannot be written: the disk keeps the label it had"
+            ),
+            Err(e) => return Err(e),
+        }
     }
-    tracing::info!(generation, %uuid, disks = disks.len(), "hierarchy labels written");
+    tracing::info!(generation, %uuid, disks = written, "hierarchy labels written");
     Ok(generation)
 }
 

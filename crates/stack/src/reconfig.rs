@@ -147,6 +147,37 @@ fn handler(loaded: &Loaded, layer: &str, verb: &str) -> Option<String> {
         .find_map(|child| handler(loaded, child, verb))
 }
 
+/// A change refused before anything was touched, because it is not safe now.
+#[derive(Debug)]
+pub struct Refused(pub String);
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Refused {}
+
+/// Whether `device` is `ancestor` or lies under it (in the configuration's graph).
+fn lies_under(loaded: &Loaded, device: &str, ancestor: &str) -> bool {
+    device == ancestor
+        || loaded
+            .layers
+            .iter()
+            .find(|l| l.name == ancestor)
+            .is_some_and(|l| l.children.iter().any(|c| lies_under(loaded, device, c)))
+}
+
+/// What a device or anything under it is growing by, if a grow is under way (a raid5's
+/// reshape reports its activity as "growing …").
+fn growing(status: &strata_core::NodeStatus) -> Option<String> {
+    let own = status.activity.as_ref().map(|a| &a.what);
+    own.filter(|what| what.starts_with("growing"))
+        .map(|what| format!("{}: {what}", status.name))
+        .or_else(|| status.children.iter().find_map(growing))
+}
+
 /// What reconfiguration needs from the server, behind one lock.
 pub struct Reconfig {
     pub loaded: Loaded,
@@ -420,6 +451,7 @@ impl Reconfig {
     /// Applies one change (updating `nodes`); returns a summary for the operator.
     pub async fn apply(&mut self, change: Change, nodes: &mut Vec<Node>) -> anyhow::Result<String> {
         let change = route(&self.loaded, change)?;
+        self.refuse_shifts(&change, nodes).await?;
         let plan = self.plan(&change, nodes)?;
         let mut state = Applying {
             reconfig: self,
@@ -430,6 +462,52 @@ impl Reconfig {
         let result = plan.apply(&mut state).await;
         *nodes = state.nodes;
         result.map(|()| state.summary)
+    }
+
+    /// Only a concat's last child may change size: a concat lays its children end to end by
+    /// the sizes they have at each start, so a middle child that grew would move every child
+    /// after it (their data would read at other offsets). Refuses a change that grows a
+    /// device under a middle child of a concat, and a new member of a concat whose last
+    /// child is still growing (a raid5 grow exports its new size only at its end).
+    async fn refuse_shifts(&self, change: &Change, nodes: &[Node]) -> anyhow::Result<()> {
+        let loaded = &self.loaded;
+        let layer = &loaded.layers[layer_index(loaded, change.layer())?];
+        let grown = match change {
+            Change::AddMember { .. } if layer.kind == "concat" => Some(layer.name.as_str()),
+            Change::GrowMembers { .. } | Change::Grow { .. } => Some(layer.name.as_str()),
+            Change::GrowPool { .. } => layer.children.first().map(String::as_str),
+            _ => None,
+        };
+        let Some(grown) = grown else { return Ok(()) };
+        for concat in loaded.layers.iter().filter(|l| l.kind == "concat") {
+            let middle = &concat.children[..concat.children.len().saturating_sub(1)];
+            if let Some(child) = middle.iter().find(|c| lies_under(loaded, grown, c)) {
+                return Err(Refused(format!(
+                    "growing {grown} would move the data of concat {}'s children after {child}                      (only a concat's last child may grow)",
+                    concat.name
+                ))
+                .into());
+            }
+        }
+        if layer.kind != "concat" || !matches!(change, Change::AddMember { .. }) {
+            return Ok(());
+        }
+        let Some(last) = layer.children.last() else {
+            return Ok(());
+        };
+        let Some(node) = nodes.iter().find(|n| &n.name == last) else {
+            return Ok(());
+        };
+        // A child that cannot describe itself (its disk died) is not growing.
+        let status = node.describe().await.ok();
+        if let Some(what) = status.as_ref().and_then(growing) {
+            return Err(Refused(format!(
+                "concat {}'s last child {last} is still growing ({what}): add the member once                  that ends, or the new member would move when it does",
+                layer.name
+            ))
+            .into());
+        }
+        Ok(())
     }
 
     /// The steps of a change, prepared and validated (the edited config loads) before

@@ -200,3 +200,21 @@ fn settle_needs_the_crash_recorded() {
     m.write_started(0, sector(1));
     m.settle(0, &[0; 512]);
 }
+
+#[test]
+fn a_grown_device_holds_what_its_new_tail_read() {
+    let mut m = DeviceModel::new(1024);
+    let tail = Bytes::from(vec![7u8; 1024]);
+    m.grow_as_read(2048, tail.clone());
+    assert_eq!(m.size(), 2048);
+    m.check(1024, &tail).unwrap();
+    assert!(
+        m.check(1024, &[0u8; 1024]).is_err(),
+        "the tail read is durable, not zeros"
+    );
+    m.crashed();
+    m.check(1024, &tail).unwrap();
+    // A tail of zeros is the plain resize.
+    m.grow_as_read(2560, Bytes::from(vec![0u8; 512]));
+    m.check(2048, &[0u8; 512]).unwrap();
+}

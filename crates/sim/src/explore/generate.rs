@@ -109,6 +109,10 @@ pub enum Step {
     DeleteVolume { nth: u32 },
     /// The `nth` volume is resized to `mib` MiB (shrinking discards past the end).
     ResizeVolume { nth: u32, mib: u32 },
+    /// An online change that adds disks, through the server's change path (the config
+    /// edited, the new disks labelled, every label rewritten): a mirror's new leg, a
+    /// concat's new tail, or a raid5 grown onto `disks` (1 or 2) new disks.
+    Grow { pick: u32, disks: u32 },
 }
 
 impl Step {
@@ -132,6 +136,7 @@ impl Step {
             Step::CreateVolume { .. } => "volume-create",
             Step::DeleteVolume { .. } => "volume-delete",
             Step::ResizeVolume { .. } => "volume-resize",
+            Step::Grow { .. } => "grow",
         }
     }
 }
@@ -166,17 +171,24 @@ impl fmt::Display for Step {
             Step::CreateVolume { id, mib } => write!(f, "volume-create: v{id}, {mib} MiB"),
             Step::DeleteVolume { nth } => write!(f, "volume-delete: pick {nth}"),
             Step::ResizeVolume { nth, mib } => write!(f, "volume-resize: pick {nth} to {mib} MiB"),
+            Step::Grow { pick, disks } => write!(f, "grow: pick {pick}, {disks} new disks"),
             Step::Restart | Step::Assemble | Step::ReturnDisks => write!(f, "{}", self.kind()),
         }
     }
 }
 
-/// A run: its hierarchy and its steps.
+/// The hierarchy's disks and layers (a run's online changes add disks and members).
 #[derive(Clone, Debug)]
-pub struct Plan {
+pub struct Shape {
     /// Disk sizes in bytes; disk `i` is named `d{i}`.
     pub disks: Vec<u64>,
     pub layers: Vec<LayerShape>,
+}
+
+/// A run: its hierarchy and its steps.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    pub shape: Shape,
     /// The serve configuration of the hierarchy.
     pub config: String,
     /// The thin pool on top, if any (its starting volumes are among `targets`).
@@ -186,7 +198,7 @@ pub struct Plan {
     pub steps: Vec<Step>,
 }
 
-impl Plan {
+impl Shape {
     /// The layer that has `child` among its children, if any.
     pub fn parent_of(&self, child: &str) -> Option<&LayerShape> {
         self.layers
@@ -560,8 +572,7 @@ pub fn plan(seed: u64) -> Plan {
     }
     let steps = steps(&mut pick, pool.is_some());
     Plan {
-        disks,
-        layers,
+        shape: Shape { disks, layers },
         config,
         pool,
         targets,
@@ -579,7 +590,7 @@ fn steps(pick: &mut Picks, pool: bool) -> Vec<Step> {
         let clients = pick.between(1, 4) as u32;
         let mut events = vec![
             "work", "work", "power", "power", "power", "process", "restart", "assemble", "fail",
-            "fail", "return", "stale", "spike", "replace", "replace",
+            "fail", "return", "stale", "spike", "replace", "replace", "grow", "grow",
         ];
         if pool {
             events.extend(["create", "create", "delete", "resize"]);
@@ -620,6 +631,10 @@ fn steps(pick: &mut Picks, pool: bool) -> Vec<Step> {
             },
             "delete" => Step::DeleteVolume {
                 nth: pick.next(64) as u32,
+            },
+            "grow" => Step::Grow {
+                pick: pick.next(64) as u32,
+                disks: pick.between(1, 2) as u32,
             },
             "resize" => Step::ResizeVolume {
                 nth: pick.next(64) as u32,

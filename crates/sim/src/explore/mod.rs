@@ -10,6 +10,7 @@ pub mod coverage;
 pub mod disks;
 pub mod generate;
 pub mod rng;
+pub mod site;
 pub mod world;
 
 use std::path::{Path, PathBuf};

@@ -25,13 +25,17 @@ use crate::executor::{derive_seed, SimConfig, Simulation};
 use crate::explore::client::{self, Shared, Target as Client};
 use crate::explore::coverage::Coverage;
 use crate::explore::disks::{TimedDisk, Timing};
-use crate::explore::generate::{self, Cut, Plan, Step, Target};
+use crate::explore::generate::{self, Cut, Plan, Shape, Step, Target};
+use crate::explore::site::SimSite;
 use strata_stack::hierarchy;
 
 const MIB: u64 = 1 << 20;
 
 /// The largest rewrite of ranges reported lost.
 const MAX_REWRITE: u64 = 1 << 20;
+
+/// Disks online changes may add to a run, beyond the plan's.
+const MAX_ADDED_DISKS: usize = 4;
 
 /// How long a boot may run in virtual time before the run is called hung: an hour, far
 /// beyond anything a step needs (the longest waits are rebuilds of a few MiB).
@@ -91,7 +95,13 @@ enum Expect {
 struct World<'a> {
     plan: &'a Plan,
     seed: u64,
+    /// The hierarchy now: the plan's, with the disks and members online changes added.
+    shape: Shape,
+    /// The configuration the stack starts from, and its text (what a change edits).
     loaded: Loaded,
+    config_text: String,
+    /// Layers an online change grew: targets over them may grow too.
+    grown: std::collections::BTreeSet<String>,
     boots: u64,
     boot: Option<Boot>,
     /// Where generated configurations find their key files.
@@ -135,7 +145,10 @@ pub fn run(
     let mut world = World {
         plan,
         seed,
+        shape: plan.shape.clone(),
         loaded,
+        config_text: plan.config.clone(),
+        grown: Default::default(),
         boots: 0,
         boot: None,
         data_dir: data_dir.to_path_buf(),
@@ -149,7 +162,7 @@ pub fn run(
         log: Vec::new(),
         step: None,
     };
-    for layer in &plan.layers {
+    for layer in &plan.shape.layers {
         world.coverage.count("layer", layer.kind);
     }
     let result = world.play(steps);
@@ -171,7 +184,7 @@ pub fn run(
 impl World<'_> {
     fn play(&mut self, steps: Option<&[usize]>) -> Result<(), String> {
         let images: Vec<Option<DiskImage>> = self
-            .plan
+            .shape
             .disks
             .iter()
             .map(|&size| Some(DiskImage::zeroed(strata_crash::sector_disk(size))))
@@ -223,7 +236,7 @@ impl World<'_> {
                 requests,
             } => {
                 let boot = self.boot.as_ref().expect("running");
-                let index = disk as usize % self.plan.disks.len();
+                let index = disk as usize % self.shape.disks.len();
                 boot.timing
                     .spike(index, Duration::from_millis(millis.into()), requests);
                 Ok(())
@@ -231,6 +244,7 @@ impl World<'_> {
             Step::CreateVolume { id, mib } => self.create_volume(id, mib),
             Step::DeleteVolume { nth } => self.delete_volume(nth),
             Step::ResizeVolume { nth, mib } => self.resize_volume(nth, mib),
+            Step::Grow { pick, disks } => self.grow(pick, disks),
         }
     }
 
@@ -286,7 +300,7 @@ impl World<'_> {
         });
         let timing = Timing::new(
             derive_seed(boot_seed, "timing"),
-            self.plan.disks.len(),
+            self.plan.shape.disks.len() + MAX_ADDED_DISKS,
             sim.runtime(),
         );
         let group = CrashGroup::new();
@@ -367,7 +381,7 @@ impl World<'_> {
             }
             Expect::Refuse => {
                 let array = refused_under.expect("an array to refuse");
-                let under = self.plan.disks_under(array);
+                let under = self.shape.disks_under(array);
                 let served = self
                     .boot()
                     .nodes()
@@ -414,7 +428,7 @@ impl World<'_> {
     /// reopen): a thin pool's, a stage's, a migrate layer's `check_state`.
     fn check_layers(&mut self) -> Result<(), String> {
         let boot = self.boot.as_ref().expect("running");
-        for layer in &self.plan.layers {
+        for layer in &self.shape.layers {
             let check: fn(&strata_meta::State) -> Vec<String> = match layer.kind {
                 "thin-pool" => strata_thin::check_state,
                 "stage" => strata_stage::check_state,
@@ -491,8 +505,8 @@ impl World<'_> {
 
     /// A target that is a disk under no layer: it carries no hierarchy label.
     fn unlabelled(&self, target: &Target) -> bool {
-        matches!(target, Target::Device(name) if self.plan.layers.iter().all(|l| &l.name != name)
-            && self.plan.parent_of(name).is_none())
+        matches!(target, Target::Device(name) if self.shape.layers.iter().all(|l| &l.name != name)
+            && self.shape.parent_of(name).is_none())
     }
 
     /// Whether `target` lies over `array` (so a refused array takes it down).
@@ -506,7 +520,7 @@ impl World<'_> {
     fn under(&self, device: &str, array: &str) -> bool {
         device == array
             || self
-                .plan
+                .shape
                 .layers
                 .iter()
                 .find(|l| l.name == device)
@@ -531,6 +545,7 @@ impl World<'_> {
                 continue;
             }
             let device = self.resolve(&target)?;
+            self.adopt_growth(&target, &device)?;
             let model = self.models.get_mut(&target).expect("model");
             let size = device.geometry().size;
             if size != model.size() {
@@ -576,7 +591,7 @@ impl World<'_> {
         let layers = boot
             .nodes()
             .iter()
-            .filter(|n| self.plan.layers.iter().any(|l| l.name == n.name));
+            .filter(|n| self.shape.layers.iter().any(|l| l.name == n.name));
         for node in layers.rev() {
             match boot.sim.try_block_on(node.stop_background()) {
                 Ok(Ok(())) => {}
@@ -642,7 +657,7 @@ impl World<'_> {
             let name = format!("d{i}");
             let Some(image) = image
                 .as_ref()
-                .filter(|_| self.plan.parent_of(&name).is_some())
+                .filter(|_| self.shape.parent_of(&name).is_some())
             else {
                 continue;
             };
@@ -690,6 +705,11 @@ impl World<'_> {
         clients: u32,
         crash_after: Option<u32>,
     ) -> Result<(), String> {
+        // A raid5 grow ends in the background: its new capacity is the clients' from now.
+        for target in self.models.keys().cloned().collect::<Vec<_>>() {
+            let device = self.resolve(&target)?;
+            self.adopt_growth(&target, &device)?;
+        }
         let boot = self.boot.as_ref().expect("running");
         if let Some(after) = crash_after {
             boot.group
@@ -779,10 +799,10 @@ impl World<'_> {
     /// lost, which its parent array would take as a second failure: exploring that is left
     /// for later, see docs/explore.md.)
     fn fail_disk(&mut self, pick: u32) -> Result<(), String> {
-        let candidates: Vec<usize> = (0..self.plan.disks.len())
+        let candidates: Vec<usize> = (0..self.shape.disks.len())
             .filter(|&d| self.boot().disks[d].is_some() && !self.gone.contains_key(&d))
             .filter(|&d| {
-                let arrays = self.plan.redundant_ancestors(&format!("d{d}"));
+                let arrays = self.shape.redundant_ancestors(&format!("d{d}"));
                 !arrays.is_empty()
                     && arrays
                         .iter()
@@ -804,7 +824,7 @@ impl World<'_> {
 
     /// Every disk under `array` is present and plugged in.
     fn nothing_missing_under(&self, array: &str) -> bool {
-        self.plan.disks_under(array).iter().all(|d| {
+        self.shape.disks_under(array).iter().all(|d| {
             let index: usize = d[1..].parse().expect("disk name");
             !self.gone.contains_key(&index) && self.boot().disks[index].is_some()
         })
@@ -829,7 +849,7 @@ impl World<'_> {
             .gone
             .keys()
             .filter_map(|&d| {
-                let ancestors = self.plan.redundant_ancestors(&format!("d{d}"));
+                let ancestors = self.shape.redundant_ancestors(&format!("d{d}"));
                 ancestors.first().map(|(array, _)| (d, array.name.clone()))
             })
             .collect();
@@ -841,7 +861,7 @@ impl World<'_> {
         let stale = self.gone.remove(&disk).expect("gone");
         let mut alone = self.next_images(images.clone(), false);
         alone[disk] = Some(stale);
-        for other in self.plan.disks_under(&array) {
+        for other in self.shape.disks_under(&array) {
             let index: usize = other[1..].parse().expect("disk name");
             if index != disk {
                 alone[index] = None;
@@ -873,7 +893,7 @@ impl World<'_> {
             .filter(|&&d| self.boot().disks[d].is_some())
             .filter_map(|&d| {
                 let name = format!("d{d}");
-                let parent = self.plan.parent_of(&name)?;
+                let parent = self.shape.parent_of(&name)?;
                 let index = parent.children.iter().position(|c| *c == name)?;
                 let journal = parent.journal_device && index + 1 == parent.children.len();
                 (generate::REDUNDANT.contains(&parent.kind) && !journal)
@@ -887,7 +907,7 @@ impl World<'_> {
         let name = format!("d{disk}");
         // The label the array's other members carry, under this disk's name.
         let sibling = self
-            .plan
+            .shape
             .parent_of(&name)
             .expect("a parent")
             .children
@@ -906,7 +926,7 @@ impl World<'_> {
         label.member = name.clone();
         let fresh = boot
             .group
-            .disk(strata_crash::sector_disk(self.plan.disks[disk]));
+            .disk(strata_crash::sector_disk(self.shape.disks[disk]));
         let timed: DeviceRef = Arc::new(TimedDisk::new(fresh.clone(), disk, boot.timing.clone()));
         if let Err(e) = boot
             .sim
@@ -1061,6 +1081,161 @@ impl World<'_> {
         self.log.push(format!("  resized {target} to {mib} MiB"));
         self.check_whole(&target, &device)
     }
+
+    /// An online change through the server's own path (`Reconfig::apply` over [`SimSite`]):
+    /// a new leg for a mirror, a new tail for a concat, or a raid5 grown onto `count` new
+    /// disks (a healthy one: a degraded array refuses to grow). The config and every label
+    /// are rewritten, as `strata add-member` and `strata grow` do; later starts are from the
+    /// edited config.
+    fn grow(&mut self, pick: u32, count: u32) -> Result<(), String> {
+        let room = self.plan.shape.disks.len() + MAX_ADDED_DISKS - self.shape.disks.len();
+        let running = |name: &str| {
+            (self.boot().nodes().iter()).any(|n| n.name == name && n.device().is_some())
+        };
+        let candidates: Vec<(String, &'static str)> = (self.shape.layers.iter())
+            .filter(|l| matches!(l.kind, "mirror" | "concat" | "raid5") && running(&l.name))
+            .filter(|l| match l.kind {
+                "raid5" => {
+                    count as usize <= room
+                        && self.nothing_missing_under(&l.name)
+                        && self.healthy_node(&l.name)
+                }
+                "mirror" => room > 0 && l.children.len() < 4,
+                _ => room > 0,
+            })
+            .map(|l| (l.name.clone(), l.kind))
+            .collect();
+        if candidates.is_empty() {
+            return self.skip("grow");
+        }
+        let (layer, kind) = candidates[pick as usize % candidates.len()].clone();
+        let first = self.shape.disks.len();
+        let path = |i: usize| std::path::PathBuf::from(format!("d{i}.img"));
+        let change = match kind {
+            "raid5" => {
+                let mut options = toml::Table::new();
+                let policy = if pick.is_multiple_of(2) { "alv" } else { "md" };
+                options.insert("policy".into(), policy.into());
+                strata_stack::reconfig::Change::GrowMembers {
+                    layer: layer.clone(),
+                    paths: (first..first + count as usize).map(path).collect(),
+                    options,
+                }
+            }
+            _ => strata_stack::reconfig::Change::AddMember {
+                layer: layer.clone(),
+                path: path(first),
+                name: Some(format!("d{first}")),
+            },
+        };
+        let boot = self.boot.as_mut().expect("running");
+        let site = Arc::new(SimSite::new(
+            self.config_text.clone(),
+            boot.group.clone(),
+            boot.timing.clone(),
+        ));
+        let mut loaded = self.loaded.clone();
+        loaded.source = Some(self.data_dir.join("explore.toml"));
+        let mut reconfig = strata_stack::reconfig::Reconfig {
+            loaded,
+            runtime: boot.sim.runtime(),
+            metrics: MetricsRegistry::default(),
+            site: site.clone(),
+        };
+        let stack = boot.stack.as_mut().expect("a running stack");
+        let mut nodes = std::mem::take(&mut stack.nodes);
+        let applied = boot.sim.try_block_on(reconfig.apply(change, &mut nodes));
+        stack.nodes = nodes;
+        let summary = match applied {
+            Ok(Ok(summary)) => summary,
+            // The layer refused the change (a raid5 journal too small for more members): the
+            // change path undid what it had done, and nothing may have changed.
+            Ok(Err(e)) if refused(&e) => {
+                if site.text() != self.config_text {
+                    return Err(format!(
+                        "a refused grow of {layer} changed the config: {e:#}"
+                    ));
+                }
+                self.coverage.count("grow-refused", kind);
+                self.log
+                    .push(format!("  growing {layer} ({kind}) refused: {e:#}"));
+                return Ok(());
+            }
+            Ok(Err(e)) => return Err(format!("growing {layer} ({kind}) failed: {e:#}")),
+            Err(stop) => return Err(format!("growing {layer} ({kind}) hung: {stop}")),
+        };
+        self.config_text = site.text();
+        self.loaded = reconfig.loaded;
+        self.loaded.source = None;
+        for (index, disk) in site.made() {
+            if index != self.shape.disks.len() {
+                return Err(format!(
+                    "a change added d{index}; d{} was next",
+                    self.shape.disks.len()
+                ));
+            }
+            self.shape
+                .disks
+                .push(strata_core::BlockDevice::geometry(&disk).size);
+            boot.disks.push(Some(disk));
+        }
+        for layer in &mut self.shape.layers {
+            if let Some(config) = self.loaded.layers.iter().find(|l| l.name == layer.name) {
+                layer.children = config.children.clone();
+            }
+        }
+        self.grown.insert(layer.clone());
+        self.coverage.count("grown", kind);
+        self.log.push(format!(
+            "  {layer} ({kind}) grew onto d{first}..d{}: {summary}",
+            self.shape.disks.len() - 1
+        ));
+        // A concat is bigger at once; its new tail reads as it is (zeros, on a blank disk).
+        for target in self.models.keys().cloned().collect::<Vec<_>>() {
+            if self.over(&target, &layer) {
+                let device = self.resolve(&target)?;
+                self.adopt_growth(&target, &device)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A target over a grown layer may be bigger now: its model takes the new tail as it
+    /// reads (a reshape may leave old copies of the array's own data there; a new blank disk
+    /// reads zeros). A target that grew with nothing under it grown is a defect.
+    fn adopt_growth(&mut self, target: &Target, device: &DeviceRef) -> Result<(), String> {
+        let size = device.geometry().size;
+        let old = self.models.get(target).expect("model").size();
+        if size <= old {
+            return Ok(());
+        }
+        if !self.grown.iter().any(|layer| self.over(target, layer)) {
+            return Err(format!(
+                "{target} grew from {old} to {size} bytes with no layer under it grown"
+            ));
+        }
+        let sim = &self.boot().sim;
+        let mut tail = bytes::BytesMut::with_capacity((size - old) as usize);
+        let mut at = old;
+        while at < size {
+            let len = (size - at).min(MIB);
+            match read(sim, target, device, at, len)? {
+                Ok(data) => tail.extend_from_slice(&data),
+                Err(e) => {
+                    return Err(format!(
+                        "{target}: reading its new capacity at {at} failed: {e}"
+                    ))
+                }
+            }
+            at += len;
+        }
+        (self.models.get_mut(target).expect("model")).grow_as_read(size, tail.freeze());
+        self.coverage
+            .add("grown-capacity", "MiB", (size - old) / MIB);
+        self.log
+            .push(format!("  {target} grew from {old} to {size} bytes"));
+        Ok(())
+    }
 }
 
 /// Reads `device` whole, in pieces, and checks it against `model`: after a start (`settle`:
@@ -1200,6 +1375,18 @@ fn check(
             .map_err(|e| format!("{target}: {e}"))?;
     }
     Ok(())
+}
+
+/// A change refused as unsafe now (by the change path) or invalid (by the layer), as
+/// opposed to one that failed.
+fn refused(error: &anyhow::Error) -> bool {
+    error.chain().any(|cause| {
+        cause.is::<strata_stack::reconfig::Refused>()
+            || matches!(
+                cause.downcast_ref::<strata_core::BlockError>(),
+                Some(strata_core::BlockError::InvalidArgument(_))
+            )
+    })
 }
 
 fn healthy(status: &strata_core::NodeStatus) -> bool {

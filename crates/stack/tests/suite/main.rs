@@ -6,5 +6,6 @@ mod degraded_start;
 mod documented_layers;
 mod media_damage;
 mod migrate_stack;
+mod relabel;
 mod round_trip;
 mod stage_stack;
