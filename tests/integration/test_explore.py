@@ -79,6 +79,8 @@ def test_two_thousand_whole_stack_runs_with_faults_find_nothing():
         ran = cov["event"][event] - cov.get("skipped", {}).get(event, 0)
         assert ran >= 20, f"{event} ran only {ran} times"
     assert sum(cov["refused-as-expected"].values()) >= 20, cov
+    # `strata check` ran over the disks before every start, and found metadata to check.
+    assert cov["strata-check"]["metadata"] > 2000, cov["strata-check"]
     # Online changes through the server's change path: each kind that adds disks, many times.
     for kind in ("mirror", "concat", "raid5"):
         assert cov["grown"].get(kind, 0) >= 50, cov["grown"]
@@ -142,6 +144,8 @@ FOUND = [
     (1, 16, "a mirror leg added for a dead one: relabel::a_new_leg_for_a_mirror_whose_leg_died_is_added_and_the_dead_disk_keeps_its_label"),
     (7, 14, "concat data moved by a grown middle child: relabel::only_a_concats_last_child_may_grow"),
     (7, 715, "a concat member added over a dead last child"),
+    (20261127, 371, "mirror refused as a split brain: mirror::policy::tests::two_members_being_filled_that_record_each_other_at_0_are_no_split_brain"),
+    (20261127, 133, "strata check on a raid5 journal device: check_disks::a_raid5_journal_device_holds_journals_and_is_not_reported_damaged"),
 ]
 
 

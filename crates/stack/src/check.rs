@@ -73,21 +73,44 @@ pub const NOT_STRATA_EXIT: u8 = 3;
 /// Kinds that keep metadata on every member (at the start of each, after the label).
 const METADATA_KINDS: [&str; 3] = [strata_thin::KIND.kind, "mirror", "raid5"];
 
-/// Whether `member`, a child of a `kind` layer with these `children`, starts with metadata
-/// after its label: every member of the kinds above; a stage's fast child (its first), not
-/// its slow one, which holds data only; a migrate layer's first child (the local disk), not
-/// the others.
+/// Whether `member`, a child of a `kind` layer with these `children` (its members: a
+/// raid5's journal device is not one, see [`parent_layer`]), starts with metadata after its
+/// label: every member of the kinds above; a stage's fast child (its first), not its slow
+/// one, which holds data only; a migrate layer's first child (the local disk), not the
+/// others.
 fn holds_metadata(kind: &str, children: &[String], member: &str) -> bool {
     let first = children.first().map(String::as_str) == Some(member);
-    METADATA_KINDS.contains(&kind)
+    (METADATA_KINDS.contains(&kind) && children.iter().any(|c| c == member))
         || (kind == strata_stage::KIND.kind && first)
         || (kind == strata_migrate::KIND.kind && first)
 }
+/// What a disk whose layer keeps no metadata on it holds instead, for the report.
+fn no_metadata_note(layer: &str, kind: &str, children: &[String]) -> String {
+    if kind == strata_stage::KIND.kind {
+        format!(
+            "its layer {layer} (stage) keeps its metadata on its fast child, {}, not on this \
+             slow child",
+            children[0]
+        )
+    } else if kind == strata_migrate::KIND.kind {
+        format!(
+            "its layer {layer} (migrate) keeps its metadata on its first child, {}, not on \
+             this one",
+            children[0]
+        )
+    } else if kind == "raid5" {
+        format!("it is the journal device of its layer {layer} (raid5): it holds journals only")
+    } else {
+        format!("its layer {layer} ({kind}) keeps no metadata on its members")
+    }
+}
+
 /// Kinds whose members' metadata must agree: repairing one alone could promote it.
 const MULTI_MEMBER_KINDS: [&str; 2] = ["mirror", "raid5"];
 
 /// The layer a labelled disk is a child of, from the graph its label carries: (name, kind,
-/// children).
+/// members: its children but a raid5's journal device, which holds the members' journals
+/// and no metadata).
 fn parent_layer(label: &crate::hierarchy::Label) -> Option<(String, String, Vec<String>)> {
     let doc: toml::Table = toml::from_str(&label.hierarchy).ok()?;
     let layers = doc.get("layer")?.as_array()?;
@@ -101,6 +124,11 @@ fn parent_layer(label: &crate::hierarchy::Label) -> Option<(String, String, Vec<
         if !children.contains(&label.member) {
             return None;
         }
+        let journal = layer.get("journal-device").and_then(|j| j.as_str());
+        let children = children
+            .into_iter()
+            .filter(|c| Some(c.as_str()) != journal)
+            .collect();
         Some((
             layer.get("name")?.as_str()?.to_string(),
             layer.get("kind")?.as_str()?.to_string(),
@@ -130,7 +158,8 @@ pub async fn check_all(paths: &[PathBuf], repair: bool) -> anyhow::Result<Vec<De
             rewrite[i] |= report.needs_repair && report.errors.is_empty();
             continue;
         };
-        if !MULTI_MEMBER_KINDS.contains(&kind.as_str()) {
+        // A raid5's journal device is no member: it holds no metadata to agree with theirs.
+        if !MULTI_MEMBER_KINDS.contains(&kind.as_str()) || !members.contains(&label.member) {
             rewrite[i] |= report.needs_repair && report.errors.is_empty();
             continue;
         }
@@ -233,6 +262,12 @@ pub async fn check(path: &Path) -> anyhow::Result<DeviceReport> {
         FileDevice::open(options, runtime)
             .with_context(|| format!("opening {}", path.display()))?,
     );
+    check_device(path, device).await
+}
+
+/// Checks `device`, read-only, reported under `path` (what [`check`] does once the file is
+/// open; the simulator's explorer checks its disk images with it).
+pub async fn check_device(path: &Path, device: DeviceRef) -> anyhow::Result<DeviceReport> {
     let mut report = DeviceReport {
         path: path.to_path_buf(),
         hierarchy: None,
@@ -278,33 +313,23 @@ pub async fn check(path: &Path) -> anyhow::Result<DeviceReport> {
     };
     report.label = label.clone();
     let parent = label.as_ref().and_then(parent_layer);
+    // A disk whose layer keeps no metadata on it holds data only after its label (a slice,
+    // a crypt, a stripe over it; a thin pool above those): data that looks like metadata
+    // there (a pool's superblock over a slice at offset 0) is not this disk's to check.
+    if let (Some(label), Some((layer, kind, children))) = (&label, &parent) {
+        if !holds_metadata(kind, children, &label.member) {
+            report.note = Some(no_metadata_note(layer, kind, children));
+            return Ok(report);
+        }
+    }
     let recovered = match strata_meta::recover(device.as_ref(), offset).await {
         Ok(recovered) => recovered,
         Err(strata_meta::RecoveryError::NoSuperblock { a, b })
             if a.starts_with("unknown magic") && b.starts_with("unknown magic") =>
         {
-            match (&label, &parent) {
-                (None, _) => report.not_strata = true,
-                (Some(label), Some((layer, kind, children)))
-                    if !holds_metadata(kind, children, &label.member) =>
-                {
-                    report.note = Some(if kind == strata_stage::KIND.kind {
-                        format!(
-                            "its layer {layer} (stage) keeps its metadata on its fast child, \
-                             {}, not on this slow child",
-                            children[0]
-                        )
-                    } else if kind == strata_migrate::KIND.kind {
-                        format!(
-                            "its layer {layer} (migrate) keeps its metadata on its first \
-                             child, {}, not on this one",
-                            children[0]
-                        )
-                    } else {
-                        format!("its layer {layer} ({kind}) keeps no metadata on its members")
-                    });
-                }
-                (Some(_), _) => report.errors.push(format!(
+            match &label {
+                None => report.not_strata = true,
+                Some(_) => report.errors.push(format!(
                     "no metadata superblock after the hierarchy label (copy A: {a}; copy B: {b})"
                 )),
             }

@@ -305,9 +305,13 @@ pub fn choose_copy(
         _ => None,
     };
     let failed_by = |i: usize, j: usize| j != i && records_failed(recorded(j, i).as_ref());
+    // Only a copy that records itself in sync can have gone on alone: a member being filled
+    // (a new leg, a replacement) never serves alone, so two of them that each record the
+    // other at 0 are two replacements, not a split brain.
+    let own_in_sync = |i: usize| recorded(i, i) == Some(MemberState::InSync);
     for &i in &valid {
         for &j in valid.iter().filter(|&&j| j > i) {
-            if failed_by(i, j) && failed_by(j, i) {
+            if failed_by(i, j) && failed_by(j, i) && own_in_sync(i) && own_in_sync(j) {
                 let (a, b) = (name_of(names, i), name_of(names, j));
                 return Err(Refusal::from(format!(
                     "split brain: members {a} and {b} each record the other as failed, so each \
@@ -656,6 +660,23 @@ mod tests {
         let a = with_states(7, 10, 50, &[InSync, MemberState::Resyncing { done: 4096 }]);
         let c = with_states(7, 10, 51, &[InSync, MemberState::Resyncing { done: 4096 }]);
         assert_eq!(choose(&[a, c]), Ok(CopyChoice::Open(1)));
+    }
+
+    /// Two members filled at once from a third (a new leg added, then a dead leg replaced),
+    /// cut by a power failure: each records the other at 0. Neither ever served alone; the
+    /// in-sync member's copy wins. (Found by `strata sim explore`: the mirror was refused as
+    /// a split brain with all its disks present.)
+    #[test]
+    fn two_members_being_filled_that_record_each_other_at_0_are_no_split_brain() {
+        let zero = MemberState::Resyncing { done: 0 };
+        let filling = MemberState::Resyncing { done: 8192 };
+        let new_leg = with_states(7, 12, 40, &[zero, InSync, filling]);
+        let source = with_states(7, 12, 41, &[zero, InSync, filling]);
+        let replacement = with_states(7, 12, 41, &[zero, InSync, zero]);
+        assert_eq!(
+            choose(&[replacement, source, new_leg]),
+            Ok(CopyChoice::Open(1))
+        );
     }
 
     #[test]

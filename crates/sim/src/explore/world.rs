@@ -303,6 +303,7 @@ impl World<'_> {
             self.plan.shape.disks.len() + MAX_ADDED_DISKS,
             sim.runtime(),
         );
+        self.check_images(&sim, &images)?;
         let group = CrashGroup::new();
         let mut given: BTreeMap<String, DeviceRef> = BTreeMap::new();
         let disks: Vec<Option<CrashDisk>> = images
@@ -411,6 +412,46 @@ impl World<'_> {
             self.models.insert(target, model);
         }
         self.verify_all(refused_under)
+    }
+
+    /// `strata check` over every labelled disk image a start is given, as an operator runs it
+    /// on the disks before a start: whatever a crash, a pulled disk or a change left, no
+    /// disk's metadata may be damaged (a torn journal tail is a warning, not damage).
+    fn check_images(
+        &mut self,
+        sim: &Simulation,
+        images: &[Option<DiskImage>],
+    ) -> Result<(), String> {
+        for (name, image) in self.labelled(images) {
+            let disk: DeviceRef = Arc::new(CrashGroup::new().disk_from(image.clone()));
+            let path = Path::new(&name);
+            let report = match sim.try_block_on(strata_stack::check::check_device(path, disk)) {
+                Ok(Ok(report)) => report,
+                Ok(Err(e)) => return Err(format!("strata check {name}: {e:#}")),
+                Err(stop) => return Err(format!("strata check {name} hung: {stop}")),
+            };
+            if !report.errors.is_empty() {
+                return Err(format!(
+                    "strata check finds {name} damaged: {}",
+                    report.errors.join("; ")
+                ));
+            }
+            let what = match (&report.owner, report.not_strata) {
+                (_, true) => "blank",
+                (Some(_), _) => "metadata",
+                (None, _) => "label only",
+            };
+            self.coverage.count("strata-check", what);
+        }
+        Ok(())
+    }
+
+    /// The present images of disks under a layer (those carry a hierarchy label), by name.
+    fn labelled<'i>(&self, images: &'i [Option<DiskImage>]) -> Vec<(String, &'i DiskImage)> {
+        (images.iter().enumerate())
+            .filter_map(|(i, image)| Some((format!("d{i}"), image.as_ref()?)))
+            .filter(|(name, _)| self.shape.parent_of(name).is_some())
+            .collect()
     }
 
     /// A model for a new target of `size` bytes, with write ids of its own.
@@ -653,14 +694,7 @@ impl World<'_> {
         let images = self.stop()?;
         let images = self.next_images(images, false);
         let mut labels = Vec::new();
-        for (i, image) in images.iter().enumerate() {
-            let name = format!("d{i}");
-            let Some(image) = image
-                .as_ref()
-                .filter(|_| self.shape.parent_of(&name).is_some())
-            else {
-                continue;
-            };
+        for (name, image) in self.labelled(&images) {
             let head = image.read(0, hierarchy::LABEL_BYTES as usize);
             labels.push((
                 std::path::PathBuf::from(&name),

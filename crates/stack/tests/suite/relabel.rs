@@ -11,8 +11,6 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use strata_core::{DeviceRef, MetricsRegistry, Runtime, TokioRuntime, WriteFlags};
 use strata_crash::{sector_disk, CrashDisk, CrashGroup};
-use strata_stack::build::{self, Disks, StartOptions};
-use strata_stack::config;
 use strata_stack::hierarchy;
 use strata_stack::reconfig::{Change, Reconfig, Site};
 
@@ -82,16 +80,7 @@ async fn a_new_leg_for_a_mirror_whose_leg_died_is_added_and_the_dead_disk_keeps_
     let given: BTreeMap<String, DeviceRef> = (disks.iter().enumerate())
         .map(|(i, d)| (format!("d{i}"), Arc::new(d.clone()) as DeviceRef))
         .collect();
-    let mut loaded = config::load(CONFIG, "relabel.toml", dir.path(), Some(dir.path())).unwrap();
-    let mut stack = build::build_on(
-        &loaded,
-        &Disks::Given(given),
-        &StartOptions::default(),
-        TokioRuntime::current(),
-        &MetricsRegistry::default(),
-    )
-    .await
-    .unwrap();
+    let (mut loaded, mut stack) = crate::start_given(CONFIG, dir.path(), given).await;
     let vol = stack.exports.lookup("vol").unwrap().device.clone();
     let data = Bytes::from(vec![0x6b; 64 << 10]);
     vol.write(0, data.clone(), WriteFlags { fua: true })
@@ -179,16 +168,7 @@ device = "c"
                 (format!("d{i}"), Arc::new(disk) as DeviceRef)
             })
             .collect();
-        let mut loaded = config::load(&text, "c.toml", dir.path(), Some(dir.path())).unwrap();
-        let mut stack = build::build_on(
-            &loaded,
-            &Disks::Given(given),
-            &StartOptions::default(),
-            TokioRuntime::current(),
-            &MetricsRegistry::default(),
-        )
-        .await
-        .unwrap();
+        let (mut loaded, mut stack) = crate::start_given(&text, dir.path(), given).await;
         let site = Arc::new(Memory {
             text: Mutex::new(text.clone()),
             group: group.clone(),
