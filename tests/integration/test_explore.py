@@ -146,6 +146,8 @@ FOUND = [
     (7, 715, "a concat member added over a dead last child"),
     (20261127, 371, "mirror refused as a split brain: mirror::policy::tests::two_members_being_filled_that_record_each_other_at_0_are_no_split_brain"),
     (20261127, 133, "strata check on a raid5 journal device: check_disks::a_raid5_journal_device_holds_journals_and_is_not_reported_damaged"),
+    (11, 1591, "raid5 replacement failed by a write in its install: raid5_replace::a_write_while_a_replacement_is_installed_does_not_fail_it"),
+    (12, 360, "fail-disk under a degraded outer array (explorer rule)"),
 ]
 
 

@@ -33,10 +33,20 @@ use super::shape::Shape;
 /// serialize, which is rare at this size and costs no allocation per request.
 pub const STRIPE_LOCKS: usize = 1024;
 
-/// A member I/O that failed: which member (the caller marks it failed and retries).
-#[derive(Debug)]
+/// A member I/O that failed: which member (the caller marks it failed and retries), and the
+/// device the request went to, if it went to one.
 pub struct Fault {
     pub member: usize,
+    /// A request in flight when its member was replaced fails on the old device, and a
+    /// fault found before a replacement is acted on after it: either is not the
+    /// replacement's ([`Array::fail`]).
+    pub device: Option<DeviceRef>,
+}
+
+impl std::fmt::Debug for Fault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Fault {{ member: {} }}", self.member)
+    }
 }
 
 /// Full-stripe writes whose in-place writes may not be durable yet.
@@ -170,12 +180,18 @@ impl Array {
         offset: u64,
         len: u64,
     ) -> std::result::Result<Vec<u8>, Fault> {
-        let device = self.members.device(member).ok_or(Fault { member })?;
+        let device = self
+            .members
+            .device(member)
+            .ok_or(self.members.fault(member))?;
         match device.read(offset, len as usize).await {
             Ok(bytes) => Ok(bytes.to_vec()),
             Err(error) => {
                 tracing::error!(array = %self.name, member, offset, %error, "raid5: member read failed");
-                Err(Fault { member })
+                Err(Fault {
+                    member,
+                    device: Some(device),
+                })
             }
         }
     }
@@ -187,12 +203,18 @@ impl Array {
         data: Bytes,
         fua: bool,
     ) -> std::result::Result<(), Fault> {
-        let device = self.members.device(member).ok_or(Fault { member })?;
+        let device = self
+            .members
+            .device(member)
+            .ok_or(self.members.fault(member))?;
         match device.write(offset, data, WriteFlags { fua }).await {
             Ok(()) => Ok(()),
             Err(error) => {
                 tracing::error!(array = %self.name, member, offset, %error, "raid5: member write failed");
-                Err(Fault { member })
+                Err(Fault {
+                    member,
+                    device: Some(device),
+                })
             }
         }
     }
@@ -237,7 +259,7 @@ impl Array {
     /// (as md does when its journal device fails): returns the error.
     pub fn journal_write_failed(&self, member: usize) -> std::result::Result<Fault, BlockError> {
         if self.journal_device.is_none() {
-            return Ok(Fault { member });
+            return Ok(self.members.fault(member));
         }
         let reason = "a journal write failed".to_string();
         tracing::error!(array = %self.name, member, "raid5: journal device write failed; refusing writes");
@@ -245,6 +267,25 @@ impl Array {
         poison::check(self.journal_failed.lock(), &self.name, "the journal state")?
             .get_or_insert(reason);
         Err(error)
+    }
+
+    /// Fails the member of `fault`, unless the request failed on a device the member has been
+    /// replaced since: that failure is the old device's (which left the array when it was
+    /// failed), and charging it to the replacement would fail a healthy rebuild.
+    pub async fn fail(&self, fault: Fault) -> Result<()> {
+        let now = self.members.device(fault.member);
+        if let (Some(failed), Some(now)) = (&fault.device, &now) {
+            if !Arc::ptr_eq(failed, now) {
+                tracing::warn!(
+                    array = %self.name,
+                    member = fault.member,
+                    "raid5: a request to the device member {} had before its replacement failed late; not charged to the replacement",
+                    fault.member
+                );
+                return self.check_alive();
+            }
+        }
+        self.fail_member(fault.member).await
     }
 
     /// Marks `member` failed and makes that durable before returning, so that no degraded
@@ -338,11 +379,11 @@ impl Array {
         let resets = (0..snapshot.len())
             .filter(|&m| on_device || snapshot[m].state != MemberState::Failed)
             .map(|m| async move {
-                let device = self.journal_target(m).ok_or(Fault { member: m })?;
+                let device = self.journal_target(m).ok_or(self.members.fault(m))?;
                 self.journal(m)
                     .reset(&device, epoch)
                     .await
-                    .map_err(|_| Fault { member: m })
+                    .map_err(|_| self.members.fault(m))
             });
         self.journal_faults(join_all(resets).await).await?;
         *self.full_writes()? = FullWrites::default();
@@ -352,7 +393,7 @@ impl Array {
     /// Fails the members (or the journal device) whose journal writes returned a fault.
     async fn journal_faults(&self, results: Vec<std::result::Result<(), Fault>>) -> Result<()> {
         for result in results {
-            if let Err(Fault { member }) = result {
+            if let Err(Fault { member, .. }) = result {
                 let fault = self.journal_write_failed(member)?;
                 self.fail_member(fault.member).await?;
             }
@@ -470,12 +511,16 @@ impl Array {
         F: FnOnce(Arc<Journal>, DeviceRef) -> Fut,
         Fut: std::future::Future<Output = Result<()>> + 'a,
     {
-        let device = self.journal_target(member).ok_or(Fault { member })?;
+        let device = self
+            .journal_target(member)
+            .ok_or(self.members.fault(member))?;
         let journal = self.journal(member);
         if self.members.lock()[member].state == MemberState::Failed {
             return Ok(());
         }
-        work(journal, device).await.map_err(|_| Fault { member })
+        work(journal, device)
+            .await
+            .map_err(|_| self.members.fault(member))
     }
 
     /// After a member flush: tells each journal that the full-stripe writes it logged before

@@ -739,7 +739,7 @@ impl Array {
             };
             match result {
                 Ok(buffers) => return Ok(buffers),
-                Err(Fault { member }) => self.fail_member(member).await?,
+                Err(fault) => self.fail(fault).await?,
             }
         }
         Err(Array::io_error(format!(
@@ -862,7 +862,7 @@ impl Array {
         for result in all {
             match result {
                 Ok(bytes) => self.grow_stats()?.bytes_written += bytes,
-                Err(Fault { member }) => self.fail_member(member).await?,
+                Err(fault) => self.fail(fault).await?,
             }
         }
         Ok(())
@@ -963,9 +963,8 @@ impl Critical {
         let offset = old.member_offset(self.backup_row(old), 0);
         let unit = Bytes::from(unit);
         for member in old.members..old.members + self.grow.n {
-            if let Err(Fault { member }) = array.m_write(member, offset, unit.clone(), false).await
-            {
-                array.fail_member(member).await?;
+            if let Err(fault) = array.m_write(member, offset, unit.clone(), false).await {
+                array.fail(fault).await?;
             }
             let flushed = match array.members.device(member) {
                 Some(device) => device.flush().await.is_ok(),

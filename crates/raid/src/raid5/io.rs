@@ -25,6 +25,7 @@ use tokio::sync::oneshot;
 use super::array::{Array, Fault, FULL_RETRIES};
 use super::journal::{Appended, Record, MAX_UPDATE_WRITES};
 use super::layout::Layout;
+use super::members::MemberState;
 use super::plan::{plan_read, plan_writes, xor_into, ReadSource, WriteKind, WritePlan};
 
 /// A write waiting in its stripe's queue (see the module doc).
@@ -69,7 +70,7 @@ impl Queued {
 enum Step {
     Done,
     /// Member failed: record it durably and retry.
-    Failed(usize),
+    Failed(Fault),
     /// The journal is full: wait for a reclaim and retry.
     JournalFull,
     /// Done, but the Done record of this FUA full-stripe write (parity member, epoch, intent
@@ -209,9 +210,9 @@ impl Array {
                 Step::DoneFull((parity, epoch, seq)) => {
                     return self.log_done(vec![(stripe, parity, epoch, seq)]).await
                 }
-                Step::Failed(member) => {
+                Step::Failed(fault) => {
                     failures += 1;
-                    self.fail_member(member).await?
+                    self.fail(fault).await?
                 }
                 Step::JournalFull => {
                     full += 1;
@@ -238,8 +239,13 @@ impl Array {
         let _lock = self.lock_stripe(stripe).await;
         let failed = self.members.unusable(stripe, layout.members)?;
         if let Some(f) = failed {
-            if !self.members.lock()[f].durable {
-                return Ok(Step::Failed(f));
+            // A failure not yet recorded is recorded before a degraded write leaves the member
+            // stale. A replacement rebuilding (not yet recorded either) is different: the
+            // record still calls its slot failed, which a degraded write is consistent with,
+            // and failing it here would end a healthy rebuild.
+            let member = self.members.lock()[f].clone();
+            if !member.durable && member.state == MemberState::Failed {
+                return Ok(Step::Failed(self.members.fault(f)));
             }
         }
         let parity = layout.parity_member(stripe);
@@ -269,7 +275,7 @@ impl Array {
         let full_dirty = self.full_writes()?.dirty.contains_key(&stripe);
         if kind != WriteKind::FullStripe && full_dirty {
             if let Some(member) = self.flush_members().await? {
-                return Ok(Step::Failed(member));
+                return Ok(Step::Failed(self.members.fault(member)));
             }
             self.full_writes()?.dirty.remove(&stripe);
         }
@@ -282,7 +288,7 @@ impl Array {
         for result in join_all(reads).await {
             match result {
                 Ok(bytes) => old.push(bytes),
-                Err(Fault { member }) => return Ok(Step::Failed(member)),
+                Err(fault) => return Ok(Step::Failed(fault)),
             }
         }
         let mut writes: Vec<(usize, u64, Bytes)> = Vec::new();
@@ -310,7 +316,7 @@ impl Array {
         let mut pin = None;
         if let Some(record) = record.filter(|_| !self.skip_journal) {
             let Some(device) = self.journal_target(parity) else {
-                return Ok(Step::Failed(parity));
+                return Ok(Step::Failed(self.members.fault(parity)));
             };
             let journal = self.journal(parity);
             let epoch = journal.epoch();
@@ -327,7 +333,7 @@ impl Array {
                     self.reclaim_soon(&journal);
                 }
                 Ok(Appended::Stale) => {}
-                Err(_) => return Ok(Step::Failed(self.journal_write_failed(parity)?.member)),
+                Err(_) => return Ok(Step::Failed(self.journal_write_failed(parity)?)),
             }
         }
         let skip_parity = kind != WriteKind::FullStripe
@@ -339,8 +345,8 @@ impl Array {
                 self.m_write(m, layout.member_offset(stripe, start), bytes, fua)
             });
         for result in join_all(in_place).await {
-            if let Err(Fault { member }) = result {
-                self.fail_member(member).await?;
+            if let Err(fault) = result {
+                self.fail(fault).await?;
             }
         }
         drop(pin);
@@ -406,7 +412,7 @@ impl Array {
         for _ in 0..ATTEMPTS {
             match self.try_read_stripe(layout, stripe, within, out).await? {
                 None => return Ok(()),
-                Some(member) => self.fail_member(member).await?,
+                Some(fault) => self.fail(fault).await?,
             }
         }
         Err(Array::io_error(format!(
@@ -421,7 +427,7 @@ impl Array {
         stripe: u64,
         within: u64,
         out: &mut [u8],
-    ) -> Result<Option<usize>> {
+    ) -> Result<Option<Fault>> {
         let mut failed = self.members.unusable(stripe, layout.members)?;
         // Reconstructing reads the whole stripe, so it must not see half an update.
         let _lock = match failed {
@@ -464,7 +470,7 @@ impl Array {
                 Ok(bytes) => {
                     out[part.dst as usize..(part.dst + part.len) as usize].copy_from_slice(&bytes)
                 }
-                Err(Fault { member }) => return Ok(Some(member)),
+                Err(fault) => return Ok(Some(fault)),
             }
         }
         Ok(None)

@@ -89,6 +89,14 @@ impl Members {
         self.devices.read().unwrap_or_else(|p| p.into_inner())[m].clone()
     }
 
+    /// A fault of member `m` as it is now: of the device in its slot (none if missing).
+    pub fn fault(&self, m: usize) -> super::array::Fault {
+        super::array::Fault {
+            member: m,
+            device: self.device(m),
+        }
+    }
+
     pub fn set_device(&self, m: usize, device: DeviceRef) {
         self.devices.write().unwrap_or_else(|p| p.into_inner())[m] = Some(device);
     }

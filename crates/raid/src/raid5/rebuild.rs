@@ -16,7 +16,7 @@ use bytes::Bytes;
 use futures_util::future::join_all;
 use strata_core::{poison, Activity, BlockError, DeviceRef, Member, Result, WriteFlags};
 
-use super::array::{Array, Fault};
+use super::array::Array;
 use super::members::{MemberState, META_BYTES};
 use super::plan::xor_into;
 
@@ -143,7 +143,17 @@ impl Array {
             None => self.members.lock()[index].cursor,
         };
         if start >= stripes {
-            self.members.lock()[index].state = MemberState::Active;
+            {
+                // A member failed after its last batch stays failed: never made active.
+                let mut table = self.members.lock();
+                if table[index].state != MemberState::Rebuilding {
+                    return Err(Array::io_error(format!(
+                        "raid5 {}: member {index} failed as its rebuild ended",
+                        self.name
+                    )));
+                }
+                table[index].state = MemberState::Active;
+            }
             self.persist().await?;
             tracing::info!(array = %self.name, member = index, "raid5: rebuild complete");
             return Ok(false);
@@ -173,7 +183,7 @@ impl Array {
     }
 
     async fn checkpoint(&self, index: usize, cursor: u64) -> Result<()> {
-        let device = self.members.device(index).ok_or(Fault { member: index });
+        let device = self.members.device(index).ok_or(self.members.fault(index));
         let flushed = match device {
             Ok(device) => device.flush().await.is_ok(),
             Err(_) => false,
@@ -213,8 +223,8 @@ impl Array {
         for read in reads {
             match read {
                 Ok(bytes) => xor_into(&mut sum, &bytes),
-                Err(Fault { member }) => {
-                    self.fail_member(member).await?;
+                Err(fault) => {
+                    self.fail(fault).await?;
                     return Err(Array::io_error(format!(
                         "raid5 {}: rebuild source failed",
                         self.name
@@ -222,8 +232,8 @@ impl Array {
                 }
             }
         }
-        if let Err(Fault { member }) = self.m_write(index, offset, Bytes::from(sum), false).await {
-            self.fail_member(member).await?;
+        if let Err(fault) = self.m_write(index, offset, Bytes::from(sum), false).await {
+            self.fail(fault).await?;
             return Err(Array::io_error(format!(
                 "raid5 {}: replacement write failed",
                 self.name

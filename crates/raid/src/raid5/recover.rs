@@ -54,7 +54,7 @@ impl Array {
             } else {
                 match self.m_read(member, META_BYTES, bytes).await {
                     Ok(region) => region,
-                    Err(Fault { member }) => {
+                    Err(Fault { member, .. }) => {
                         self.members.mark_failed(member);
                         continue;
                     }
@@ -154,9 +154,8 @@ impl Array {
                 continue;
             }
             let offset = layout.member_offset(stripe, *start);
-            if let Err(Fault { member }) = self.m_write(*member, offset, bytes.clone(), false).await
-            {
-                self.fail_member(member).await?;
+            if let Err(fault) = self.m_write(*member, offset, bytes.clone(), false).await {
+                self.fail(fault).await?;
             }
         }
         Ok(())
@@ -170,11 +169,11 @@ impl Array {
         for member in (0..layout.members).filter(|&m| m != parity) {
             match self.m_read(member, offset, layout.chunk_bytes).await {
                 Ok(bytes) => xor_into(&mut sum, &bytes),
-                Err(Fault { member }) => return self.fail_member(member).await,
+                Err(fault) => return self.fail(fault).await,
             }
         }
-        if let Err(Fault { member }) = self.m_write(parity, offset, Bytes::from(sum), false).await {
-            self.fail_member(member).await?;
+        if let Err(fault) = self.m_write(parity, offset, Bytes::from(sum), false).await {
+            self.fail(fault).await?;
         }
         Ok(())
     }

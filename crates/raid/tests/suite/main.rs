@@ -13,4 +13,5 @@ mod raid5_bench;
 mod raid5_crash;
 mod raid5_grow;
 mod raid5_reclaim;
+mod raid5_replace;
 mod stale_members;

@@ -2,66 +2,25 @@
 //! members flushed while the writes go on, then its tail moved), and only a journal that is
 //! truly full makes writes wait, for the reclaim under way.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use strata_backend::MemoryDevice;
-use strata_core::{async_trait, BlockDevice, Result, WriteFlags};
-use strata_crash::testkit::{Intercepted, Interceptor, Request};
-use strata_raid::raid5::{Raid5, META_BYTES};
+use strata_core::{BlockDevice, WriteFlags};
+use strata_raid::raid5::Raid5;
+
+use strata_crash::testkit::Intercepted;
+use strata_raid::raid5::META_BYTES;
+
+use crate::common::{flushes_waiting, hold, HeldFlush};
 
 const CHUNK: u64 = 4096;
 /// 16 blocks a copy: one lane of 15, reclaimed from 8 on; a full-stripe intent takes 1.
 const JOURNAL: u64 = 128 << 10;
 const STRIPES: u64 = 256;
 
-/// Holds member flushes while `held` is set, counting those waiting.
-#[derive(Default)]
-struct HeldFlush {
-    held: AtomicBool,
-    waiting: AtomicU64,
-    released: tokio::sync::Notify,
-}
-
-#[async_trait]
-impl Interceptor for HeldFlush {
-    async fn before(&self, request: Request) -> Result<()> {
-        if request != Request::Flush || !self.held.load(Ordering::Acquire) {
-            return Ok(());
-        }
-        self.waiting.fetch_add(1, Ordering::AcqRel);
-        while self.held.load(Ordering::Acquire) {
-            let released = self.released.notified();
-            if !self.held.load(Ordering::Acquire) {
-                break;
-            }
-            released.await;
-        }
-        self.waiting.fetch_sub(1, Ordering::AcqRel);
-        Ok(())
-    }
-}
-
 fn held_members(n: usize) -> Vec<Arc<Intercepted<HeldFlush>>> {
     let size = (META_BYTES + JOURNAL).div_ceil(CHUNK) * CHUNK + STRIPES * CHUNK;
-    (0..n)
-        .map(|_| Intercepted::new(Arc::new(MemoryDevice::new(size)), HeldFlush::default()))
-        .collect()
-}
-
-fn hold(members: &[Arc<Intercepted<HeldFlush>>], held: bool) {
-    for member in members {
-        member.held.store(held, Ordering::Release);
-        member.released.notify_waiters();
-    }
-}
-
-fn flushes_waiting(members: &[Arc<Intercepted<HeldFlush>>]) -> u64 {
-    members
-        .iter()
-        .map(|m| m.waiting.load(Ordering::Acquire))
-        .sum()
+    crate::common::held_members(n, size)
 }
 
 /// Full-stripe write `i` (8 KiB over 3 members), which must complete within a second.

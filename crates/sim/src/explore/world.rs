@@ -828,7 +828,7 @@ impl World<'_> {
     }
 
     /// Unplugs a disk the stack can do without: one under a redundant array that is healthy,
-    /// with no disk missing under any array above it either. (Stacked redundancy could
+    /// as is every array above it, with no disk missing under any of them. (Stacked redundancy could
     /// survive more, but an array degraded by one loss and then crashed may report chunks
     /// lost, which its parent array would take as a second failure: exploring that is left
     /// for later, see docs/explore.md.)
@@ -837,11 +837,12 @@ impl World<'_> {
             .filter(|&d| self.boot().disks[d].is_some() && !self.gone.contains_key(&d))
             .filter(|&d| {
                 let arrays = self.shape.redundant_ancestors(&format!("d{d}"));
+                // Every array above healthy: one back stale from an earlier failure is
+                // degraded with all its disks present.
                 !arrays.is_empty()
-                    && arrays
-                        .iter()
-                        .all(|(array, _)| self.nothing_missing_under(&array.name))
-                    && self.healthy_node(&arrays[0].0.name)
+                    && arrays.iter().all(|(array, _)| {
+                        self.nothing_missing_under(&array.name) && self.healthy_node(&array.name)
+                    })
             })
             .collect();
         if candidates.is_empty() {

@@ -3,8 +3,13 @@
 
 #![allow(dead_code)] // Each test crate uses a different subset.
 
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+
+use strata_backend::MemoryDevice;
+use strata_core::async_trait;
+use strata_crash::testkit::{Intercepted, Interceptor, Request};
 
 use strata_core::layer::StartPolicy;
 use strata_core::{BlockDevice, Control, ControlReply, DeviceRef, Member, Result, TokioRuntime};
@@ -104,4 +109,52 @@ pub async fn fresh_raid5<D: BlockDevice + 'static>(
     strata_raid::raid5::Raid5::open("r5".into(), children, settings, TokioRuntime::current())
         .await
         .unwrap()
+}
+
+/// Holds member flushes while `held` is set, counting those waiting.
+#[derive(Default)]
+pub struct HeldFlush {
+    pub held: AtomicBool,
+    pub waiting: AtomicU64,
+    pub released: tokio::sync::Notify,
+}
+
+#[async_trait]
+impl Interceptor for HeldFlush {
+    async fn before(&self, request: Request) -> Result<()> {
+        if request != Request::Flush || !self.held.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        self.waiting.fetch_add(1, Ordering::AcqRel);
+        while self.held.load(Ordering::Acquire) {
+            let released = self.released.notified();
+            if !self.held.load(Ordering::Acquire) {
+                break;
+            }
+            released.await;
+        }
+        self.waiting.fetch_sub(1, Ordering::AcqRel);
+        Ok(())
+    }
+}
+
+/// `n` members of `size` bytes whose flushes can be held.
+pub fn held_members(n: usize, size: u64) -> Vec<Arc<Intercepted<HeldFlush>>> {
+    (0..n)
+        .map(|_| Intercepted::new(Arc::new(MemoryDevice::new(size)), HeldFlush::default()))
+        .collect()
+}
+
+pub fn hold(members: &[Arc<Intercepted<HeldFlush>>], held: bool) {
+    for member in members {
+        member.held.store(held, Ordering::Release);
+        member.released.notify_waiters();
+    }
+}
+
+pub fn flushes_waiting(members: &[Arc<Intercepted<HeldFlush>>]) -> u64 {
+    members
+        .iter()
+        .map(|m| m.waiting.load(Ordering::Acquire))
+        .sum()
 }
