@@ -8,7 +8,7 @@
 //!   the slot, so to the replacement; and a rebuild that ended after its member had been
 //!   failed made it active again (a failed member served as in sync).
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,14 +19,14 @@ use strata_core::{
 use strata_crash::testkit::{Intercepted, Interceptor, Request};
 use strata_raid::raid5::META_BYTES;
 
-/// Holds writes to the metadata region after the first (the install's copy of it) while
-/// `held`, counting those waiting.
+use crate::common::{settle_health, Gate};
+
+/// Holds writes to the metadata region after the first (the install's copy of it) at its
+/// gate.
 #[derive(Default)]
 struct HeldRecord {
-    held: AtomicBool,
+    gate: Gate,
     seen: AtomicU64,
-    waiting: AtomicU64,
-    released: tokio::sync::Notify,
 }
 
 #[async_trait]
@@ -35,16 +35,8 @@ impl Interceptor for HeldRecord {
         let Request::Write { offset, .. } = request else {
             return Ok(());
         };
-        if offset >= META_BYTES || self.seen.fetch_add(1, Ordering::AcqRel) == 0 {
-            return Ok(());
-        }
-        self.waiting.fetch_add(1, Ordering::AcqRel);
-        while self.held.load(Ordering::Acquire) {
-            let released = self.released.notified();
-            if !self.held.load(Ordering::Acquire) {
-                break;
-            }
-            released.await;
+        if offset < META_BYTES && self.seen.fetch_add(1, Ordering::AcqRel) > 0 {
+            self.gate.pass().await;
         }
         Ok(())
     }
@@ -70,7 +62,7 @@ async fn a_write_while_a_replacement_is_installed_does_not_fail_it() {
 
     // The install's durable record of the replacement is held on the replacement.
     let fresh = Intercepted::new(Arc::new(MemoryDevice::new(size)), HeldRecord::default());
-    fresh.held.store(true, Ordering::Release);
+    fresh.gate.hold(true);
     let replacing = {
         let raid = raid.clone();
         let member = Member {
@@ -82,7 +74,7 @@ async fn a_write_while_a_replacement_is_installed_does_not_fail_it() {
                 .await
         })
     };
-    while fresh.waiting.load(Ordering::Acquire) == 0 {
+    while fresh.gate.waiting() == 0 {
         tokio::task::yield_now().await;
     }
     // A partial write in the window: degraded, as the record (member 1 failed) allows.
@@ -93,18 +85,11 @@ async fn a_write_while_a_replacement_is_installed_does_not_fail_it() {
         .await
         .expect("the write waited for the held record")
         .unwrap();
-    fresh.held.store(false, Ordering::Release);
-    fresh.released.notify_waiters();
+    fresh.gate.hold(false);
     replacing.await.unwrap().unwrap();
 
-    for _ in 0..200_000 {
-        if raid.health() == Health::Ok {
-            break;
-        }
-        tokio::task::yield_now().await;
-    }
     assert_eq!(
-        raid.health(),
+        settle_health(&raid).await,
         Health::Ok,
         "the replacement was failed: the rebuild did not finish"
     );
@@ -112,28 +97,20 @@ async fn a_write_while_a_replacement_is_installed_does_not_fail_it() {
     assert_eq!(raid.read(at, second.len()).await.unwrap().freeze(), second);
 }
 
-/// Holds reads while `held`, then fails them (a disk that died with a read in flight).
+/// Holds reads while its gate is held, then fails them (a disk that died with a read in
+/// flight).
 #[derive(Default)]
 struct DiesWithReadInFlight {
-    held: AtomicBool,
-    waiting: AtomicU64,
-    released: tokio::sync::Notify,
+    gate: Gate,
 }
 
 #[async_trait]
 impl Interceptor for DiesWithReadInFlight {
     async fn before(&self, request: Request) -> Result<()> {
-        if !matches!(request, Request::Read { .. }) || !self.held.load(Ordering::Acquire) {
+        if !matches!(request, Request::Read { .. }) || !self.gate.is_held() {
             return Ok(());
         }
-        self.waiting.fetch_add(1, Ordering::AcqRel);
-        while self.held.load(Ordering::Acquire) {
-            let released = self.released.notified();
-            if !self.held.load(Ordering::Acquire) {
-                break;
-            }
-            released.await;
-        }
+        self.gate.pass().await;
         Err(strata_core::BlockError::io(
             "the disk died",
             std::io::Error::from_raw_os_error(5),
@@ -161,12 +138,12 @@ async fn a_late_failure_of_a_replaced_disk_is_not_charged_to_its_replacement() {
         .await
         .unwrap();
 
-    dying.held.store(true, Ordering::Release);
+    dying.gate.hold(true);
     let reading = {
         let raid = raid.clone();
         tokio::spawn(async move { raid.read(0, (2 * CHUNK) as usize).await })
     };
-    while dying.waiting.load(Ordering::Acquire) == 0 {
+    while dying.gate.waiting() == 0 {
         tokio::task::yield_now().await;
     }
     raid.control(Control::FailMember { index: 1 })
@@ -179,19 +156,12 @@ async fn a_late_failure_of_a_replaced_disk_is_not_charged_to_its_replacement() {
     raid.control(Control::ReplaceMember { index: 1, member })
         .await
         .unwrap();
-    dying.held.store(false, Ordering::Release);
-    dying.released.notify_waiters();
+    dying.gate.hold(false);
     let read = reading.await.unwrap().expect("the read is served degraded");
     assert_eq!(read.freeze(), data);
 
-    for _ in 0..200_000 {
-        if raid.health() == Health::Ok {
-            break;
-        }
-        tokio::task::yield_now().await;
-    }
     assert_eq!(
-        raid.health(),
+        settle_health(&raid).await,
         Health::Ok,
         "the replacement was failed for its old disk's error"
     );

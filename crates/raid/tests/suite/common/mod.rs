@@ -111,29 +111,55 @@ pub async fn fresh_raid5<D: BlockDevice + 'static>(
         .unwrap()
 }
 
-/// Holds member flushes while `held` is set, counting those waiting.
+/// A gate requests can be held at: while it is closed, [`Gate::pass`] waits, counted.
 #[derive(Default)]
-pub struct HeldFlush {
-    pub held: AtomicBool,
-    pub waiting: AtomicU64,
-    pub released: tokio::sync::Notify,
+pub struct Gate {
+    held: AtomicBool,
+    waiting: AtomicU64,
+    released: tokio::sync::Notify,
 }
 
-#[async_trait]
-impl Interceptor for HeldFlush {
-    async fn before(&self, request: Request) -> Result<()> {
-        if request != Request::Flush || !self.held.load(Ordering::Acquire) {
-            return Ok(());
-        }
+impl Gate {
+    pub fn hold(&self, held: bool) {
+        self.held.store(held, Ordering::Release);
+        self.released.notify_waiters();
+    }
+
+    pub fn is_held(&self) -> bool {
+        self.held.load(Ordering::Acquire)
+    }
+
+    /// Requests waiting at the gate now.
+    pub fn waiting(&self) -> u64 {
+        self.waiting.load(Ordering::Acquire)
+    }
+
+    /// Waits while the gate is held.
+    pub async fn pass(&self) {
         self.waiting.fetch_add(1, Ordering::AcqRel);
-        while self.held.load(Ordering::Acquire) {
+        while self.is_held() {
             let released = self.released.notified();
-            if !self.held.load(Ordering::Acquire) {
+            if !self.is_held() {
                 break;
             }
             released.await;
         }
         self.waiting.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Holds member flushes at its gate.
+#[derive(Default)]
+pub struct HeldFlush {
+    pub gate: Gate,
+}
+
+#[async_trait]
+impl Interceptor for HeldFlush {
+    async fn before(&self, request: Request) -> Result<()> {
+        if request == Request::Flush && self.gate.is_held() {
+            self.gate.pass().await;
+        }
         Ok(())
     }
 }
@@ -147,14 +173,22 @@ pub fn held_members(n: usize, size: u64) -> Vec<Arc<Intercepted<HeldFlush>>> {
 
 pub fn hold(members: &[Arc<Intercepted<HeldFlush>>], held: bool) {
     for member in members {
-        member.held.store(held, Ordering::Release);
-        member.released.notify_waiters();
+        member.gate.hold(held);
     }
 }
 
 pub fn flushes_waiting(members: &[Arc<Intercepted<HeldFlush>>]) -> u64 {
-    members
-        .iter()
-        .map(|m| m.waiting.load(Ordering::Acquire))
-        .sum()
+    members.iter().map(|m| m.gate.waiting()).sum()
+}
+
+/// Waits (yielding) until `raid` is healthy, or gives up after many turns; returns its
+/// health then.
+pub async fn settle_health(raid: &strata_raid::raid5::Raid5) -> strata_core::Health {
+    for _ in 0..200_000 {
+        if raid.health() == strata_core::Health::Ok {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    raid.health()
 }
