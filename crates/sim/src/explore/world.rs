@@ -1127,8 +1127,9 @@ impl World<'_> {
         let running = |name: &str| {
             (self.boot().nodes().iter()).any(|n| n.name == name && n.device().is_some())
         };
+        let kinds = ["mirror", "concat", "raid5", "slice"];
         let candidates: Vec<(String, &'static str)> = (self.shape.layers.iter())
-            .filter(|l| matches!(l.kind, "mirror" | "concat" | "raid5") && running(&l.name))
+            .filter(|l| kinds.contains(&l.kind) && running(&l.name))
             .filter(|l| match l.kind {
                 "raid5" => {
                     count as usize <= room
@@ -1136,6 +1137,9 @@ impl World<'_> {
                         && self.healthy_node(&l.name)
                 }
                 "mirror" => room > 0 && l.children.len() < 4,
+                "slice" => self
+                    .slice_room(&l.name)
+                    .is_some_and(|(now, most)| now < most),
                 _ => room > 0,
             })
             .map(|l| (l.name.clone(), l.kind))
@@ -1155,6 +1159,16 @@ impl World<'_> {
                     layer: layer.clone(),
                     paths: (first..first + count as usize).map(path).collect(),
                     options,
+                }
+            }
+            "slice" => {
+                // Longer by 64 KiB to all the room its child leaves.
+                let (now, most) = self.slice_room(&layer).expect("a candidate");
+                let steps = (most - now) / (64 << 10);
+                let size = now + (1 + u64::from(pick) % steps.max(1)) * (64 << 10);
+                strata_stack::reconfig::Change::Grow {
+                    layer: layer.clone(),
+                    size: size.min(most),
                 }
             }
             _ => strata_stack::reconfig::Change::AddMember {
@@ -1233,6 +1247,23 @@ impl World<'_> {
             }
         }
         Ok(())
+    }
+
+    /// A running slice's length now and the most it may grow to (its child's size past its
+    /// offset), in whole 64 KiB.
+    fn slice_room(&self, name: &str) -> Option<(u64, u64)> {
+        let boot = self.boot();
+        let node = boot.nodes().iter().find(|n| n.name == name)?;
+        let status = boot.sim.try_block_on(node.describe()).ok()?.ok()?;
+        let offset = match status.config.as_ref()?.get("offset")? {
+            toml::Value::Integer(bytes) => *bytes as u64,
+            toml::Value::String(text) => strata_core::ByteSize::parse(text).ok()?.0,
+            _ => return None,
+        };
+        let layer = self.shape.layers.iter().find(|l| l.name == name)?;
+        let child = boot.nodes().iter().find(|n| n.name == layer.children[0])?;
+        let most = (child.device()?.geometry().size - offset) / (64 << 10) * (64 << 10);
+        Some((status.size, most))
     }
 
     /// A target over a grown layer may be bigger now: its model takes the new tail as it
