@@ -1,8 +1,12 @@
 //! Shared volumes across hosts, after Orchestra and RIBD (`../shared/papers/orchestra-ribd.md`):
 //! many clients share a volume whose bricks are on many servers.
 //!
-//! Built so far: [`locks`], a server's block-range lock manager with client leases and
-//! fencing (RIBD's SXM and SLM, §2.7), as a pure state machine driven by the caller's clock, so
-//! the server, the simulator and the tests run the same code.
+//! Built so far, as pure state machines driven by the caller's clock and messages, so the
+//! server, the simulator and the tests run the same code:
+//! - [`locks`]: a server's block-range lock table with client leases and fencing (RIBD's SXM
+//!   and SLM, §2.7);
+//! - [`interval`]: consistency intervals' two-phase commit across bricks, and how a brick
+//!   resolves an interval left in doubt (§2.5).
 
+pub mod interval;
 pub mod locks;

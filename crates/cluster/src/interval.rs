@@ -1,0 +1,234 @@
+//! Consistency intervals (RIBD §2.5): a client's group of block writes across bricks that
+//! either all become visible, on every brick, or none do, whatever fails.
+//!
+//! The protocol, as pure state machines (the network, the clocks and the disks are the
+//! caller's, so the server, the simulator and the tests run the same code):
+//! 1. At `end`, the client sends each brick the interval touches a **prepare** with that
+//!    brick's writes and the list of every brick involved. A brick records the prepare
+//!    durably in its log before it votes yes; nothing of it is visible yet.
+//! 2. Once every brick voted yes, the client sends **commit** to each. A brick records the
+//!    decision durably and makes the writes visible. The client reports the interval ended
+//!    once every commit is acknowledged. Any refusal or silence before that: the client sends
+//!    **abort**, and the interval is gone everywhere.
+//! 3. **In doubt.** A brick holding a prepare with no decision (the client died, or went
+//!    silent) may decide it only once the client is fenced (its lease ran out, so no commit of
+//!    it can arrive any more). It asks the other bricks of the interval ([`resolve`]): one
+//!    that committed means commit; one that aborted, or never prepared, means abort (the
+//!    client cannot have sent a commit); all prepared and none decided means the client never
+//!    sent a commit that landed, and never reported the interval ended: abort.
+//!
+//! Unlike RIBD, a brick acknowledges a commit only once the decision is durable, so an
+//! interval the client was told is ended survives any crash (RIBD acknowledged before the data
+//! reached the disk, to save time in the commit).
+
+use std::collections::BTreeMap;
+
+/// An interval: the client that runs it and its sequence number (monotone per client).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct IntervalId {
+    pub client: u64,
+    pub seq: u64,
+}
+
+/// A brick, by index in the cluster's list.
+pub type Brick = usize;
+
+/// One block written: address and contents (a token of them, for the state machine).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Write {
+    pub block: u64,
+    pub value: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Decision {
+    Commit,
+    Abort,
+}
+
+/// What a brick's log records of an interval.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Entry {
+    /// Prepared, undecided: the writes and every brick of the interval.
+    Prepared {
+        writes: Vec<Write>,
+        bricks: Vec<Brick>,
+    },
+    Decided(Decision),
+}
+
+/// A brick's side: its durable log of intervals and the blocks visible on it.
+#[derive(Clone, Debug, Default)]
+pub struct Participant {
+    log: BTreeMap<IntervalId, Entry>,
+    visible: BTreeMap<u64, u64>,
+}
+
+impl Participant {
+    /// Records the prepare and votes yes, or no if the interval was already decided (an
+    /// abort resolved before a late prepare arrived must stay an abort).
+    pub fn prepare(&mut self, id: IntervalId, writes: Vec<Write>, bricks: Vec<Brick>) -> bool {
+        match self.log.get(&id) {
+            Some(Entry::Decided(_)) => false,
+            _ => {
+                self.log.insert(id, Entry::Prepared { writes, bricks });
+                true
+            }
+        }
+    }
+
+    /// Applies a decision: a commit makes the prepared writes visible. Returns false for a
+    /// commit of an interval this brick never prepared (or aborted): refused, nothing changes.
+    pub fn decide(&mut self, id: IntervalId, decision: Decision) -> bool {
+        match (self.log.get(&id), decision) {
+            (Some(Entry::Prepared { writes, .. }), Decision::Commit) => {
+                for w in writes.clone() {
+                    self.visible.insert(w.block, w.value);
+                }
+                self.log.insert(id, Entry::Decided(Decision::Commit));
+                true
+            }
+            (Some(Entry::Decided(done)), _) => *done == decision,
+            (_, Decision::Abort) => {
+                self.log.insert(id, Entry::Decided(Decision::Abort));
+                true
+            }
+            (None, Decision::Commit) => false,
+        }
+    }
+
+    /// What this brick's log says of `id`.
+    pub fn entry(&self, id: IntervalId) -> Option<&Entry> {
+        self.log.get(&id)
+    }
+
+    /// Intervals prepared and undecided here.
+    pub fn in_doubt(&self) -> Vec<IntervalId> {
+        (self.log.iter())
+            .filter(|(_, e)| matches!(e, Entry::Prepared { .. }))
+            .map(|(&id, _)| id)
+            .collect()
+    }
+
+    /// The blocks visible on this brick.
+    pub fn visible(&self) -> &BTreeMap<u64, u64> {
+        &self.visible
+    }
+}
+
+/// How an in-doubt interval ends, from what each of its bricks' logs says (`None` for a
+/// brick that has no entry for it). Call only once the client is fenced: while it may still
+/// send a commit, an all-prepared interval is not the bricks' to abort.
+pub fn resolve(entries: &[Option<&Entry>]) -> Decision {
+    let decided = |d: Decision| entries.contains(&Some(&Entry::Decided(d)));
+    if decided(Decision::Commit) {
+        Decision::Commit
+    } else {
+        // Someone aborted or never prepared (no commit can have been sent), or every brick
+        // prepared and none committed (the client never sent a commit that landed, so it
+        // never reported the interval ended).
+        Decision::Abort
+    }
+}
+
+/// The client's side of one interval at `end`.
+#[derive(Clone, Debug)]
+pub struct Coordinator {
+    pub id: IntervalId,
+    /// Each brick's writes.
+    pub writes: BTreeMap<Brick, Vec<Write>>,
+    votes: BTreeMap<Brick, bool>,
+    acks: BTreeMap<Brick, bool>,
+    decision: Option<Decision>,
+}
+
+impl Coordinator {
+    pub fn new(id: IntervalId, writes: BTreeMap<Brick, Vec<Write>>) -> Self {
+        assert!(!writes.is_empty(), "an interval writes somewhere");
+        Coordinator {
+            id,
+            writes,
+            votes: BTreeMap::new(),
+            acks: BTreeMap::new(),
+            decision: None,
+        }
+    }
+
+    pub fn bricks(&self) -> Vec<Brick> {
+        self.writes.keys().copied().collect()
+    }
+
+    /// A brick's vote arrived. Returns the decision once it is made: commit when every brick
+    /// voted yes, abort at the first no.
+    pub fn vote(&mut self, brick: Brick, yes: bool) -> Option<Decision> {
+        self.votes.insert(brick, yes);
+        if self.decision.is_none() {
+            if !yes {
+                self.decision = Some(Decision::Abort);
+            } else if self.writes.keys().all(|b| self.votes.get(b) == Some(&true)) {
+                self.decision = Some(Decision::Commit);
+            }
+        }
+        self.decision
+    }
+
+    /// The client gives up waiting (a brick is silent): abort, unless commit was decided.
+    pub fn give_up(&mut self) -> Decision {
+        *self.decision.get_or_insert(Decision::Abort)
+    }
+
+    pub fn decision(&self) -> Option<Decision> {
+        self.decision
+    }
+
+    /// A brick acknowledged the decision. Returns true once every brick has: the interval is
+    /// ended (reported to the client's caller only then, for a commit).
+    pub fn acked(&mut self, brick: Brick) -> bool {
+        self.acks.insert(brick, true);
+        self.writes.keys().all(|b| self.acks.contains_key(b))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(seq: u64) -> IntervalId {
+        IntervalId { client: 1, seq }
+    }
+
+    #[test]
+    fn a_commit_makes_the_prepared_writes_visible_and_an_abort_drops_them() {
+        let mut p = Participant::default();
+        assert!(p.prepare(id(1), vec![Write { block: 7, value: 1 }], vec![0, 1]));
+        assert!(p.visible().is_empty(), "prepared is not visible");
+        assert!(p.decide(id(1), Decision::Commit));
+        assert_eq!(p.visible().get(&7), Some(&1));
+        assert!(p.prepare(id(2), vec![Write { block: 8, value: 2 }], vec![0]));
+        assert!(p.decide(id(2), Decision::Abort));
+        assert!(!p.visible().contains_key(&8));
+        // A late prepare of an aborted interval is refused; a commit never prepared too.
+        assert!(!p.prepare(id(2), vec![Write { block: 8, value: 2 }], vec![0]));
+        assert!(!p.decide(id(3), Decision::Commit));
+    }
+
+    #[test]
+    fn an_in_doubt_interval_commits_only_if_a_brick_committed() {
+        let prepared = Entry::Prepared {
+            writes: vec![],
+            bricks: vec![0, 1],
+        };
+        let committed = Entry::Decided(Decision::Commit);
+        let aborted = Entry::Decided(Decision::Abort);
+        assert_eq!(
+            resolve(&[Some(&prepared), Some(&committed)]),
+            Decision::Commit
+        );
+        assert_eq!(
+            resolve(&[Some(&prepared), Some(&prepared)]),
+            Decision::Abort
+        );
+        assert_eq!(resolve(&[Some(&prepared), None]), Decision::Abort);
+        assert_eq!(resolve(&[Some(&prepared), Some(&aborted)]), Decision::Abort);
+    }
+}
