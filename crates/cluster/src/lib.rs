@@ -6,7 +6,10 @@
 //! - [`locks`]: a server's block-range lock table with client leases and fencing (RIBD's SXM
 //!   and SLM, §2.7);
 //! - [`interval`]: consistency intervals' two-phase commit across bricks, and how a brick
-//!   resolves an interval left in doubt (§2.5).
+//!   resolves an interval left in doubt (§2.5);
+//! - [`client`]: a client's open intervals, one stream per thread: buffered writes read back
+//!   inside the interval, unlocks deferred to the commit.
 
+pub mod client;
 pub mod interval;
 pub mod locks;
