@@ -8,8 +8,11 @@
 //! - [`interval`]: consistency intervals' two-phase commit across bricks, and how a brick
 //!   resolves an interval left in doubt (§2.5);
 //! - [`client`]: a client's open intervals, one stream per thread: buffered writes read back
-//!   inside the interval, unlocks deferred to the commit.
+//!   inside the interval, unlocks deferred to the commit;
+//! - [`rain`]: RAIN-10's placement and replica policy: writes to the bricks that are up,
+//!   dirty regions for those away, only those copied back, reads from current copies.
 
 pub mod client;
 pub mod interval;
 pub mod locks;
+pub mod rain;
