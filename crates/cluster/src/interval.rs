@@ -21,7 +21,7 @@
 //! interval the client was told is ended survives any crash (RIBD acknowledged before the data
 //! reached the disk, to save time in the commit).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// An interval: the client that runs it and its sequence number (monotone per client).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -138,7 +138,7 @@ pub struct Coordinator {
     /// Each brick's writes.
     pub writes: BTreeMap<Brick, Vec<Write>>,
     votes: BTreeMap<Brick, bool>,
-    acks: BTreeMap<Brick, bool>,
+    acks: BTreeSet<Brick>,
     decision: Option<Decision>,
 }
 
@@ -149,7 +149,7 @@ impl Coordinator {
             id,
             writes,
             votes: BTreeMap::new(),
-            acks: BTreeMap::new(),
+            acks: BTreeSet::new(),
             decision: None,
         }
     }
@@ -184,8 +184,8 @@ impl Coordinator {
     /// A brick acknowledged the decision. Returns true once every brick has: the interval is
     /// ended (reported to the client's caller only then, for a commit).
     pub fn acked(&mut self, brick: Brick) -> bool {
-        self.acks.insert(brick, true);
-        self.writes.keys().all(|b| self.acks.contains_key(b))
+        self.acks.insert(brick);
+        self.writes.keys().all(|b| self.acks.contains(b))
     }
 }
 

@@ -281,7 +281,8 @@ impl DeviceModel {
         self.size = size;
     }
 
-    /// The device grew to `size` bytes (a raid5 grown onto new disks, a concat given a member)
+    /// The device grew to `size` bytes (a raid5 grown onto new disks, a concat given a member,
+    /// a slice made longer)
     /// and `tail`, what it reads past the old end, is what the new sectors hold, durably: a
     /// device's new capacity holds what it holds (a reshape may leave old copies there).
     /// Call with nothing in flight.

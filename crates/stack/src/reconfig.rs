@@ -483,7 +483,8 @@ impl Reconfig {
             let middle = &concat.children[..concat.children.len().saturating_sub(1)];
             if let Some(child) = middle.iter().find(|c| lies_under(loaded, grown, c)) {
                 return Err(Refused(format!(
-                    "growing {grown} would move the data of concat {}'s children after {child}                      (only a concat's last child may grow)",
+                    "growing {grown} would move the data of concat {}'s children after {child} \
+                     (only a concat's last child may grow)",
                     concat.name
                 ))
                 .into());
@@ -502,7 +503,8 @@ impl Reconfig {
         let status = node.describe().await.ok();
         if let Some(what) = status.as_ref().and_then(growing) {
             return Err(Refused(format!(
-                "concat {}'s last child {last} is still growing ({what}): add the member once                  that ends, or the new member would move when it does",
+                "concat {}'s last child {last} is still growing ({what}): add the member once \
+                 that ends, or the new member would move when it does",
                 layer.name
             ))
             .into());

@@ -180,10 +180,11 @@ impl Array {
         offset: u64,
         len: u64,
     ) -> std::result::Result<Vec<u8>, Fault> {
-        let device = self
-            .members
-            .device(member)
-            .ok_or(self.members.fault(member))?;
+        // No device in the slot: the fault names none (`Array::fail` fails the slot).
+        let device = self.members.device(member).ok_or(Fault {
+            member,
+            device: None,
+        })?;
         match device.read(offset, len as usize).await {
             Ok(bytes) => Ok(bytes.to_vec()),
             Err(error) => {
@@ -203,10 +204,11 @@ impl Array {
         data: Bytes,
         fua: bool,
     ) -> std::result::Result<(), Fault> {
-        let device = self
-            .members
-            .device(member)
-            .ok_or(self.members.fault(member))?;
+        // No device in the slot: the fault names none (`Array::fail` fails the slot).
+        let device = self.members.device(member).ok_or(Fault {
+            member,
+            device: None,
+        })?;
         match device.write(offset, data, WriteFlags { fua }).await {
             Ok(()) => Ok(()),
             Err(error) => {
@@ -379,7 +381,9 @@ impl Array {
         let resets = (0..snapshot.len())
             .filter(|&m| on_device || snapshot[m].state != MemberState::Failed)
             .map(|m| async move {
-                let device = self.journal_target(m).ok_or(self.members.fault(m))?;
+                let device = self
+                    .journal_target(m)
+                    .ok_or_else(|| self.members.fault(m))?;
                 self.journal(m)
                     .reset(&device, epoch)
                     .await
@@ -513,7 +517,7 @@ impl Array {
     {
         let device = self
             .journal_target(member)
-            .ok_or(self.members.fault(member))?;
+            .ok_or_else(|| self.members.fault(member))?;
         let journal = self.journal(member);
         if self.members.lock()[member].state == MemberState::Failed {
             return Ok(());

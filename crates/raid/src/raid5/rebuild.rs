@@ -183,10 +183,9 @@ impl Array {
     }
 
     async fn checkpoint(&self, index: usize, cursor: u64) -> Result<()> {
-        let device = self.members.device(index).ok_or(self.members.fault(index));
-        let flushed = match device {
-            Ok(device) => device.flush().await.is_ok(),
-            Err(_) => false,
+        let flushed = match self.members.device(index) {
+            Some(device) => device.flush().await.is_ok(),
+            None => false,
         };
         if !flushed {
             self.fail_member(index).await?;

@@ -109,9 +109,9 @@ pub enum Step {
     DeleteVolume { nth: u32 },
     /// The `nth` volume is resized to `mib` MiB (shrinking discards past the end).
     ResizeVolume { nth: u32, mib: u32 },
-    /// An online change that adds disks, through the server's change path (the config
-    /// edited, the new disks labelled, every label rewritten): a mirror's new leg, a
-    /// concat's new tail, or a raid5 grown onto `disks` (1 or 2) new disks.
+    /// An online change that adds disks or room, through the server's change path (the
+    /// config edited, new disks labelled, every label rewritten): a mirror's new leg, a
+    /// concat's new tail, a raid5 grown onto `disks` (1 or 2) new disks, or a longer slice.
     Grow { pick: u32, disks: u32 },
 }
 

@@ -740,10 +740,7 @@ impl World<'_> {
         crash_after: Option<u32>,
     ) -> Result<(), String> {
         // A raid5 grow ends in the background: its new capacity is the clients' from now.
-        for target in self.models.keys().cloned().collect::<Vec<_>>() {
-            let device = self.resolve(&target)?;
-            self.adopt_growth(&target, &device)?;
-        }
+        self.adopt_grown_targets()?;
         let boot = self.boot.as_ref().expect("running");
         if let Some(after) = crash_after {
             boot.group
@@ -828,10 +825,10 @@ impl World<'_> {
     }
 
     /// Unplugs a disk the stack can do without: one under a redundant array that is healthy,
-    /// as is every array above it, with no disk missing under any of them. (Stacked redundancy could
-    /// survive more, but an array degraded by one loss and then crashed may report chunks
-    /// lost, which its parent array would take as a second failure: exploring that is left
-    /// for later, see docs/explore.md.)
+    /// as is every array above it, with no disk missing under any of them. (Stacked
+    /// redundancy could survive more, but an array degraded by one loss and then crashed may
+    /// report chunks lost, which its parent array would take as a second failure: exploring
+    /// that is left for later, see docs/explore.md.)
     fn fail_disk(&mut self, pick: u32) -> Result<(), String> {
         let candidates: Vec<usize> = (0..self.shape.disks.len())
             .filter(|&d| self.boot().disks[d].is_some() && !self.gone.contains_key(&d))
@@ -1118,8 +1115,8 @@ impl World<'_> {
     }
 
     /// An online change through the server's own path (`Reconfig::apply` over [`SimSite`]):
-    /// a new leg for a mirror, a new tail for a concat, or a raid5 grown onto `count` new
-    /// disks (a healthy one: a degraded array refuses to grow). The config and every label
+    /// a new leg for a mirror, a new tail for a concat, a raid5 grown onto `count` new disks
+    /// (a healthy one: a degraded array refuses to grow), or a slice made longer. The config and every label
     /// are rewritten, as `strata add-member` and `strata grow` do; later starts are from the
     /// edited config.
     fn grow(&mut self, pick: u32, count: u32) -> Result<(), String> {
@@ -1239,14 +1236,9 @@ impl World<'_> {
             "  {layer} ({kind}) grew onto d{first}..d{}: {summary}",
             self.shape.disks.len() - 1
         ));
-        // A concat is bigger at once; its new tail reads as it is (zeros, on a blank disk).
-        for target in self.models.keys().cloned().collect::<Vec<_>>() {
-            if self.over(&target, &layer) {
-                let device = self.resolve(&target)?;
-                self.adopt_growth(&target, &device)?;
-            }
-        }
-        Ok(())
+        // A concat or a slice is bigger at once; a concat's new tail reads as it is (zeros,
+        // on a blank disk).
+        self.adopt_grown_targets()
     }
 
     /// A running slice's length now and the most it may grow to (its child's size past its
@@ -1264,6 +1256,20 @@ impl World<'_> {
         let child = boot.nodes().iter().find(|n| n.name == layer.children[0])?;
         let most = (child.device()?.geometry().size - offset) / (64 << 10) * (64 << 10);
         Some((status.size, most))
+    }
+
+    /// [`Self::adopt_growth`] for every target over a grown layer (the others' sizes are
+    /// checked at each start).
+    fn adopt_grown_targets(&mut self) -> Result<(), String> {
+        let targets: Vec<Target> = (self.models.keys())
+            .filter(|t| self.grown.iter().any(|layer| self.over(t, layer)))
+            .cloned()
+            .collect();
+        for target in targets {
+            let device = self.resolve(&target)?;
+            self.adopt_growth(&target, &device)?;
+        }
+        Ok(())
     }
 
     /// A target over a grown layer may be bigger now: its model takes the new tail as it

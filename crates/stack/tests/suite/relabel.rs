@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use strata_core::{DeviceRef, MetricsRegistry, Runtime, TokioRuntime, WriteFlags};
 use strata_crash::{sector_disk, CrashDisk, CrashGroup};
+use strata_stack::config;
 use strata_stack::hierarchy;
 use strata_stack::reconfig::{Change, Reconfig, Site};
 
@@ -66,6 +67,29 @@ impl Site for Memory {
     }
 }
 
+/// The change path over `loaded` (whose config is `text`), recording into memory and making
+/// new disks in `group`.
+fn in_memory(
+    mut loaded: config::Loaded,
+    text: &str,
+    group: &CrashGroup,
+    dir: &Path,
+) -> (Reconfig, Arc<Memory>) {
+    let site = Arc::new(Memory {
+        text: Mutex::new(text.to_string()),
+        group: group.clone(),
+        made: Mutex::new(Vec::new()),
+    });
+    loaded.source = Some(dir.join("test.toml"));
+    let reconfig = Reconfig {
+        loaded,
+        runtime: TokioRuntime::current(),
+        metrics: MetricsRegistry::default(),
+        site: site.clone(),
+    };
+    (reconfig, site)
+}
+
 async fn generation(disk: &CrashDisk) -> u64 {
     let image = CrashGroup::new().disk_from(disk.durable_image());
     let label = hierarchy::read_label(&image).await.unwrap();
@@ -80,7 +104,7 @@ async fn a_new_leg_for_a_mirror_whose_leg_died_is_added_and_the_dead_disk_keeps_
     let given: BTreeMap<String, DeviceRef> = (disks.iter().enumerate())
         .map(|(i, d)| (format!("d{i}"), Arc::new(d.clone()) as DeviceRef))
         .collect();
-    let (mut loaded, mut stack) = crate::start_given(CONFIG, dir.path(), given).await;
+    let (loaded, mut stack) = crate::start_given(CONFIG, dir.path(), given).await;
     let vol = stack.exports.lookup("vol").unwrap().device.clone();
     let data = Bytes::from(vec![0x6b; 64 << 10]);
     vol.write(0, data.clone(), WriteFlags { fua: true })
@@ -90,18 +114,7 @@ async fn a_new_leg_for_a_mirror_whose_leg_died_is_added_and_the_dead_disk_keeps_
     assert_eq!(generation(&disks[1]).await, before);
 
     disks[1].disappear();
-    let site = Arc::new(Memory {
-        text: Mutex::new(CONFIG.to_string()),
-        group: group.clone(),
-        made: Mutex::new(Vec::new()),
-    });
-    loaded.source = Some(dir.path().join("relabel.toml"));
-    let mut reconfig = Reconfig {
-        loaded,
-        runtime: TokioRuntime::current(),
-        metrics: MetricsRegistry::default(),
-        site: site.clone(),
-    };
+    let (mut reconfig, site) = in_memory(loaded, CONFIG, &group, dir.path());
     let add = Change::AddMember {
         layer: "m".into(),
         path: "d2.img".into(),
@@ -168,19 +181,8 @@ device = "c"
                 (format!("d{i}"), Arc::new(disk) as DeviceRef)
             })
             .collect();
-        let (mut loaded, mut stack) = crate::start_given(&text, dir.path(), given).await;
-        let site = Arc::new(Memory {
-            text: Mutex::new(text.clone()),
-            group: group.clone(),
-            made: Mutex::new(Vec::new()),
-        });
-        loaded.source = Some(dir.path().join("c.toml"));
-        let mut reconfig = Reconfig {
-            loaded,
-            runtime: TokioRuntime::current(),
-            metrics: MetricsRegistry::default(),
-            site: site.clone(),
-        };
+        let (loaded, mut stack) = crate::start_given(&text, dir.path(), given).await;
+        let (mut reconfig, site) = in_memory(loaded, &text, &group, dir.path());
         let grow = Change::Grow {
             layer: "s".into(),
             size: 4 * MIB,
