@@ -5,6 +5,6 @@
 #   ./run.sh --config strata.toml    # any `strata serve` arguments
 set -euo pipefail
 cd "$(dirname "$0")"
-. scripts/ensure-rust.sh
+. scripts/ensure-build-tools.sh
 cargo build --release
 exec target/release/strata serve "$@"

@@ -4,7 +4,7 @@
 # end-to-end suite (tests/integration) against target/release/strata.
 set -euo pipefail
 cd "$(dirname "$0")"
-. scripts/ensure-rust.sh
+. scripts/ensure-build-tools.sh
 
 log() { printf '\n==> [%ss] %s\n' "$SECONDS" "$*"; }
 
@@ -27,6 +27,7 @@ have qemu-img     || need_pkgs+=(qemu-utils)
 have qemu-io      || need_pkgs+=(qemu-utils)
 have certtool     || need_pkgs+=(gnutls-bin)
 have psktool      || need_pkgs+=(gnutls-bin)
+have etcd         || need_pkgs+=(etcd-server)
 [ -x /usr/bin/python3 ] || need_pkgs+=(python3)
 if [ -x /usr/bin/python3 ]; then
     /usr/bin/python3 -c 'import nbd' 2>/dev/null           || need_pkgs+=(python3-libnbd)

@@ -1,5 +1,5 @@
 # Sourced by run.sh and test.sh: on a fresh Debian machine, install Rust with rustup
-# (Debian's own cargo is too old for this workspace).
+# (Debian's own cargo is too old for this workspace), and protoc.
 if ! command -v cargo >/dev/null 2>&1; then
     [ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
 fi
@@ -10,4 +10,12 @@ if ! command -v cargo >/dev/null 2>&1; then
     command -v curl >/dev/null 2>&1 || { $SUDO apt-get update -q && $SUDO apt-get install -y -q curl ca-certificates build-essential; }
     curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal --component rustfmt,clippy
     . "$HOME/.cargo/env"
+fi
+
+# etcd-client (strata-coord's etcd client) generates its gRPC code at build time with protoc.
+if ! command -v protoc >/dev/null 2>&1; then
+    echo "==> installing protoc (Debian's protobuf-compiler)" >&2
+    SUDO=""
+    [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+    $SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends protobuf-compiler
 fi
