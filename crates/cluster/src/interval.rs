@@ -57,6 +57,72 @@ pub enum Entry {
     Decided(Decision),
 }
 
+impl Entry {
+    pub fn status(&self) -> Status {
+        match self {
+            Entry::Prepared { .. } => Status::Prepared,
+            Entry::Decided(decision) => Status::Decided(*decision),
+        }
+    }
+}
+
+/// Where an interval stands on one brick, without its writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Status {
+    Prepared,
+    Decided(Decision),
+}
+
+/// What a brick does with a prepare.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PrepareAction {
+    /// Record it durably, then vote yes.
+    Record,
+    /// Already prepared (the client sent it again): vote yes again, keep the first.
+    Repeat,
+    /// Already decided: vote no. An abort resolved before a late prepare arrived must stay
+    /// an abort, and a committed interval is not prepared twice.
+    Refuse,
+}
+
+/// The brick's rule for a prepare, from what its log says of the interval (`None`: nothing).
+pub fn prepare_action(status: Option<Status>) -> PrepareAction {
+    match status {
+        None => PrepareAction::Record,
+        Some(Status::Prepared) => PrepareAction::Repeat,
+        Some(Status::Decided(_)) => PrepareAction::Refuse,
+    }
+}
+
+/// What a brick does with a decision.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecideAction {
+    /// Commit of a prepared interval: record the decision durably, make its writes visible.
+    Apply,
+    /// Abort of a prepared interval: record the decision, drop its writes.
+    Drop,
+    /// Abort of an interval this brick never prepared: remember it, so a late prepare is
+    /// refused.
+    Remember,
+    /// Already decided: acknowledged if it is the same decision, refused if not.
+    Repeat { same: bool },
+    /// Commit of an interval this brick never prepared: refused, nothing changes.
+    Refuse,
+}
+
+/// The brick's rule for a decision, from what its log says of the interval.
+pub fn decide_action(status: Option<Status>, decision: Decision) -> DecideAction {
+    match (status, decision) {
+        (Some(Status::Prepared), Decision::Commit) => DecideAction::Apply,
+        (Some(Status::Prepared), Decision::Abort) => DecideAction::Drop,
+        (Some(Status::Decided(done)), _) => DecideAction::Repeat {
+            same: done == decision,
+        },
+        (None, Decision::Abort) => DecideAction::Remember,
+        (None, Decision::Commit) => DecideAction::Refuse,
+    }
+}
+
 /// A brick's side: its durable log of intervals and the blocks visible on it.
 #[derive(Clone, Debug, Default)]
 pub struct Participant {
@@ -68,32 +134,35 @@ impl Participant {
     /// Records the prepare and votes yes, or no if the interval was already decided (an
     /// abort resolved before a late prepare arrived must stay an abort).
     pub fn prepare(&mut self, id: IntervalId, writes: Vec<Write>, bricks: Vec<Brick>) -> bool {
-        match self.log.get(&id) {
-            Some(Entry::Decided(_)) => false,
-            _ => {
+        match prepare_action(self.log.get(&id).map(Entry::status)) {
+            PrepareAction::Record => {
                 self.log.insert(id, Entry::Prepared { writes, bricks });
                 true
             }
+            PrepareAction::Repeat => true,
+            PrepareAction::Refuse => false,
         }
     }
 
     /// Applies a decision: a commit makes the prepared writes visible. Returns false for a
     /// commit of an interval this brick never prepared (or aborted): refused, nothing changes.
     pub fn decide(&mut self, id: IntervalId, decision: Decision) -> bool {
-        match (self.log.get(&id), decision) {
-            (Some(Entry::Prepared { writes, .. }), Decision::Commit) => {
-                for w in writes.clone() {
-                    self.visible.insert(w.block, w.value);
+        match decide_action(self.log.get(&id).map(Entry::status), decision) {
+            DecideAction::Apply => {
+                if let Some(Entry::Prepared { writes, .. }) = self.log.get(&id) {
+                    for w in writes.clone() {
+                        self.visible.insert(w.block, w.value);
+                    }
                 }
                 self.log.insert(id, Entry::Decided(Decision::Commit));
                 true
             }
-            (Some(Entry::Decided(done)), _) => *done == decision,
-            (_, Decision::Abort) => {
+            DecideAction::Drop | DecideAction::Remember => {
                 self.log.insert(id, Entry::Decided(Decision::Abort));
                 true
             }
-            (None, Decision::Commit) => false,
+            DecideAction::Repeat { same } => same,
+            DecideAction::Refuse => false,
         }
     }
 

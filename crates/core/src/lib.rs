@@ -7,6 +7,7 @@ mod device;
 pub mod duration;
 mod error;
 mod extent;
+mod fields;
 pub mod filter;
 mod geometry;
 pub mod layer;
@@ -28,6 +29,7 @@ pub use device::{
 };
 pub use error::{errno, BlockError, Result};
 pub use extent::{push_extent, Extent, ExtentState};
+pub use fields::Fields;
 pub use filter::Filter;
 pub use geometry::{Capabilities, Geometry};
 pub use lifecycle::{Background, Worker};

@@ -22,6 +22,7 @@
 //!   defines the granule as zeros (a discard over data an older extent of the chain holds).
 
 use bytes::BufMut;
+use strata_core::Fields;
 use strata_meta::{ObjectId, State};
 
 use crate::versions::{Epoch, Granules, Lineage};
@@ -242,47 +243,6 @@ pub fn decode_volumes(bytes: &[u8]) -> Result<Vec<VolumeRecord>, String> {
         volumes.push(VolumeRecord { id, size, name });
     }
     Ok(volumes)
-}
-
-/// Reads a record's little-endian fields in order, saying where it fell short.
-struct Fields<'a> {
-    bytes: &'a [u8],
-    at: usize,
-    what: &'static str,
-}
-
-impl<'a> Fields<'a> {
-    fn new(bytes: &'a [u8], what: &'static str) -> Self {
-        Fields { bytes, at: 0, what }
-    }
-
-    fn take(&mut self, len: usize) -> Result<&'a [u8], String> {
-        let slice = self
-            .bytes
-            .get(self.at..self.at + len)
-            .ok_or_else(|| format!("{} is short at byte {}", self.what, self.at))?;
-        self.at += len;
-        Ok(slice)
-    }
-
-    fn u8(&mut self) -> Result<u8, String> {
-        Ok(self.take(1)?[0])
-    }
-
-    fn u32(&mut self) -> Result<u32, String> {
-        Ok(u32::from_le_bytes(self.take(4)?.try_into().unwrap()))
-    }
-
-    fn u64(&mut self) -> Result<u64, String> {
-        Ok(u64::from_le_bytes(self.take(8)?.try_into().unwrap()))
-    }
-
-    /// A name: one length byte, then UTF-8.
-    fn name(&mut self) -> Result<String, String> {
-        let len = self.u8()? as usize;
-        String::from_utf8(self.take(len)?.to_vec())
-            .map_err(|_| format!("a name in the {} is not UTF-8", self.what))
-    }
 }
 
 /// A physical extent's place in its chain (the `history` table).

@@ -19,7 +19,9 @@ use std::time::Duration;
 use bytes::BufMut;
 use strata_meta::State;
 
-use super::{versions_name, Fields, VersionsRecord, VolumeRecord};
+use strata_core::Fields;
+
+use super::{versions_name, VersionsRecord, VolumeRecord};
 use crate::schedule::Schedule;
 use crate::versions::Epoch;
 

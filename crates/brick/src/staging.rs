@@ -1,0 +1,163 @@
+//! Free space in the staging region, in 4 KiB units: first fit, neighbours merged on free.
+//! Kept only in memory: at open it is rebuilt from the records that hold staging space.
+
+use std::collections::BTreeMap;
+
+pub const UNIT: u64 = 4096;
+
+#[derive(Clone, Debug)]
+pub struct Staging {
+    /// Free runs: start offset to length, in bytes, disjoint and never adjacent.
+    free: BTreeMap<u64, u64>,
+    total: u64,
+}
+
+impl Staging {
+    /// All of `[offset, offset + len)` free.
+    pub fn new(offset: u64, len: u64) -> Staging {
+        assert!(offset.is_multiple_of(UNIT) && len.is_multiple_of(UNIT) && len > 0);
+        Staging {
+            free: BTreeMap::from([(offset, len)]),
+            total: len,
+        }
+    }
+
+    pub fn free_bytes(&self) -> u64 {
+        self.free.values().sum()
+    }
+
+    pub fn total_bytes(&self) -> u64 {
+        self.total
+    }
+
+    /// Takes `len` bytes (rounded up to units) as one or more runs, or `None` (and takes
+    /// nothing) if that much is not free.
+    pub fn allocate(&mut self, len: u64) -> Option<Vec<(u64, u64)>> {
+        let mut want = len.next_multiple_of(UNIT);
+        if want == 0 || want > self.free_bytes() {
+            return None;
+        }
+        let mut runs = Vec::new();
+        while want > 0 {
+            let (&start, &run) = self.free.iter().next().expect("enough is free");
+            let take = run.min(want);
+            self.free.remove(&start);
+            if take < run {
+                self.free.insert(start + take, run - take);
+            }
+            runs.push((start, take));
+            want -= take;
+        }
+        Some(runs)
+    }
+
+    /// Marks a run in use that a record found at open holds. False if any of it is not free
+    /// (two records claiming one place: damage).
+    pub fn take(&mut self, start: u64, len: u64) -> bool {
+        let len = len.next_multiple_of(UNIT);
+        let Some((&run_start, &run_len)) = self.free.range(..=start).next_back() else {
+            return false;
+        };
+        if start + len > run_start + run_len {
+            return false;
+        }
+        self.free.remove(&run_start);
+        if start > run_start {
+            self.free.insert(run_start, start - run_start);
+        }
+        if start + len < run_start + run_len {
+            self.free
+                .insert(start + len, run_start + run_len - start - len);
+        }
+        true
+    }
+
+    /// Gives a run back.
+    pub fn release(&mut self, start: u64, len: u64) {
+        let mut start = start;
+        let mut len = len.next_multiple_of(UNIT);
+        if let Some((&before, &before_len)) = self.free.range(..start).next_back() {
+            assert!(before + before_len <= start, "staging run freed twice");
+            if before + before_len == start {
+                self.free.remove(&before);
+                start = before;
+                len += before_len;
+            }
+        }
+        if let Some((&after, &after_len)) = self.free.range(start..).next() {
+            assert!(start + len <= after, "staging run freed twice");
+            if start + len == after {
+                self.free.remove(&after);
+                len += after_len;
+            }
+        }
+        self.free.insert(start, len);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn runs_split_and_merge_back() {
+        let mut staging = Staging::new(1 << 20, 16 * UNIT);
+        let a = staging.allocate(3 * UNIT).unwrap();
+        let b = staging.allocate(1).unwrap();
+        assert_eq!(a, vec![(1 << 20, 3 * UNIT)]);
+        assert_eq!(b, vec![((1 << 20) + 3 * UNIT, UNIT)]);
+        staging.release(a[0].0, a[0].1);
+        // 3 units free at the front, 12 after b: 14 come as two runs.
+        let c = staging.allocate(14 * UNIT).unwrap();
+        assert_eq!(c.len(), 2);
+        assert_eq!(staging.allocate(2 * UNIT), None);
+        assert_eq!(staging.free_bytes(), UNIT);
+        for (start, len) in c.into_iter().chain(b) {
+            staging.release(start, len);
+        }
+        assert_eq!(staging.free.len(), 1, "merged into one run");
+        assert!(staging.take((1 << 20) + UNIT, UNIT));
+        assert!(!staging.take((1 << 20) + UNIT, UNIT), "taken twice");
+        assert_eq!(staging.free_bytes(), 15 * UNIT);
+    }
+
+    proptest! {
+        /// Against a model of one flag per unit: runs never overlap, never leave the region,
+        /// and the free count always matches.
+        #[test]
+        fn allocations_never_overlap(ops in proptest::collection::vec((any::<bool>(), 1u64..6), 1..80)) {
+            let units = 32u64;
+            let mut staging = Staging::new(0, units * UNIT);
+            let mut used = vec![false; units as usize];
+            let mut held: Vec<Vec<(u64, u64)>> = Vec::new();
+            for (alloc, n) in ops {
+                if alloc || held.is_empty() {
+                    match staging.allocate(n * UNIT) {
+                        Some(runs) => {
+                            prop_assert_eq!(runs.iter().map(|r| r.1).sum::<u64>(), n * UNIT);
+                            for &(start, len) in &runs {
+                                for u in start / UNIT..(start + len) / UNIT {
+                                    prop_assert!(u < units && !used[u as usize]);
+                                    used[u as usize] = true;
+                                }
+                            }
+                            held.push(runs);
+                        }
+                        None => prop_assert!(used.iter().filter(|u| !**u).count() < n as usize),
+                    }
+                } else {
+                    let runs = held.swap_remove((n as usize) % held.len());
+                    for (start, len) in runs {
+                        for u in start / UNIT..(start + len) / UNIT {
+                            used[u as usize] = false;
+                        }
+                        staging.release(start, len);
+                    }
+                }
+                let free = used.iter().filter(|u| !**u).count() as u64 * UNIT;
+                prop_assert_eq!(staging.free_bytes(), free);
+            }
+        }
+    }
+}
