@@ -21,6 +21,8 @@ pub const SECTOR: u64 = 512;
 const LAYOUT_BLOB: &str = "layout";
 /// Per client, the sequence number below which its intervals are forgotten (see `forget`).
 const FORGOTTEN_TABLE: &str = "forgotten";
+/// Per lock segment of the volume, the newest claim epoch a prepare carried (fencing).
+const EPOCHS_TABLE: &str = "epochs";
 
 #[derive(Clone, Debug)]
 pub struct BrickOptions {
@@ -57,6 +59,7 @@ struct Mem {
     intervals: BTreeMap<IntervalId, Live>,
     staging: Staging,
     forgotten: BTreeMap<u64, u64>,
+    epochs: BTreeMap<u32, i64>,
 }
 
 pub struct BrickStore {
@@ -64,6 +67,7 @@ pub struct BrickStore {
     meta: Arc<MetaStore>,
     layout: BrickLayout,
     forgotten_table: ObjectId,
+    epochs_table: ObjectId,
     /// One prepare, decision or forget at a time: each ends in a metadata commit, and the
     /// rules need the interval's state not to move underneath them.
     mem: tokio::sync::Mutex<Mem>,
@@ -136,6 +140,7 @@ impl BrickStore {
             let blob = txn.create_blob(LAYOUT_BLOB);
             txn.put_blob(blob, layout.encode());
             txn.create_table(FORGOTTEN_TABLE, 8);
+            txn.create_table(EPOCHS_TABLE, 8);
             Ok(())
         })?;
         meta.commit().await?;
@@ -171,38 +176,56 @@ impl BrickStore {
 
     async fn load(device: DeviceRef, meta: Arc<MetaStore>) -> Result<(BrickStore, OpenReport)> {
         let size = device.geometry().size;
-        let (layout, forgotten_table, forgotten, records) = meta.read(|state| {
-            let layout_id = state.id(LAYOUT_BLOB).ok_or_else(|| corrupt("no layout"))?;
-            let layout = BrickLayout::decode(state.blob(layout_id).unwrap_or_default(), size)
-                .map_err(corrupt)?;
-            let table_id = state
-                .id(FORGOTTEN_TABLE)
-                .ok_or_else(|| corrupt("no forgotten table"))?;
-            let table = state
-                .table(table_id)
-                .ok_or_else(|| corrupt("the forgotten table is not a table"))?;
-            let forgotten: BTreeMap<u64, u64> = table
-                .iter_from(0)
-                .map(|(client, value)| (client, u64::from_le_bytes(value.try_into().unwrap())))
-                .collect();
-            let mut records = Vec::new();
-            for (object, body) in state.objects() {
-                let Some(id) = parse_blob_name(&body.name) else {
-                    continue;
+        let (layout, (forgotten_table, forgotten), (epochs_table, epochs), records) =
+            meta.read(|state| {
+                let layout_id = state.id(LAYOUT_BLOB).ok_or_else(|| corrupt("no layout"))?;
+                let layout = BrickLayout::decode(state.blob(layout_id).unwrap_or_default(), size)
+                    .map_err(corrupt)?;
+                let table = |name: &str| {
+                    let id = state
+                        .id(name)
+                        .ok_or_else(|| corrupt(format_args!("no {name} table")))?;
+                    let table = state
+                        .table(id)
+                        .filter(|t| t.value_size() == 8)
+                        .ok_or_else(|| corrupt(format_args!("{name} is not a table of u64s")))?;
+                    let values: BTreeMap<u64, u64> = table
+                        .iter_from(0)
+                        .map(|(index, value)| {
+                            (index, u64::from_le_bytes(value.try_into().unwrap()))
+                        })
+                        .collect();
+                    Ok::<_, BlockError>((id, values))
                 };
-                let bytes = state
-                    .blob(object)
-                    .ok_or_else(|| corrupt(format_args!("{} is not a blob", body.name)))?;
-                let record = IntervalRecord::decode(bytes)
-                    .map_err(|why| corrupt(format_args!("record {}: {why}", body.name)))?;
-                records.push((id, object, record));
-            }
-            Ok::<_, BlockError>((layout, table_id, forgotten, records))
-        })?;
+                let forgotten = table(FORGOTTEN_TABLE)?;
+                let (epochs_id, raw_epochs) = table(EPOCHS_TABLE)?;
+                let epochs = raw_epochs
+                    .into_iter()
+                    .map(|(segment, epoch)| {
+                        let segment = u32::try_from(segment)
+                            .map_err(|_| corrupt(format_args!("epoch of segment {segment}")))?;
+                        Ok((segment, epoch as i64))
+                    })
+                    .collect::<Result<BTreeMap<u32, i64>>>()?;
+                let mut records = Vec::new();
+                for (object, body) in state.objects() {
+                    let Some(id) = parse_blob_name(&body.name) else {
+                        continue;
+                    };
+                    let bytes = state
+                        .blob(object)
+                        .ok_or_else(|| corrupt(format_args!("{} is not a blob", body.name)))?;
+                    let record = IntervalRecord::decode(bytes)
+                        .map_err(|why| corrupt(format_args!("record {}: {why}", body.name)))?;
+                    records.push((id, object, record));
+                }
+                Ok::<_, BlockError>((layout, forgotten, (epochs_id, epochs), records))
+            })?;
         let mut mem = Mem {
             intervals: BTreeMap::new(),
             staging: Staging::new(layout.staging_offset, layout.staging_bytes),
             forgotten,
+            epochs,
         };
         let mut report = OpenReport::default();
         for (id, blob, record) in records {
@@ -238,6 +261,7 @@ impl BrickStore {
             meta,
             layout,
             forgotten_table,
+            epochs_table,
             mem: tokio::sync::Mutex::new(mem),
         };
         {
@@ -287,12 +311,15 @@ impl BrickStore {
     }
 
     /// Prepares an interval: stages its writes (offsets within the home region) and records
-    /// them durably, then votes. `bricks` lists every brick of the interval.
+    /// them durably, then votes. `bricks` lists every brick of the interval; `fences` the
+    /// claim epoch of each lock segment the client holds its locks under. An epoch older than
+    /// one seen for its segment is refused: its holder lost the claim to a newer one.
     pub async fn prepare(
         &self,
         id: IntervalId,
         bricks: Vec<u64>,
         writes: Vec<(u64, Bytes)>,
+        fences: &[(u32, i64)],
     ) -> Result<Vote> {
         for (offset, data) in &writes {
             self.check_home(*offset, data.len() as u64)?;
@@ -315,6 +342,15 @@ impl BrickStore {
             }
             PrepareAction::Record => {}
         }
+        if let Some((segment, epoch, newest)) = fences.iter().find_map(|&(segment, epoch)| {
+            let newest = *mem.epochs.get(&segment)?;
+            (epoch < newest).then_some((segment, epoch, newest))
+        }) {
+            tracing::warn!(?id, segment, epoch, newest, "prepare fenced");
+            return Ok(Vote::No(format!(
+                "fenced: segment {segment} was claimed at epoch {newest}, after the client's {epoch}"
+            )));
+        }
         let total: u64 = writes.iter().map(|(_, d)| d.len() as u64).sum();
         let Some(runs) = mem.staging.allocate(total) else {
             return Ok(Vote::No(format!(
@@ -331,7 +367,8 @@ impl BrickStore {
                     bricks,
                     extents,
                 };
-                self.record_new(id, &record).map(|blob| (blob, record))
+                self.record_prepared(id, &record, fences)
+                    .map(|blob| (blob, record))
             }
             Err(e) => Err(e),
         };
@@ -345,6 +382,10 @@ impl BrickStore {
             }
         };
         mem.intervals.insert(id, Live { record, blob });
+        for &(segment, epoch) in fences {
+            let newest = mem.epochs.entry(segment).or_insert(epoch);
+            *newest = (*newest).max(epoch);
+        }
         self.meta.commit().await?;
         Ok(Vote::Yes)
     }
@@ -371,6 +412,32 @@ impl BrickStore {
         self.meta.transact(TxnClass::Normal, |_, txn| {
             let blob = txn.create_blob(&name);
             txn.put_blob(blob, encoded);
+            Ok(blob)
+        })
+    }
+
+    /// The prepared record and the newer epochs it carries, in one transaction.
+    fn record_prepared(
+        &self,
+        id: IntervalId,
+        record: &IntervalRecord,
+        fences: &[(u32, i64)],
+    ) -> Result<ObjectId> {
+        let name = blob_name(id);
+        let encoded = record.encode();
+        let epochs = self.epochs_table;
+        self.meta.transact(TxnClass::Normal, |state, txn| {
+            let blob = txn.create_blob(&name);
+            txn.put_blob(blob, encoded);
+            let table = state.table(epochs).expect("checked at open");
+            for &(segment, epoch) in fences {
+                let seen = table.get(u64::from(segment)).map_or(i64::MIN, |v| {
+                    u64::from_le_bytes(v.try_into().unwrap()) as i64
+                });
+                if epoch > seen {
+                    txn.set(epochs, u64::from(segment), &(epoch as u64).to_le_bytes());
+                }
+            }
             Ok(blob)
         })
     }

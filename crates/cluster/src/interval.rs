@@ -189,8 +189,15 @@ impl Participant {
 /// brick that has no entry for it). Call only once the client is fenced: while it may still
 /// send a commit, an all-prepared interval is not the bricks' to abort.
 pub fn resolve(entries: &[Option<&Entry>]) -> Decision {
-    let decided = |d: Decision| entries.contains(&Some(&Entry::Decided(d)));
-    if decided(Decision::Commit) {
+    let statuses: Vec<Option<Status>> = entries.iter().map(|e| e.map(Entry::status)).collect();
+    resolve_statuses(&statuses)
+}
+
+/// [`resolve`] from each brick's status alone, as a brick asking its peers over the network
+/// gets them. Every brick of the interval must have answered: a brick that did not answer is
+/// not a brick that never prepared.
+pub fn resolve_statuses(statuses: &[Option<Status>]) -> Decision {
+    if statuses.contains(&Some(Status::Decided(Decision::Commit))) {
         Decision::Commit
     } else {
         // Someone aborted or never prepared (no commit can have been sent), or every brick

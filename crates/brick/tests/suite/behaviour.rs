@@ -15,7 +15,7 @@ async fn a_commit_shows_the_prepared_writes_and_an_abort_never_does() {
     let one = id(1, 1);
     let writes = vec![(0, data(one, 0, 4096)), (65536, data(one, 1, 1024))];
     assert_eq!(
-        store.prepare(one, vec![0, 1], writes).await.unwrap(),
+        store.prepare(one, vec![0, 1], writes, &[]).await.unwrap(),
         Vote::Yes
     );
     assert_eq!(store.status(one).await, Some(Status::Prepared));
@@ -33,7 +33,7 @@ async fn a_commit_shows_the_prepared_writes_and_an_abort_never_does() {
 
     let two = id(1, 2);
     let vote = store
-        .prepare(two, vec![0], vec![(0, data(two, 0, 512))])
+        .prepare(two, vec![0], vec![(0, data(two, 0, 512))], &[])
         .await;
     assert_eq!(vote.unwrap(), Vote::Yes);
     assert!(store.decide(two, Decision::Abort).await.unwrap());
@@ -42,7 +42,7 @@ async fn a_commit_shows_the_prepared_writes_and_an_abort_never_does() {
     // The rules: a late prepare of a decided interval is refused, a commit never prepared
     // too, a contrary decision is refused, a repeated one acknowledged.
     let late = store
-        .prepare(two, vec![0], vec![(0, data(two, 0, 512))])
+        .prepare(two, vec![0], vec![(0, data(two, 0, 512))], &[])
         .await;
     assert!(matches!(late.unwrap(), Vote::No(why) if why.contains("already decided")));
     assert!(!store.decide(id(1, 3), Decision::Commit).await.unwrap());
@@ -80,14 +80,14 @@ async fn a_prepared_interval_stays_in_doubt_across_a_restart() {
     let writes = vec![(8192, data(one, 0, 8192))];
     assert_eq!(
         store
-            .prepare(one, vec![0, 2], writes.clone())
+            .prepare(one, vec![0, 2], writes.clone(), &[])
             .await
             .unwrap(),
         Vote::Yes
     );
     // The client sends it again (its first answer was lost): the same yes.
     assert_eq!(
-        store.prepare(one, vec![0, 2], writes).await.unwrap(),
+        store.prepare(one, vec![0, 2], writes, &[]).await.unwrap(),
         Vote::Yes
     );
     drop(store);
@@ -106,7 +106,7 @@ async fn forgetting_drops_tombstones_and_still_refuses_late_prepares() {
     for seq in 1..=5 {
         let iv = id(3, seq);
         store
-            .prepare(iv, vec![0], vec![(0, data(iv, 0, 512))])
+            .prepare(iv, vec![0], vec![(0, data(iv, 0, 512))], &[])
             .await
             .unwrap();
         let decision = if seq % 2 == 0 {
@@ -118,7 +118,7 @@ async fn forgetting_drops_tombstones_and_still_refuses_late_prepares() {
     }
     let pending = id(3, 6);
     store
-        .prepare(pending, vec![0], vec![(512, data(pending, 0, 512))])
+        .prepare(pending, vec![0], vec![(512, data(pending, 0, 512))], &[])
         .await
         .unwrap();
     // Forgetting below 7 drops the five tombstones but never an interval still in doubt.
@@ -126,14 +126,14 @@ async fn forgetting_drops_tombstones_and_still_refuses_late_prepares() {
     assert_eq!(store.status(id(3, 2)).await, None);
     assert_eq!(store.status(pending).await, Some(Status::Prepared));
     let late = store
-        .prepare(id(3, 2), vec![0], vec![(0, data(id(3, 2), 0, 512))])
+        .prepare(id(3, 2), vec![0], vec![(0, data(id(3, 2), 0, 512))], &[])
         .await;
     assert!(matches!(late.unwrap(), Vote::No(why) if why.contains("forgotten")));
     drop(store);
     let (store, report) = BrickStore::open(device).await.unwrap();
     assert_eq!((report.in_doubt, report.tombstones), (1, 0));
     let late = store
-        .prepare(id(3, 4), vec![0], vec![(0, data(id(3, 4), 0, 512))])
+        .prepare(id(3, 4), vec![0], vec![(0, data(id(3, 4), 0, 512))], &[])
         .await;
     assert!(
         matches!(late.unwrap(), Vote::No(_)),
@@ -148,14 +148,14 @@ async fn bad_requests_are_refused_and_change_nothing() {
     let (_device, store) = fresh(&group).await;
     let iv = id(1, 1);
     let misaligned = store
-        .prepare(iv, vec![0], vec![(100, data(iv, 0, 512))])
+        .prepare(iv, vec![0], vec![(100, data(iv, 0, 512))], &[])
         .await;
     assert!(
         matches!(misaligned, Err(BlockError::InvalidArgument(_))),
         "{misaligned:?}"
     );
     let beyond = store
-        .prepare(iv, vec![0], vec![(HOME - 512, data(iv, 0, 1024))])
+        .prepare(iv, vec![0], vec![(HOME - 512, data(iv, 0, 1024))], &[])
         .await;
     assert!(
         matches!(beyond, Err(BlockError::OutOfRange { .. })),
@@ -170,7 +170,7 @@ async fn bad_requests_are_refused_and_change_nothing() {
         writes.push((0, data(iv, writes.len(), 128 << 10)));
         total += 128 << 10;
     }
-    let vote = store.prepare(iv, vec![0], writes).await.unwrap();
+    let vote = store.prepare(iv, vec![0], writes, &[]).await.unwrap();
     assert!(
         matches!(&vote, Vote::No(why) if why.contains("no staging space")),
         "{vote:?}"
@@ -185,7 +185,7 @@ async fn a_brick_is_never_formatted_over_metadata_nor_opened_from_anothers() {
     let (device, store) = fresh(&group).await;
     let iv = id(1, 1);
     store
-        .prepare(iv, vec![0], vec![(0, data(iv, 0, 512))])
+        .prepare(iv, vec![0], vec![(0, data(iv, 0, 512))], &[])
         .await
         .unwrap();
     store.decide(iv, Decision::Commit).await.unwrap();
@@ -223,4 +223,55 @@ async fn a_brick_is_never_formatted_over_metadata_nor_opened_from_anothers() {
         BrickStore::open(blank).await,
         Err(BlockError::Corrupt(_))
     ));
+}
+
+#[tokio::test]
+async fn a_prepare_under_an_older_claim_epoch_is_fenced_even_after_a_restart() {
+    let group = CrashGroup::new();
+    let (device, store) = fresh(&group).await;
+    let (old, new) = (id(1, 1), id(2, 1));
+    let write = |iv| vec![(0, data(iv, 0, 512))];
+    // Client 2 took segment 4 over at epoch 20; client 1 still believes in its epoch 10.
+    assert_eq!(
+        store
+            .prepare(new, vec![0], write(new), &[(4, 20)])
+            .await
+            .unwrap(),
+        Vote::Yes
+    );
+    let stale = store
+        .prepare(old, vec![0], write(old), &[(3, 10), (4, 10)])
+        .await
+        .unwrap();
+    assert!(
+        matches!(&stale, Vote::No(why) if why.contains("segment 4 was claimed at epoch 20")),
+        "{stale:?}"
+    );
+    assert_eq!(
+        store.status(old).await,
+        None,
+        "a fenced prepare records nothing"
+    );
+    // Other segments, and the same epoch again, are fine.
+    assert_eq!(
+        store
+            .prepare(id(1, 2), vec![0], write(id(1, 2)), &[(3, 10)])
+            .await
+            .unwrap(),
+        Vote::Yes
+    );
+    assert_eq!(
+        store
+            .prepare(id(2, 2), vec![0], write(id(2, 2)), &[(4, 20)])
+            .await
+            .unwrap(),
+        Vote::Yes
+    );
+    drop(store);
+    let (store, _) = BrickStore::open(device).await.unwrap();
+    let after = store
+        .prepare(id(1, 3), vec![0], write(id(1, 3)), &[(4, 19)])
+        .await
+        .unwrap();
+    assert!(matches!(after, Vote::No(_)), "the epoch survives a restart");
 }

@@ -81,6 +81,7 @@ async fn seed_run(seed: u64, planted: bool) -> Result<CrashStats, String> {
     let cut_at = group.mutating_ops() + rng.random_range(0..ops * 6);
     group.arm_crash_at(cut_at);
     let mut next_seq = 1;
+    let mut fenced: BTreeMap<u32, i64> = BTreeMap::new();
     let client = 1 + seed % 3;
     for _ in 0..ops {
         let prepared: Vec<IntervalId> = (model.told.iter())
@@ -97,8 +98,12 @@ async fn seed_run(seed: u64, planted: bool) -> Result<CrashStats, String> {
             let writes = random_writes(&mut rng, id);
             model.writes.insert(id, writes.clone());
             model.told.insert(id, Told::Preparing);
-            match store.prepare(id, vec![0, 1], writes).await {
+            // Each interval holds its segment under a newer claim than the last one's.
+            let fence = ((id.seq % 4) as u32, id.seq as i64);
+            match store.prepare(id, vec![0, 1], writes, &[fence]).await {
                 Ok(Vote::Yes) => {
+                    let newest = fenced.entry(fence.0).or_insert(fence.1);
+                    *newest = (*newest).max(fence.1);
                     model.told.insert(id, Told::Prepared);
                     false
                 }
@@ -216,6 +221,28 @@ async fn seed_run(seed: u64, planted: bool) -> Result<CrashStats, String> {
             String::from_utf8_lossy(&home[sector..sector + 40]),
             String::from_utf8_lossy(&model.home[sector..sector + 40]),
         ));
+    }
+    // Every acknowledged epoch still fences: an older one is refused on its segment.
+    for (&segment, &newest) in &fenced {
+        let late = IntervalId {
+            client: 99,
+            seq: u64::from(segment),
+        };
+        let vote = store
+            .prepare(
+                late,
+                vec![0],
+                vec![(0, data(late, 0, 512))],
+                &[(segment, newest - 1)],
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        if vote == Vote::Yes {
+            return Err(format!(
+                "segment {segment}: epoch {} accepted after {newest}",
+                newest - 1
+            ));
+        }
     }
     let free = store.staging_free().await;
     let total = store.layout().staging_bytes;
