@@ -1,5 +1,9 @@
 // Generates the brick service's gRPC code (tonic) from proto/brick.proto; needs `protoc`.
 fn main() {
     println!("cargo:rerun-if-changed=proto/brick.proto");
-    tonic_prost_build::compile_protos("proto/brick.proto").expect("proto/brick.proto compiles");
+    tonic_prost_build::configure()
+        // Write payloads as `Bytes`: handed to the store and the device without a copy.
+        .bytes(".")
+        .compile_protos(&["proto/brick.proto"], &["proto"])
+        .expect("proto/brick.proto compiles");
 }

@@ -15,10 +15,13 @@
 //! shared with the model the protocol's fault tests run. The on-disk format is in
 //! `docs/brick-format.md`.
 
+pub mod commit;
 #[doc(hidden)]
 pub mod fuzzing;
 mod layout;
 mod record;
+pub mod resolve;
+pub mod rpc;
 mod staging;
 mod store;
 

@@ -3,3 +3,4 @@
 mod behaviour;
 mod common;
 mod crash;
+mod rpc;

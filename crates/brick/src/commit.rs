@@ -1,0 +1,105 @@
+//! A client's two-phase commit of one interval over the network: the decision logic is
+//! `strata_cluster::interval::Coordinator`'s, the messages go over the brick service.
+
+use std::collections::BTreeMap;
+
+use bytes::Bytes;
+use futures_util::future::join_all;
+use strata_cluster::interval::{Coordinator, Decision, IntervalId};
+
+use crate::rpc::{BrickClient, RpcError};
+use crate::store::Vote;
+
+/// How an interval ended, as far as the client saw.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Outcome {
+    pub decision: Decision,
+    /// Bricks that did not acknowledge the decision (unreachable). For a commit the interval
+    /// is committed regardless: those bricks hold it prepared and learn the decision from a
+    /// retry or from their peers once this client is fenced.
+    pub unacked: Vec<usize>,
+    /// Bricks that voted no, and why.
+    pub refusals: Vec<(usize, String)>,
+    /// Bricks that did not answer the prepare.
+    pub silent: Vec<usize>,
+}
+
+impl Outcome {
+    /// Committed and acknowledged everywhere: the interval has ended.
+    pub fn ended(&self) -> bool {
+        self.decision == Decision::Commit && self.unacked.is_empty()
+    }
+}
+
+/// Runs the interval `id`: `writes` maps each brick (an index into `bricks`) to its writes.
+/// Prepares go to every brick at once; the decision is commit only if every one voted yes,
+/// and goes to every brick of the interval, including the silent ones (they may have
+/// prepared).
+pub async fn run_interval(
+    bricks: &[BrickClient],
+    id: IntervalId,
+    writes: BTreeMap<usize, Vec<(u64, Bytes)>>,
+    fences: &[(u32, i64)],
+) -> Outcome {
+    let members: Vec<u64> = writes.keys().map(|&b| b as u64).collect();
+    let mut coordinator = Coordinator::new(id, writes.keys().map(|&b| (b, Vec::new())).collect());
+    let prepares = writes.into_iter().map(|(brick, writes)| {
+        let members = members.clone();
+        async move {
+            let vote = bricks[brick].prepare(id, members, writes, fences).await;
+            (brick, vote)
+        }
+    });
+    let mut refusals = Vec::new();
+    let mut silent = Vec::new();
+    for (brick, vote) in join_all(prepares).await {
+        match vote {
+            Ok(Vote::Yes) => {
+                coordinator.vote(brick, true);
+            }
+            Ok(Vote::No(why)) => {
+                coordinator.vote(brick, false);
+                refusals.push((brick, why));
+            }
+            Err(RpcError::Refused { why, .. }) => {
+                coordinator.vote(brick, false);
+                refusals.push((brick, why));
+            }
+            Err(error) => {
+                tracing::warn!(?id, brick, %error, "prepare unanswered");
+                silent.push(brick);
+            }
+        }
+    }
+    let decision = coordinator
+        .decision()
+        .unwrap_or_else(|| coordinator.give_up());
+    let decisions = members.iter().map(|&brick| async move {
+        let acked = bricks[brick as usize].decide(id, decision).await;
+        (brick as usize, acked)
+    });
+    let mut unacked = Vec::new();
+    for (brick, acked) in join_all(decisions).await {
+        match acked {
+            Ok(true) => {
+                coordinator.acked(brick);
+            }
+            Ok(false) => {
+                // A brick that voted yes cannot refuse the decision; one that never prepared
+                // refuses a commit, which cannot be decided without its vote.
+                tracing::error!(?id, brick, ?decision, "decision refused");
+                unacked.push(brick);
+            }
+            Err(error) => {
+                tracing::warn!(?id, brick, %error, ?decision, "decision unacknowledged");
+                unacked.push(brick);
+            }
+        }
+    }
+    Outcome {
+        decision,
+        unacked,
+        refusals,
+        silent,
+    }
+}

@@ -1,0 +1,188 @@
+//! A client of one brick's service, with a deadline on every call.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use strata_cluster::interval::{Decision, IntervalId, Status as IntervalStatus};
+use tonic::transport::{Channel, Endpoint};
+use tonic::Code;
+
+use super::proto::{self, brick_client};
+use super::MAX_MESSAGE;
+use crate::store::Vote;
+
+/// Why a call to a brick did not get its answer.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RpcError {
+    /// No answer: the brick is down, unreachable or too slow. The request may or may not have
+    /// been applied.
+    #[error("brick {address} unreachable: {why}")]
+    Unreachable { address: String, why: String },
+    /// The brick answered with an error (a bad request, damage): it did not apply it.
+    #[error("brick {address} refused: {why}")]
+    Refused { address: String, why: String },
+}
+
+#[derive(Clone)]
+pub struct BrickClient {
+    inner: brick_client::BrickClient<Channel>,
+    address: String,
+}
+
+fn id(interval: IntervalId) -> proto::Interval {
+    proto::Interval {
+        client: interval.client,
+        seq: interval.seq,
+    }
+}
+
+impl BrickClient {
+    /// A client of the brick at `address` (`host:port`). Connects lazily, so a brick that is
+    /// down now is simply unreachable until it returns.
+    pub fn new(address: &str, timeout: Duration) -> Result<BrickClient, RpcError> {
+        let endpoint = Endpoint::from_shared(format!("http://{address}"))
+            .map_err(|e| RpcError::Refused {
+                address: address.to_string(),
+                why: format!("not an address: {e}"),
+            })?
+            .connect_timeout(timeout)
+            .timeout(timeout)
+            .tcp_nodelay(true);
+        let inner = brick_client::BrickClient::new(endpoint.connect_lazy())
+            .max_decoding_message_size(MAX_MESSAGE)
+            .max_encoding_message_size(MAX_MESSAGE);
+        Ok(BrickClient {
+            inner,
+            address: address.to_string(),
+        })
+    }
+
+    pub fn address(&self) -> &str {
+        &self.address
+    }
+
+    fn error(&self, status: tonic::Status) -> RpcError {
+        let why = status.message().to_string();
+        let address = self.address.clone();
+        match status.code() {
+            Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown => {
+                RpcError::Unreachable { address, why }
+            }
+            _ => RpcError::Refused { address, why },
+        }
+    }
+
+    pub async fn prepare(
+        &self,
+        interval: IntervalId,
+        bricks: Vec<u64>,
+        writes: Vec<(u64, Bytes)>,
+        fences: &[(u32, i64)],
+    ) -> Result<Vote, RpcError> {
+        let request = proto::PrepareRequest {
+            id: Some(id(interval)),
+            bricks,
+            writes: writes
+                .into_iter()
+                .map(|(offset, data)| proto::Write { offset, data })
+                .collect(),
+            fences: fences
+                .iter()
+                .map(|&(segment, epoch)| proto::Fence { segment, epoch })
+                .collect(),
+        };
+        let reply = self
+            .inner
+            .clone()
+            .prepare(request)
+            .await
+            .map_err(|s| self.error(s))?
+            .into_inner();
+        Ok(if reply.yes {
+            Vote::Yes
+        } else {
+            Vote::No(reply.reason)
+        })
+    }
+
+    pub async fn decide(&self, interval: IntervalId, decision: Decision) -> Result<bool, RpcError> {
+        let decision = match decision {
+            Decision::Commit => proto::Decision::Commit,
+            Decision::Abort => proto::Decision::Abort,
+        };
+        let request = proto::DecideRequest {
+            id: Some(id(interval)),
+            decision: decision as i32,
+        };
+        let reply = self
+            .inner
+            .clone()
+            .decide(request)
+            .await
+            .map_err(|s| self.error(s))?;
+        Ok(reply.into_inner().accepted)
+    }
+
+    pub async fn status(&self, interval: IntervalId) -> Result<Option<IntervalStatus>, RpcError> {
+        let reply = self
+            .inner
+            .clone()
+            .status(id(interval))
+            .await
+            .map_err(|s| self.error(s))?
+            .into_inner();
+        match proto::State::try_from(reply.state) {
+            Ok(proto::State::Unknown) => Ok(None),
+            Ok(proto::State::Prepared) => Ok(Some(IntervalStatus::Prepared)),
+            Ok(proto::State::Committed) => Ok(Some(IntervalStatus::Decided(Decision::Commit))),
+            Ok(proto::State::Aborted) => Ok(Some(IntervalStatus::Decided(Decision::Abort))),
+            Err(_) => Err(RpcError::Refused {
+                address: self.address.clone(),
+                why: format!("unknown interval state {}", reply.state),
+            }),
+        }
+    }
+
+    pub async fn in_doubt(&self) -> Result<Vec<(IntervalId, Vec<u64>)>, RpcError> {
+        let reply = self
+            .inner
+            .clone()
+            .in_doubt(proto::Empty {})
+            .await
+            .map_err(|s| self.error(s))?
+            .into_inner();
+        Ok(reply
+            .intervals
+            .into_iter()
+            .filter_map(|i| {
+                let id = i.id?;
+                Some((
+                    IntervalId {
+                        client: id.client,
+                        seq: id.seq,
+                    },
+                    i.bricks,
+                ))
+            })
+            .collect())
+    }
+
+    pub async fn forget(&self, client: u64, below: u64) -> Result<(), RpcError> {
+        self.inner
+            .clone()
+            .forget(proto::ForgetRequest { client, below })
+            .await
+            .map_err(|s| self.error(s))?;
+        Ok(())
+    }
+
+    pub async fn read(&self, offset: u64, len: u32) -> Result<Bytes, RpcError> {
+        let reply = self
+            .inner
+            .clone()
+            .read(proto::ReadRequest { offset, len })
+            .await
+            .map_err(|s| self.error(s))?;
+        Ok(reply.into_inner().data)
+    }
+}

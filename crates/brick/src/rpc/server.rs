@@ -1,0 +1,205 @@
+//! The brick service: a [`BrickStore`] answering the transaction channel.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use strata_cluster::interval::{Decision, IntervalId, Status as IntervalStatus};
+use strata_core::BlockError;
+use tokio::net::TcpListener;
+use tonic::{Request, Response, Status};
+
+use super::proto::{self, brick_server};
+use super::MAX_MESSAGE;
+use crate::store::{BrickStore, Vote};
+
+pub struct BrickService {
+    store: Arc<BrickStore>,
+}
+
+impl BrickService {
+    pub fn new(store: Arc<BrickStore>) -> BrickService {
+        BrickService { store }
+    }
+}
+
+/// Serves the brick on `listener` until `shutdown` completes.
+pub async fn serve(
+    store: Arc<BrickStore>,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), tonic::transport::Error> {
+    let service = brick_server::BrickServer::new(BrickService::new(store))
+        .max_decoding_message_size(MAX_MESSAGE)
+        .max_encoding_message_size(MAX_MESSAGE);
+    tonic::transport::Server::builder()
+        .add_service(service)
+        .serve_with_incoming_shutdown(
+            tokio_stream::wrappers::TcpListenerStream::new(listener),
+            shutdown,
+        )
+        .await
+}
+
+/// A store error as the gRPC status a client can act on, logged: a bad request is the
+/// client's to fix, damage and I/O errors the operator's.
+fn refuse(what: &str, error: BlockError) -> Status {
+    let message = format!("{what}: {error}");
+    match &error {
+        BlockError::InvalidArgument(_) | BlockError::TooLarge { .. } => {
+            tracing::warn!(%message, "brick request refused");
+            Status::invalid_argument(message)
+        }
+        BlockError::OutOfRange { .. } => {
+            tracing::warn!(%message, "brick request refused");
+            Status::out_of_range(message)
+        }
+        BlockError::NoSpace => Status::resource_exhausted(message),
+        BlockError::Shutdown => Status::unavailable(message),
+        BlockError::Corrupt(_) => {
+            tracing::error!(%message, "brick damaged");
+            Status::data_loss(message)
+        }
+        _ => {
+            tracing::error!(%message, "brick request failed");
+            Status::internal(message)
+        }
+    }
+}
+
+fn interval(id: Option<proto::Interval>) -> Result<IntervalId, Status> {
+    let id = id.ok_or_else(|| Status::invalid_argument("no interval id"))?;
+    Ok(IntervalId {
+        client: id.client,
+        seq: id.seq,
+    })
+}
+
+#[tonic::async_trait]
+impl brick_server::Brick for BrickService {
+    async fn prepare(
+        &self,
+        request: Request<proto::PrepareRequest>,
+    ) -> Result<Response<proto::PrepareReply>, Status> {
+        let request = request.into_inner();
+        let id = interval(request.id)?;
+        let writes = request
+            .writes
+            .into_iter()
+            .map(|w| (w.offset, w.data))
+            .collect();
+        let fences: Vec<(u32, i64)> = request
+            .fences
+            .iter()
+            .map(|f| (f.segment, f.epoch))
+            .collect();
+        let vote = self
+            .store
+            .prepare(id, request.bricks, writes, &fences)
+            .await
+            .map_err(|e| refuse("prepare", e))?;
+        Ok(Response::new(match vote {
+            Vote::Yes => proto::PrepareReply {
+                yes: true,
+                reason: String::new(),
+            },
+            Vote::No(reason) => proto::PrepareReply { yes: false, reason },
+        }))
+    }
+
+    async fn decide(
+        &self,
+        request: Request<proto::DecideRequest>,
+    ) -> Result<Response<proto::DecideReply>, Status> {
+        let request = request.into_inner();
+        let id = interval(request.id)?;
+        let decision = match proto::Decision::try_from(request.decision) {
+            Ok(proto::Decision::Commit) => Decision::Commit,
+            Ok(proto::Decision::Abort) => Decision::Abort,
+            _ => {
+                tracing::warn!(?id, decision = request.decision, "brick request refused");
+                return Err(Status::invalid_argument(format!(
+                    "decide: no decision ({})",
+                    request.decision
+                )));
+            }
+        };
+        let accepted = self
+            .store
+            .decide(id, decision)
+            .await
+            .map_err(|e| refuse("decide", e))?;
+        Ok(Response::new(proto::DecideReply { accepted }))
+    }
+
+    async fn status(
+        &self,
+        request: Request<proto::Interval>,
+    ) -> Result<Response<proto::StatusReply>, Status> {
+        let id = interval(Some(request.into_inner()))?;
+        let state = match self.store.status(id).await {
+            None => proto::State::Unknown,
+            Some(IntervalStatus::Prepared) => proto::State::Prepared,
+            Some(IntervalStatus::Decided(Decision::Commit)) => proto::State::Committed,
+            Some(IntervalStatus::Decided(Decision::Abort)) => proto::State::Aborted,
+        };
+        Ok(Response::new(proto::StatusReply {
+            state: state as i32,
+        }))
+    }
+
+    async fn in_doubt(
+        &self,
+        _request: Request<proto::Empty>,
+    ) -> Result<Response<proto::InDoubtReply>, Status> {
+        let intervals = self
+            .store
+            .in_doubt()
+            .await
+            .into_iter()
+            .map(|(id, bricks)| proto::InDoubt {
+                id: Some(proto::Interval {
+                    client: id.client,
+                    seq: id.seq,
+                }),
+                bricks,
+            })
+            .collect();
+        Ok(Response::new(proto::InDoubtReply { intervals }))
+    }
+
+    async fn forget(
+        &self,
+        request: Request<proto::ForgetRequest>,
+    ) -> Result<Response<proto::Empty>, Status> {
+        let request = request.into_inner();
+        self.store
+            .forget(request.client, request.below)
+            .await
+            .map_err(|e| refuse("forget", e))?;
+        Ok(Response::new(proto::Empty {}))
+    }
+
+    async fn read(
+        &self,
+        request: Request<proto::ReadRequest>,
+    ) -> Result<Response<proto::ReadReply>, Status> {
+        let request = request.into_inner();
+        if request.len as usize > MAX_MESSAGE {
+            return Err(refuse(
+                "read",
+                BlockError::TooLarge {
+                    len: u64::from(request.len),
+                    max: MAX_MESSAGE as u64,
+                },
+            ));
+        }
+        let data = self
+            .store
+            .read(request.offset, request.len as usize)
+            .await
+            .map_err(|e| refuse("read", e))?;
+        Ok(Response::new(proto::ReadReply {
+            data: data.freeze(),
+        }))
+    }
+}
