@@ -24,8 +24,10 @@ pub mod resolve;
 pub mod rpc;
 mod staging;
 mod store;
+mod volume;
 
 pub use layout::{BrickLayout, LAYOUT_VERSION};
 pub use record::{IntervalRecord, RecordState, StagedExtent, RECORD_VERSION};
 pub use staging::Staging;
 pub use store::{BrickOptions, BrickSettings, BrickStore, OpenReport, Vote, OWNER, SECTOR};
+pub use volume::SharedVolume;

@@ -288,6 +288,17 @@ impl Drop for Heartbeat {
 }
 
 impl Coord {
+    /// Whether etcd still holds `lease`: a client whose lease is gone is fenced, and its
+    /// intervals in doubt are the bricks' to resolve.
+    pub async fn lease_alive(&self, lease: i64) -> Result<bool, CoordError> {
+        let answer = self
+            .read("reading a lease", |mut client| async move {
+                client.lease_time_to_live(lease, None).await
+            })
+            .await?;
+        Ok(answer.ttl() > 0)
+    }
+
     /// The live members, in name order.
     pub async fn members(&self) -> Result<Vec<Member>, CoordError> {
         let prefix = self.keys.members();

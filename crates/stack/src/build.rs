@@ -308,6 +308,7 @@ pub async fn build_on(
             Disks::Files if disk.uri.is_some() => {
                 open_remote(loaded, disk, &runtime, metrics).await
             }
+            Disks::Files if disk.shared.is_some() => open_shared(disk, &runtime, metrics).await,
             Disks::Files => open_disk(loaded, disk, started_before, &state, &runtime, metrics),
             Disks::Given(devices) => devices
                 .get(&name)
@@ -491,6 +492,35 @@ fn open_disk(
         .with_context(|| format!("disk {name}: opening {}", path.display()))?;
     Ok(Arc::new(Metered::new(
         file,
+        metrics.device(name),
+        runtime.clone(),
+    )))
+}
+
+/// Opens a shared volume from its cluster's catalog. An unreachable etcd or a volume not in
+/// the catalog is a missing disk: nothing is created.
+async fn open_shared(
+    disk: &DiskConfig,
+    runtime: &Arc<dyn Runtime>,
+    metrics: &MetricsRegistry,
+) -> anyhow::Result<DeviceRef> {
+    let name = disk.name.get_ref();
+    let volume = disk.shared.as_ref().expect("a shared disk").get_ref();
+    let cluster = disk.cluster.as_deref().unwrap_or("strata");
+    let coord =
+        strata_coord::Coord::connect(&disk.etcd, cluster, std::time::Duration::from_secs(5))
+            .await
+            .with_context(|| format!("disk {name}: etcd at {}", disk.etcd.join(",")))?;
+    let member = disk
+        .member
+        .clone()
+        .unwrap_or_else(|| format!("{name}-{}", std::process::id()));
+    let shared = strata_brick::SharedVolume::open(&coord, volume, &member, disk.remote_timeout())
+        .await
+        .with_context(|| format!("disk {name}: shared volume {volume} of cluster {cluster}"))?;
+    info!(disk = %name, volume = %volume, size = shared.geometry().size, "opened shared volume");
+    Ok(Arc::new(Metered::new(
+        shared,
         metrics.device(name),
         runtime.clone(),
     )))

@@ -70,6 +70,18 @@ pub struct DiskConfig {
     /// A remote export (`nbd://host[:port]/export`, `nbd+unix:///export?socket=PATH`): a
     /// brick, reached with Strata's NBD client. Never created or formatted by us.
     pub uri: Option<Spanned<String>>,
+    /// A shared volume of a Strata cluster (issue 19), by its name in the cluster's catalog:
+    /// striped and mirrored over bricks on other hosts, each flush an interval committed on
+    /// all of them. Needs `etcd`.
+    pub shared: Option<Spanned<String>>,
+    /// A shared volume's etcd endpoints (`http://host:port`).
+    #[serde(default)]
+    pub etcd: Vec<String>,
+    /// A shared volume's cluster (`strata` when left out).
+    pub cluster: Option<String>,
+    /// The name this host joins a shared volume's cluster as (`<disk name>-<process id>`
+    /// when left out); two live members cannot share a name.
+    pub member: Option<String>,
     /// A remote disk's per-request timeout (`"30s"` when left out).
     pub timeout: Option<Spanned<String>>,
     /// A remote disk's connections, used in turn; more than one only if the server
@@ -458,6 +470,36 @@ fn validate_source(
     error: &dyn Fn(usize, String) -> ConfigError,
 ) -> Result<(), ConfigError> {
     let name = disk.name.get_ref();
+    if let Some(shared) = &disk.shared {
+        let conflict = if disk.path.is_some() {
+            Some("path")
+        } else if disk.uri.is_some() {
+            Some("uri")
+        } else if disk.size.is_some() {
+            Some("size")
+        } else {
+            None
+        };
+        if let Some(field) = conflict {
+            let message = format!(
+                "field `{field}`: disk {name} is a shared volume (`shared`); it has no `{field}`"
+            );
+            return Err(error(shared.span().start, message));
+        }
+        if disk.etcd.is_empty() {
+            let message = format!(
+                "disk {name} is a shared volume: give `etcd`, the cluster's etcd endpoints"
+            );
+            return Err(error(shared.span().start, message));
+        }
+        return Ok(());
+    }
+    if !disk.etcd.is_empty() || disk.cluster.is_some() || disk.member.is_some() {
+        let message = format!(
+            "disk {name}: `etcd`, `cluster` and `member` belong to a shared volume (`shared`)"
+        );
+        return Err(error(disk.name.span().start, message));
+    }
     let Some(uri) = &disk.uri else {
         if disk.path.is_none() {
             let message = format!(

@@ -1,6 +1,7 @@
 //! `strata`: serve hierarchies of virtual block devices over NBD.
 
 mod admin;
+mod cluster_cmd;
 mod kinds;
 mod metrics_http;
 mod migrate_metrics;
@@ -44,6 +45,12 @@ struct Cli {
 enum Command {
     /// Serve the configured exports (the embedded default when no config is given).
     Serve(serve::ServeArgs),
+    /// Bricks of shared volumes: format one, serve one.
+    #[command(subcommand)]
+    Brick(cluster_cmd::BrickCommand),
+    /// The cluster of hosts sharing volumes, coordinated on etcd: its status, its volumes.
+    #[command(subcommand)]
+    Cluster(cluster_cmd::ClusterCommand),
     /// Show a running server's exports, devices and counters.
     Status {
         #[command(flatten)]
@@ -195,6 +202,14 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let command = match cli.command {
         Command::Serve(args) => return run_serve(&args),
+        Command::Brick(command) => {
+            cluster_cmd::run_brick(command)?;
+            return Ok(ExitCode::SUCCESS);
+        }
+        Command::Cluster(command) => {
+            cluster_cmd::run_cluster(command)?;
+            return Ok(ExitCode::SUCCESS);
+        }
         Command::Check {
             devices,
             repair,
@@ -203,7 +218,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         other => other,
     };
     match command {
-        Command::Serve(_) | Command::Check { .. } => unreachable!("handled above"),
+        Command::Serve(_) | Command::Brick(_) | Command::Cluster(_) | Command::Check { .. } => {
+            unreachable!("handled above")
+        }
         Command::Kinds => {
             out!("{}", kinds::render());
             Ok(())

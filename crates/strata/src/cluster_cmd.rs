@@ -1,0 +1,369 @@
+//! `strata brick ...` and `strata cluster ...`: bricks of shared volumes and the cluster
+//! catalog they are listed in (issue 19; docs/shared-volumes.md).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use strata_backend::{FileDevice, FileOptions};
+use strata_brick::resolve::resolve_in_doubt;
+use strata_brick::rpc::{serve, BrickClient};
+use strata_brick::{BrickOptions, BrickStore};
+use strata_coord::catalog::{BrickRecord, VolumeRecord, RECORD_FORMAT};
+use strata_coord::session::{MemberRecord, Session};
+use strata_coord::{Coord, CoordError};
+use strata_core::{outln, ByteSize, DeviceRef, TokioRuntime};
+
+/// Where the cluster's etcd is.
+#[derive(clap::Args, Clone, Debug)]
+pub struct EtcdArgs {
+    /// An etcd endpoint (`http://host:port`); repeat for each member of the etcd cluster.
+    #[arg(long = "etcd", required = true)]
+    pub endpoints: Vec<String>,
+    /// The Strata cluster's name (its keys live under /strata/<name>/ in etcd).
+    #[arg(long, default_value = "strata")]
+    pub cluster: String,
+}
+
+impl EtcdArgs {
+    async fn connect(&self) -> anyhow::Result<Coord> {
+        Coord::connect(&self.endpoints, &self.cluster, Duration::from_secs(5))
+            .await
+            .with_context(|| format!("etcd at {}", self.endpoints.join(",")))
+    }
+}
+
+#[derive(clap::Subcommand)]
+pub enum BrickCommand {
+    /// Lay a new, empty brick on a file (created sparse when missing) or block device.
+    /// Refused over a device that holds Strata metadata, unless --force.
+    Format {
+        path: PathBuf,
+        /// The share of a volume the brick holds (its home region).
+        #[arg(long)]
+        home: String,
+        /// The device's size, for a file that does not exist yet.
+        #[arg(long)]
+        size: Option<String>,
+        /// The brick's metadata region.
+        #[arg(long, default_value = "16M")]
+        meta: String,
+        /// Format even over Strata metadata (destroys what it describes).
+        #[arg(long)]
+        force: bool,
+    },
+    /// Serve a brick's transaction channel. With --etcd, join the cluster as a brick (listed
+    /// in its catalog) and resolve the intervals in doubt of clients whose lease is gone.
+    Serve {
+        path: PathBuf,
+        #[arg(long, default_value = "127.0.0.1:10810")]
+        listen: String,
+        /// The brick's name in the cluster (default: the file's stem).
+        #[arg(long)]
+        name: Option<String>,
+        #[arg(long = "etcd")]
+        endpoints: Vec<String>,
+        #[arg(long, default_value = "strata")]
+        cluster: String,
+    },
+}
+
+#[derive(clap::Subcommand)]
+pub enum ClusterCommand {
+    /// List the cluster's live members, bricks, shared volumes and their lock claims.
+    Status {
+        #[command(flatten)]
+        etcd: EtcdArgs,
+    },
+    /// Create a shared volume over bricks of the catalog: each --mirror is one mirror set
+    /// (comma-separated bricks, two or more for RAIN-10); data is striped over the sets.
+    CreateVolume {
+        #[command(flatten)]
+        etcd: EtcdArgs,
+        name: String,
+        #[arg(long)]
+        size: String,
+        #[arg(long = "mirror", required = true)]
+        mirrors: Vec<String>,
+        /// The stripe unit.
+        #[arg(long, default_value = "1M")]
+        unit: String,
+        /// The lock segment: the unit in which lock servers claim the volume.
+        #[arg(long, default_value = "64M")]
+        segment: String,
+    },
+}
+
+fn size(text: &str) -> anyhow::Result<u64> {
+    Ok(ByteSize::parse(text).map_err(anyhow::Error::msg)?.0)
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("strata")
+        .build()?)
+}
+
+fn open_file(path: &Path, size: Option<u64>) -> anyhow::Result<DeviceRef> {
+    let mut options = FileOptions::new(path);
+    options.size = size;
+    let device = FileDevice::open(options, TokioRuntime::current())
+        .with_context(|| format!("{}", path.display()))?;
+    Ok(Arc::new(device))
+}
+
+pub fn run_brick(command: BrickCommand) -> anyhow::Result<()> {
+    runtime()?.block_on(async move {
+        match command {
+            BrickCommand::Format {
+                path,
+                home,
+                size: file_size,
+                meta,
+                force,
+            } => {
+                if file_size.is_none() && !path.exists() {
+                    bail!(
+                        "{} does not exist: give --size to create it",
+                        path.display()
+                    );
+                }
+                let device = open_file(&path, file_size.as_deref().map(size).transpose()?)?;
+                let options = BrickOptions {
+                    meta_bytes: size(&meta)?,
+                    home_bytes: size(&home)?,
+                    min_staging_bytes: 1 << 20,
+                };
+                let store = BrickStore::format(device, &options, force)
+                    .await
+                    .with_context(|| format!("formatting {}", path.display()))?;
+                let layout = store.layout();
+                outln!(
+                    "brick {}: home {} bytes, staging {} bytes",
+                    path.display(),
+                    layout.home_bytes,
+                    layout.staging_bytes
+                );
+                Ok(())
+            }
+            BrickCommand::Serve {
+                path,
+                listen,
+                name,
+                endpoints,
+                cluster,
+            } => {
+                let name = match name {
+                    Some(name) => name,
+                    None => path
+                        .file_stem()
+                        .map(|s| s.to_string_lossy().into_owned())
+                        .context("give --name")?,
+                };
+                let device = open_file(&path, None)?;
+                let (store, report) = BrickStore::open(device)
+                    .await
+                    .with_context(|| format!("opening brick {}", path.display()))?;
+                let store = Arc::new(store);
+                let listener = tokio::net::TcpListener::bind(&listen)
+                    .await
+                    .with_context(|| format!("listening on {listen}"))?;
+                let address = listener.local_addr()?.to_string();
+                tracing::info!(brick = %name, %address, ?report, "serving brick");
+                let member = if endpoints.is_empty() {
+                    None
+                } else {
+                    let etcd = EtcdArgs { endpoints, cluster };
+                    Some(join_as_brick(&etcd, &name, &address, &store).await?)
+                };
+                let shutdown = async {
+                    let _ = tokio::signal::ctrl_c().await;
+                };
+                let served = tokio::spawn(serve(store.clone(), listener, shutdown));
+                if let Some((coord, session)) = member {
+                    let _heartbeat = session.heartbeat();
+                    let resolver =
+                        tokio::spawn(resolve_forever(coord, name.clone(), store.clone()));
+                    served.await??;
+                    resolver.abort();
+                    session.close().await.ok();
+                } else {
+                    served.await??;
+                }
+                Ok(())
+            }
+        }
+    })
+}
+
+async fn join_as_brick(
+    etcd: &EtcdArgs,
+    name: &str,
+    address: &str,
+    store: &BrickStore,
+) -> anyhow::Result<(Coord, Session)> {
+    let coord = etcd.connect().await?;
+    let record = MemberRecord {
+        name: name.to_string(),
+        role: "brick".into(),
+        address: address.to_string(),
+    };
+    let session = Session::open(&coord, record, Duration::from_secs(10)).await?;
+    let brick = BrickRecord {
+        format: RECORD_FORMAT,
+        name: name.to_string(),
+        address: address.to_string(),
+        size_bytes: store.layout().home_bytes,
+    };
+    match coord.add_brick(&brick).await {
+        Ok(()) => {}
+        Err(CoordError::Exists(_)) => {
+            let listed = coord
+                .bricks()
+                .await?
+                .into_iter()
+                .find(|b| b.record.name == name)
+                .context("brick vanished from the catalog")?;
+            if listed.record.size_bytes != brick.size_bytes || listed.record.address != address {
+                bail!(
+                    "the catalog lists brick {name:?} at {} with {} bytes; this one is at \
+                     {address} with {} (another brick of that name?)",
+                    listed.record.address,
+                    listed.record.size_bytes,
+                    brick.size_bytes
+                );
+            }
+        }
+        Err(e) => return Err(e.into()),
+    }
+    Ok((coord, session))
+}
+
+/// Every two seconds: the intervals in doubt here whose client's lease is gone are resolved
+/// from the other bricks of their volume.
+async fn resolve_forever(coord: Coord, name: String, store: Arc<BrickStore>) {
+    loop {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        if store.in_doubt().await.is_empty() {
+            continue;
+        }
+        let (me, peers) = match peers_of(&coord, &name).await {
+            Ok(found) => found,
+            Err(error) => {
+                tracing::warn!(%error, "cannot find this brick's volume; intervals stay in doubt");
+                continue;
+            }
+        };
+        let fenced = |client: u64| {
+            let coord = coord.clone();
+            // Unknown (etcd unavailable) counts as live: only a lease etcd says is gone fences.
+            async move { matches!(coord.lease_alive(client as i64).await, Ok(false)) }
+        };
+        if let Err(error) = resolve_in_doubt(&store, me, &peers, fenced).await {
+            tracing::error!(%error, "resolving intervals in doubt failed");
+        }
+    }
+}
+
+/// This brick's index in its volume, and a client of every other brick of it.
+async fn peers_of(coord: &Coord, name: &str) -> anyhow::Result<(u64, BTreeMap<u64, BrickClient>)> {
+    let volume = coord
+        .volumes()
+        .await?
+        .into_iter()
+        .find(|v| v.record.bricks().any(|b| b == name))
+        .context("no volume uses this brick")?;
+    let bricks = coord.bricks().await?;
+    let mut me = None;
+    let mut peers = BTreeMap::new();
+    for (index, brick) in volume.record.bricks().enumerate() {
+        if brick == name {
+            me = Some(index as u64);
+            continue;
+        }
+        let record = bricks
+            .iter()
+            .find(|b| &b.record.name == brick)
+            .with_context(|| format!("brick {brick} is not in the catalog"))?;
+        peers.insert(
+            index as u64,
+            BrickClient::new(&record.record.address, Duration::from_secs(5))?,
+        );
+    }
+    Ok((me.expect("found above"), peers))
+}
+
+pub fn run_cluster(command: ClusterCommand) -> anyhow::Result<()> {
+    runtime()?.block_on(async move {
+        match command {
+            ClusterCommand::Status { etcd } => {
+                let coord = etcd.connect().await?;
+                outln!("cluster {}", coord.cluster());
+                outln!("members:");
+                for member in coord.members().await? {
+                    let r = &member.record;
+                    outln!(
+                        "  {} ({}) {} lease {:x}",
+                        r.name,
+                        r.role,
+                        r.address,
+                        member.lease
+                    );
+                }
+                outln!("bricks:");
+                for brick in coord.bricks().await? {
+                    let r = &brick.record;
+                    outln!("  {} at {}, {} bytes", r.name, r.address, r.size_bytes);
+                }
+                outln!("volumes:");
+                for volume in coord.volumes().await? {
+                    let r = &volume.record;
+                    let sets: Vec<String> = r.mirror_sets.iter().map(|s| s.join("+")).collect();
+                    outln!(
+                        "  {}: {} bytes, unit {}, sets [{}], version {}, {} of {} segments claimed",
+                        r.name,
+                        r.size_bytes,
+                        r.unit_bytes,
+                        sets.join(", "),
+                        coord.version(&r.name).await?,
+                        coord.claims(&r.name).await?.len(),
+                        r.segments()
+                    );
+                }
+                Ok(())
+            }
+            ClusterCommand::CreateVolume {
+                etcd,
+                name,
+                size: volume_size,
+                mirrors,
+                unit,
+                segment,
+            } => {
+                let coord = etcd.connect().await?;
+                let record = VolumeRecord {
+                    format: RECORD_FORMAT,
+                    name: name.clone(),
+                    size_bytes: size(&volume_size)?,
+                    unit_bytes: size(&unit)?,
+                    segment_bytes: size(&segment)?,
+                    mirror_sets: mirrors
+                        .iter()
+                        .map(|set| set.split(',').map(|b| b.trim().to_string()).collect())
+                        .collect(),
+                };
+                coord.create_volume(&record).await?;
+                outln!(
+                    "volume {name}: {} bytes over {} sets of {} bricks",
+                    record.size_bytes,
+                    record.mirror_sets.len(),
+                    record.copies()
+                );
+                Ok(())
+            }
+        }
+    })
+}
