@@ -112,6 +112,12 @@ class Disk:
     tls_certificate: str | None = None
     tls_key: str | None = None
     tls_name: str | None = None
+    # A shared volume (`shared = ...`, docs/shared-volumes.md): its name in the cluster's
+    # catalog and the cluster's etcd endpoints; `size` is the volume's, for arithmetic only.
+    shared: str | None = None
+    etcd: list[str] | None = None
+    cluster: str | None = None
+    member: str | None = None
 
     @property
     def rel_path(self) -> str:
@@ -251,6 +257,11 @@ class Server:
         if s.metrics:
             lines.append(f'metrics = "127.0.0.1:{self.metrics_port}"')
         for d in s.disks:
+            if d.shared is not None:
+                lines += toml_table("disk", {"name": d.name, "shared": d.shared, "etcd": d.etcd,
+                                             "cluster": d.cluster, "member": d.member,
+                                             "timeout": d.timeout})
+                continue
             if d.uri is not None:
                 lines += toml_table("disk", {"name": d.name, "uri": d.uri, "timeout": d.timeout,
                                              "connections": d.connections, "tls-ca": d.tls_ca,
