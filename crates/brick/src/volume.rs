@@ -3,17 +3,19 @@
 //! until the client's flush, and each flush one consistency interval committed on every
 //! brick it touches, or on none.
 //!
-//! Replicas are kept identical by the interval itself: a write goes to every brick of its
-//! set, and if one of them cannot take it the interval aborts everywhere and the flush fails.
-//! Running degraded (committing without an absent brick, recording what it missed, copying
-//! only that back) is not built: the policy for it is `strata_cluster::rain`, and its missing
-//! half is recording in etcd which bricks are stale, so no other host reads from them.
+//! Replicas are kept identical by the interval itself: a write goes to every brick of its set
+//! that is up. A brick that does not answer a prepare is taken down (unless it holds the last
+//! current copy of something) and the interval is retried without it, after the regions it
+//! misses are recorded in etcd (`Coord::mark_stale`): no host then reads them from it. When it
+//! answers again, only those regions are copied back to it, each as an interval of its own,
+//! before this host's next interval (RAIN-10's policy is `strata_cluster::rain`).
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
+use std::collections::BTreeSet;
 use strata_cluster::interval::{Decision, IntervalId};
 use strata_cluster::rain::Rain10;
 use strata_coord::session::{Heartbeat, MemberRecord, Session};
@@ -31,6 +33,9 @@ const MAX_PENDING: u64 = (MAX_MESSAGE / 4) as u64;
 
 pub struct SharedVolume {
     name: String,
+    coord: Coord,
+    /// Each brick's name in the catalog, by index.
+    brick_names: Vec<String>,
     geometry: Geometry,
     unit: u64,
     /// Each mirror set's bricks, as indices into `bricks`.
@@ -73,6 +78,7 @@ impl SharedVolume {
         let record = coord.volume(volume).await?.record;
         let catalog = coord.bricks().await?;
         let mut bricks = Vec::new();
+        let brick_names: Vec<String> = record.bricks().cloned().collect();
         for name in record.bricks() {
             let brick = catalog
                 .iter()
@@ -104,8 +110,26 @@ impl SharedVolume {
             bricks = bricks.len(),
             "shared volume opened"
         );
+        let mut rain = Rain10::new(record.unit_bytes, record.unit_bytes, sets.clone());
+        for (brick, regions) in coord.stale(volume).await? {
+            let index = brick_names
+                .iter()
+                .position(|b| *b == brick)
+                .ok_or_else(|| {
+                    anyhow::anyhow!("a stale record names brick {brick}, not of volume {volume}")
+                })?;
+            tracing::warn!(
+                volume,
+                brick,
+                regions = regions.len(),
+                "brick is stale: not read from until copied back"
+            );
+            rain.restore(index, regions);
+        }
         Ok(SharedVolume {
             name: volume.to_string(),
+            coord: coord.clone(),
+            brick_names,
             geometry: Geometry {
                 size: record.size_bytes,
                 min_io: 512,
@@ -115,11 +139,7 @@ impl SharedVolume {
                 max_io: 4 << 20,
             },
             unit: record.unit_bytes,
-            rain: Mutex::new(Rain10::new(
-                record.unit_bytes,
-                record.unit_bytes,
-                sets.clone(),
-            )),
+            rain: Mutex::new(rain),
             sets,
             bricks,
             session,
@@ -187,65 +207,220 @@ impl SharedVolume {
         }
     }
 
-    /// Commits what is pending as one interval on every brick it touches, or fails.
-    async fn commit(&self, state: &mut State) -> Result<()> {
-        if state.pending.is_empty() {
-            return Ok(());
+    /// Takes in what other hosts recorded as stale since this host last looked: it must not
+    /// read those regions from those bricks either.
+    async fn refresh_stale(&self) {
+        match self.coord.stale(&self.name).await {
+            Ok(stale) => {
+                let mut rain = self.rain.lock().unwrap();
+                for (name, regions) in stale {
+                    let Some(brick) = self.brick_names.iter().position(|b| *b == name) else {
+                        continue;
+                    };
+                    if !rain.is_down(brick) && regions.iter().any(|&r| rain.is_current(brick, r)) {
+                        tracing::warn!(volume = %self.name, brick = %name, "another host recorded this brick stale");
+                        rain.restore(brick, regions);
+                    }
+                }
+            }
+            Err(error) => {
+                tracing::warn!(volume = %self.name, %error, "cannot read which bricks are stale")
+            }
         }
-        self.settle(state).await;
-        if let Some(brick) = state.owed.keys().next() {
-            // An earlier interval is not decided there yet: a later one must not overtake it.
-            return Err(io_error(format!(
-                "volume {}: brick {} is unreachable and owes an earlier decision",
-                self.name,
-                self.bricks[*brick].address()
-            )));
-        }
+    }
+
+    fn next_id(&self, state: &mut State) -> IntervalId {
         let id = IntervalId {
             client: self.client_id(),
             seq: state.next_seq,
         };
         state.next_seq += 1;
-        let mut writes: BTreeMap<usize, Vec<(u64, Bytes)>> = BTreeMap::new();
-        for (offset, data) in &state.pending {
-            for (at, set, brick_offset, len) in self.pieces(*offset, data.len() as u64) {
-                let from = (at - offset) as usize;
-                let piece = data.slice(from..from + len as usize);
-                for &brick in &self.sets[set] {
-                    writes
-                        .entry(brick)
-                        .or_default()
-                        .push((brick_offset, piece.clone()));
+        id
+    }
+
+    /// Copies back to each brick that was down and answers again the regions it missed, from
+    /// a current copy, each region as an interval on that brick alone.
+    async fn resync(&self, state: &mut State) {
+        for brick in 0..self.bricks.len() {
+            if !self.rain.lock().unwrap().is_down(brick) || state.owed.contains_key(&brick) {
+                continue;
+            }
+            let probe = IntervalId { client: 0, seq: 0 };
+            if self.bricks[brick].status(probe).await.is_err() {
+                continue;
+            }
+            let regions = self.rain.lock().unwrap().returned(brick);
+            let name = &self.brick_names[brick];
+            tracing::info!(volume = %self.name, brick = %name, regions = regions.len(), "brick is back: copying what it missed");
+            let mut copied = BTreeSet::new();
+            for region in &regions {
+                let source = self.rain.lock().unwrap().source(brick, *region);
+                let Some(source) = source else {
+                    tracing::warn!(volume = %self.name, brick = %name, region, "no current copy reachable");
+                    continue;
+                };
+                let offset = region * self.unit;
+                let data = match self.bricks[source].read(offset, self.unit as u32).await {
+                    Ok(data) => data,
+                    Err(error) => {
+                        tracing::warn!(volume = %self.name, %error, "resync read failed");
+                        continue;
+                    }
+                };
+                let id = self.next_id(state);
+                let writes = BTreeMap::from([(brick, vec![(offset, data)])]);
+                let outcome = run_interval(&self.bricks, id, writes, &[]).await;
+                if outcome.ended() {
+                    self.rain.lock().unwrap().copied(brick, *region);
+                    copied.insert(*region);
+                } else {
+                    for &b in &outcome.unacked {
+                        state
+                            .owed
+                            .entry(b)
+                            .or_default()
+                            .push((id, outcome.decision));
+                    }
+                    tracing::warn!(volume = %self.name, brick = %name, "brick went away again during resync");
+                    let _ = self.rain.lock().unwrap().down(brick);
+                    break;
+                }
+            }
+            if let Err(error) = self.coord.clear_stale(&self.name, name, &copied).await {
+                // Harmless but for the next opener: it copies these again.
+                tracing::warn!(volume = %self.name, %error, "copied regions not cleared in etcd");
+            }
+            tracing::info!(volume = %self.name, brick = %name, copied = copied.len(), of = regions.len(), "resync done");
+        }
+    }
+
+    /// Commits what is pending as one interval on every brick that is up, or fails. A brick
+    /// that does not answer is taken down and the interval retried without it.
+    async fn commit(&self, state: &mut State) -> Result<()> {
+        if state.pending.is_empty() {
+            return Ok(());
+        }
+        self.settle(state).await;
+        self.refresh_stale().await;
+        self.resync(state).await;
+        for _ in 0..=self.bricks.len() {
+            // A brick that owes an earlier decision cannot take a later interval: it would
+            // apply them out of order. It counts as down until it is paid.
+            for &brick in state.owed.keys() {
+                let mut rain = self.rain.lock().unwrap();
+                if !rain.is_down(brick) {
+                    rain.down(brick).map_err(|e| {
+                        io_error(format!(
+                            "volume {}: {e}; it owes an earlier decision",
+                            self.name
+                        ))
+                    })?;
+                    tracing::warn!(volume = %self.name, brick = %self.brick_names[brick], "brick owes a decision: going on without it");
+                }
+            }
+            let id = self.next_id(state);
+            let (writes, missed) = self.plan(&state.pending)?;
+            for (brick, regions) in &missed {
+                self.coord
+                    .mark_stale(&self.name, &self.brick_names[*brick], regions)
+                    .await
+                    .map_err(|e| {
+                        io_error(format!(
+                            "volume {}: brick {} is down and what it misses cannot be recorded: {e}",
+                            self.name, self.brick_names[*brick]
+                        ))
+                    })?;
+            }
+            let outcome = run_interval(&self.bricks, id, writes, &[]).await;
+            for &brick in &outcome.unacked {
+                state
+                    .owed
+                    .entry(brick)
+                    .or_default()
+                    .push((id, outcome.decision));
+            }
+            match outcome.decision {
+                Decision::Commit => {
+                    state.pending.clear();
+                    state.pending_bytes = 0;
+                    return Ok(());
+                }
+                Decision::Abort if outcome.refusals.is_empty() && !outcome.silent.is_empty() => {
+                    let mut rain = self.rain.lock().unwrap();
+                    for &brick in &outcome.silent {
+                        rain.down(brick).map_err(|e| {
+                            io_error(format!(
+                                "volume {}: interval {} aborted: {e}",
+                                self.name, id.seq
+                            ))
+                        })?;
+                        tracing::warn!(volume = %self.name, brick = %self.brick_names[brick], "brick down: going on without it");
+                    }
+                }
+                // The writes stay pending (and readable here): the next flush tries again.
+                Decision::Abort => {
+                    return Err(io_error(format!(
+                        "volume {}: interval {} aborted (refused: {:?}; unanswered: {:?})",
+                        self.name,
+                        id.seq,
+                        outcome.refusals,
+                        outcome
+                            .silent
+                            .iter()
+                            .map(|&b| self.bricks[b].address())
+                            .collect::<Vec<_>>()
+                    )))
                 }
             }
         }
-        let outcome = run_interval(&self.bricks, id, writes, &[]).await;
-        for &brick in &outcome.unacked {
-            state
-                .owed
-                .entry(brick)
-                .or_default()
-                .push((id, outcome.decision));
-        }
-        match outcome.decision {
-            Decision::Commit => {
-                state.pending.clear();
-                state.pending_bytes = 0;
-                Ok(())
+        Err(io_error(format!(
+            "volume {}: no interval committed",
+            self.name
+        )))
+    }
+
+    /// Each brick's writes for the pending writes, and the regions of bricks that are down
+    /// which they touch.
+    #[allow(clippy::type_complexity)]
+    fn plan(
+        &self,
+        pending: &[(u64, Bytes)],
+    ) -> Result<(
+        BTreeMap<usize, Vec<(u64, Bytes)>>,
+        BTreeMap<usize, BTreeSet<u64>>,
+    )> {
+        let mut writes: BTreeMap<usize, Vec<(u64, Bytes)>> = BTreeMap::new();
+        let mut missed: BTreeMap<usize, BTreeSet<u64>> = BTreeMap::new();
+        for (offset, data) in pending {
+            for (at, set, brick_offset, len) in self.pieces(*offset, data.len() as u64) {
+                let from = (at - offset) as usize;
+                let piece = data.slice(from..from + len as usize);
+                let place = strata_cluster::rain::Place {
+                    set,
+                    offset: brick_offset,
+                };
+                let targets = self
+                    .rain
+                    .lock()
+                    .unwrap()
+                    .write(place)
+                    .map_err(|e| io_error(format!("volume {}: {e}", self.name)))?;
+                for &brick in &self.sets[set] {
+                    if targets.contains(&brick) {
+                        writes
+                            .entry(brick)
+                            .or_default()
+                            .push((brick_offset, piece.clone()));
+                    } else {
+                        missed
+                            .entry(brick)
+                            .or_default()
+                            .insert(brick_offset / self.unit);
+                    }
+                }
             }
-            // The writes stay pending (and readable here): the next flush tries again.
-            Decision::Abort => Err(io_error(format!(
-                "volume {}: interval {} aborted (refused: {:?}; unanswered: {:?})",
-                self.name,
-                id.seq,
-                outcome.refusals,
-                outcome
-                    .silent
-                    .iter()
-                    .map(|&b| self.bricks[b].address())
-                    .collect::<Vec<_>>()
-            ))),
         }
+        Ok((writes, missed))
     }
 
     /// Reads one piece from a current copy: round-robin, skipping bricks that owe a decision
@@ -267,10 +442,11 @@ impl SharedVolume {
         };
         let bricks = &self.sets[set];
         let start = bricks.iter().position(|&b| b == first).unwrap_or(0);
+        let region = brick_offset / self.unit;
         let mut last_error = None;
         for i in 0..bricks.len() {
             let brick = bricks[(start + i) % bricks.len()];
-            if owed.contains(&brick) {
+            if owed.contains(&brick) || !self.rain.lock().unwrap().is_current(brick, region) {
                 continue;
             }
             match self.bricks[brick].read(brick_offset, len as u32).await {
@@ -290,7 +466,7 @@ impl SharedVolume {
         Err(io_error(format!(
             "volume {}: no copy of set {set} answered ({})",
             self.name,
-            last_error.unwrap_or_else(|| "every brick owes a decision".into())
+            last_error.unwrap_or_else(|| "no current copy is up".into())
         )))
     }
 }

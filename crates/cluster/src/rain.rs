@@ -182,6 +182,25 @@ impl Rain10 {
             .find(|&b| b != brick && self.current(b, region) && self.is_reachable(b))
     }
 
+    /// `brick` is stale in `dirty` (as recorded when this host opened the volume): down until
+    /// it is seen back and those regions are copied to it.
+    pub fn restore(&mut self, brick: Brick, dirty: impl IntoIterator<Item = u64>) {
+        self.state[brick] = BrickState::Stale {
+            dirty: dirty.into_iter().collect(),
+            down: true,
+        };
+    }
+
+    /// Whether `brick` holds `region` current (and is reachable).
+    pub fn is_current(&self, brick: Brick, region: u64) -> bool {
+        self.current(brick, region)
+    }
+
+    /// Whether `brick` is down (failed or unreachable, not yet back).
+    pub fn is_down(&self, brick: Brick) -> bool {
+        !self.is_reachable(brick)
+    }
+
     /// Whether `brick` is up and holds every region current.
     pub fn in_sync(&self, brick: Brick) -> bool {
         self.state[brick] == BrickState::Up

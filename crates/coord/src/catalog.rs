@@ -281,6 +281,10 @@ impl Coord {
             .and_then([
                 TxnOp::delete(key.as_str(), None),
                 TxnOp::delete(self.keys.version(name), None),
+                TxnOp::delete(
+                    self.keys.stale(name),
+                    Some(etcd_client::DeleteOptions::new().with_prefix()),
+                ),
             ]);
         let mut client = self.client.clone();
         if self

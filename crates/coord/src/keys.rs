@@ -66,6 +66,9 @@ impl Keys {
     pub fn claim(&self, volume: &str, segment: u32) -> String {
         format!("{}{segment:010}", self.claims(volume))
     }
+    pub fn stale(&self, volume: &str) -> String {
+        format!("{}stale/{volume}/", self.root)
+    }
     pub fn version(&self, volume: &str) -> String {
         format!("{}versions/{volume}", self.root)
     }

@@ -10,7 +10,9 @@
 //! - [`claims`]: who serves the locks of each segment of a volume, taken in a transaction and
 //!   bound to the claimant's lease; the claim's etcd revision is its fencing epoch, so a later
 //!   claim always carries a larger one;
-//! - [`versions`]: each shared volume's version counter, advanced by compare-and-swap.
+//! - [`versions`]: each shared volume's version counter, advanced by compare-and-swap;
+//! - [`stale`]: which bricks of a volume miss which regions, recorded before a write skips
+//!   them and cleared as the regions are copied back.
 //!
 //! Every key lives under `/strata/<cluster>/` (see `docs/shared-volumes.md`, "Coordination").
 
@@ -19,6 +21,7 @@ pub mod claims;
 mod error;
 mod keys;
 pub mod session;
+pub mod stale;
 pub mod versions;
 
 use std::future::Future;

@@ -332,6 +332,12 @@ pub fn run_cluster(command: ClusterCommand) -> anyhow::Result<()> {
                         coord.claims(&r.name).await?.len(),
                         r.segments()
                     );
+                    for (brick, regions) in coord.stale(&r.name).await? {
+                        outln!(
+                            "    brick {brick} is stale: {} regions to copy back",
+                            regions.len()
+                        );
+                    }
                 }
                 Ok(())
             }

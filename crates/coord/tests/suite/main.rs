@@ -5,4 +5,5 @@ mod claims;
 mod etcd;
 mod quorum;
 mod session;
+mod stale;
 mod versions;
