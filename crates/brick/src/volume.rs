@@ -331,6 +331,7 @@ impl SharedVolume {
                         ))
                     })?;
             }
+            let outcome_bricks = writes.len();
             let outcome = run_interval(&self.bricks, id, writes, &[]).await;
             for &brick in &outcome.unacked {
                 state
@@ -343,6 +344,17 @@ impl SharedVolume {
                 Decision::Commit => {
                     state.pending.clear();
                     state.pending_bytes = 0;
+                    // Durable once one brick has recorded the commit: the others, if this
+                    // host dies, find it when they resolve the interval. With none, a crash
+                    // of them all would leave it prepared everywhere, and resolved as an
+                    // abort: the write must not be reported done. It stays owed to them.
+                    if outcome.unacked.len() == outcome_bricks {
+                        return Err(io_error(format!(
+                            "volume {}: interval {} is committed but no brick acknowledged it; \
+                             it becomes visible when they return",
+                            self.name, id.seq
+                        )));
+                    }
                     return Ok(());
                 }
                 Decision::Abort if outcome.refusals.is_empty() && !outcome.silent.is_empty() => {

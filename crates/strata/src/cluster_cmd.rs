@@ -211,7 +211,23 @@ async fn join_as_brick(
         role: "brick".into(),
         address: address.to_string(),
     };
-    let session = Session::open(&coord, record, Duration::from_secs(10)).await?;
+    // A brick restarted quickly after a crash finds its previous session still live in etcd
+    // until that lease runs out; so would a second process serving the same brick, which must
+    // not join. Wait, saying so, rather than give up or take the name.
+    let mut waited = Duration::ZERO;
+    let session = loop {
+        match Session::open(&coord, record.clone(), Duration::from_secs(10)).await {
+            Ok(session) => break session,
+            Err(CoordError::Exists(what)) => {
+                if waited.as_secs().is_multiple_of(5) {
+                    tracing::warn!(%what, waited = ?waited, "another session of this brick is live; waiting for its lease to run out");
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                waited += Duration::from_secs(1);
+            }
+            Err(e) => return Err(e.into()),
+        }
+    };
     let brick = BrickRecord {
         format: RECORD_FORMAT,
         name: name.to_string(),
