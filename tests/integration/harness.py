@@ -118,6 +118,7 @@ class Disk:
     etcd: list[str] | None = None
     cluster: str | None = None
     member: str | None = None
+    lease: str | None = None
 
     @property
     def rel_path(self) -> str:
@@ -260,7 +261,7 @@ class Server:
             if d.shared is not None:
                 lines += toml_table("disk", {"name": d.name, "shared": d.shared, "etcd": d.etcd,
                                              "cluster": d.cluster, "member": d.member,
-                                             "timeout": d.timeout})
+                                             "timeout": d.timeout, "lease": d.lease})
                 continue
             if d.uri is not None:
                 lines += toml_table("disk", {"name": d.name, "uri": d.uri, "timeout": d.timeout,

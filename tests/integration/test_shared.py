@@ -20,6 +20,8 @@ from test_nbd_tools import fio_job
 META = 4 * MiB
 HOME = 32 * MiB
 CLUSTER = "t"
+# Short leases keep the waits for a killed process's lease short.
+LEASE = "3s"
 
 
 class Etcd:
@@ -73,7 +75,8 @@ class BrickProc:
         self.log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             [str(STRATA_BIN), "brick", "serve", str(self.image), "--listen",
-             f"127.0.0.1:{self.port}", "--etcd", self.etcd.endpoint, "--cluster", CLUSTER],
+             f"127.0.0.1:{self.port}", "--etcd", self.etcd.endpoint, "--cluster", CLUSTER,
+             "--lease", LEASE],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.log)
         deadline = time.monotonic() + 40
         while f"  {self.name} (brick)" not in cluster_status(self.etcd).split("bricks:")[0] \
@@ -134,7 +137,7 @@ def cluster(workdir):
 
 def shared_spec(etcd: Etcd, member: str | None = None) -> ServerSpec:
     disk = Disk(name="sv", size=48 * MiB, shared="v", etcd=[etcd.endpoint], cluster=CLUSTER,
-                member=member, timeout="3s")
+                member=member, timeout="3s", lease=LEASE)
     return ServerSpec(disks=[disk], exports=[Export(name="vol", device="sv")])
 
 
@@ -243,7 +246,7 @@ def test_a_dead_clients_interval_in_doubt_is_resolved_by_the_bricks(cluster, ser
     srv.crash()
     writer.wait()
     bricks[1].proc.send_signal(signal.SIGCONT)
-    # The lease (10 s) runs out, then a resolver pass (every 2 s) settles what is in doubt.
+    # The lease runs out, then a resolver pass (every 2 s) settles what is in doubt.
     deadline = time.monotonic() + 40
     while "host-a" in cluster_status(etcd):
         assert time.monotonic() < deadline, "the dead host's lease never ran out"

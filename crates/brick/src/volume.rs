@@ -74,6 +74,7 @@ impl SharedVolume {
         volume: &str,
         member: &str,
         timeout: Duration,
+        lease: Duration,
     ) -> anyhow::Result<SharedVolume> {
         let record = coord.volume(volume).await?.record;
         let catalog = coord.bricks().await?;
@@ -99,7 +100,7 @@ impl SharedVolume {
                 role: "client".into(),
                 address: String::new(),
             },
-            Duration::from_secs(10),
+            lease,
         )
         .await?;
         let heartbeat = session.heartbeat();

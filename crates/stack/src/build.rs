@@ -515,9 +515,15 @@ async fn open_shared(
         .member
         .clone()
         .unwrap_or_else(|| format!("{name}-{}", std::process::id()));
-    let shared = strata_brick::SharedVolume::open(&coord, volume, &member, disk.remote_timeout())
-        .await
-        .with_context(|| format!("disk {name}: shared volume {volume} of cluster {cluster}"))?;
+    let lease = disk
+        .lease
+        .as_ref()
+        .and_then(|l| strata_core::duration::parse_duration(l.get_ref()).ok())
+        .unwrap_or(std::time::Duration::from_secs(10));
+    let shared =
+        strata_brick::SharedVolume::open(&coord, volume, &member, disk.remote_timeout(), lease)
+            .await
+            .with_context(|| format!("disk {name}: shared volume {volume} of cluster {cluster}"))?;
     info!(disk = %name, volume = %volume, size = shared.geometry().size, "opened shared volume");
     Ok(Arc::new(Metered::new(
         shared,

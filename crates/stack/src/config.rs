@@ -82,6 +82,9 @@ pub struct DiskConfig {
     /// The name this host joins a shared volume's cluster as (`<disk name>-<process id>`
     /// when left out); two live members cannot share a name.
     pub member: Option<String>,
+    /// A shared volume host's etcd lease (`"10s"` when left out): how long after this host
+    /// dies the bricks wait before resolving what it left in doubt.
+    pub lease: Option<Spanned<String>>,
     /// A remote disk's per-request timeout (`"30s"` when left out).
     pub timeout: Option<Spanned<String>>,
     /// A remote disk's connections, used in turn; more than one only if the server
@@ -492,11 +495,21 @@ fn validate_source(
             );
             return Err(error(shared.span().start, message));
         }
+        if let Some(lease) = &disk.lease {
+            if let Err(why) = strata_core::duration::parse_duration(lease.get_ref()) {
+                return Err(error(lease.span().start, format!("field `lease`: {why}")));
+            }
+        }
         return Ok(());
     }
-    if !disk.etcd.is_empty() || disk.cluster.is_some() || disk.member.is_some() {
+    if !disk.etcd.is_empty()
+        || disk.cluster.is_some()
+        || disk.member.is_some()
+        || disk.lease.is_some()
+    {
         let message = format!(
-            "disk {name}: `etcd`, `cluster` and `member` belong to a shared volume (`shared`)"
+            "disk {name}: `etcd`, `cluster`, `member` and `lease` belong to a shared volume \
+             (`shared`)"
         );
         return Err(error(disk.name.span().start, message));
     }
@@ -732,6 +745,34 @@ mod tests {
 
     fn load_str(text: &str) -> Result<Loaded, ConfigError> {
         load(text, "test.toml", Path::new("/base"), None)
+    }
+
+    #[test]
+    fn a_shared_volume_disk_names_its_volume_and_etcd_and_nothing_of_a_file() {
+        let with = |fields: &str| {
+            format!(
+                "listen = [\"unix:s\"]\n[[disk]]\nname = \"sv\"\n{fields}\n[[export]]\nname = \"e\"\ndevice = \"sv\"\n"
+            )
+        };
+        let ok = load_str(&with(
+            "shared = \"v\"\netcd = [\"http://e:2379\"]\nlease = \"3s\"\nmember = \"h1\"",
+        ))
+        .unwrap();
+        let disk = &ok.config.disks[0];
+        assert_eq!(disk.shared.as_ref().unwrap().get_ref(), "v");
+        assert_eq!((disk.file(), disk.remote().is_none()), (None, true));
+        let refused = |fields: &str| match load_str(&with(fields)) {
+            Ok(_) => panic!("accepted: {fields}"),
+            Err(e) => e.to_string(),
+        };
+        let no_etcd = refused("shared = \"v\"");
+        assert!(no_etcd.contains("give `etcd`"), "{no_etcd}");
+        let file_too = refused("shared = \"v\"\netcd = [\"http://e:2379\"]\npath = \"d.img\"");
+        assert!(file_too.contains("it has no `path`"), "{file_too}");
+        let bad_lease = refused("shared = \"v\"\netcd = [\"http://e:2379\"]\nlease = \"soon\"");
+        assert!(bad_lease.contains("field `lease`"), "{bad_lease}");
+        let stray = refused("path = \"d.img\"\netcd = [\"http://e:2379\"]");
+        assert!(stray.contains("belong to a shared volume"), "{stray}");
     }
 
     #[test]

@@ -67,6 +67,9 @@ pub enum BrickCommand {
         endpoints: Vec<String>,
         #[arg(long, default_value = "strata")]
         cluster: String,
+        /// The brick's etcd lease: how long after it dies the cluster counts it gone.
+        #[arg(long, default_value = "10s")]
+        lease: String,
     },
 }
 
@@ -155,7 +158,11 @@ pub fn run_brick(command: BrickCommand) -> anyhow::Result<()> {
                 name,
                 endpoints,
                 cluster,
+                lease,
             } => {
+                let lease = strata_core::duration::parse_duration(&lease)
+                    .map_err(anyhow::Error::msg)
+                    .context("--lease")?;
                 let name = match name {
                     Some(name) => name,
                     None => path
@@ -177,7 +184,7 @@ pub fn run_brick(command: BrickCommand) -> anyhow::Result<()> {
                     None
                 } else {
                     let etcd = EtcdArgs { endpoints, cluster };
-                    Some(join_as_brick(&etcd, &name, &address, &store).await?)
+                    Some(join_as_brick(&etcd, &name, &address, &store, lease).await?)
                 };
                 let shutdown = async {
                     let _ = tokio::signal::ctrl_c().await;
@@ -204,6 +211,7 @@ async fn join_as_brick(
     name: &str,
     address: &str,
     store: &BrickStore,
+    lease: Duration,
 ) -> anyhow::Result<(Coord, Session)> {
     let coord = etcd.connect().await?;
     let record = MemberRecord {
@@ -216,7 +224,7 @@ async fn join_as_brick(
     // not join. Wait, saying so, rather than give up or take the name.
     let mut waited = Duration::ZERO;
     let session = loop {
-        match Session::open(&coord, record.clone(), Duration::from_secs(10)).await {
+        match Session::open(&coord, record.clone(), lease).await {
             Ok(session) => break session,
             Err(CoordError::Exists(what)) => {
                 if waited.as_secs().is_multiple_of(5) {
