@@ -577,6 +577,19 @@ impl BrickStore {
         Ok(gone.len())
     }
 
+    /// Writes home at once, outside any interval, and flushes: the baseline intervals are
+    /// measured against (`WriteDirect`). Not atomic, not ordered against intervals.
+    pub async fn write_direct(&self, writes: Vec<(u64, Bytes)>) -> Result<()> {
+        for (offset, data) in &writes {
+            self.check_home(*offset, data.len() as u64)?;
+        }
+        for (offset, data) in writes {
+            self.write_all(self.layout.home_offset + offset, data)
+                .await?;
+        }
+        self.device.flush().await
+    }
+
     /// Reads the home region (offsets within it): what committed intervals wrote.
     pub async fn read(&self, offset: u64, len: usize) -> Result<BytesMut> {
         self.check_home(offset, len as u64)?;

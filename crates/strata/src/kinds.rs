@@ -34,9 +34,10 @@ mod tests {
     use super::*;
     use clap::CommandFactory;
 
-    /// Commands that are not online changes of a layer (`call` sends any declared verb).
-    const NOT_VERBS: [&str; 8] = [
-        "serve", "status", "check", "metrics", "sim", "kinds", "help", "call",
+    /// Commands that are not online changes of a layer (`call` sends any declared verb;
+    /// `brick` and `cluster` run on their own, not through a server).
+    const NOT_VERBS: [&str; 10] = [
+        "serve", "status", "check", "metrics", "sim", "kinds", "help", "call", "brick", "cluster",
     ];
     /// Changes of the exports, which the stack makes itself, and views (`raid5 watch` polls
     /// the status).

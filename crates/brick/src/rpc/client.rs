@@ -176,6 +176,22 @@ impl BrickClient {
         Ok(())
     }
 
+    /// Writes home outside any interval (the benchmark's baseline; see the proto).
+    pub async fn write_direct(&self, writes: Vec<(u64, Bytes)>) -> Result<(), RpcError> {
+        let request = proto::WriteDirectRequest {
+            writes: writes
+                .into_iter()
+                .map(|(offset, data)| proto::Write { offset, data })
+                .collect(),
+        };
+        self.inner
+            .clone()
+            .write_direct(request)
+            .await
+            .map_err(|s| self.error(s))?;
+        Ok(())
+    }
+
     pub async fn read(&self, offset: u64, len: u32) -> Result<Bytes, RpcError> {
         let reply = self
             .inner

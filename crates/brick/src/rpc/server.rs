@@ -179,6 +179,23 @@ impl brick_server::Brick for BrickService {
         Ok(Response::new(proto::Empty {}))
     }
 
+    async fn write_direct(
+        &self,
+        request: Request<proto::WriteDirectRequest>,
+    ) -> Result<Response<proto::Empty>, Status> {
+        let writes = request
+            .into_inner()
+            .writes
+            .into_iter()
+            .map(|w| (w.offset, w.data))
+            .collect();
+        self.store
+            .write_direct(writes)
+            .await
+            .map_err(|e| refuse("write", e))?;
+        Ok(Response::new(proto::Empty {}))
+    }
+
     async fn read(
         &self,
         request: Request<proto::ReadRequest>,
