@@ -333,6 +333,13 @@ impl SharedVolume {
                     })?;
             }
             let outcome_bricks = writes.len();
+            let touched: BTreeMap<usize, BTreeSet<u64>> = writes
+                .iter()
+                .map(|(&brick, list)| {
+                    let regions = list.iter().map(|(offset, _)| offset / self.unit).collect();
+                    (brick, regions)
+                })
+                .collect();
             let outcome = run_interval(&self.bricks, id, writes, &[]).await;
             for &brick in &outcome.unacked {
                 state
@@ -355,6 +362,36 @@ impl SharedVolume {
                              it becomes visible when they return",
                             self.name, id.seq
                         )));
+                    }
+                    // A brick that did not acknowledge holds the interval undecided, its
+                    // regions not yet home: no host may read them from it, this one dead
+                    // or not, until they are copied back.
+                    for &brick in &outcome.unacked {
+                        self.coord
+                            .mark_stale(&self.name, &self.brick_names[brick], &touched[&brick])
+                            .await
+                            .map_err(|e| {
+                                io_error(format!(
+                                    "volume {}: interval {} committed, but brick {} did not \
+                                     acknowledge it and that cannot be recorded: {e}",
+                                    self.name, id.seq, self.brick_names[brick]
+                                ))
+                            })?;
+                        let mut rain = self.rain.lock().unwrap();
+                        if !rain.is_down(brick) {
+                            let regions = touched[&brick].iter().copied();
+                            let mut dirty: BTreeSet<u64> = regions.collect();
+                            // What it already missed stays missed.
+                            let brick_regions = self
+                                .geometry
+                                .size
+                                .div_ceil(self.unit)
+                                .div_ceil(self.sets.len() as u64);
+                            dirty
+                                .extend((0..brick_regions).filter(|&r| !rain.is_current(brick, r)));
+                            rain.restore(brick, dirty);
+                            tracing::warn!(volume = %self.name, brick = %self.brick_names[brick], "brick did not acknowledge a commit: going on without it");
+                        }
                     }
                     return Ok(());
                 }
