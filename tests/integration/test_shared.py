@@ -7,6 +7,7 @@ check the replicas on the brick files themselves, byte for byte."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import time
@@ -166,6 +167,14 @@ def test_qemu_io_through_a_shared_volume_lands_on_both_copies_and_survives_a_kil
     # Unit 1 (set 1) starts at offset 0 of b2/b3's home; unit 0 at offset 0 of b0/b1's.
     assert bricks[0].home()[:MiB] == b"\x5a" * MiB
     assert bricks[2].home()[512 * 1024:512 * 1024 + 8192] == b"\x33" * 8192
+    # Each interval leaves a tombstone on its bricks; the host has them forgotten every 64,
+    # so 150 more intervals leave fewer than 64 behind (a restart of b3 counts them).
+    qemu_io(srv, *[f"write -P 0x44 {40 + i % 8}M 4k" for i in range(150)])
+    bricks[3].kill()
+    bricks[3].start()
+    report = re.findall(r"tombstones: (\d+)", bricks[3].text())
+    assert report and int(report[-1]) < 64, bricks[3].text()[-2000:]
+    print(f"tombstones left on b3 after 152 intervals: {report[-1]}")
     # An unflushed write, then the host dies: what was flushed is intact, the rest is gone
     # everywhere alike.
     qemu_io(srv, "write -P 0x77 2M 1M")

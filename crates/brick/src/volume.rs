@@ -31,6 +31,9 @@ use crate::rpc::{BrickClient, RpcError, MAX_MESSAGE};
 /// one brick's share of an interval travels in one message.
 const MAX_PENDING: u64 = (MAX_MESSAGE / 4) as u64;
 
+/// How many intervals end between two rounds of telling the bricks to forget them.
+const FORGET_EVERY: u64 = 64;
+
 pub struct SharedVolume {
     name: String,
     coord: Coord,
@@ -53,6 +56,8 @@ struct State {
     pending: Vec<(u64, Bytes)>,
     pending_bytes: u64,
     next_seq: u64,
+    /// Intervals ended on every brick since the bricks were last told to forget.
+    ended_since_forget: u64,
     /// Decisions a brick has not acknowledged: delivered before anything else goes to it,
     /// and the brick is not read from until they are.
     owed: BTreeMap<usize, Vec<(IntervalId, Decision)>>,
@@ -149,6 +154,7 @@ impl SharedVolume {
                 pending: Vec::new(),
                 pending_bytes: 0,
                 next_seq: 1,
+                ended_since_forget: 0,
                 owed: BTreeMap::new(),
             }),
         })
@@ -393,6 +399,9 @@ impl SharedVolume {
                             tracing::warn!(volume = %self.name, brick = %self.brick_names[brick], "brick did not acknowledge a commit: going on without it");
                         }
                     }
+                    if outcome.unacked.is_empty() && state.owed.is_empty() {
+                        self.forget_ended(state).await;
+                    }
                     return Ok(());
                 }
                 Decision::Abort if outcome.refusals.is_empty() && !outcome.silent.is_empty() => {
@@ -471,6 +480,26 @@ impl SharedVolume {
             }
         }
         Ok((writes, missed))
+    }
+
+    /// Every so often, once every interval of this host has ended on every brick (none is
+    /// owed a decision), tells the bricks that are up to drop the tombstones of this host's
+    /// intervals: without it they would fill the bricks' metadata. No brick can be in doubt
+    /// about an interval that ended everywhere, so none will ask about it.
+    async fn forget_ended(&self, state: &mut State) {
+        state.ended_since_forget += 1;
+        if state.ended_since_forget < FORGET_EVERY {
+            return;
+        }
+        state.ended_since_forget = 0;
+        for (brick, client) in self.bricks.iter().enumerate() {
+            if self.rain.lock().unwrap().is_down(brick) {
+                continue;
+            }
+            if let Err(error) = client.forget(self.client_id(), state.next_seq).await {
+                tracing::debug!(volume = %self.name, brick, %error, "forget not delivered");
+            }
+        }
     }
 
     /// Reads one piece from a current copy: round-robin, skipping bricks that owe a decision
