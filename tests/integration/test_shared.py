@@ -230,7 +230,8 @@ def test_fio_verifies_through_rain10_while_a_brick_is_killed_and_returns(
     (j,) = res["jobs"]
     assert j["error"] == 0, (j, err)
     assert j["write"]["io_bytes"] == 32 * MiB and j["read"]["io_bytes"] == 32 * MiB, j
-    # The last interval (at the server's stop) brings b2 back in line.
+    # b2 is back; the next interval first copies back what it missed.
+    qemu_io(srv, "write -P 0x55 47M 4k", "flush")
     srv.stop()
     log = srv.stderr_text()
     assert ": going on without it" in log and "brick=b2" in log, log[-3000:]
@@ -240,17 +241,15 @@ def test_fio_verifies_through_rain10_while_a_brick_is_killed_and_returns(
 
 def test_a_dead_clients_interval_in_doubt_is_resolved_by_the_bricks(cluster, server_factory):
     """kill -9 of the serving host in the middle of a commit: brick b1 is stopped (SIGSTOP), so
-    the host waits in a prepare that b0 has already recorded, and dies there. The bricks hold
-    the interval prepared with no decision; once the host's lease runs out they resolve it
-    among themselves, and the replicas end identical."""
+    the host's first interval (on b0+b1) waits in a prepare that b0 has already recorded, and
+    the host dies there. The bricks hold the interval prepared with no decision; once the
+    host's lease runs out they resolve it among themselves, and the replicas end identical."""
     etcd, bricks = cluster
     srv = server_factory(shared_spec(etcd, member="host-a"))
-    writer = subprocess.Popen(
-        ["qemu-io", "-f", "raw"] + sum([["-c", f"write -P {i % 200 + 1} {(i % 40) * 1024}k 1M",
-                                         "-c", "flush"] for i in range(400)], [])
-        + [srv.uri()], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    time.sleep(1.0)
     bricks[1].proc.send_signal(signal.SIGSTOP)
+    writer = subprocess.Popen(
+        ["qemu-io", "-f", "raw", "-c", "write -P 9 0 1M", "-c", "flush", srv.uri()],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(1.0)
     srv.crash()
     writer.wait()
@@ -263,9 +262,13 @@ def test_a_dead_clients_interval_in_doubt_is_resolved_by_the_bricks(cluster, ser
     time.sleep(5)
     assert_replicas_equal(bricks)
     resolved = sum(b.text().count("interval in doubt resolved") for b in bricks)
-    assert resolved >= 1, "no interval was left in doubt: the test did not test resolution"
-    # A new host sees one consistent volume, and commits on it.
+    assert resolved >= 1, "no interval was left in doubt: the test did not test resolution\n" + \
+        "\n".join(b.text()[-1500:] for b in bricks)
+    # The interval was never decided by its host: it is aborted, on both copies. A new host
+    # sees one consistent volume, and commits on it.
     srv2 = server_factory(shared_spec(etcd, member="host-b"))
+    with nbd_handle(srv2) as h:
+        assert h.pread(MiB, 0) == bytes(MiB), "an interval its host never decided is visible"
     qemu_io(srv2, "write -P 0x66 0 64k", "flush")
     assert_replicas_equal(bricks)
     print(f"intervals resolved by the bricks: {resolved}")
@@ -283,7 +286,12 @@ def test_a_global_failure_keeps_every_acknowledged_write_and_half_of_none(
     commands = sum([["-c", f"write -P {i + 1} {i * 256}k 256k"] for i in range(writes)], [])
     writer = subprocess.Popen(["qemu-io", "-f", "raw", *commands, srv.uri()],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    time.sleep(0.6)
+    # Once the first write is home on b0, let a few more go, then cut everything.
+    deadline = time.monotonic() + 20
+    while bricks[0].home()[:size] != bytes([1]) * size:
+        assert time.monotonic() < deadline and writer.poll() is None, "no write went home"
+        time.sleep(0.05)
+    time.sleep(0.3)
     etcd.proc.kill()
     for brick in bricks:
         brick.crash()

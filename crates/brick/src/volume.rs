@@ -400,7 +400,7 @@ impl SharedVolume {
                         }
                     }
                     if outcome.unacked.is_empty() && state.owed.is_empty() {
-                        self.forget_ended(state).await;
+                        self.forget_ended(state);
                     }
                     return Ok(());
                 }
@@ -486,7 +486,7 @@ impl SharedVolume {
     /// owed a decision), tells the bricks that are up to drop the tombstones of this host's
     /// intervals: without it they would fill the bricks' metadata. No brick can be in doubt
     /// about an interval that ended everywhere, so none will ask about it.
-    async fn forget_ended(&self, state: &mut State) {
+    fn forget_ended(&self, state: &mut State) {
         state.ended_since_forget += 1;
         if state.ended_since_forget < FORGET_EVERY {
             return;
@@ -496,9 +496,14 @@ impl SharedVolume {
             if self.rain.lock().unwrap().is_down(brick) {
                 continue;
             }
-            if let Err(error) = client.forget(self.client_id(), state.next_seq).await {
-                tracing::debug!(volume = %self.name, brick, %error, "forget not delivered");
-            }
+            // In the background: a brick that is slow or stopped must not hold up the flush
+            // that happened to end the 64th interval.
+            let (client, id, below) = (client.clone(), self.client_id(), state.next_seq);
+            tokio::spawn(async move {
+                if let Err(error) = client.forget(id, below).await {
+                    tracing::debug!(brick, %error, "forget not delivered");
+                }
+            });
         }
     }
 
