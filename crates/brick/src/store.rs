@@ -622,11 +622,6 @@ impl BrickStore {
         }
         Ok(out)
     }
-
-    /// Stops the metadata store's background work.
-    pub async fn close(&self) -> Result<()> {
-        self.meta.commit().await
-    }
 }
 
 /// Cuts the writes into extents over the staging runs, in order: a write may span runs, and
