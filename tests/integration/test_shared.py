@@ -326,3 +326,34 @@ def test_a_global_failure_keeps_every_acknowledged_write_and_half_of_none(
     assert flight in (bytes([acked + 1]) * size, bytes(size)), "the write in flight is half there"
     assert after == bytes(size), "a write never sent is there"
     print(f"acknowledged {acked}; the one in flight: {'there' if flight[0] else 'not there'}")
+
+
+def test_a_host_paused_past_its_lease_is_fenced_when_it_wakes(cluster, server_factory):
+    """SIGSTOP of a serving host past its lease: its segment claim goes with the lease, a
+    second host takes the segment (a larger epoch) and writes there. When the first wakes up,
+    its write is refused (EIO, its log names the lease) and the second host's data stands on
+    both copies; the second host goes on writing."""
+    etcd, bricks = cluster
+    a = server_factory(shared_spec(etcd, member="host-a"))
+    qemu_io(a, "write -P 0x61 0 64k", "flush")
+    a.proc.send_signal(signal.SIGSTOP)
+    try:
+        deadline = time.monotonic() + 40
+        while "host-a" in cluster_status(etcd):
+            assert time.monotonic() < deadline, "the paused host's lease never ran out"
+            time.sleep(0.3)
+        b = server_factory(shared_spec(etcd, member="host-b"))
+        qemu_io(b, "write -P 0x62 0 64k", "flush")
+    finally:
+        a.proc.send_signal(signal.SIGCONT)
+    late = qemu_io(a, "write -P 0x63 0 64k", "flush", check=False)
+    assert "Input/output error" in late.stdout + late.stderr, late.stdout + late.stderr
+    deadline = time.monotonic() + 10
+    while "lease ran out" not in a.stderr_text():
+        assert time.monotonic() < deadline, a.stderr_text()[-2000:]
+        time.sleep(0.2)
+    assert bricks[0].home()[:64 * 1024] == b"\x62" * 64 * 1024
+    assert_replicas_equal(bricks)
+    out = qemu_io(b, "write -P 0x64 0 64k", "flush", "read -P 0x64 0 64k").stdout
+    assert "Pattern verification failed" not in out, out
+    assert_replicas_equal(bricks)

@@ -10,6 +10,10 @@ use strata_cluster::interval::{Coordinator, Decision, IntervalId};
 use crate::rpc::{BrickClient, RpcError};
 use crate::store::Vote;
 
+/// Part of a brick's refusal of a prepare that overlaps another client's interval it holds
+/// undecided: not a failure, the client waits until that interval is settled and tries again.
+pub const OVERLAP_REFUSAL: &str = "overlaps an undecided interval";
+
 /// How an interval ended, as far as the client saw.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Outcome {

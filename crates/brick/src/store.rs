@@ -10,6 +10,7 @@ use strata_cluster::interval::{
 use strata_core::{BlockError, DeviceRef, Result, WriteFlags};
 use strata_meta::{FormatOptions, MetaStore, ObjectId, StoreOptions, TxnClass};
 
+use crate::commit::OVERLAP_REFUSAL;
 use crate::layout::BrickLayout;
 use crate::record::{blob_name, parse_blob_name, IntervalRecord, RecordState, StagedExtent};
 use crate::staging::Staging;
@@ -351,6 +352,20 @@ impl BrickStore {
                 "fenced: segment {segment} was claimed at epoch {newest}, after the client's {epoch}"
             )));
         }
+        // Another client's interval over the same bytes, prepared here and undecided: its
+        // client died or paused inside its commit, or owes this brick the decision. Until it
+        // is decided, a later interval must not be staged behind it, or the earlier one's
+        // commit could still land on top. The client waits and tries again.
+        if let Some(other) = mem.intervals.iter().find_map(|(&other, live)| {
+            (other.client != id.client
+                && live.record.state == RecordState::Prepared
+                && overlaps(&live.record.extents, &writes, self.layout.home_offset))
+            .then_some(other)
+        }) {
+            return Ok(Vote::No(format!(
+                "interval {id:?} {OVERLAP_REFUSAL} ({other:?}) held here"
+            )));
+        }
         let total: u64 = writes.iter().map(|(_, d)| d.len() as u64).sum();
         let Some(runs) = mem.staging.allocate(total) else {
             return Ok(Vote::No(format!(
@@ -622,6 +637,18 @@ impl BrickStore {
         }
         Ok(out)
     }
+}
+
+/// Whether any staged extent (home offsets on the device) meets any write (offsets within the
+/// home region).
+fn overlaps(extents: &[StagedExtent], writes: &[(u64, Bytes)], home_offset: u64) -> bool {
+    extents.iter().any(|extent| {
+        let (start, end) = (extent.home, extent.home + u64::from(extent.len));
+        writes.iter().any(|(offset, data)| {
+            let at = home_offset + offset;
+            at < end && start < at + data.len() as u64
+        })
+    })
 }
 
 /// Cuts the writes into extents over the staging runs, in order: a write may span runs, and

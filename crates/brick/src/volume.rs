@@ -9,14 +9,22 @@
 //! misses are recorded in etcd (`Coord::mark_stale`): no host then reads them from it. When it
 //! answers again, only those regions are copied back to it, each as an interval of its own,
 //! before this host's next interval (RAIN-10's policy is `strata_cluster::rain`).
+//!
+//! Hosts share a volume by its lock segments (`crate::segments`): a write first claims its
+//! segments for this host, the claims stay pinned until the write's interval has ended, and
+//! every prepare carries their epochs, which the bricks check. Within the host, lock-aware
+//! clients take byte-range locks ([`SharedVolume::lock`]); an unlock commits what is pending
+//! first, so a range passes to the next holder only with its writes in place.
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
-use std::time::Duration;
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use std::collections::BTreeSet;
 use strata_cluster::interval::{Decision, IntervalId};
+use strata_cluster::locks::{Mode, RangeLocks};
 use strata_cluster::rain::Rain10;
 use strata_coord::session::{Heartbeat, MemberRecord, Session};
 use strata_coord::Coord;
@@ -24,8 +32,9 @@ use strata_core::{
     async_trait, BlockDevice, BlockError, Capabilities, Geometry, Result, WriteFlags,
 };
 
-use crate::commit::run_interval;
+use crate::commit::{run_interval, OVERLAP_REFUSAL};
 use crate::rpc::{BrickClient, RpcError, MAX_MESSAGE};
+use crate::segments::{Pin, SegmentClaims};
 
 /// Writes buffered past this are committed as an interval of their own, before the flush:
 /// one brick's share of an interval travels in one message.
@@ -33,6 +42,13 @@ const MAX_PENDING: u64 = (MAX_MESSAGE / 4) as u64;
 
 /// How many intervals end between two rounds of telling the bricks to forget them.
 const FORGET_EVERY: u64 = 64;
+
+/// How long a segment claim nothing pins is kept: a host streaming writes keeps its segments
+/// between intervals, and another host waiting for one gets it soon after the writer stops.
+const CLAIM_LINGER: Duration = Duration::from_millis(250);
+
+/// Local locks never expire on their own: they live as long as their holder's `RangeLock`.
+const LOCAL_LEASE_MS: u64 = u64::MAX / 4;
 
 pub struct SharedVolume {
     name: String,
@@ -47,8 +63,52 @@ pub struct SharedVolume {
     /// Placement and the round-robin of reads over a set's copies.
     rain: Mutex<Rain10>,
     session: Session,
-    _heartbeat: Heartbeat,
+    heartbeat: Mutex<Option<Heartbeat>>,
+    /// This host's claims on the volume's lock segments.
+    claims: Arc<SegmentClaims>,
+    _releaser: AbortOnDrop,
+    /// How long a request waits for a brick, a segment or a lock.
+    timeout: Duration,
+    /// Byte-range locks of this host's lock holders, and a wake-up for their waiters.
+    locks: Mutex<RangeLocks>,
+    unlocked: tokio::sync::Notify,
     state: tokio::sync::Mutex<State>,
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// A holder of byte-range locks on this host: a thread, a connection, a test client.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LockOwner(strata_cluster::locks::Session);
+
+/// A byte-range lock held; give it back with [`SharedVolume::unlock`].
+pub struct RangeLock {
+    owner: LockOwner,
+    token: u64,
+    range: Range<u64>,
+    pin: Pin,
+}
+
+impl RangeLock {
+    pub fn range(&self) -> Range<u64> {
+        self.range.clone()
+    }
+
+    /// The fencing token of the local grant.
+    pub fn token(&self) -> u64 {
+        self.token
+    }
+
+    /// `(segment, epoch)` of the segment claims the lock stands on.
+    pub fn fences(&self) -> &[(u32, i64)] {
+        self.pin.fences()
+    }
 }
 
 struct State {
@@ -61,6 +121,9 @@ struct State {
     /// Decisions a brick has not acknowledged: delivered before anything else goes to it,
     /// and the brick is not read from until they are.
     owed: BTreeMap<usize, Vec<(IntervalId, Decision)>>,
+    /// The segment claims the pending writes stand on, held until they are committed.
+    pins: Vec<Pin>,
+    pinned: BTreeSet<u32>,
 }
 
 fn io_error(context: String) -> BlockError {
@@ -109,6 +172,15 @@ impl SharedVolume {
         )
         .await?;
         let heartbeat = session.heartbeat();
+        let claims = SegmentClaims::new(
+            coord.clone(),
+            session.clone(),
+            volume,
+            record.size_bytes,
+            record.segment_bytes,
+            CLAIM_LINGER,
+        );
+        let releaser = AbortOnDrop(claims.spawn_releaser());
         tracing::info!(
             volume,
             member,
@@ -149,13 +221,20 @@ impl SharedVolume {
             sets,
             bricks,
             session,
-            _heartbeat: heartbeat,
+            heartbeat: Mutex::new(Some(heartbeat)),
+            claims,
+            _releaser: releaser,
+            timeout,
+            locks: Mutex::new(RangeLocks::new(LOCAL_LEASE_MS)),
+            unlocked: tokio::sync::Notify::new(),
             state: tokio::sync::Mutex::new(State {
                 pending: Vec::new(),
                 pending_bytes: 0,
                 next_seq: 1,
                 ended_since_forget: 0,
                 owed: BTreeMap::new(),
+                pins: Vec::new(),
+                pinned: BTreeSet::new(),
             }),
         })
     }
@@ -163,6 +242,101 @@ impl SharedVolume {
     /// The id this host's intervals carry: its session's lease.
     pub fn client_id(&self) -> u64 {
         self.session.lease() as u64
+    }
+
+    /// Test-only: stops renewing the lease, as a host paused past it (SIGSTOP) would.
+    #[doc(hidden)]
+    pub fn stop_heartbeat(&self) {
+        self.heartbeat.lock().unwrap().take();
+    }
+
+    /// The segments this host holds now, with their epochs.
+    pub fn claimed_segments(&self) -> Vec<(u32, i64)> {
+        self.claims.held()
+    }
+
+    /// A new holder of byte-range locks on this host.
+    pub fn lock_owner(&self) -> LockOwner {
+        LockOwner(self.locks.lock().unwrap().join(0))
+    }
+
+    /// Locks `[offset, offset + len)` for `owner`: first the segments it meets are claimed
+    /// for this host (waiting for other hosts to give them back), then this host's own
+    /// conflicting locks are waited for. Fails with a message naming the holder after the
+    /// volume's timeout. Shared locks share only within a host: across hosts a segment has
+    /// one holder at a time.
+    pub async fn lock(
+        &self,
+        owner: LockOwner,
+        offset: u64,
+        len: u64,
+        mode: Mode,
+    ) -> Result<RangeLock> {
+        self.check(offset, len)?;
+        let deadline = Instant::now() + self.timeout;
+        let segments = self.claims.segments_of(offset, len);
+        let pin = self
+            .claims
+            .acquire(&segments, self.timeout)
+            .await
+            .map_err(|e| io_error(format!("volume {}: {e}", self.name)))?;
+        let range = offset..offset + len;
+        loop {
+            // Registered before the attempt, so an unlock between the two is not missed.
+            let notified = self.unlocked.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let attempt = self
+                .locks
+                .lock()
+                .unwrap()
+                .trylock(owner.0, range.clone(), mode, 0);
+            match attempt {
+                Ok(grant) => {
+                    return Ok(RangeLock {
+                        owner,
+                        token: grant.token,
+                        range,
+                        pin,
+                    })
+                }
+                Err(strata_cluster::locks::LockError::Conflict(holder)) => {
+                    if Instant::now() >= deadline {
+                        return Err(io_error(format!(
+                            "volume {}: [{}, {}) is locked on this host by {:?} (token {}); \
+                             waited {:?}",
+                            self.name,
+                            holder.range.start,
+                            holder.range.end,
+                            holder.session,
+                            holder.token,
+                            self.timeout
+                        )));
+                    }
+                }
+                Err(other) => return Err(BlockError::InvalidArgument(other.to_string())),
+            }
+            let _ = tokio::time::timeout_at(deadline.into(), notified).await;
+        }
+    }
+
+    /// Gives a lock back. What this host has pending is committed first: a range passes to
+    /// the next holder, here or on another host, only with its writes in place. If that
+    /// commit fails, its error is returned and the lock is released all the same; the
+    /// segments under the uncommitted writes stay this host's until they are committed.
+    pub async fn unlock(&self, lock: RangeLock) -> Result<()> {
+        let committed = self.flush().await;
+        let RangeLock {
+            owner, token, pin, ..
+        } = lock;
+        let released = self.locks.lock().unwrap().unlock(owner.0, token, 0);
+        self.unlocked.notify_waiters();
+        let segments: BTreeSet<u32> = pin.fences().iter().map(|&(s, _)| s).collect();
+        drop(pin);
+        // The holder is done with them: another host waiting need not wait out the linger.
+        self.claims.release_now(&segments).await;
+        released.map_err(|e| BlockError::InvalidArgument(e.to_string()))?;
+        committed
     }
 
     fn check(&self, offset: u64, len: u64) -> Result<()> {
@@ -236,6 +410,12 @@ impl SharedVolume {
         }
     }
 
+    fn set_of(&self, brick: usize) -> usize {
+        (self.sets.iter())
+            .position(|set| set.contains(&brick))
+            .expect("every brick is in a set")
+    }
+
     fn next_id(&self, state: &mut State) -> IntervalId {
         let id = IntervalId {
             client: self.client_id(),
@@ -249,11 +429,17 @@ impl SharedVolume {
     /// a current copy, each region as an interval on that brick alone.
     async fn resync(&self, state: &mut State) {
         for brick in 0..self.bricks.len() {
-            if !self.rain.lock().unwrap().is_down(brick) || state.owed.contains_key(&brick) {
+            // A brick back but with regions left to copy (their segments were busy, or no
+            // copy could be read) is tried again at every interval until it is in sync.
+            let (in_sync, down) = {
+                let rain = self.rain.lock().unwrap();
+                (rain.in_sync(brick), rain.is_down(brick))
+            };
+            if in_sync || state.owed.contains_key(&brick) {
                 continue;
             }
             let probe = IntervalId { client: 0, seq: 0 };
-            if self.bricks[brick].status(probe).await.is_err() {
+            if down && self.bricks[brick].status(probe).await.is_err() {
                 continue;
             }
             let regions = self.rain.lock().unwrap().returned(brick);
@@ -266,6 +452,20 @@ impl SharedVolume {
                     tracing::warn!(volume = %self.name, brick = %name, region, "no current copy reachable");
                     continue;
                 };
+                // The region is one stripe unit of the volume: its writer's segment must be
+                // this host's, or the copy could overwrite that writer's newer data.
+                let set = self.set_of(brick);
+                let at = (region * self.sets.len() as u64 + set as u64) * self.unit;
+                let segments = self
+                    .claims
+                    .segments_of(at, self.unit.min(self.geometry.size - at));
+                let pin = match self.claims.acquire(&segments, Duration::ZERO).await {
+                    Ok(pin) => pin,
+                    Err(error) => {
+                        tracing::debug!(volume = %self.name, brick = %name, region, %error, "region left for later");
+                        continue;
+                    }
+                };
                 let offset = region * self.unit;
                 let data = match self.bricks[source].read(offset, self.unit as u32).await {
                     Ok(data) => data,
@@ -276,10 +476,15 @@ impl SharedVolume {
                 };
                 let id = self.next_id(state);
                 let writes = BTreeMap::from([(brick, vec![(offset, data)])]);
-                let outcome = run_interval(&self.bricks, id, writes, &[]).await;
+                let outcome = run_interval(&self.bricks, id, writes, pin.fences()).await;
+                drop(pin);
                 if outcome.ended() {
                     self.rain.lock().unwrap().copied(brick, *region);
                     copied.insert(*region);
+                } else if outcome.silent.is_empty() && outcome.unacked.is_empty() {
+                    // Refused (the brick holds another host's interval there undecided, say):
+                    // the region waits for a later interval.
+                    tracing::info!(volume = %self.name, brick = %name, region, refusals = ?outcome.refusals, "region copy refused: left for later");
                 } else {
                     for &b in &outcome.unacked {
                         state
@@ -304,13 +509,39 @@ impl SharedVolume {
     /// Commits what is pending as one interval on every brick that is up, or fails. A brick
     /// that does not answer is taken down and the interval retried without it.
     async fn commit(&self, state: &mut State) -> Result<()> {
+        let result = self.commit_pending(state).await;
+        // Claims are given back only once nothing is owed: a brick holding this host's
+        // interval undecided must not take the next holder's writes first.
+        self.claims.keep_all(!state.owed.is_empty());
+        result
+    }
+
+    async fn commit_pending(&self, state: &mut State) -> Result<()> {
         if state.pending.is_empty() {
             return Ok(());
         }
+        if !self.session.is_live() {
+            return Err(io_error(format!(
+                "volume {}: this host's lease ran out or was not renewed in time, so its \
+                 segment claims may be another's; its writes are refused",
+                self.name
+            )));
+        }
+        // Every segment written is pinned since its write; the bricks check these epochs.
+        let fences: Vec<(u32, i64)> = state
+            .pins
+            .iter()
+            .flat_map(|pin| pin.fences().iter().copied())
+            .collect::<BTreeMap<u32, i64>>()
+            .into_iter()
+            .collect();
         self.settle(state).await;
         self.refresh_stale().await;
         self.resync(state).await;
-        for _ in 0..=self.bricks.len() {
+        let deadline = Instant::now() + self.timeout;
+        let mut pause = Duration::from_millis(5);
+        let mut downs = 0;
+        while downs <= self.bricks.len() {
             // A brick that owes an earlier decision cannot take a later interval: it would
             // apply them out of order. It counts as down until it is paid.
             for &brick in state.owed.keys() {
@@ -346,7 +577,7 @@ impl SharedVolume {
                     (brick, regions)
                 })
                 .collect();
-            let outcome = run_interval(&self.bricks, id, writes, &[]).await;
+            let outcome = run_interval(&self.bricks, id, writes, &fences).await;
             for &brick in &outcome.unacked {
                 state
                     .owed
@@ -358,6 +589,8 @@ impl SharedVolume {
                 Decision::Commit => {
                     state.pending.clear();
                     state.pending_bytes = 0;
+                    state.pins.clear();
+                    state.pinned.clear();
                     // Durable once one brick has recorded the commit: the others, if this
                     // host dies, find it when they resolve the interval. With none, a crash
                     // of them all would leave it prepared everywhere, and resolved as an
@@ -404,7 +637,22 @@ impl SharedVolume {
                     }
                     return Ok(());
                 }
+                // A brick still holds another client's interval over these writes undecided
+                // (a host that died or paused mid-commit, or one owing it a decision): this
+                // one must wait until that is settled, or it could land first.
+                Decision::Abort
+                    if !outcome.refusals.is_empty()
+                        && outcome.silent.is_empty()
+                        && (outcome.refusals.iter())
+                            .all(|(_, why)| why.contains(OVERLAP_REFUSAL))
+                        && Instant::now() < deadline =>
+                {
+                    tracing::debug!(volume = %self.name, refusals = ?outcome.refusals, "waiting for an earlier interval to be settled");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_millis(200));
+                }
                 Decision::Abort if outcome.refusals.is_empty() && !outcome.silent.is_empty() => {
+                    downs += 1;
                     let mut rain = self.rain.lock().unwrap();
                     for &brick in &outcome.silent {
                         rain.down(brick).map_err(|e| {
@@ -599,7 +847,19 @@ impl BlockDevice for SharedVolume {
 
     async fn write(&self, offset: u64, data: Bytes, flags: WriteFlags) -> Result<()> {
         self.check(offset, data.len() as u64)?;
+        // The segments written are this host's from now until the interval that carries the
+        // write has ended (usually already held: a claim lingers after its last use).
+        let segments = self.claims.segments_of(offset, data.len() as u64);
+        let pin = self
+            .claims
+            .acquire(&segments, self.timeout)
+            .await
+            .map_err(|e| io_error(format!("volume {}: {e}", self.name)))?;
         let mut state = self.state.lock().await;
+        if !segments.is_subset(&state.pinned) {
+            state.pinned.extend(segments);
+            state.pins.push(pin);
+        }
         state.pending_bytes += data.len() as u64;
         state.pending.push((offset, data));
         if flags.fua || state.pending_bytes > MAX_PENDING {

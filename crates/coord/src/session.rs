@@ -232,7 +232,9 @@ impl Session {
                 |mut client| async move { client.lease_time_to_live(lease, None).await },
             )
             .await?;
-        Ok((answer.ttl() > 0).then(|| Duration::from_secs(answer.ttl() as u64)))
+        // etcd answers -1 for a lease it no longer holds, and whole seconds left for one it
+        // does: 0 is a lease in its last second, still alive, its claims still standing.
+        Ok((answer.ttl() >= 0).then(|| Duration::from_secs(answer.ttl() as u64)))
     }
 
     /// Renews the lease every third of its TTL until etcd says it has run out; dropping the
@@ -296,7 +298,9 @@ impl Coord {
                 client.lease_time_to_live(lease, None).await
             })
             .await?;
-        Ok(answer.ttl() > 0)
+        // -1: gone. 0: in its last second, and alive until etcd revokes it (a client reported
+        // fenced then could still be sending, and the bricks would resolve under it).
+        Ok(answer.ttl() >= 0)
     }
 
     /// The live members, in name order.

@@ -1,5 +1,6 @@
 use std::sync::Arc;
 
+use strata_brick::commit::OVERLAP_REFUSAL;
 use strata_brick::{BrickStore, OpenReport, Vote};
 use strata_cluster::interval::{Decision, Status};
 use strata_core::{BlockError, DeviceRef};
@@ -230,7 +231,9 @@ async fn a_prepare_under_an_older_claim_epoch_is_fenced_even_after_a_restart() {
     let group = CrashGroup::new();
     let (device, store) = fresh(&group).await;
     let (old, new) = (id(1, 1), id(2, 1));
+    // Segment 4's writes land at 0, segment 3's at 8192: different segments, different bytes.
     let write = |iv| vec![(0, data(iv, 0, 512))];
+    let write_3 = |iv| vec![(8192, data(iv, 0, 512))];
     // Client 2 took segment 4 over at epoch 20; client 1 still believes in its epoch 10.
     assert_eq!(
         store
@@ -255,7 +258,7 @@ async fn a_prepare_under_an_older_claim_epoch_is_fenced_even_after_a_restart() {
     // Other segments, and the same epoch again, are fine.
     assert_eq!(
         store
-            .prepare(id(1, 2), vec![0], write(id(1, 2)), &[(3, 10)])
+            .prepare(id(1, 2), vec![0], write_3(id(1, 2)), &[(3, 10)])
             .await
             .unwrap(),
         Vote::Yes
@@ -274,4 +277,63 @@ async fn a_prepare_under_an_older_claim_epoch_is_fenced_even_after_a_restart() {
         .await
         .unwrap();
     assert!(matches!(after, Vote::No(_)), "the epoch survives a restart");
+}
+
+#[tokio::test]
+async fn a_prepare_over_another_clients_undecided_interval_waits_until_it_is_decided() {
+    let group = CrashGroup::new();
+    let (device, store) = fresh(&group).await;
+    let (first, second) = (id(2, 1), id(1, 1));
+    let over = |iv, at, len| vec![(at, data(iv, 0, len))];
+    assert_eq!(
+        store
+            .prepare(first, vec![0], over(first, 1024, 1024), &[])
+            .await
+            .unwrap(),
+        Vote::Yes
+    );
+    // Another client over any of those bytes is refused, even after a restart...
+    let refused = |vote: &Vote| matches!(vote, Vote::No(why) if why.contains(OVERLAP_REFUSAL));
+    let vote = store
+        .prepare(second, vec![0], over(second, 1536, 4096), &[])
+        .await
+        .unwrap();
+    assert!(refused(&vote), "{vote:?}");
+    drop(store);
+    let (store, _) = BrickStore::open(device).await.unwrap();
+    let vote = store
+        .prepare(second, vec![0], over(second, 512, 1024), &[])
+        .await
+        .unwrap();
+    assert!(refused(&vote), "{vote:?}");
+    assert_eq!(
+        store.status(second).await,
+        None,
+        "a refused prepare records nothing"
+    );
+    // ...while bytes beside them, and the same client's own next interval, are fine.
+    assert_eq!(
+        store
+            .prepare(id(1, 2), vec![0], over(id(1, 2), 2048, 512), &[])
+            .await
+            .unwrap(),
+        Vote::Yes
+    );
+    assert_eq!(
+        store
+            .prepare(id(2, 2), vec![0], over(id(2, 2), 1024, 512), &[])
+            .await
+            .unwrap(),
+        Vote::Yes
+    );
+    // Once the first is decided, the second goes ahead.
+    assert!(store.decide(first, Decision::Abort).await.unwrap());
+    assert!(store.decide(id(2, 2), Decision::Commit).await.unwrap());
+    assert_eq!(
+        store
+            .prepare(second, vec![0], over(second, 1024, 1024), &[])
+            .await
+            .unwrap(),
+        Vote::Yes
+    );
 }

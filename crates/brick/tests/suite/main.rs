@@ -3,4 +3,9 @@
 mod behaviour;
 mod common;
 mod crash;
+// The coordination crate's etcd harness; this suite uses only part of it.
+#[allow(dead_code)]
+#[path = "../../../coord/tests/suite/etcd.rs"]
+mod etcd;
 mod rpc;
+mod shared;

@@ -1,0 +1,359 @@
+//! A host's claims on the lock segments of a shared volume: the right to write there.
+//!
+//! A volume is cut into lock segments (`segment_bytes`, in its catalog record). A host writes
+//! a segment only while it holds the segment's claim in etcd (`Coord::claim`), one host at a
+//! time. The claim is bound to the host's lease, so it goes with the host, and its create
+//! revision is its **epoch**: every prepare carries the epochs of the segments it writes, and
+//! a brick refuses an epoch older than one it has seen for the segment. A host that paused
+//! past its lease and woke up still believing in its claims is refused there.
+//!
+//! Claims are taken on demand and kept while in use: an interval **pins** the segments it
+//! writes from before its prepare until its end, and a lock holder pins the segments of its
+//! locks until it unlocks. An unpinned claim is given back after it has been idle for the
+//! linger time, so a host streaming writes keeps its segments, and another host waiting for
+//! one gets it soon after the writer stops. Nothing is given back while the host owes a
+//! brick a decision: until every interval it ran has ended everywhere, the next holder's
+//! writes could land before its own.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use strata_coord::claims::Claim;
+use strata_coord::session::Session;
+use strata_coord::{Coord, CoordError};
+
+/// Why segments could not be had.
+#[derive(Debug, thiserror::Error)]
+pub enum ClaimError {
+    /// Another host kept the segment for the whole wait.
+    #[error("segment {segment} of volume {volume} is held by {holder} (epoch {epoch}); waited {waited:?}")]
+    Busy {
+        volume: String,
+        segment: u32,
+        holder: String,
+        epoch: i64,
+        waited: Duration,
+    },
+    /// This host's lease ran out, or may have: it holds nothing and must not write.
+    #[error("{0}")]
+    Fenced(String),
+    /// etcd did not answer for the whole wait.
+    #[error("{0}")]
+    Unavailable(String),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+struct Held {
+    claim: Claim,
+    pins: usize,
+    idle_since: Instant,
+}
+
+pub struct SegmentClaims {
+    coord: Coord,
+    session: Session,
+    volume: String,
+    segment_bytes: u64,
+    segments: u64,
+    linger: Duration,
+    held: Mutex<BTreeMap<u32, Held>>,
+    /// Serializes claims and releases in etcd: a release racing a re-claim of the same
+    /// segment would delete the claim the re-claim just found to be ours.
+    etcd: tokio::sync::Mutex<()>,
+    /// Set while the host owes a brick a decision: no claim is given back meanwhile.
+    keep_all: AtomicBool,
+    counters: ClaimCounters,
+}
+
+/// What claiming cost so far, for `strata status` and the benchmark.
+#[derive(Debug, Default)]
+pub struct ClaimCounters {
+    pub claimed: std::sync::atomic::AtomicU64,
+    pub released: std::sync::atomic::AtomicU64,
+    pub waited: std::sync::atomic::AtomicU64,
+}
+
+/// Segments held for as long as this lives, with their epochs (the fences a prepare carries).
+pub struct Pin {
+    claims: Arc<SegmentClaims>,
+    fences: Vec<(u32, i64)>,
+}
+
+impl Pin {
+    /// `(segment, epoch)` for every segment pinned, in segment order.
+    pub fn fences(&self) -> &[(u32, i64)] {
+        &self.fences
+    }
+}
+
+impl Drop for Pin {
+    fn drop(&mut self) {
+        let mut held = self.claims.held.lock().unwrap();
+        let now = Instant::now();
+        for (segment, _) in &self.fences {
+            if let Some(h) = held.get_mut(segment) {
+                h.pins -= 1;
+                h.idle_since = now;
+            }
+        }
+    }
+}
+
+impl SegmentClaims {
+    pub fn new(
+        coord: Coord,
+        session: Session,
+        volume: &str,
+        size_bytes: u64,
+        segment_bytes: u64,
+        linger: Duration,
+    ) -> Arc<SegmentClaims> {
+        Arc::new(SegmentClaims {
+            coord,
+            session,
+            volume: volume.to_string(),
+            segment_bytes,
+            segments: size_bytes.div_ceil(segment_bytes),
+            linger,
+            held: Mutex::new(BTreeMap::new()),
+            etcd: tokio::sync::Mutex::new(()),
+            keep_all: AtomicBool::new(false),
+            counters: ClaimCounters::default(),
+        })
+    }
+
+    pub fn segment_bytes(&self) -> u64 {
+        self.segment_bytes
+    }
+
+    pub fn counters(&self) -> &ClaimCounters {
+        &self.counters
+    }
+
+    /// The segments `[offset, offset + len)` meets.
+    pub fn segments_of(&self, offset: u64, len: u64) -> BTreeSet<u32> {
+        if len == 0 {
+            return BTreeSet::new();
+        }
+        let first = offset / self.segment_bytes;
+        let last = (offset + len - 1) / self.segment_bytes;
+        (first..=last).map(|s| s as u32).collect()
+    }
+
+    /// The segments held now, with their epochs.
+    pub fn held(&self) -> Vec<(u32, i64)> {
+        let held = self.held.lock().unwrap();
+        held.iter().map(|(&s, h)| (s, h.claim.epoch)).collect()
+    }
+
+    /// While set, no claim is given back (the host owes a brick a decision).
+    pub fn keep_all(&self, keep: bool) {
+        self.keep_all.store(keep, Ordering::SeqCst);
+    }
+
+    /// Claims every segment of `segments` not yet held, waiting up to `wait` for other hosts
+    /// to give theirs back, and pins them all.
+    pub async fn acquire(
+        self: &Arc<Self>,
+        segments: &BTreeSet<u32>,
+        wait: Duration,
+    ) -> Result<Pin, ClaimError> {
+        if let Some(&beyond) = segments.iter().find(|&&s| u64::from(s) >= self.segments) {
+            return Err(ClaimError::Invalid(format!(
+                "volume {} has {} lock segments; there is no segment {beyond}",
+                self.volume, self.segments
+            )));
+        }
+        let started = Instant::now();
+        let mut pause = Duration::from_millis(2);
+        loop {
+            if !self.session.is_live() {
+                return Err(ClaimError::Fenced(format!(
+                    "volume {}: this host's lease ran out or could not be renewed in time; \
+                     it holds no segment and must not write",
+                    self.volume
+                )));
+            }
+            if let Some(pin) = self.pin_if_held(segments) {
+                return Ok(pin);
+            }
+            let blocked = {
+                let _etcd = self.etcd.lock().await;
+                self.claim_missing(segments).await?
+            };
+            match blocked {
+                None => continue,
+                Some(why) => {
+                    if started.elapsed() >= wait {
+                        return Err(why.into_error(self, started.elapsed()));
+                    }
+                    self.counters.waited.fetch_add(1, Ordering::Relaxed);
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_millis(100));
+                }
+            }
+        }
+    }
+
+    fn pin_if_held(self: &Arc<Self>, segments: &BTreeSet<u32>) -> Option<Pin> {
+        let mut held = self.held.lock().unwrap();
+        if !segments.iter().all(|s| held.contains_key(s)) {
+            return None;
+        }
+        let fences = segments
+            .iter()
+            .map(|s| {
+                let h = held.get_mut(s).expect("checked");
+                h.pins += 1;
+                (*s, h.claim.epoch)
+            })
+            .collect();
+        Some(Pin {
+            claims: self.clone(),
+            fences,
+        })
+    }
+
+    /// Claims what is missing, in segment order; stops at the first segment another host
+    /// holds (or etcd does not answer for), and says which.
+    async fn claim_missing(&self, segments: &BTreeSet<u32>) -> Result<Option<Blocked>, ClaimError> {
+        let missing: Vec<u32> = {
+            let held = self.held.lock().unwrap();
+            segments
+                .iter()
+                .copied()
+                .filter(|s| !held.contains_key(s))
+                .collect()
+        };
+        for segment in missing {
+            match self.coord.claim(&self.session, &self.volume, segment).await {
+                Ok(claim) => {
+                    self.counters.claimed.fetch_add(1, Ordering::Relaxed);
+                    self.held.lock().unwrap().insert(
+                        segment,
+                        Held {
+                            claim,
+                            pins: 0,
+                            idle_since: Instant::now(),
+                        },
+                    );
+                }
+                Err(CoordError::Held { holder, epoch, .. }) => {
+                    return Ok(Some(Blocked::Held {
+                        segment,
+                        holder,
+                        epoch,
+                    }))
+                }
+                Err(CoordError::Unavailable { what, why }) => {
+                    return Ok(Some(Blocked::Unavailable(format!(
+                        "etcd unavailable while {what}: {why}"
+                    ))))
+                }
+                Err(CoordError::Fenced(why)) => return Err(ClaimError::Fenced(why)),
+                Err(other) => return Err(ClaimError::Invalid(other.to_string())),
+            }
+        }
+        Ok(None)
+    }
+
+    /// Gives back every claim unpinned and idle for the linger time (none while the host owes
+    /// a decision). Returns how many went.
+    pub async fn release_idle(&self) -> usize {
+        self.release_where(|_, h| h.idle_since.elapsed() >= self.linger)
+            .await
+    }
+
+    /// Gives back the claims of `segments` that nothing pins, at once (a lock holder that
+    /// unlocked says it is done with them), unless the host owes a decision.
+    pub async fn release_now(&self, segments: &BTreeSet<u32>) -> usize {
+        self.release_where(|s, _| segments.contains(&s)).await
+    }
+
+    async fn release_where(&self, wanted: impl Fn(u32, &Held) -> bool) -> usize {
+        if self.keep_all.load(Ordering::SeqCst) {
+            return 0;
+        }
+        let _etcd = self.etcd.lock().await;
+        let idle: Vec<Claim> = {
+            let mut held = self.held.lock().unwrap();
+            let idle: Vec<u32> = held
+                .iter()
+                .filter(|(&s, h)| h.pins == 0 && wanted(s, h))
+                .map(|(&s, _)| s)
+                .collect();
+            // Out of the map before the release: nothing pins a claim being given back.
+            idle.iter()
+                .map(|s| held.remove(s).expect("listed").claim)
+                .collect()
+        };
+        let mut released = 0;
+        for claim in idle {
+            match self.coord.release(&claim).await {
+                Ok(()) | Err(CoordError::Fenced(_)) => released += 1,
+                Err(error) => {
+                    // Still ours in etcd, as far as anyone knows: keep it, try again later.
+                    tracing::warn!(volume = %self.volume, segment = claim.segment, %error, "claim not given back");
+                    self.held.lock().unwrap().insert(
+                        claim.segment,
+                        Held {
+                            claim,
+                            pins: 0,
+                            idle_since: Instant::now(),
+                        },
+                    );
+                }
+            }
+        }
+        self.counters
+            .released
+            .fetch_add(released as u64, Ordering::Relaxed);
+        released
+    }
+
+    /// Gives back idle claims every half linger until the returned task is dropped.
+    pub fn spawn_releaser(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+        let claims = Arc::downgrade(self);
+        let period = (self.linger / 2).max(Duration::from_millis(10));
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(period).await;
+                let Some(claims) = claims.upgrade() else {
+                    return;
+                };
+                claims.release_idle().await;
+            }
+        })
+    }
+}
+
+enum Blocked {
+    Held {
+        segment: u32,
+        holder: String,
+        epoch: i64,
+    },
+    Unavailable(String),
+}
+
+impl Blocked {
+    fn into_error(self, claims: &SegmentClaims, waited: Duration) -> ClaimError {
+        match self {
+            Blocked::Held {
+                segment,
+                holder,
+                epoch,
+            } => ClaimError::Busy {
+                volume: claims.volume.clone(),
+                segment,
+                holder,
+                epoch,
+                waited,
+            },
+            Blocked::Unavailable(why) => ClaimError::Unavailable(why),
+        }
+    }
+}

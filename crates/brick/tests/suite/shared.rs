@@ -1,0 +1,301 @@
+//! Shared volumes written by several hosts at once: two `SharedVolume`s (two hosts, each its
+//! own etcd session) over the same mirror set of two bricks, with a real etcd. Lock safety
+//! (no increment lost under range locks), fencing of a host whose lease ran out (by itself and
+//! by the bricks), and a host that died inside a commit holding up the next writer until its
+//! interval is resolved, never landing after it.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use strata_brick::commit::run_interval;
+use strata_brick::resolve::resolve_in_doubt;
+use strata_brick::rpc::{serve, BrickClient};
+use strata_brick::{BrickStore, SharedVolume, Vote};
+use strata_cluster::interval::{Decision, IntervalId, Status};
+use strata_cluster::locks::Mode;
+use strata_coord::catalog::{BrickRecord, VolumeRecord, RECORD_FORMAT};
+use strata_coord::Coord;
+use strata_core::{BlockDevice, WriteFlags};
+use strata_crash::CrashGroup;
+use tokio::task::JoinHandle;
+
+use crate::common::*;
+use crate::etcd::Etcd;
+
+const SEGMENT: u64 = 64 << 10;
+const UNIT: u64 = 64 << 10;
+const TIMEOUT: Duration = Duration::from_secs(30);
+const LEASE: Duration = Duration::from_secs(1);
+
+struct Cluster {
+    etcd: Etcd,
+    coord: Coord,
+    stores: Vec<Arc<BrickStore>>,
+    clients: Vec<BrickClient>,
+    _servers: Vec<JoinHandle<()>>,
+    _group: CrashGroup,
+}
+
+/// etcd, two bricks served on loopback and listed in the catalog, and volume `v`: one mirror
+/// set of both, 256 KiB in four 64 KiB lock segments.
+async fn cluster() -> Cluster {
+    let etcd = Etcd::single();
+    let coord = etcd.coord("t", Duration::from_secs(5)).await;
+    let group = CrashGroup::new();
+    let (mut stores, mut clients, mut servers) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..2 {
+        let (_, store) = fresh(&group).await;
+        let store = Arc::new(store);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        let served = store.clone();
+        servers.push(tokio::spawn(async move {
+            serve(served, listener, std::future::pending())
+                .await
+                .unwrap();
+        }));
+        coord
+            .add_brick(&BrickRecord {
+                format: RECORD_FORMAT,
+                name: format!("b{i}"),
+                address: address.clone(),
+                size_bytes: HOME,
+            })
+            .await
+            .unwrap();
+        stores.push(store);
+        clients.push(BrickClient::new(&address, Duration::from_secs(5)).unwrap());
+    }
+    coord
+        .create_volume(&VolumeRecord {
+            format: RECORD_FORMAT,
+            name: "v".into(),
+            size_bytes: HOME,
+            unit_bytes: UNIT,
+            segment_bytes: SEGMENT,
+            mirror_sets: vec![vec!["b0".into(), "b1".into()]],
+        })
+        .await
+        .unwrap();
+    Cluster {
+        etcd,
+        coord,
+        stores,
+        clients,
+        _servers: servers,
+        _group: group,
+    }
+}
+
+async fn host(cluster: &Cluster, member: &str) -> Arc<SharedVolume> {
+    Arc::new(
+        SharedVolume::open(&cluster.coord, "v", member, TIMEOUT, LEASE)
+            .await
+            .unwrap_or_else(|e| panic!("{member} opens v: {e:#}\n{}", cluster.etcd.logs())),
+    )
+}
+
+fn sector(text: &str) -> Bytes {
+    let mut out = text.as_bytes().to_vec();
+    out.resize(512, b'.');
+    Bytes::from(out)
+}
+
+/// Both bricks hold exactly `want` at `at` (one mirror set: a brick's offset is the volume's).
+async fn assert_replicas(cluster: &Cluster, at: u64, want: &Bytes) {
+    for (i, client) in cluster.clients.iter().enumerate() {
+        let held = client.read(at, want.len() as u32).await.unwrap();
+        assert_eq!(
+            held,
+            *want,
+            "brick b{i} at {at}: {:?}",
+            String::from_utf8_lossy(&held[..40])
+        );
+    }
+}
+
+/// Waits until etcd has let `lease` run out.
+async fn until_lease_gone(cluster: &Cluster, lease: u64) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while cluster.coord.lease_alive(lease as i64).await.unwrap() {
+        assert!(Instant::now() < deadline, "lease {lease:x} still alive");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hosts_increment_shared_counters_under_range_locks_and_lose_none() {
+    let cluster = cluster().await;
+    let hosts = [host(&cluster, "h1").await, host(&cluster, "h2").await];
+    // Two counters in segment 0, one in segment 1, one at the end of the volume: workers of
+    // both hosts meet on each, within a host and across hosts.
+    let counters = [0u64, 4096, SEGMENT + 512, HOME - 512];
+    const ROUNDS: u64 = 6;
+    let mut workers = Vec::new();
+    for (h, host) in hosts.iter().enumerate() {
+        for w in 0..2 {
+            let host = host.clone();
+            workers.push(tokio::spawn(async move {
+                let owner = host.lock_owner();
+                for round in 0..ROUNDS {
+                    for c in 0..counters.len() {
+                        // Each worker visits the counters in its own order.
+                        let at = counters[(c + h + 2 * w) % counters.len()];
+                        let lock = host.lock(owner, at, 512, Mode::Exclusive).await.unwrap();
+                        let held = host.read(at, 512).await.unwrap();
+                        let count = u64::from_le_bytes(held[..8].try_into().unwrap());
+                        let mut next = (count + 1).to_le_bytes().to_vec();
+                        next.extend(format!(" h{h} w{w} r{round}").bytes());
+                        next.resize(512, 0);
+                        host.write(at, Bytes::from(next), WriteFlags::default())
+                            .await
+                            .unwrap();
+                        host.unlock(lock).await.unwrap();
+                    }
+                }
+            }));
+        }
+    }
+    for worker in workers {
+        worker.await.unwrap();
+    }
+    let total = 2 * 2 * ROUNDS;
+    for &at in &counters {
+        for (h, host) in hosts.iter().enumerate() {
+            let held = host.read(at, 512).await.unwrap();
+            let count = u64::from_le_bytes(held[..8].try_into().unwrap());
+            assert_eq!(count, total, "counter at {at} as host h{} reads it", h + 1);
+        }
+        let first = cluster.clients[0].read(at, 512).await.unwrap();
+        assert_replicas(&cluster, at, &first.clone()).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_whose_lease_ran_out_is_refused_by_itself_and_by_the_bricks() {
+    let cluster = cluster().await;
+    let a = host(&cluster, "a").await;
+    a.write(0, sector("a1"), WriteFlags::default())
+        .await
+        .unwrap();
+    a.flush().await.unwrap();
+    let a_fences = a.claimed_segments();
+    assert_eq!(a_fences.len(), 1, "{a_fences:?}");
+    assert_eq!(a_fences[0].0, 0);
+
+    // A stops renewing, as a host paused past its lease; its claim goes with the lease.
+    a.stop_heartbeat();
+    until_lease_gone(&cluster, a.client_id()).await;
+    let b = host(&cluster, "b").await;
+    b.write(0, sector("b1"), WriteFlags::default())
+        .await
+        .unwrap();
+    b.flush().await.unwrap();
+    let b_fences = b.claimed_segments();
+    assert!(
+        b_fences[0].1 > a_fences[0].1,
+        "{b_fences:?} after {a_fences:?}"
+    );
+
+    // A wakes up: it knows its lease is gone and refuses to write.
+    let refused = a.write(0, sector("a2"), WriteFlags::default()).await;
+    let message = refused.expect_err("a fenced host's write").to_string();
+    assert!(message.contains("lease"), "{message}");
+    // Had it raced its own check, the bricks refuse the epoch it holds.
+    let late = IntervalId {
+        client: a.client_id(),
+        seq: 1000,
+    };
+    let writes = BTreeMap::from([(0, vec![(0, sector("a2"))]), (1, vec![(0, sector("a2"))])]);
+    let outcome = run_interval(&cluster.clients, late, writes, &a_fences).await;
+    assert_eq!(outcome.decision, Decision::Abort, "{outcome:?}");
+    assert_eq!(outcome.refusals.len(), 2, "{outcome:?}");
+    assert!(
+        outcome
+            .refusals
+            .iter()
+            .all(|(_, why)| why.contains("fenced")),
+        "{outcome:?}"
+    );
+    assert_replicas(&cluster, 0, &sector("b1")).await;
+    assert_eq!(b.read(0, 512).await.unwrap(), sector("b1"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_dead_inside_a_commit_holds_up_the_next_writer_until_resolved_never_after() {
+    let cluster = cluster().await;
+    let a = host(&cluster, "a").await;
+    a.write(0, sector("a1"), WriteFlags::default())
+        .await
+        .unwrap();
+    a.flush().await.unwrap();
+    let a_fences = a.claimed_segments();
+    // A prepares its next interval on both bricks and dies before deciding it.
+    let doomed = IntervalId {
+        client: a.client_id(),
+        seq: 500,
+    };
+    for client in &cluster.clients {
+        let vote = client
+            .prepare(doomed, vec![0, 1], vec![(0, sector("a2"))], &a_fences)
+            .await
+            .unwrap();
+        assert_eq!(vote, Vote::Yes);
+    }
+    a.stop_heartbeat();
+    until_lease_gone(&cluster, a.client_id()).await;
+
+    // B takes the segment and writes over the same sector: its prepares are refused while the
+    // bricks hold A's interval undecided there, so B waits. The bricks' resolvers run.
+    let b = host(&cluster, "b").await;
+    let writer = {
+        let b = b.clone();
+        tokio::spawn(async move {
+            b.write(0, sector("b1"), WriteFlags::default()).await?;
+            b.flush().await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !writer.is_finished(),
+        "B committed over A's undecided interval"
+    );
+    let peers = |me: usize| {
+        (0..2)
+            .filter(|&p| p != me)
+            .map(|p| (p as u64, cluster.clients[p].clone()))
+            .collect::<BTreeMap<u64, BrickClient>>()
+    };
+    // The first resolver also tells its peer, which then has nothing left in doubt.
+    let mut decided = Vec::new();
+    for (me, store) in cluster.stores.iter().enumerate() {
+        let coord = cluster.coord.clone();
+        let fenced = move |client: u64| {
+            let coord = coord.clone();
+            async move { matches!(coord.lease_alive(client as i64).await, Ok(false)) }
+        };
+        decided.extend(
+            resolve_in_doubt(store, me as u64, &peers(me), fenced)
+                .await
+                .unwrap(),
+        );
+    }
+    assert_eq!(decided, vec![(doomed, Decision::Abort)]);
+    tokio::time::timeout(Duration::from_secs(10), writer)
+        .await
+        .expect("B commits once A's interval is resolved")
+        .unwrap()
+        .unwrap();
+
+    // A's commit, had it been sent late, lands nowhere: the interval was aborted.
+    for client in &cluster.clients {
+        assert!(!client.decide(doomed, Decision::Commit).await.unwrap());
+        assert_eq!(
+            client.status(doomed).await.unwrap(),
+            Some(Status::Decided(Decision::Abort))
+        );
+    }
+    assert_replicas(&cluster, 0, &sector("b1")).await;
+}
