@@ -116,6 +116,19 @@ async fn assert_replicas(cluster: &Cluster, at: u64, want: &Bytes) {
     }
 }
 
+/// Host `a` has written and flushed a sector of segment 0: it holds that segment alone.
+async fn host_a_wrote_segment_0(cluster: &Cluster) -> (Arc<SharedVolume>, Vec<(u32, i64)>) {
+    let a = host(cluster, "a").await;
+    a.write(0, sector("a1"), WriteFlags::default())
+        .await
+        .unwrap();
+    a.flush().await.unwrap();
+    let fences = a.claimed_segments();
+    assert_eq!(fences.len(), 1, "{fences:?}");
+    assert_eq!(fences[0].0, 0);
+    (a, fences)
+}
+
 /// Waits until etcd has let `lease` run out.
 async fn until_lease_gone(cluster: &Cluster, lease: u64) {
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -176,14 +189,7 @@ async fn two_hosts_increment_shared_counters_under_range_locks_and_lose_none() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_host_whose_lease_ran_out_is_refused_by_itself_and_by_the_bricks() {
     let cluster = cluster().await;
-    let a = host(&cluster, "a").await;
-    a.write(0, sector("a1"), WriteFlags::default())
-        .await
-        .unwrap();
-    a.flush().await.unwrap();
-    let a_fences = a.claimed_segments();
-    assert_eq!(a_fences.len(), 1, "{a_fences:?}");
-    assert_eq!(a_fences[0].0, 0);
+    let (a, a_fences) = host_a_wrote_segment_0(&cluster).await;
 
     // A stops renewing, as a host paused past its lease; its claim goes with the lease.
     a.stop_heartbeat();
@@ -226,12 +232,7 @@ async fn a_host_whose_lease_ran_out_is_refused_by_itself_and_by_the_bricks() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_host_dead_inside_a_commit_holds_up_the_next_writer_until_resolved_never_after() {
     let cluster = cluster().await;
-    let a = host(&cluster, "a").await;
-    a.write(0, sector("a1"), WriteFlags::default())
-        .await
-        .unwrap();
-    a.flush().await.unwrap();
-    let a_fences = a.claimed_segments();
+    let (a, a_fences) = host_a_wrote_segment_0(&cluster).await;
     // A prepares its next interval on both bricks and dies before deciding it.
     let doomed = IntervalId {
         client: a.client_id(),
