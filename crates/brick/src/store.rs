@@ -1,6 +1,6 @@
 //! The brick's store: prepare, decide, read, and recovery at open.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
@@ -24,6 +24,9 @@ const LAYOUT_BLOB: &str = "layout";
 const FORGOTTEN_TABLE: &str = "forgotten";
 /// Per lock segment of the volume, the newest claim epoch a prepare carried (fencing).
 const EPOCHS_TABLE: &str = "epochs";
+/// Clients whose intervals the bricks resolve among themselves: nothing more is taken from
+/// them (see `fence_client`).
+const FENCED_TABLE: &str = "fenced";
 
 #[derive(Clone, Debug)]
 pub struct BrickOptions {
@@ -61,6 +64,7 @@ struct Mem {
     staging: Staging,
     forgotten: BTreeMap<u64, u64>,
     epochs: BTreeMap<u32, i64>,
+    fenced: BTreeSet<u64>,
 }
 
 pub struct BrickStore {
@@ -69,6 +73,7 @@ pub struct BrickStore {
     layout: BrickLayout,
     forgotten_table: ObjectId,
     epochs_table: ObjectId,
+    fenced_table: ObjectId,
     /// One prepare, decision or forget at a time: each ends in a metadata commit, and the
     /// rules need the interval's state not to move underneath them.
     mem: tokio::sync::Mutex<Mem>,
@@ -142,6 +147,7 @@ impl BrickStore {
             txn.put_blob(blob, layout.encode());
             txn.create_table(FORGOTTEN_TABLE, 8);
             txn.create_table(EPOCHS_TABLE, 8);
+            txn.create_table(FENCED_TABLE, 8);
             Ok(())
         })?;
         meta.commit().await?;
@@ -177,8 +183,17 @@ impl BrickStore {
 
     async fn load(device: DeviceRef, meta: Arc<MetaStore>) -> Result<(BrickStore, OpenReport)> {
         let size = device.geometry().size;
-        let (layout, (forgotten_table, forgotten), (epochs_table, epochs), records) =
-            meta.read(|state| {
+        // Bricks formatted before the table existed get it, empty, at their first open.
+        if meta.read(|state| state.id(FENCED_TABLE).is_none()) {
+            meta.transact(TxnClass::Normal, |_, txn| {
+                txn.create_table(FENCED_TABLE, 8);
+                Ok(())
+            })?;
+            meta.commit().await?;
+            tracing::info!("brick metadata: added the table of fenced clients");
+        }
+        let (layout, (forgotten_table, forgotten), (epochs_table, epochs), fenced, records) = meta
+            .read(|state| {
                 let layout_id = state.id(LAYOUT_BLOB).ok_or_else(|| corrupt("no layout"))?;
                 let layout = BrickLayout::decode(state.blob(layout_id).unwrap_or_default(), size)
                     .map_err(corrupt)?;
@@ -199,6 +214,8 @@ impl BrickStore {
                     Ok::<_, BlockError>((id, values))
                 };
                 let forgotten = table(FORGOTTEN_TABLE)?;
+                let (fenced_id, fenced) = table(FENCED_TABLE)?;
+                let fenced = (fenced_id, fenced.into_keys().collect::<BTreeSet<u64>>());
                 let (epochs_id, raw_epochs) = table(EPOCHS_TABLE)?;
                 let epochs = raw_epochs
                     .into_iter()
@@ -220,13 +237,14 @@ impl BrickStore {
                         .map_err(|why| corrupt(format_args!("record {}: {why}", body.name)))?;
                     records.push((id, object, record));
                 }
-                Ok::<_, BlockError>((layout, forgotten, (epochs_id, epochs), records))
+                Ok::<_, BlockError>((layout, forgotten, (epochs_id, epochs), fenced, records))
             })?;
         let mut mem = Mem {
             intervals: BTreeMap::new(),
             staging: Staging::new(layout.staging_offset, layout.staging_bytes),
             forgotten,
             epochs,
+            fenced: fenced.1,
         };
         let mut report = OpenReport::default();
         for (id, blob, record) in records {
@@ -263,6 +281,7 @@ impl BrickStore {
             layout,
             forgotten_table,
             epochs_table,
+            fenced_table: fenced.0,
             mem: tokio::sync::Mutex::new(mem),
         };
         {
@@ -326,6 +345,9 @@ impl BrickStore {
             self.check_home(*offset, data.len() as u64)?;
         }
         let mut mem = self.mem.lock().await;
+        if mem.fenced.contains(&id.client) {
+            return Ok(Vote::No(fenced_client(id.client)));
+        }
         if mem
             .forgotten
             .get(&id.client)
@@ -470,10 +492,25 @@ impl BrickStore {
         })
     }
 
-    /// Applies a decision. `Ok(false)` when the rules refuse it: a commit of an interval this
-    /// brick never prepared, or a decision contrary to the one recorded.
+    /// Applies the client's decision. `Ok(false)` when the rules refuse it: a commit of an
+    /// interval this brick never prepared, a decision contrary to the one recorded, or a
+    /// client fenced here (its peers resolve its intervals).
     pub async fn decide(&self, id: IntervalId, decision: Decision) -> Result<bool> {
+        self.decide_as(id, decision, false).await
+    }
+
+    /// Applies a decision a brick resolved for an interval in doubt: taken from a fenced
+    /// client's interval too.
+    pub async fn decide_resolved(&self, id: IntervalId, decision: Decision) -> Result<bool> {
+        self.decide_as(id, decision, true).await
+    }
+
+    async fn decide_as(&self, id: IntervalId, decision: Decision, resolved: bool) -> Result<bool> {
         let mut mem = self.mem.lock().await;
+        if !resolved && mem.fenced.contains(&id.client) {
+            tracing::warn!(?id, ?decision, "decision from a fenced client refused");
+            return Ok(false);
+        }
         let status = mem.intervals.get(&id).map(|l| l.record.state.status());
         match decide_action(status, decision) {
             DecideAction::Repeat { same } => Ok(same),
@@ -557,6 +594,28 @@ impl BrickStore {
             .collect()
     }
 
+    /// From now on, takes no prepare and no decision from `client`, durably: its lease ran out,
+    /// and its peers are about to read this brick's state of its intervals to resolve them. A
+    /// client paused past its lease could otherwise wake up and commit here after the peers
+    /// read the interval as prepared and resolved it as aborted.
+    pub async fn fence_client(&self, client: u64) -> Result<()> {
+        let mut mem = self.mem.lock().await;
+        if !mem.fenced.contains(&client) {
+            let table = self.fenced_table;
+            self.meta.transact(TxnClass::Reclaim, |_, txn| {
+                txn.set(table, client, &1u64.to_le_bytes());
+                Ok(())
+            })?;
+            mem.fenced.insert(client);
+            tracing::info!(
+                client = format_args!("{client:x}"),
+                "client fenced: its intervals are resolved by the bricks"
+            );
+        }
+        // Durable before the answer, also when an earlier request recorded it.
+        self.meta.commit().await
+    }
+
     /// The client says every interval of its below `seq` has ended on every brick: their
     /// tombstones go, and a late prepare of one is refused by the mark instead.
     pub async fn forget(&self, client: u64, below: u64) -> Result<usize> {
@@ -637,6 +696,10 @@ impl BrickStore {
         }
         Ok(out)
     }
+}
+
+fn fenced_client(client: u64) -> String {
+    format!("client {client:x} is fenced: its lease ran out, and the bricks resolve its intervals")
 }
 
 /// Whether any staged extent (home offsets on the device) meets any write (offsets within the

@@ -105,7 +105,26 @@ impl BrickClient {
         })
     }
 
+    /// The interval's client sends its decision.
     pub async fn decide(&self, interval: IntervalId, decision: Decision) -> Result<bool, RpcError> {
+        self.send_decision(interval, decision, false).await
+    }
+
+    /// A peer sends the decision it resolved for an interval in doubt.
+    pub async fn decide_resolved(
+        &self,
+        interval: IntervalId,
+        decision: Decision,
+    ) -> Result<bool, RpcError> {
+        self.send_decision(interval, decision, true).await
+    }
+
+    async fn send_decision(
+        &self,
+        interval: IntervalId,
+        decision: Decision,
+        resolution: bool,
+    ) -> Result<bool, RpcError> {
         let decision = match decision {
             Decision::Commit => proto::Decision::Commit,
             Decision::Abort => proto::Decision::Abort,
@@ -113,6 +132,7 @@ impl BrickClient {
         let request = proto::DecideRequest {
             id: Some(id(interval)),
             decision: decision as i32,
+            resolution,
         };
         let reply = self
             .inner
@@ -165,6 +185,16 @@ impl BrickClient {
                 ))
             })
             .collect())
+    }
+
+    /// Fences `client` on this brick before its intervals are resolved (see the proto).
+    pub async fn fence_client(&self, client: u64) -> Result<(), RpcError> {
+        self.inner
+            .clone()
+            .fence_client(proto::FenceClientRequest { client })
+            .await
+            .map_err(|s| self.error(s))?;
+        Ok(())
     }
 
     pub async fn forget(&self, client: u64, below: u64) -> Result<(), RpcError> {

@@ -123,11 +123,12 @@ impl brick_server::Brick for BrickService {
                 )));
             }
         };
-        let accepted = self
-            .store
-            .decide(id, decision)
-            .await
-            .map_err(|e| refuse("decide", e))?;
+        let decided = if request.resolution {
+            self.store.decide_resolved(id, decision).await
+        } else {
+            self.store.decide(id, decision).await
+        };
+        let accepted = decided.map_err(|e| refuse("decide", e))?;
         Ok(Response::new(proto::DecideReply { accepted }))
     }
 
@@ -176,6 +177,17 @@ impl brick_server::Brick for BrickService {
             .forget(request.client, request.below)
             .await
             .map_err(|e| refuse("forget", e))?;
+        Ok(Response::new(proto::Empty {}))
+    }
+
+    async fn fence_client(
+        &self,
+        request: Request<proto::FenceClientRequest>,
+    ) -> Result<Response<proto::Empty>, Status> {
+        self.store
+            .fence_client(request.into_inner().client)
+            .await
+            .map_err(|e| refuse("fence client", e))?;
         Ok(Response::new(proto::Empty {}))
     }
 

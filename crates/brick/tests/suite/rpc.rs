@@ -233,6 +233,71 @@ async fn a_crashed_clients_intervals_are_resolved_by_the_bricks() {
     );
 }
 
+/// The race a lease alone does not close: a client paused after its votes, past its lease,
+/// wakes up and sends its commit while the bricks resolve the interval. The resolver fences the
+/// client on every brick before reading any state, so the late commit lands nowhere, and both
+/// copies end alike; a commit that landed before the fence is found and carried everywhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_clients_late_commit_lands_nowhere_once_the_bricks_fence_it() {
+    let (_group, mut bricks, clients) = bricks(2).await;
+    let peers = |me: u64| -> BTreeMap<u64, BrickClient> {
+        (0..2u64)
+            .filter(|&b| b != me)
+            .map(|b| (b, clients[b as usize].clone()))
+            .collect()
+    };
+    let (late, early) = (id(6, 1), id(6, 2));
+    for iv in [late, early] {
+        for client in &clients {
+            let write = vec![(iv.seq * 4096, data(iv, 0, 4096))];
+            let vote = client.prepare(iv, vec![0, 1], write, &[]).await.unwrap();
+            assert_eq!(vote, Vote::Yes);
+        }
+    }
+    // `early`'s commit reached brick 0 before anything was fenced.
+    assert!(clients[0].decide(early, Decision::Commit).await.unwrap());
+    // Brick 0's resolver has begun: its first step fences the client on its peer (here
+    // brick 1), durably, before it reads brick 1's state.
+    clients[1].fence_client(6).await.unwrap();
+    bricks[1].stop().await;
+    bricks[1].restart().await;
+    // The client wakes up: its commit of `late` and any new prepare are refused there.
+    assert!(!clients[1].decide(late, Decision::Commit).await.unwrap());
+    let refused = clients[1]
+        .prepare(id(6, 3), vec![1], vec![(0, data(id(6, 3), 0, 512))], &[])
+        .await
+        .unwrap();
+    assert!(
+        matches!(&refused, Vote::No(why) if why.contains("fenced")),
+        "{refused:?}"
+    );
+    assert_eq!(
+        clients[1].status(late).await.unwrap(),
+        Some(Status::Prepared)
+    );
+    // The resolution: `late` was committed nowhere, so it is aborted on both; `early` was
+    // committed on brick 0, so it commits on brick 1 too.
+    let decided = resolve_in_doubt(bricks[0].store(), 0, &peers(0), |c| async move { c == 6 })
+        .await
+        .unwrap();
+    assert_eq!(decided, vec![(late, Decision::Abort)]);
+    let decided = resolve_in_doubt(bricks[1].store(), 1, &peers(1), |c| async move { c == 6 })
+        .await
+        .unwrap();
+    assert_eq!(decided, vec![(early, Decision::Commit)]);
+    for client in &clients {
+        assert_eq!(
+            client.status(late).await.unwrap(),
+            Some(Status::Decided(Decision::Abort))
+        );
+        assert_eq!(
+            &client.read(4096, 4096).await.unwrap()[..],
+            &[0u8; 4096][..]
+        );
+        assert_eq!(client.read(8192, 4096).await.unwrap(), data(early, 0, 4096));
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_interval_stays_in_doubt_while_a_peer_is_down() {
     let (_group, mut bricks, clients) = bricks(2).await;
@@ -318,6 +383,7 @@ async fn bad_requests_over_the_wire_are_refused_and_the_brick_keeps_serving() {
         .decide(strata_brick::rpc::proto::DecideRequest {
             id: None,
             decision: 1,
+            resolution: false,
         })
         .await
         .unwrap_err();
@@ -326,6 +392,7 @@ async fn bad_requests_over_the_wire_are_refused_and_the_brick_keeps_serving() {
         .decide(strata_brick::rpc::proto::DecideRequest {
             id: Some(strata_brick::rpc::proto::Interval { client: 1, seq: 1 }),
             decision: 0,
+            resolution: false,
         })
         .await
         .unwrap_err();
