@@ -7,7 +7,8 @@ use bytes::Bytes;
 use futures_util::future::join_all;
 use strata_cluster::interval::{Coordinator, Decision, IntervalId};
 
-use crate::rpc::{BrickClient, RpcError};
+use crate::participant::Participant;
+use crate::rpc::RpcError;
 use crate::store::Vote;
 
 /// Part of a brick's refusal of a prepare that overlaps another client's interval it holds
@@ -39,8 +40,8 @@ impl Outcome {
 /// Prepares go to every brick at once; the decision is commit only if every one voted yes,
 /// and goes to every brick of the interval, including the silent ones (they may have
 /// prepared).
-pub async fn run_interval(
-    bricks: &[BrickClient],
+pub async fn run_interval<P: Participant>(
+    bricks: &[P],
     id: IntervalId,
     writes: BTreeMap<usize, Vec<(u64, Bytes)>>,
     fences: &[(u32, i64)],

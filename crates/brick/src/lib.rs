@@ -19,6 +19,7 @@ pub mod commit;
 #[doc(hidden)]
 pub mod fuzzing;
 mod layout;
+pub mod participant;
 mod record;
 pub mod resolve;
 pub mod rpc;

@@ -7,7 +7,7 @@ use std::future::Future;
 use strata_cluster::interval::{resolve_statuses, Decision, IntervalId, Status};
 use strata_core::Result;
 
-use crate::rpc::BrickClient;
+use crate::participant::Participant;
 use crate::store::BrickStore;
 
 /// Resolves every interval in doubt on `store` (brick number `me`) whose client
@@ -20,13 +20,14 @@ use crate::store::BrickStore;
 /// and on every peer of the interval, durably: from then on none of them takes a decision
 /// from the client itself, and the states read cannot change under the resolution (two
 /// bricks resolving at once read the same commits, and decide alike).
-pub async fn resolve_in_doubt<F, Fut>(
+pub async fn resolve_in_doubt<P, F, Fut>(
     store: &BrickStore,
     me: u64,
-    peers: &BTreeMap<u64, BrickClient>,
+    peers: &BTreeMap<u64, P>,
     client_fenced: F,
 ) -> Result<Vec<(IntervalId, Decision)>>
 where
+    P: Participant,
     F: Fn(u64) -> Fut,
     Fut: Future<Output = bool>,
 {

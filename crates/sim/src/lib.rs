@@ -10,6 +10,7 @@ pub mod driver;
 pub mod executor;
 pub mod experiment;
 pub mod explore;
+pub mod intervals;
 pub mod migration;
 pub mod models;
 pub mod net;

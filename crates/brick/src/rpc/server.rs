@@ -66,6 +66,20 @@ fn refuse(what: &str, error: BlockError) -> Status {
     }
 }
 
+/// Runs a request that changes the store as a task of its own: when a client gives up and
+/// its stream is reset, the server drops the handler, and a store operation dropped halfway
+/// (staging taken, record not yet made) would be left for the next restart to tidy.
+async fn to_completion<T: Send + 'static>(
+    work: impl std::future::Future<Output = strata_core::Result<T>> + Send + 'static,
+) -> strata_core::Result<T> {
+    tokio::spawn(work).await.unwrap_or_else(|join| {
+        Err(BlockError::Io {
+            context: "brick request".into(),
+            source: std::io::Error::other(join.to_string()),
+        })
+    })
+}
+
 fn interval(id: Option<proto::Interval>) -> Result<IntervalId, Status> {
     let id = id.ok_or_else(|| Status::invalid_argument("no interval id"))?;
     Ok(IntervalId {
@@ -92,11 +106,11 @@ impl brick_server::Brick for BrickService {
             .iter()
             .map(|f| (f.segment, f.epoch))
             .collect();
-        let vote = self
-            .store
-            .prepare(id, request.bricks, writes, &fences)
-            .await
-            .map_err(|e| refuse("prepare", e))?;
+        let store = self.store.clone();
+        let vote =
+            to_completion(async move { store.prepare(id, request.bricks, writes, &fences).await })
+                .await
+                .map_err(|e| refuse("prepare", e))?;
         Ok(Response::new(match vote {
             Vote::Yes => proto::PrepareReply {
                 yes: true,
@@ -123,12 +137,16 @@ impl brick_server::Brick for BrickService {
                 )));
             }
         };
-        let decided = if request.resolution {
-            self.store.decide_resolved(id, decision).await
-        } else {
-            self.store.decide(id, decision).await
-        };
-        let accepted = decided.map_err(|e| refuse("decide", e))?;
+        let store = self.store.clone();
+        let accepted = to_completion(async move {
+            if request.resolution {
+                store.decide_resolved(id, decision).await
+            } else {
+                store.decide(id, decision).await
+            }
+        })
+        .await
+        .map_err(|e| refuse("decide", e))?;
         Ok(Response::new(proto::DecideReply { accepted }))
     }
 
@@ -173,8 +191,8 @@ impl brick_server::Brick for BrickService {
         request: Request<proto::ForgetRequest>,
     ) -> Result<Response<proto::Empty>, Status> {
         let request = request.into_inner();
-        self.store
-            .forget(request.client, request.below)
+        let store = self.store.clone();
+        to_completion(async move { store.forget(request.client, request.below).await })
             .await
             .map_err(|e| refuse("forget", e))?;
         Ok(Response::new(proto::Empty {}))
@@ -184,8 +202,9 @@ impl brick_server::Brick for BrickService {
         &self,
         request: Request<proto::FenceClientRequest>,
     ) -> Result<Response<proto::Empty>, Status> {
-        self.store
-            .fence_client(request.into_inner().client)
+        let store = self.store.clone();
+        let client = request.into_inner().client;
+        to_completion(async move { store.fence_client(client).await })
             .await
             .map_err(|e| refuse("fence client", e))?;
         Ok(Response::new(proto::Empty {}))

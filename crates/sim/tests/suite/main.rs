@@ -6,6 +6,7 @@ mod alv;
 mod clotho;
 mod experiment;
 mod hdd;
+mod intervals;
 mod models;
 mod proximal;
 mod results;
