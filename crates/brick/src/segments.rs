@@ -9,11 +9,12 @@
 //!
 //! Claims are taken on demand and kept while in use: an interval **pins** the segments it
 //! writes from before its prepare until its end, and a lock holder pins the segments of its
-//! locks until it unlocks. An unpinned claim is given back after it has been idle for the
-//! linger time, so a host streaming writes keeps its segments, and another host waiting for
-//! one gets it soon after the writer stops. Nothing is given back while the host owes a
-//! brick a decision: until every interval it ran has ended everywhere, the next holder's
-//! writes could land before its own.
+//! locks until it unlocks. A host that finds a segment held says it **wants** it
+//! (`Coord::want`); the holder watches the volume's wants and gives a wanted claim back as
+//! soon as nothing pins it. Other claims are kept until idle for the linger time, so a host
+//! that locks and unlocks over and over pays etcd nothing. Nothing is given back while the
+//! host owes a brick a decision: until every interval it ran has ended everywhere, the next
+//! holder's writes could land before its own.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -22,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use strata_coord::claims::Claim;
 use strata_coord::session::Session;
+use strata_coord::wants::WantEvent;
 use strata_coord::{Coord, CoordError};
 
 /// Why segments could not be had.
@@ -65,6 +67,10 @@ pub struct SegmentClaims {
     etcd: tokio::sync::Mutex<()>,
     /// Set while the host owes a brick a decision: no claim is given back meanwhile.
     keep_all: AtomicBool,
+    /// Segments other members want, and who.
+    wanted: Mutex<BTreeSet<(u32, String)>>,
+    /// Wakes the releaser: a wanted claim lost its last pin, or the host paid what it owed.
+    nudge: tokio::sync::Notify,
     counters: ClaimCounters,
 }
 
@@ -93,11 +99,17 @@ impl Drop for Pin {
     fn drop(&mut self) {
         let mut held = self.claims.held.lock().unwrap();
         let now = Instant::now();
+        let mut freed = false;
         for (segment, _) in &self.fences {
             if let Some(h) = held.get_mut(segment) {
                 h.pins -= 1;
                 h.idle_since = now;
+                freed |= h.pins == 0;
             }
+        }
+        drop(held);
+        if freed && !self.claims.wanted.lock().unwrap().is_empty() {
+            self.claims.nudge.notify_one();
         }
     }
 }
@@ -121,6 +133,8 @@ impl SegmentClaims {
             held: Mutex::new(BTreeMap::new()),
             etcd: tokio::sync::Mutex::new(()),
             keep_all: AtomicBool::new(false),
+            wanted: Mutex::new(BTreeSet::new()),
+            nudge: tokio::sync::Notify::new(),
             counters: ClaimCounters::default(),
         })
     }
@@ -151,7 +165,10 @@ impl SegmentClaims {
 
     /// While set, no claim is given back (the host owes a brick a decision).
     pub fn keep_all(&self, keep: bool) {
-        self.keep_all.store(keep, Ordering::SeqCst);
+        let was = self.keep_all.swap(keep, Ordering::SeqCst);
+        if was && !keep {
+            self.nudge.notify_one();
+        }
     }
 
     /// Claims every segment of `segments` not yet held, waiting up to `wait` for other hosts
@@ -168,6 +185,27 @@ impl SegmentClaims {
             )));
         }
         let started = Instant::now();
+        let mut asked = BTreeSet::new();
+        let result = self
+            .acquire_asking(segments, wait, started, &mut asked)
+            .await;
+        for segment in asked {
+            // Only a hint, and bound to the lease: one left behind misleads nobody for long.
+            let _ = self
+                .coord
+                .unwant(&self.session, &self.volume, segment)
+                .await;
+        }
+        result
+    }
+
+    async fn acquire_asking(
+        self: &Arc<Self>,
+        segments: &BTreeSet<u32>,
+        wait: Duration,
+        started: Instant,
+        asked: &mut BTreeSet<u32>,
+    ) -> Result<Pin, ClaimError> {
         let mut pause = Duration::from_millis(2);
         loop {
             if !self.session.is_live() {
@@ -189,6 +227,15 @@ impl SegmentClaims {
                 Some(why) => {
                     if started.elapsed() >= wait {
                         return Err(why.into_error(self, started.elapsed()));
+                    }
+                    if let Blocked::Held { segment, .. } = why {
+                        if asked.insert(segment) {
+                            if let Err(error) =
+                                self.coord.want(&self.session, &self.volume, segment).await
+                            {
+                                tracing::debug!(volume = %self.volume, segment, %error, "want not recorded");
+                            }
+                        }
                     }
                     self.counters.waited.fetch_add(1, Ordering::Relaxed);
                     tokio::time::sleep(pause).await;
@@ -267,10 +314,48 @@ impl SegmentClaims {
             .await
     }
 
-    /// Gives back the claims of `segments` that nothing pins, at once (a lock holder that
-    /// unlocked says it is done with them), unless the host owes a decision.
-    pub async fn release_now(&self, segments: &BTreeSet<u32>) -> usize {
-        self.release_where(|s, _| segments.contains(&s)).await
+    /// Gives back, at once, the claims other members want that nothing pins.
+    pub async fn release_wanted(&self) -> usize {
+        let wanted: BTreeSet<u32> = (self.wanted.lock().unwrap().iter())
+            .map(|(segment, _)| *segment)
+            .collect();
+        if wanted.is_empty() {
+            return 0;
+        }
+        self.release_where(|s, _| wanted.contains(&s)).await
+    }
+
+    fn take_in(&self, events: Vec<WantEvent>) {
+        let mut wanted = self.wanted.lock().unwrap();
+        for event in events {
+            match event {
+                WantEvent::Wanted { segment, member } if member != self.session.name() => {
+                    wanted.insert((segment, member));
+                }
+                WantEvent::Withdrawn { segment, member } => {
+                    wanted.remove(&(segment, member));
+                }
+                WantEvent::Wanted { .. } => {}
+            }
+        }
+    }
+
+    /// Follows the volume's wants until etcd closes the watch or fails.
+    async fn follow_wants(&self) -> Result<(), CoordError> {
+        let mut watch = self.coord.watch_wants(&self.volume).await?;
+        let standing = self.coord.wanted(&self.volume).await?;
+        self.wanted.lock().unwrap().clear();
+        self.take_in(
+            (standing.into_iter())
+                .map(|(segment, member)| WantEvent::Wanted { segment, member })
+                .collect(),
+        );
+        self.release_wanted().await;
+        while let Some(events) = watch.next().await? {
+            self.take_in(events);
+            self.release_wanted().await;
+        }
+        Ok(())
     }
 
     async fn release_where(&self, wanted: impl Fn(u32, &Held) -> bool) -> usize {
@@ -314,19 +399,54 @@ impl SegmentClaims {
         released
     }
 
-    /// Gives back idle claims every half linger until the returned task is dropped.
+    /// Gives back idle claims every half linger, and wanted ones as soon as nothing pins
+    /// them, until the returned task is dropped.
     pub fn spawn_releaser(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
         let claims = Arc::downgrade(self);
         let period = (self.linger / 2).max(Duration::from_millis(10));
         tokio::spawn(async move {
+            let Some(first) = claims.upgrade() else {
+                return;
+            };
+            let watcher = {
+                let claims = Arc::downgrade(&first);
+                tokio::spawn(async move {
+                    loop {
+                        let Some(claims) = claims.upgrade() else {
+                            return;
+                        };
+                        if let Err(error) = claims.follow_wants().await {
+                            tracing::debug!(volume = %claims.volume, %error, "watch of wants lost");
+                        }
+                        drop(claims);
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    }
+                })
+            };
+            drop(first);
+            let _watcher = AbortOnDrop(watcher);
             loop {
-                tokio::time::sleep(period).await;
                 let Some(claims) = claims.upgrade() else {
                     return;
                 };
-                claims.release_idle().await;
+                tokio::select! {
+                    _ = tokio::time::sleep(period) => {
+                        claims.release_idle().await;
+                    }
+                    _ = claims.nudge.notified() => {
+                        claims.release_wanted().await;
+                    }
+                }
             }
         })
+    }
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

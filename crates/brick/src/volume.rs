@@ -43,9 +43,10 @@ const MAX_PENDING: u64 = (MAX_MESSAGE / 4) as u64;
 /// How many intervals end between two rounds of telling the bricks to forget them.
 const FORGET_EVERY: u64 = 64;
 
-/// How long a segment claim nothing pins is kept: a host streaming writes keeps its segments
-/// between intervals, and another host waiting for one gets it soon after the writer stops.
-const CLAIM_LINGER: Duration = Duration::from_millis(250);
+/// How long a segment claim nothing pins and nobody wants is kept: a host streaming writes,
+/// or locking over and over, keeps its segments; a host waiting for one says so, and gets it
+/// as soon as nothing pins it (`segments`).
+const CLAIM_LINGER: Duration = Duration::from_secs(2);
 
 /// Local locks never expire on their own: they live as long as their holder's `RangeLock`.
 const LOCAL_LEASE_MS: u64 = u64::MAX / 4;
@@ -331,10 +332,9 @@ impl SharedVolume {
         } = lock;
         let released = self.locks.lock().unwrap().unlock(owner.0, token, 0);
         self.unlocked.notify_waiters();
-        let segments: BTreeSet<u32> = pin.fences().iter().map(|&(s, _)| s).collect();
+        // A segment another host wants goes back once this was its last pin; the others stay
+        // this host's, so the next lock here costs no etcd round trip.
         drop(pin);
-        // The holder is done with them: another host waiting need not wait out the linger.
-        self.claims.release_now(&segments).await;
         released.map_err(|e| BlockError::InvalidArgument(e.to_string()))?;
         committed
     }

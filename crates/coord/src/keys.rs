@@ -66,6 +66,12 @@ impl Keys {
     pub fn claim(&self, volume: &str, segment: u32) -> String {
         format!("{}{segment:010}", self.claims(volume))
     }
+    pub fn wants(&self, volume: &str) -> String {
+        format!("{}wants/{volume}/", self.root)
+    }
+    pub fn want(&self, volume: &str, segment: u32, member: &str) -> String {
+        format!("{}{segment:010}/{member}", self.wants(volume))
+    }
     pub fn stale(&self, volume: &str) -> String {
         format!("{}stale/{volume}/", self.root)
     }

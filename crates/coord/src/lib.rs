@@ -23,6 +23,7 @@ mod keys;
 pub mod session;
 pub mod stale;
 pub mod versions;
+pub mod wants;
 
 use std::future::Future;
 use std::time::Duration;

@@ -7,3 +7,4 @@ mod quorum;
 mod session;
 mod stale;
 mod versions;
+mod wants;
