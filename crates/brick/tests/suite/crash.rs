@@ -394,7 +394,13 @@ async fn concurrent_seed_run(seed: u64) -> Result<CrashStats, String> {
         let mut aborted_racing = BTreeSet::new();
         for i in acknowledged.into_inner() {
             match (&ops[i], &answers[i]) {
-                (_, Answer::Vote(Err(_)) | Answer::Decided(Err(_)) | Answer::Forgot(Err(_))) => {
+                (_, Answer::Vote(Err(e)) | Answer::Decided(Err(e)) | Answer::Forgot(Err(e))) => {
+                    // Only the power cut may fail a request.
+                    if !group.is_powered_off() {
+                        return Err(format!(
+                            "request {i} of the batch failed with power on: {e}"
+                        ));
+                    }
                     failed = true
                 }
                 (Op::Prepare(id, _, fence), Answer::Vote(Ok(vote))) => {
