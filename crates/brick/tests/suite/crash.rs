@@ -165,6 +165,10 @@ async fn seed_run(seed: u64, planted: bool) -> Result<CrashStats, String> {
             store.forget(client, below).await.is_err()
         };
         if failed {
+            // Only the power cut may fail a request.
+            if !group.is_powered_off() {
+                return Err("a request failed with power on".into());
+            }
             break;
         }
     }
