@@ -109,8 +109,11 @@ struct Mem {
     epochs: BTreeMap<u32, i64>,
     /// Admitted prepares whose record is not made yet (their data is being staged).
     preparing: BTreeSet<IntervalId>,
-    /// From the `committed` transaction to the end of the copy home (see the lock rules).
+    /// From the `committed` transaction to the `applied` one (see the lock rules).
     applying: BTreeMap<IntervalId, Applying>,
+    /// Staging runs of applied intervals, free once transactions below the number are
+    /// durable (`MetaStore::durable_txn`).
+    freeing: Vec<(u64, Vec<(u64, u64)>)>,
 }
 
 /// What a prepare's admission checks decided.
@@ -118,6 +121,17 @@ enum Admission {
     Record,
     Repeat,
     No(String),
+}
+
+/// What a prepare does once the lock is released, before its data is staged.
+enum Admitted {
+    /// A prepare of the same interval is running: wait for it, then look again.
+    Wait,
+    /// Make the frees of applied intervals durable, then look again.
+    Commit,
+    /// Write the data to these staging runs.
+    Staging(Vec<(u64, u64)>),
+    Answer(Vote),
 }
 
 /// What a decision does once the lock is released.
@@ -299,6 +313,7 @@ impl BrickStore {
             epochs,
             preparing: BTreeSet::new(),
             applying: BTreeMap::new(),
+            freeing: Vec::new(),
         };
         let mut report = OpenReport::default();
         for (id, blob, record) in records {
@@ -358,6 +373,8 @@ impl BrickStore {
         for (id, blob, record) in committed {
             store.apply(id, blob, &record).await?;
         }
+        store.meta.commit().await?;
+        store.reclaim(&mut store.lock());
         if report != OpenReport::default() {
             tracing::info!(?report, "brick opened");
         }
@@ -368,9 +385,27 @@ impl BrickStore {
         self.layout
     }
 
-    /// Free staging space, in bytes.
+    /// Free staging space, in bytes, once the frees of applied intervals are durable.
     pub async fn staging_free(&self) -> u64 {
-        self.lock().staging.free_bytes()
+        // A failed commit frees nothing: `reclaim` frees only what is durable.
+        let _ = self.meta.commit().await;
+        let mut mem = self.lock();
+        self.reclaim(&mut mem);
+        mem.staging.free_bytes()
+    }
+
+    /// Frees the staging of applied intervals whose tombstones are now durable.
+    fn reclaim(&self, mem: &mut Mem) {
+        let durable = self.meta.durable_txn();
+        let (free, keep) = std::mem::take(&mut mem.freeing)
+            .into_iter()
+            .partition(|(txn, _)| *txn <= durable);
+        mem.freeing = keep;
+        for (_, runs) in free {
+            for (start, len) in runs {
+                mem.staging.release(start, len);
+            }
+        }
     }
 
     /// A panic under the lock (a staging run freed twice) is a bug that already failed its
@@ -417,35 +452,39 @@ impl BrickStore {
             let changed = self.changed.notified();
             let admitted = {
                 let mut mem = self.lock();
+                self.reclaim(&mut mem);
                 if mem.preparing.contains(&id) {
                     // A duplicate (the client sent it again): answered as a repeat once the
                     // first is recorded, or as the first was refused.
-                    None
+                    Admitted::Wait
                 } else {
-                    Some(match self.admit(&mem, id, fences) {
-                        Admission::No(why) => Err(Vote::No(why)),
-                        Admission::Repeat => Err(Vote::Yes),
+                    match self.admit(&mem, id, fences) {
+                        Admission::No(why) => Admitted::Answer(Vote::No(why)),
+                        Admission::Repeat => Admitted::Answer(Vote::Yes),
                         Admission::Record => match mem.staging.allocate(total) {
                             Some(runs) => {
                                 mem.preparing.insert(id);
-                                Ok(runs)
+                                Admitted::Staging(runs)
                             }
-                            None => Err(Vote::No(format!(
+                            // Applied intervals wait for a commit to free their staging.
+                            None if !mem.freeing.is_empty() => Admitted::Commit,
+                            None => Admitted::Answer(Vote::No(format!(
                                 "no staging space: {total} bytes wanted, {} free",
                                 mem.staging.free_bytes()
                             ))),
                         },
-                    })
+                    }
                 }
             };
             match admitted {
-                None => changed.await,
-                Some(Ok(runs)) => break runs,
-                Some(Err(Vote::Yes)) => {
+                Admitted::Wait => changed.await,
+                Admitted::Commit => self.meta.commit().await?,
+                Admitted::Staging(runs) => break runs,
+                Admitted::Answer(Vote::Yes) => {
                     self.meta.commit().await?;
                     return Ok(Vote::Yes);
                 }
-                Some(Err(no)) => return Ok(no),
+                Admitted::Answer(no) => return Ok(no),
             }
         };
         let extents = place(&writes, &runs, self.layout.home_offset);
@@ -715,19 +754,17 @@ impl BrickStore {
             let data = self.read_all(extent.staging, extent.len as usize).await?;
             self.write_all(extent.home, data.freeze()).await?;
         }
-        self.device.flush().await?;
-        {
-            let mut mem = self.lock();
-            let tombstone = IntervalRecord::tombstone(RecordState::Applied, record.bricks.clone());
-            self.record_update(blob, &tombstone, TxnClass::Reclaim)?;
-            // Forget leaves an interval that holds staging alone, so the record is still here.
-            mem.intervals.get_mut(&id).expect("committed").record = tombstone;
-        }
-        self.meta.commit().await?;
+        // No flush and no commit before the decision is acknowledged: the `committed`
+        // record is durable, so a crash redoes this copy from staging, which stays taken until
+        // the tombstone is durable. The commit that makes it durable flushes the device first
+        // (the data barrier), so the tombstone is never durable before the copy.
         let mut mem = self.lock();
-        for (start, len) in staging_runs(&record.extents) {
-            mem.staging.release(start, len);
-        }
+        let tombstone = IntervalRecord::tombstone(RecordState::Applied, record.bricks.clone());
+        self.record_update(blob, &tombstone, TxnClass::Reclaim)?;
+        // Forget leaves an interval that holds staging alone, so the record is still here.
+        mem.intervals.get_mut(&id).expect("committed").record = tombstone;
+        let after = self.meta.next_txn();
+        mem.freeing.push((after, staging_runs(&record.extents)));
         mem.applying.remove(&id);
         self.changed.notify_waiters();
         Ok(())

@@ -429,8 +429,10 @@ async fn overlapping_commits_at_once_reach_home_in_the_order_they_are_acknowledg
             "seed {seed}: home is not in acknowledgement order"
         );
         drop(store);
+        // The last tombstone need not be durable yet (nothing committed after it): then its
+        // interval is redone, and being the last, leaves home as it was.
         let (store, report) = BrickStore::open(device).await.unwrap();
-        assert_eq!(report.redone, 0);
+        assert!(report.redone <= 1, "{report:?}");
         assert!(store.read(0, 5 * 4096).await.unwrap()[..] == home[..]);
     }
 }
