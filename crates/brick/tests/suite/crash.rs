@@ -321,8 +321,10 @@ async fn send(store: &BrickStore, client: u64, op: &Op) -> Answer {
 /// ones, forgets. Intervals of a batch may overlap at home. Acknowledged commits go into the
 /// model in the order they were acknowledged: the brick records a commit only once every
 /// overlapping commit before it was acknowledged, so that is the order they reach home.
-async fn concurrent_seed_run(seed: u64) -> Result<CrashStats, String> {
-    let settings = BrickSettings::default();
+async fn concurrent_seed_run(seed: u64, planted: bool) -> Result<CrashStats, String> {
+    let settings = BrickSettings {
+        unsafe_skip_data_barrier: planted,
+    };
     let mut rng = CrashRng::seed_from_u64(seed);
     let group = CrashGroup::new();
     let disk: DeviceRef = Arc::new(group.disk(geometry()));
@@ -502,7 +504,7 @@ fn concurrent_requests_survive_power_cuts_as_the_same_requests_one_at_a_time() {
         replay: "cargo test -p strata-brick --test suite -- crash::concurrent",
         default_iterations: 3000,
     };
-    let summary = run.run_async(concurrent_seed_run);
+    let summary = run.run_async(|seed| concurrent_seed_run(seed, false));
     assert!(
         summary.crash_points * 2 >= summary.iterations,
         "{summary:?}"
@@ -525,6 +527,25 @@ fn the_harness_catches_a_record_committed_before_its_data() {
     };
     let message = panic_report(
         || run.run_plan_async(plan, |seed| seed_run(seed, true)),
+        "1000 seeds ran with the ordering bug planted and none failed",
+    );
+    assert!(message.contains("replay: STRATA_CRASH_SEED="), "{message}");
+}
+
+/// The same bug under requests at once: the concurrent workload catches it too.
+#[test]
+fn the_concurrent_harness_catches_a_record_committed_before_its_data() {
+    let run = CrashRun {
+        name: "brick store, requests at once, with the data barrier removed",
+        replay: "cargo test -p strata-brick --test suite -- crash::the_concurrent_harness",
+        default_iterations: 0,
+    };
+    let plan = CrashPlan {
+        first: 0xBAD_0000,
+        count: 1000,
+    };
+    let message = panic_report(
+        || run.run_plan_async(plan, |seed| concurrent_seed_run(seed, true)),
         "1000 seeds ran with the ordering bug planted and none failed",
     );
     assert!(message.contains("replay: STRATA_CRASH_SEED="), "{message}");
