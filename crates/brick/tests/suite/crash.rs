@@ -15,6 +15,7 @@
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -290,6 +291,31 @@ async fn check_reopened(
     Ok(())
 }
 
+/// How often the concurrent workload met each race, over a run: a test that stopped
+/// interleaving anything would still pass every check, so the run asserts it met them.
+#[derive(Debug)]
+struct Races {
+    /// An abort recorded while its prepare staged its data (the prepare then voted no).
+    abort_during_prepare: AtomicU64,
+    /// A prepare fenced by a newer epoch sent in the same batch.
+    fenced_by_a_concurrent_prepare: AtomicU64,
+    /// Pairs of acknowledged commits of one batch that overlap at home.
+    overlapping_commits: AtomicU64,
+}
+
+static RACES: Races = Races {
+    abort_during_prepare: AtomicU64::new(0),
+    fenced_by_a_concurrent_prepare: AtomicU64::new(0),
+    overlapping_commits: AtomicU64::new(0),
+};
+
+fn overlapping(a: &[(u64, Bytes)], b: &[(u64, Bytes)]) -> bool {
+    a.iter().any(|(ao, ad)| {
+        b.iter()
+            .any(|(bo, bd)| *ao < bo + bd.len() as u64 && *bo < ao + ad.len() as u64)
+    })
+}
+
 /// One request of a batch sent at once.
 enum Op {
     Prepare(IntervalId, Vec<(u64, Bytes)>, (u32, i64)),
@@ -398,6 +424,7 @@ async fn concurrent_seed_run(seed: u64, planted: bool) -> Result<CrashStats, Str
         let mut failed = false;
         let mut votes: BTreeMap<IntervalId, Vote> = BTreeMap::new();
         let mut aborted_racing = BTreeSet::new();
+        let mut committed_now: Vec<IntervalId> = Vec::new();
         for i in acknowledged.into_inner() {
             match (&ops[i], &answers[i]) {
                 (_, Answer::Vote(Err(e)) | Answer::Decided(Err(e)) | Answer::Forgot(Err(e))) => {
@@ -418,8 +445,11 @@ async fn concurrent_seed_run(seed: u64, planted: bool) -> Result<CrashStats, Str
                             let newest = fenced.entry(fence.0).or_insert(fence.1);
                             *newest = (*newest).max(fence.1);
                         }
-                        Vote::No(why) if why.contains("fenced") && newer_sent => {}
+                        Vote::No(why) if why.contains("fenced") && newer_sent => {
+                            RACES.fenced_by_a_concurrent_prepare.fetch_add(1, Relaxed);
+                        }
                         Vote::No(why) if why.contains("already decided") && racing.contains(id) => {
+                            RACES.abort_during_prepare.fetch_add(1, Relaxed);
                         }
                         Vote::No(why) => return Err(format!("{id:?} refused: {why}")),
                     }
@@ -429,6 +459,14 @@ async fn concurrent_seed_run(seed: u64, planted: bool) -> Result<CrashStats, Str
                     if racing.contains(id) {
                         aborted_racing.insert(*id);
                     } else if *decision == Decision::Commit {
+                        let overlaps = committed_now
+                            .iter()
+                            .filter(|other| overlapping(&model.writes[other], &model.writes[id]))
+                            .count();
+                        RACES
+                            .overlapping_commits
+                            .fetch_add(overlaps as u64, Relaxed);
+                        committed_now.push(*id);
                         model.apply(*id);
                         model.told.insert(*id, Told::Committed);
                     } else {
@@ -509,6 +547,22 @@ fn concurrent_requests_survive_power_cuts_as_the_same_requests_one_at_a_time() {
         summary.crash_points * 2 >= summary.iterations,
         "{summary:?}"
     );
+    eprintln!("races met: {RACES:?}");
+    if summary.iterations >= 1000 {
+        for (race, count) in [
+            ("abort during a prepare", &RACES.abort_during_prepare),
+            (
+                "prepare fenced by a concurrent one",
+                &RACES.fenced_by_a_concurrent_prepare,
+            ),
+            (
+                "overlapping commits in one batch",
+                &RACES.overlapping_commits,
+            ),
+        ] {
+            assert!(count.load(Relaxed) > 0, "{race}: never met in {summary:?}");
+        }
+    }
 }
 
 /// The ordering bug a brick must not have: a prepare's record committed before its staged
