@@ -20,15 +20,23 @@
 //!   record goes into the same transaction as its newer epochs. A duplicate prepare, or a
 //!   commit, of an id being prepared waits for it; an abort is recorded at once, and the
 //!   prepare's second check then refuses.
+//! - **A commit is acknowledged once its `committed` record is durable and its writes are
+//!   copied home** (written, not flushed), with its `applied` tombstone transacted but not
+//!   committed: a crash before that tombstone is durable redoes the copy from staging, and
+//!   the commit that makes it durable flushes the copy first (the data barrier). So a commit
+//!   costs one metadata commit on its way, and the tombstone rides on a later one.
 //! - **Staging is freed only once the transaction that frees it is durable**: until then a
-//!   crash brings back the record that points at it. Units a prepare never recorded are
+//!   crash brings back the record that points at it. An abort commits, then frees; an
+//!   applied interval's units wait in `freeing` until `durable_txn` passes its tombstone,
+//!   and a prepare short of space commits to free them. Units a prepare never recorded are
 //!   freed at once.
 //! - **Committed intervals that overlap at home are never applying at once.** Open redoes
 //!   committed intervals in `IntervalId` order, not in decision order, so a commit first
 //!   waits until no interval it overlaps is `applying` (from its `committed` transaction to
-//!   the end of its copy home: staging freed, the decision acknowledged). Overlapping
-//!   commits are therefore applied and acknowledged in one order, and at most one of them is
-//!   ever `committed` on disk. Non-overlapping ones copy home concurrently.
+//!   its `applied` one, which ends the decision without another await, in the same poll as
+//!   its acknowledgement). Overlapping commits are therefore applied and acknowledged in one
+//!   order, and at most one of them is ever `committed` and not `applied` on disk (metadata
+//!   becomes durable in transaction order). Non-overlapping ones copy home concurrently.
 //! - **No lost wake-ups.** A waiter registers `changed.notified()` before it takes the lock
 //!   to look, and whoever clears a `preparing` mark or an `applying` entry calls
 //!   `notify_waiters` after changing `Mem`: a change before the look is seen, one after it
@@ -169,7 +177,8 @@ pub struct BrickSettings {
 
 fn store_options(device: &DeviceRef, settings: &BrickSettings) -> StoreOptions {
     let mut options = StoreOptions::new("brick metadata");
-    // Staged data must be on the medium before the record that points to it.
+    // Staged data must be on the medium before the record that points to it, and a copy home
+    // before the tombstone that frees its staging.
     options.data_devices = vec![device.clone()];
     options.unsafe_skip_data_barrier = settings.unsafe_skip_data_barrier;
     options
