@@ -742,9 +742,9 @@ impl BrickStore {
         }
     }
 
-    /// Copies a committed interval's staged writes home, makes them durable, and shrinks the
-    /// record to a tombstone. Redone from the start after a crash (the copy is idempotent).
-    /// The interval is `applying` until this returns.
+    /// Copies a committed interval's staged writes home and shrinks the record to a tombstone,
+    /// which a later commit makes durable. Redone from the start after a crash (the copy is
+    /// idempotent). The interval is `applying` until this returns.
     async fn apply(&self, id: IntervalId, blob: ObjectId, record: &IntervalRecord) -> Result<()> {
         let result = self.copy_home(id, blob, record).await;
         if result.is_err() {
