@@ -32,7 +32,7 @@ where
     Fut: Future<Output = bool>,
 {
     let mut decided = Vec::new();
-    'intervals: for (id, bricks) in store.in_doubt().await {
+    'intervals: for (id, bricks) in store.try_in_doubt().await? {
         if !client_fenced(id.client).await {
             continue;
         }
@@ -52,7 +52,7 @@ where
             }
         }
         // Read after the fences: this brick's own state too may have moved since the list.
-        let Some(own) = store.status(id).await else {
+        let Some(own) = store.try_status(id).await? else {
             continue 'intervals;
         };
         if own != Status::Prepared {

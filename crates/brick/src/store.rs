@@ -1,7 +1,54 @@
 //! The brick's store: prepare, decide, read, and recovery at open.
+//!
+//! # Lock rules
+//!
+//! Prepares, decisions and forgets run concurrently, so that they share the metadata store's
+//! group commits and their device I/O overlaps. What keeps them correct:
+//! - **The mem lock is held only for in-memory work and `MetaStore::transact`**, never across
+//!   device I/O or `meta.commit().await` (it is a `std` mutex: a guard held across an await
+//!   would make the RPC futures `!Send`, so the compiler refuses it). A change to the
+//!   metadata and the matching change to `Mem` are made under one hold, so what `Mem` says
+//!   is always what the metadata says, durable or not.
+//! - **An answer waits for what it saw to be durable**: every vote, decision, status and
+//!   in-doubt list calls `meta.commit()` after its last look at `Mem` (cheap when nothing is
+//!   pending), because `Mem` may hold another request's transaction not yet durable. A `No`
+//!   needs no commit: it only ever aborts.
+//! - **A prepare is admitted twice.** Under the lock: the forgotten mark, `prepare_action`,
+//!   the fences, then staging is allocated and the id marked `preparing`. The data is
+//!   written outside the lock; then, under it again, the same checks run once more (an abort
+//!   or a forget may have arrived, or a newer epoch been recorded meanwhile) before the
+//!   record goes into the same transaction as its newer epochs. A duplicate prepare, or a
+//!   commit, of an id being prepared waits for it; an abort is recorded at once, and the
+//!   prepare's second check then refuses.
+//! - **A commit is acknowledged once its `committed` record is durable and its writes are
+//!   copied home** (written, not flushed), with its `applied` tombstone transacted but not
+//!   committed: a crash before that tombstone is durable redoes the copy from staging, and
+//!   the commit that makes it durable flushes the copy first (the data barrier). So a commit
+//!   costs one metadata commit on its way, and the tombstone rides on a later one.
+//! - **Staging is freed only once the transaction that frees it is durable**: until then a
+//!   crash brings back the record that points at it. An abort commits, then frees; an
+//!   applied interval's units wait in `freeing` until `durable_txn` passes its tombstone,
+//!   and a prepare short of space commits to free them. Units a prepare never recorded are
+//!   freed at once.
+//! - **Committed intervals that overlap at home are never applying at once.** Open redoes
+//!   committed intervals in `IntervalId` order, not in decision order, so a commit first
+//!   waits until no interval it overlaps is `applying` (from its `committed` transaction to
+//!   its `applied` one, which ends the decision without another await, in the same poll as
+//!   its acknowledgement). Overlapping commits are therefore applied and acknowledged in one
+//!   order, and at most one of them is ever `committed` and not `applied` on disk (metadata
+//!   becomes durable in transaction order). Non-overlapping ones copy home concurrently.
+//! - **No lost wake-ups.** A waiter registers `changed.notified()` before it takes the lock
+//!   to look, and whoever clears a `preparing` mark or an `applying` entry calls
+//!   `notify_waiters` after changing `Mem`: a change before the look is seen, one after it
+//!   wakes the waiter.
+//! - A copy home that fails leaves its interval `applying` and marked failed: the commits
+//!   that overlap it are refused with an error until the brick is reopened (open redoes it).
+//!
+//! `read` and `write_direct` take no lock: the lock layer above keeps readers and direct
+//! writers out of ranges an interval is writing.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use bytes::{Bytes, BytesMut};
 use strata_cluster::interval::{
@@ -59,12 +106,57 @@ struct Live {
     blob: ObjectId,
 }
 
+/// A committed interval whose copy home has not finished.
+struct Applying {
+    /// Its home ranges, `[start, end)` device offsets.
+    home: Vec<(u64, u64)>,
+    /// The copy home failed: overlapping commits are refused until the brick is reopened.
+    failed: bool,
+}
+
 struct Mem {
     intervals: BTreeMap<IntervalId, Live>,
     staging: Staging,
     forgotten: BTreeMap<u64, u64>,
     epochs: BTreeMap<u32, i64>,
     fenced: BTreeSet<u64>,
+    /// Admitted prepares whose record is not made yet (their data is being staged).
+    preparing: BTreeSet<IntervalId>,
+    /// From the `committed` transaction to the `applied` one (see the lock rules).
+    applying: BTreeMap<IntervalId, Applying>,
+    /// Staging runs of applied intervals, free once transactions below the number are
+    /// durable (`MetaStore::durable_txn`).
+    freeing: Vec<(u64, Vec<(u64, u64)>)>,
+}
+
+/// What a prepare's admission checks decided.
+enum Admission {
+    Record,
+    Repeat,
+    No(String),
+}
+
+/// What a prepare does once the lock is released, before its data is staged.
+enum Admitted {
+    /// A prepare of the same interval is running: wait for it, then look again.
+    Wait,
+    /// Make the frees of applied intervals durable, then look again.
+    Commit,
+    /// Write the data to these staging runs.
+    Staging(Vec<(u64, u64)>),
+    Answer(Vote),
+}
+
+/// What a decision does once the lock is released.
+enum Step {
+    /// Wait for a `preparing` mark or an `applying` entry to go, then look again.
+    Wait,
+    /// Answer once what was seen is durable.
+    Answer(bool),
+    /// The abort's tombstone is in; free these staging runs once it is durable.
+    Free(Vec<(u64, u64)>),
+    /// The commit is in (and the interval `applying`): make it durable, then copy home.
+    Apply(ObjectId, IntervalRecord),
 }
 
 pub struct BrickStore {
@@ -74,9 +166,10 @@ pub struct BrickStore {
     forgotten_table: ObjectId,
     epochs_table: ObjectId,
     fenced_table: ObjectId,
-    /// One prepare, decision or forget at a time: each ends in a metadata commit, and the
-    /// rules need the interval's state not to move underneath them.
-    mem: tokio::sync::Mutex<Mem>,
+    /// Held only for in-memory work and `transact` (see the lock rules).
+    mem: Mutex<Mem>,
+    /// Told whenever a `preparing` mark or an `applying` entry goes.
+    changed: tokio::sync::Notify,
 }
 
 /// How a store runs (as opposed to how it is laid out, [`BrickOptions`]).
@@ -90,7 +183,8 @@ pub struct BrickSettings {
 
 fn store_options(device: &DeviceRef, settings: &BrickSettings) -> StoreOptions {
     let mut options = StoreOptions::new("brick metadata");
-    // Staged data must be on the medium before the record that points to it.
+    // Staged data must be on the medium before the record that points to it, and a copy home
+    // before the tombstone that frees its staging.
     options.data_devices = vec![device.clone()];
     options.unsafe_skip_data_barrier = settings.unsafe_skip_data_barrier;
     options
@@ -245,6 +339,9 @@ impl BrickStore {
             forgotten,
             epochs,
             fenced: fenced.1,
+            preparing: BTreeSet::new(),
+            applying: BTreeMap::new(),
+            freeing: Vec::new(),
         };
         let mut report = OpenReport::default();
         for (id, blob, record) in records {
@@ -273,8 +370,24 @@ impl BrickStore {
                 RecordState::Committed => report.redone += 1,
                 RecordState::Applied | RecordState::Aborted => report.tombstones += 1,
             }
+            if record.state == RecordState::Committed {
+                let home = home_ranges(&record.extents);
+                mem.applying.insert(
+                    id,
+                    Applying {
+                        home,
+                        failed: false,
+                    },
+                );
+            }
             mem.intervals.insert(id, Live { record, blob });
         }
+        let committed: Vec<(IntervalId, ObjectId, IntervalRecord)> = mem
+            .intervals
+            .iter()
+            .filter(|(_, live)| live.record.state == RecordState::Committed)
+            .map(|(&id, live)| (id, live.blob, live.record.clone()))
+            .collect();
         let store = BrickStore {
             device,
             meta,
@@ -282,20 +395,15 @@ impl BrickStore {
             forgotten_table,
             epochs_table,
             fenced_table: fenced.0,
-            mem: tokio::sync::Mutex::new(mem),
+            mem: Mutex::new(mem),
+            changed: tokio::sync::Notify::new(),
         };
-        {
-            let mut mem = store.mem.lock().await;
-            let committed: Vec<IntervalId> = mem
-                .intervals
-                .iter()
-                .filter(|(_, live)| live.record.state == RecordState::Committed)
-                .map(|(&id, _)| id)
-                .collect();
-            for id in committed {
-                store.apply(&mut mem, id).await?;
-            }
+        // One at a time, in `IntervalId` order: the order the format promises.
+        for (id, blob, record) in committed {
+            store.apply(id, blob, &record).await?;
         }
+        store.meta.commit().await?;
+        store.reclaim(&mut store.lock());
         if report != OpenReport::default() {
             tracing::info!(?report, "brick opened");
         }
@@ -306,9 +414,33 @@ impl BrickStore {
         self.layout
     }
 
-    /// Free staging space, in bytes.
+    /// Free staging space, in bytes, once the frees of applied intervals are durable.
     pub async fn staging_free(&self) -> u64 {
-        self.mem.lock().await.staging.free_bytes()
+        // A failed commit frees nothing: `reclaim` frees only what is durable.
+        let _ = self.meta.commit().await;
+        let mut mem = self.lock();
+        self.reclaim(&mut mem);
+        mem.staging.free_bytes()
+    }
+
+    /// Frees the staging of applied intervals whose tombstones are now durable.
+    fn reclaim(&self, mem: &mut Mem) {
+        let durable = self.meta.durable_txn();
+        let (free, keep) = std::mem::take(&mut mem.freeing)
+            .into_iter()
+            .partition(|(txn, _)| *txn <= durable);
+        mem.freeing = keep;
+        for (_, runs) in free {
+            for (start, len) in runs {
+                mem.staging.release(start, len);
+            }
+        }
+    }
+
+    /// A panic under the lock (a staging run freed twice) is a bug that already failed its
+    /// request; the others go on, as the metadata store's own lock does.
+    fn lock(&self) -> MutexGuard<'_, Mem> {
+        self.mem.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     fn check_home(&self, offset: u64, len: u64) -> Result<()> {
@@ -344,24 +476,114 @@ impl BrickStore {
         for (offset, data) in &writes {
             self.check_home(*offset, data.len() as u64)?;
         }
-        let mut mem = self.mem.lock().await;
+        let total: u64 = writes.iter().map(|(_, d)| d.len() as u64).sum();
+        let runs = loop {
+            let changed = self.changed.notified();
+            let admitted = {
+                let mut mem = self.lock();
+                self.reclaim(&mut mem);
+                if mem.preparing.contains(&id) {
+                    // A duplicate (the client sent it again): answered as a repeat once the
+                    // first is recorded, or as the first was refused.
+                    Admitted::Wait
+                } else {
+                    match self.admit(&mem, id, &writes, fences) {
+                        Admission::No(why) => Admitted::Answer(Vote::No(why)),
+                        Admission::Repeat => Admitted::Answer(Vote::Yes),
+                        Admission::Record => match mem.staging.allocate(total) {
+                            Some(runs) => {
+                                mem.preparing.insert(id);
+                                Admitted::Staging(runs)
+                            }
+                            // Applied intervals wait for a commit to free their staging.
+                            None if !mem.freeing.is_empty() => Admitted::Commit,
+                            None => Admitted::Answer(Vote::No(format!(
+                                "no staging space: {total} bytes wanted, {} free",
+                                mem.staging.free_bytes()
+                            ))),
+                        },
+                    }
+                }
+            };
+            match admitted {
+                Admitted::Wait => changed.await,
+                Admitted::Commit => self.meta.commit().await?,
+                Admitted::Staging(runs) => break runs,
+                Admitted::Answer(Vote::Yes) => {
+                    self.meta.commit().await?;
+                    return Ok(Vote::Yes);
+                }
+                Admitted::Answer(no) => return Ok(no),
+            }
+        };
+        let extents = place(&writes, &runs, self.layout.home_offset);
+        let staged = self.stage(&writes, &extents).await;
+        let outcome = {
+            let mut mem = self.lock();
+            mem.preparing.remove(&id);
+            self.changed.notify_waiters();
+            let outcome = staged.and_then(|()| match self.admit(&mem, id, &writes, fences) {
+                Admission::No(why) => Ok(Some(Vote::No(why))),
+                // Only a prepare records a prepared interval, and a duplicate waited: kept
+                // for completeness, this answers as a repeat.
+                Admission::Repeat => Ok(Some(Vote::Yes)),
+                Admission::Record => {
+                    let record = IntervalRecord {
+                        state: RecordState::Prepared,
+                        bricks,
+                        extents,
+                    };
+                    let blob = self.record_prepared(id, &record, fences)?;
+                    mem.intervals.insert(id, Live { record, blob });
+                    for &(segment, epoch) in fences {
+                        let newest = mem.epochs.entry(segment).or_insert(epoch);
+                        *newest = (*newest).max(epoch);
+                    }
+                    Ok(None)
+                }
+            });
+            if !matches!(outcome, Ok(None)) {
+                // Nothing durable points at these units: free at once.
+                for &(start, len) in &runs {
+                    mem.staging.release(start, len);
+                }
+            }
+            outcome
+        };
+        match outcome? {
+            Some(Vote::No(why)) => Ok(Vote::No(why)),
+            Some(Vote::Yes) | None => {
+                self.meta.commit().await?;
+                Ok(Vote::Yes)
+            }
+        }
+    }
+
+    /// A prepare's checks, run when it is admitted and again before its record is made.
+    fn admit(
+        &self,
+        mem: &Mem,
+        id: IntervalId,
+        writes: &[(u64, Bytes)],
+        fences: &[(u32, i64)],
+    ) -> Admission {
         if mem.fenced.contains(&id.client) {
-            return Ok(Vote::No(fenced_client(id.client)));
+            return Admission::No(fenced_client(id.client));
         }
         if mem
             .forgotten
             .get(&id.client)
             .is_some_and(|&below| id.seq < below)
         {
-            return Ok(Vote::No(format!(
+            return Admission::No(format!(
                 "interval {id:?} is older than its client's forgotten mark"
-            )));
+            ));
         }
         let status = mem.intervals.get(&id).map(|l| l.record.state.status());
         match prepare_action(status) {
-            PrepareAction::Repeat => return Ok(Vote::Yes),
+            PrepareAction::Repeat => return Admission::Repeat,
             PrepareAction::Refuse => {
-                return Ok(Vote::No(format!("interval {id:?} is already decided")))
+                return Admission::No(format!("interval {id:?} is already decided"))
             }
             PrepareAction::Record => {}
         }
@@ -370,9 +592,9 @@ impl BrickStore {
             (epoch < newest).then_some((segment, epoch, newest))
         }) {
             tracing::warn!(?id, segment, epoch, newest, "prepare fenced");
-            return Ok(Vote::No(format!(
+            return Admission::No(format!(
                 "fenced: segment {segment} was claimed at epoch {newest}, after the client's {epoch}"
-            )));
+            ));
         }
         // Another client's interval over the same bytes, prepared here and undecided: its
         // client died or paused inside its commit, or owes this brick the decision. Until it
@@ -381,50 +603,14 @@ impl BrickStore {
         if let Some(other) = mem.intervals.iter().find_map(|(&other, live)| {
             (other.client != id.client
                 && live.record.state == RecordState::Prepared
-                && overlaps(&live.record.extents, &writes, self.layout.home_offset))
+                && overlaps(&live.record.extents, writes, self.layout.home_offset))
             .then_some(other)
         }) {
-            return Ok(Vote::No(format!(
+            return Admission::No(format!(
                 "interval {id:?} {OVERLAP_REFUSAL} ({other:?}) held here"
-            )));
+            ));
         }
-        let total: u64 = writes.iter().map(|(_, d)| d.len() as u64).sum();
-        let Some(runs) = mem.staging.allocate(total) else {
-            return Ok(Vote::No(format!(
-                "no staging space: {total} bytes wanted, {} free",
-                mem.staging.free_bytes()
-            )));
-        };
-        let extents = place(&writes, &runs, self.layout.home_offset);
-        let staged = self.stage(&writes, &extents).await;
-        let recorded = match staged {
-            Ok(()) => {
-                let record = IntervalRecord {
-                    state: RecordState::Prepared,
-                    bricks,
-                    extents,
-                };
-                self.record_prepared(id, &record, fences)
-                    .map(|blob| (blob, record))
-            }
-            Err(e) => Err(e),
-        };
-        let (blob, record) = match recorded {
-            Ok(done) => done,
-            Err(e) => {
-                for (start, len) in runs {
-                    mem.staging.release(start, len);
-                }
-                return Err(e);
-            }
-        };
-        mem.intervals.insert(id, Live { record, blob });
-        for &(segment, epoch) in fences {
-            let newest = mem.epochs.entry(segment).or_insert(epoch);
-            *newest = (*newest).max(epoch);
-        }
-        self.meta.commit().await?;
-        Ok(Vote::Yes)
+        Admission::Record
     }
 
     /// Writes each write's bytes to its extents (`place` cut them in order).
@@ -506,92 +692,212 @@ impl BrickStore {
     }
 
     async fn decide_as(&self, id: IntervalId, decision: Decision, resolved: bool) -> Result<bool> {
-        let mut mem = self.mem.lock().await;
-        if !resolved && mem.fenced.contains(&id.client) {
-            tracing::warn!(?id, ?decision, "decision from a fenced client refused");
-            return Ok(false);
+        loop {
+            let changed = self.changed.notified();
+            let step = {
+                let mut mem = self.lock();
+                if !resolved && mem.fenced.contains(&id.client) {
+                    tracing::warn!(?id, ?decision, "decision from a fenced client refused");
+                    Step::Answer(false)
+                } else {
+                    self.decide_step(&mut mem, id, decision)?
+                }
+            };
+            match step {
+                Step::Wait => changed.await,
+                Step::Answer(answer) => {
+                    self.meta.commit().await?;
+                    return Ok(answer);
+                }
+                Step::Free(runs) => {
+                    self.meta.commit().await?;
+                    // Freed only now: until the tombstone is durable, a crash brings the
+                    // prepared record back, and its staged data must still be there.
+                    let mut mem = self.lock();
+                    for (start, len) in runs {
+                        mem.staging.release(start, len);
+                    }
+                    return Ok(true);
+                }
+                Step::Apply(blob, record) => {
+                    if let Err(e) = self.meta.commit().await {
+                        self.apply_failed(id);
+                        return Err(e);
+                    }
+                    self.apply(id, blob, &record).await?;
+                    return Ok(true);
+                }
+            }
+        }
+    }
+
+    /// The part of a decision made under the lock.
+    fn decide_step(&self, mem: &mut Mem, id: IntervalId, decision: Decision) -> Result<Step> {
+        if decision == Decision::Commit && mem.preparing.contains(&id) {
+            // Nothing sends a commit before this brick voted, but a duplicate prepare might
+            // still be running when the first one's vote led to it: wait for the record.
+            return Ok(Step::Wait);
         }
         let status = mem.intervals.get(&id).map(|l| l.record.state.status());
         match decide_action(status, decision) {
-            DecideAction::Repeat { same } => Ok(same),
-            DecideAction::Refuse => Ok(false),
+            DecideAction::Repeat { same } => match mem.applying.get(&id) {
+                // A repeated commit is acknowledged when the first is: once the writes are
+                // home and readable.
+                Some(applying) if same => {
+                    if applying.failed {
+                        return Err(apply_failure(id));
+                    }
+                    Ok(Step::Wait)
+                }
+                _ => Ok(Step::Answer(same)),
+            },
+            DecideAction::Refuse => Ok(Step::Answer(false)),
             DecideAction::Remember => {
                 if mem
                     .forgotten
                     .get(&id.client)
                     .is_some_and(|&below| id.seq < below)
                 {
-                    return Ok(true);
+                    return Ok(Step::Answer(true));
                 }
+                // An interval still being prepared is recorded aborted now: its prepare
+                // checks again before recording, finds the abort and votes no.
                 let record = IntervalRecord::tombstone(RecordState::Aborted, Vec::new());
                 let blob = self.record_new(id, &record)?;
                 mem.intervals.insert(id, Live { record, blob });
-                self.meta.commit().await?;
-                Ok(true)
+                Ok(Step::Answer(true))
             }
             DecideAction::Drop => {
-                let live = mem.intervals.get(&id).expect("prepared");
-                let freed = live.record.extents.clone();
+                let live = mem.intervals.get_mut(&id).expect("prepared");
+                let freed = staging_runs(&live.record.extents);
                 let record =
                     IntervalRecord::tombstone(RecordState::Aborted, live.record.bricks.clone());
                 self.record_update(live.blob, &record, TxnClass::Reclaim)?;
-                self.meta.commit().await?;
-                // Freed only now: until the tombstone is durable, a crash brings the prepared
-                // record back, and its staged data must still be there.
-                for (start, len) in staging_runs(&freed) {
-                    mem.staging.release(start, len);
-                }
-                mem.intervals.get_mut(&id).expect("prepared").record = record;
-                Ok(true)
+                live.record = record;
+                Ok(Step::Free(freed))
             }
             DecideAction::Apply => {
-                let live = mem.intervals.get_mut(&id).expect("prepared");
-                live.record.state = RecordState::Committed;
-                let (blob, record) = (live.blob, live.record.clone());
+                let live = &mem.intervals[&id];
+                let home = home_ranges(&live.record.extents);
+                if let Some(busy) = mem.applying.values().find(|a| overlap(&a.home, &home)) {
+                    if busy.failed {
+                        return Err(apply_failure(id));
+                    }
+                    return Ok(Step::Wait);
+                }
+                let blob = live.blob;
+                let record = IntervalRecord {
+                    state: RecordState::Committed,
+                    ..live.record.clone()
+                };
                 self.record_update(blob, &record, TxnClass::Reclaim)?;
-                self.meta.commit().await?;
-                self.apply(&mut mem, id).await?;
-                Ok(true)
+                mem.intervals.get_mut(&id).expect("prepared").record = record.clone();
+                mem.applying.insert(
+                    id,
+                    Applying {
+                        home,
+                        failed: false,
+                    },
+                );
+                Ok(Step::Apply(blob, record))
             }
         }
     }
 
-    /// Copies a committed interval's staged writes home, makes them durable, and shrinks the
-    /// record to a tombstone. Redone from the start after a crash (the copy is idempotent).
-    async fn apply(&self, mem: &mut Mem, id: IntervalId) -> Result<()> {
-        let live = mem.intervals.get(&id).expect("committed");
-        let extents = live.record.extents.clone();
-        for extent in &extents {
+    /// Copies a committed interval's staged writes home and shrinks the record to a tombstone,
+    /// which a later commit makes durable. Redone from the start after a crash (the copy is
+    /// idempotent). The interval is `applying` until this returns.
+    async fn apply(&self, id: IntervalId, blob: ObjectId, record: &IntervalRecord) -> Result<()> {
+        let result = self.copy_home(id, blob, record).await;
+        if result.is_err() {
+            self.apply_failed(id);
+        }
+        result
+    }
+
+    async fn copy_home(
+        &self,
+        id: IntervalId,
+        blob: ObjectId,
+        record: &IntervalRecord,
+    ) -> Result<()> {
+        for extent in &record.extents {
             let data = self.read_all(extent.staging, extent.len as usize).await?;
             self.write_all(extent.home, data.freeze()).await?;
         }
-        self.device.flush().await?;
-        let record = IntervalRecord::tombstone(RecordState::Applied, live.record.bricks.clone());
-        self.record_update(live.blob, &record, TxnClass::Reclaim)?;
-        self.meta.commit().await?;
-        for (start, len) in staging_runs(&extents) {
-            mem.staging.release(start, len);
-        }
-        mem.intervals.get_mut(&id).expect("committed").record = record;
+        // No flush and no commit before the decision is acknowledged: the `committed`
+        // record is durable, so a crash redoes this copy from staging, which stays taken until
+        // the tombstone is durable. The commit that makes it durable flushes the device first
+        // (the data barrier), so the tombstone is never durable before the copy.
+        let mut mem = self.lock();
+        let tombstone = IntervalRecord::tombstone(RecordState::Applied, record.bricks.clone());
+        self.record_update(blob, &tombstone, TxnClass::Reclaim)?;
+        // Forget leaves an interval that holds staging alone, so the record is still here.
+        mem.intervals.get_mut(&id).expect("committed").record = tombstone;
+        let after = self.meta.next_txn();
+        mem.freeing.push((after, staging_runs(&record.extents)));
+        mem.applying.remove(&id);
+        self.changed.notify_waiters();
         Ok(())
+    }
+
+    /// The copy home failed: the interval stays `applying`, and what waits on it is woken to
+    /// find it failed.
+    fn apply_failed(&self, id: IntervalId) {
+        let mut mem = self.lock();
+        if let Some(applying) = mem.applying.get_mut(&id) {
+            applying.failed = true;
+        }
+        self.changed.notify_waiters();
     }
 
     /// What this brick's log says of an interval, for a peer resolving it in doubt. `None`
     /// for an interval never prepared here or already forgotten (its client forgets only
-    /// intervals ended on every brick, which no brick can be in doubt about).
+    /// intervals ended on every brick, which no brick can be in doubt about), and for one
+    /// whose prepare is still staging its data (it has voted nothing yet).
+    ///
+    /// Answered once what it says is durable. A brick whose metadata store has failed cannot
+    /// make it so, and has no safe answer (each status leads a peer to decide), so it never
+    /// answers, as a brick that is down: the peer's deadline keeps the interval in doubt.
+    /// [`Self::try_status`] says why instead.
     pub async fn status(&self, id: IntervalId) -> Option<Status> {
-        let mem = self.mem.lock().await;
-        mem.intervals.get(&id).map(|l| l.record.state.status())
+        match self.try_status(id).await {
+            Ok(status) => status,
+            Err(error) => unanswerable("status", error).await,
+        }
     }
 
-    /// Prepared intervals with no decision yet, with the bricks of each.
+    /// [`Self::status`], or the error that keeps it from being durable.
+    pub async fn try_status(&self, id: IntervalId) -> Result<Option<Status>> {
+        let status = {
+            let mem = self.lock();
+            mem.intervals.get(&id).map(|l| l.record.state.status())
+        };
+        self.meta.commit().await?;
+        Ok(status)
+    }
+
+    /// Prepared intervals with no decision yet, with the bricks of each. Like
+    /// [`Self::status`], never answered by a brick whose metadata store has failed.
     pub async fn in_doubt(&self) -> Vec<(IntervalId, Vec<u64>)> {
-        let mem = self.mem.lock().await;
-        mem.intervals
-            .iter()
-            .filter(|(_, l)| l.record.state == RecordState::Prepared)
-            .map(|(&id, l)| (id, l.record.bricks.clone()))
-            .collect()
+        match self.try_in_doubt().await {
+            Ok(listed) => listed,
+            Err(error) => unanswerable("in-doubt list", error).await,
+        }
+    }
+
+    /// [`Self::in_doubt`], or the error that keeps it from being durable.
+    pub async fn try_in_doubt(&self) -> Result<Vec<(IntervalId, Vec<u64>)>> {
+        let listed = {
+            let mem = self.lock();
+            mem.intervals
+                .iter()
+                .filter(|(_, l)| l.record.state == RecordState::Prepared)
+                .map(|(&id, l)| (id, l.record.bricks.clone()))
+                .collect()
+        };
+        self.meta.commit().await?;
+        Ok(listed)
     }
 
     /// From now on, takes no prepare and no decision from `client`, durably: its lease ran out,
@@ -599,56 +905,58 @@ impl BrickStore {
     /// client paused past its lease could otherwise wake up and commit here after the peers
     /// read the interval as prepared and resolved it as aborted.
     pub async fn fence_client(&self, client: u64) -> Result<()> {
-        let mut mem = self.mem.lock().await;
-        if !mem.fenced.contains(&client) {
-            let table = self.fenced_table;
-            self.meta.transact(TxnClass::Reclaim, |_, txn| {
-                txn.set(table, client, &1u64.to_le_bytes());
-                Ok(())
-            })?;
-            mem.fenced.insert(client);
-            tracing::info!(
-                client = format_args!("{client:x}"),
-                "client fenced: its intervals are resolved by the bricks"
-            );
+        {
+            let mut mem = self.lock();
+            if !mem.fenced.contains(&client) {
+                let table = self.fenced_table;
+                self.meta.transact(TxnClass::Reclaim, |_, txn| {
+                    txn.set(table, client, &1u64.to_le_bytes());
+                    Ok(())
+                })?;
+                mem.fenced.insert(client);
+                tracing::info!(
+                    client = format_args!("{client:x}"),
+                    "client fenced: its intervals are resolved by the bricks"
+                );
+            }
         }
-        // Durable before the answer, also when an earlier request recorded it.
+        // Durable before the answer, also when an earlier request recorded it: a prepare or
+        // decision admitted before the fence is in the same or an earlier commit.
         self.meta.commit().await
     }
 
     /// The client says every interval of its below `seq` has ended on every brick: their
     /// tombstones go, and a late prepare of one is refused by the mark instead.
     pub async fn forget(&self, client: u64, below: u64) -> Result<usize> {
-        let mut mem = self.mem.lock().await;
-        let gone: Vec<(IntervalId, ObjectId)> = mem
-            .intervals
-            .range(IntervalId { client, seq: 0 }..IntervalId { client, seq: below })
-            .filter(|(_, l)| !l.record.state.holds_staging())
-            .map(|(&id, l)| (id, l.blob))
-            .collect();
-        if mem
-            .forgotten
-            .get(&client)
-            .is_some_and(|&mark| mark >= below)
-            && gone.is_empty()
-        {
-            return Ok(0);
-        }
-        let table = self.forgotten_table;
-        let mark = mem.forgotten.get(&client).copied().unwrap_or(0).max(below);
-        self.meta.transact(TxnClass::Reclaim, |_, txn| {
-            txn.set(table, client, &mark.to_le_bytes());
-            for (_, blob) in &gone {
-                txn.delete(*blob);
+        let forgotten = {
+            let mut mem = self.lock();
+            let gone: Vec<(IntervalId, ObjectId)> = mem
+                .intervals
+                .range(IntervalId { client, seq: 0 }..IntervalId { client, seq: below })
+                .filter(|(_, l)| !l.record.state.holds_staging())
+                .map(|(&id, l)| (id, l.blob))
+                .collect();
+            let mark = mem.forgotten.get(&client).copied().unwrap_or(0).max(below);
+            if mem.forgotten.get(&client) != Some(&mark) || !gone.is_empty() {
+                let table = self.forgotten_table;
+                self.meta.transact(TxnClass::Reclaim, |_, txn| {
+                    txn.set(table, client, &mark.to_le_bytes());
+                    for (_, blob) in &gone {
+                        txn.delete(*blob);
+                    }
+                    Ok(())
+                })?;
+                mem.forgotten.insert(client, mark);
+                for (id, _) in &gone {
+                    mem.intervals.remove(id);
+                }
             }
-            Ok(())
-        })?;
+            gone.len()
+        };
+        // Also when nothing was left to do here: a concurrent forget may have raised the mark
+        // this answer relies on without its commit being durable yet.
         self.meta.commit().await?;
-        mem.forgotten.insert(client, mark);
-        for (id, _) in &gone {
-            mem.intervals.remove(id);
-        }
-        Ok(gone.len())
+        Ok(forgotten)
     }
 
     /// Writes home at once, outside any interval, and flushes: the baseline intervals are
@@ -739,6 +1047,33 @@ fn place(writes: &[(u64, Bytes)], runs: &[(u64, u64)], home_offset: u64) -> Vec<
         }
     }
     extents
+}
+
+/// The home ranges of a record's extents, `[start, end)` device offsets.
+fn home_ranges(extents: &[StagedExtent]) -> Vec<(u64, u64)> {
+    extents
+        .iter()
+        .map(|e| (e.home, e.home + u64::from(e.len)))
+        .collect()
+}
+
+fn overlap(a: &[(u64, u64)], b: &[(u64, u64)]) -> bool {
+    a.iter()
+        .any(|&(a0, a1)| b.iter().any(|&(b0, b1)| a0 < b1 && b0 < a1))
+}
+
+async fn unanswerable<T>(what: &str, error: BlockError) -> T {
+    tracing::error!(%error, "brick {what} not answered: its metadata cannot be made durable");
+    std::future::pending().await
+}
+
+fn apply_failure(id: IntervalId) -> BlockError {
+    BlockError::io(
+        "brick copy home",
+        std::io::Error::other(format!(
+            "a copy home that interval {id:?} overlaps failed; the brick must be reopened to redo it"
+        )),
+    )
 }
 
 /// The staging units a record's extents occupy, as merged runs: allocation hands out whole

@@ -155,7 +155,12 @@ impl brick_server::Brick for BrickService {
         request: Request<proto::Interval>,
     ) -> Result<Response<proto::StatusReply>, Status> {
         let id = interval(Some(request.into_inner()))?;
-        let state = match self.store.status(id).await {
+        let status = self
+            .store
+            .try_status(id)
+            .await
+            .map_err(|e| refuse("status", e))?;
+        let state = match status {
             None => proto::State::Unknown,
             Some(IntervalStatus::Prepared) => proto::State::Prepared,
             Some(IntervalStatus::Decided(Decision::Commit)) => proto::State::Committed,
@@ -172,8 +177,9 @@ impl brick_server::Brick for BrickService {
     ) -> Result<Response<proto::InDoubtReply>, Status> {
         let intervals = self
             .store
-            .in_doubt()
+            .try_in_doubt()
             .await
+            .map_err(|e| refuse("in doubt", e))?
             .into_iter()
             .map(|(id, bricks)| proto::InDoubt {
                 id: Some(proto::Interval {

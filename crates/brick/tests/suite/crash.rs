@@ -8,9 +8,14 @@
 //!   home or none of it;
 //! - no staging space lost once every interval is decided.
 //!
+//! The same workload runs one request at a time, and in batches of requests at once on a
+//! disk that yields before each operation, so that they interleave.
+//!
 //! Replay one seed: `STRATA_CRASH_SEED=<seed> cargo test -p strata-brick --test suite -- crash::`.
 
-use std::collections::BTreeMap;
+use std::cell::RefCell;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -35,6 +40,11 @@ enum Told {
     /// An abort was in flight at the cut.
     Aborting,
     Aborted,
+    /// A prepare and an abort of it were sent at once, and the abort was not acknowledged:
+    /// nothing, prepared or aborted.
+    Racing,
+    /// The prepare was refused (fenced by a newer epoch of a prepare sent at the same time).
+    Refused,
 }
 
 struct Model {
@@ -49,6 +59,24 @@ impl Model {
             let at = *offset as usize;
             self.home[at..at + bytes.len()].copy_from_slice(bytes);
         }
+    }
+}
+
+/// What a reopened brick may say of an interval the workload was told `told` of.
+fn allowed(told: &Told, status: Option<Status>) -> bool {
+    let prepared = status == Some(Status::Prepared);
+    let committed = status == Some(Status::Decided(Decision::Commit));
+    let aborted = status == Some(Status::Decided(Decision::Abort));
+    match told {
+        Told::Preparing => status.is_none() || prepared,
+        Told::Prepared => prepared,
+        Told::Committing => prepared || committed,
+        // Forgotten tombstones answer None.
+        Told::Committed => committed || status.is_none(),
+        Told::Aborting => prepared || aborted,
+        Told::Aborted => aborted || status.is_none(),
+        Told::Racing => status.is_none() || prepared || aborted,
+        Told::Refused => status.is_none(),
     }
 }
 
@@ -138,6 +166,10 @@ async fn seed_run(seed: u64, planted: bool) -> Result<CrashStats, String> {
             store.forget(client, below).await.is_err()
         };
         if failed {
+            // Only the power cut may fail a request.
+            if !group.is_powered_off() {
+                return Err("a request failed with power on".into());
+            }
             break;
         }
     }
@@ -150,27 +182,32 @@ async fn seed_run(seed: u64, planted: bool) -> Result<CrashStats, String> {
     let (store, _report) = BrickStore::open_with(device, &settings)
         .await
         .map_err(|e| format!("reopen failed: {e}"))?;
+    check_reopened(&store, &mut model, &fenced, &mut rng).await?;
+    Ok(CrashStats {
+        crash_points: u64::from(crashed),
+    })
+}
+
+/// After the power cut: what the brick says of each interval, then every interval in doubt
+/// decided at random, then home, the epochs and the staging space.
+async fn check_reopened(
+    store: &BrickStore,
+    model: &mut Model,
+    fenced: &BTreeMap<u32, i64>,
+    rng: &mut CrashRng,
+) -> Result<(), String> {
     for (&id, told) in &model.told.clone() {
         let status = store.status(id).await;
-        let prepared = status == Some(Status::Prepared);
-        let committed = status == Some(Status::Decided(Decision::Commit));
-        let aborted = status == Some(Status::Decided(Decision::Abort));
-        let ok = match told {
-            Told::Preparing => status.is_none() || prepared,
-            Told::Prepared => prepared,
-            Told::Committing => prepared || committed,
-            // Forgotten tombstones answer None.
-            Told::Committed => committed || status.is_none(),
-            Told::Aborting => prepared || aborted,
-            Told::Aborted => aborted || status.is_none(),
-        };
-        if !ok {
+        if !allowed(told, status) {
             return Err(format!(
                 "{id:?}: told {told:?}, the reopened brick says {status:?}"
             ));
         }
-        // The open redid the in-flight commit, before anything below decides.
-        if *told == Told::Committing && committed {
+        // The open redid the in-flight commit, before anything below decides. Commits in
+        // flight at once never overlap at home once recorded (the brick lets one overlapping
+        // commit be recorded only after the other was acknowledged), so their order here
+        // does not matter, and each comes after every acknowledged commit it overlaps.
+        if *told == Told::Committing && status == Some(Status::Decided(Decision::Commit)) {
             model.apply(id);
         }
     }
@@ -178,7 +215,7 @@ async fn seed_run(seed: u64, planted: bool) -> Result<CrashStats, String> {
         let told = &model.told[&id];
         if !matches!(
             told,
-            Told::Preparing | Told::Prepared | Told::Committing | Told::Aborting
+            Told::Preparing | Told::Prepared | Told::Committing | Told::Aborting | Told::Racing
         ) {
             return Err(format!(
                 "{id:?}: told {told:?}, the reopened brick holds it in doubt"
@@ -223,7 +260,7 @@ async fn seed_run(seed: u64, planted: bool) -> Result<CrashStats, String> {
         ));
     }
     // Every acknowledged epoch still fences: an older one is refused on its segment.
-    for (&segment, &newest) in &fenced {
+    for (&segment, &newest) in fenced {
         let late = IntervalId {
             client: 99,
             seq: u64::from(segment),
@@ -251,6 +288,233 @@ async fn seed_run(seed: u64, planted: bool) -> Result<CrashStats, String> {
             "staging lost: {free} of {total} bytes free with nothing in doubt"
         ));
     }
+    Ok(())
+}
+
+/// How often the concurrent workload met each race, over a run: a test that stopped
+/// interleaving anything would still pass every check, so the run asserts it met them.
+#[derive(Debug)]
+struct Races {
+    /// An abort recorded while its prepare staged its data (the prepare then voted no).
+    abort_during_prepare: AtomicU64,
+    /// A prepare fenced by a newer epoch sent in the same batch.
+    fenced_by_a_concurrent_prepare: AtomicU64,
+    /// Pairs of acknowledged commits of one batch that overlap at home.
+    overlapping_commits: AtomicU64,
+}
+
+static RACES: Races = Races {
+    abort_during_prepare: AtomicU64::new(0),
+    fenced_by_a_concurrent_prepare: AtomicU64::new(0),
+    overlapping_commits: AtomicU64::new(0),
+};
+
+fn overlapping(a: &[(u64, Bytes)], b: &[(u64, Bytes)]) -> bool {
+    a.iter().any(|(ao, ad)| {
+        b.iter()
+            .any(|(bo, bd)| *ao < bo + bd.len() as u64 && *bo < ao + ad.len() as u64)
+    })
+}
+
+/// One request of a batch sent at once.
+enum Op {
+    Prepare(IntervalId, Vec<(u64, Bytes)>, (u32, i64)),
+    Decide(IntervalId, Decision),
+    Forget(u64),
+}
+
+enum Answer {
+    Vote(strata_core::Result<Vote>),
+    Decided(strata_core::Result<bool>),
+    Forgot(strata_core::Result<usize>),
+}
+
+async fn send(store: &BrickStore, client: u64, op: &Op) -> Answer {
+    match op {
+        Op::Prepare(id, writes, fence) => Answer::Vote(
+            store
+                .prepare(*id, vec![0, 1], writes.clone(), &[*fence])
+                .await,
+        ),
+        Op::Decide(id, decision) => Answer::Decided(store.decide(*id, *decision).await),
+        Op::Forget(below) => Answer::Forgot(store.forget(client, *below).await),
+    }
+}
+
+/// The workload in batches of 2 to 6 requests sent at once (`join_all`) to a brick on a disk
+/// that yields 0 to 3 times before each operation: prepares of new intervals (now and then
+/// with an abort of the same interval in the same batch), commits and aborts of prepared
+/// ones, forgets. Intervals of a batch may overlap at home. Acknowledged commits go into the
+/// model in the order they were acknowledged: the brick records a commit only once every
+/// overlapping commit before it was acknowledged, so that is the order they reach home.
+async fn concurrent_seed_run(seed: u64, planted: bool) -> Result<CrashStats, String> {
+    let settings = BrickSettings {
+        unsafe_skip_data_barrier: planted,
+    };
+    let mut rng = CrashRng::seed_from_u64(seed);
+    let group = CrashGroup::new();
+    let disk: DeviceRef = Arc::new(group.disk(geometry()));
+    let device: DeviceRef = Arc::new(Yielding::new(disk, 0..=3, seed ^ 0x5eed));
+    let store = BrickStore::format_with(device, &options(), false, &settings)
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut model = Model {
+        home: vec![0; HOME as usize],
+        writes: BTreeMap::new(),
+        told: BTreeMap::new(),
+    };
+    let batches = rng.random_range(3..15);
+    let cut_at = group.mutating_ops() + rng.random_range(0..batches * 4 * 6);
+    group.arm_crash_at(cut_at);
+    let mut next_seq = 1;
+    let mut fenced: BTreeMap<u32, i64> = BTreeMap::new();
+    let client = 1 + seed % 3;
+    for _ in 0..batches {
+        let mut prepared: Vec<IntervalId> = (model.told.iter())
+            .filter(|(_, t)| **t == Told::Prepared)
+            .map(|(&id, _)| id)
+            .collect();
+        let below = (model.told.iter())
+            .find(|(_, t)| !matches!(t, Told::Committed | Told::Aborted | Told::Refused))
+            .map_or(next_seq, |(id, _)| id.seq);
+        let mut ops = Vec::new();
+        let mut racing = BTreeSet::new();
+        for _ in 0..rng.random_range(2..=6) {
+            let choice = rng.random_range(0..10);
+            if choice < 5 || prepared.is_empty() {
+                let id = IntervalId {
+                    client,
+                    seq: next_seq,
+                };
+                next_seq += 1;
+                let writes = random_writes(&mut rng, id);
+                model.writes.insert(id, writes.clone());
+                model.told.insert(id, Told::Preparing);
+                let fence = ((id.seq % 4) as u32, id.seq as i64);
+                ops.push(Op::Prepare(id, writes, fence));
+                if rng.random_bool(0.15) {
+                    // A peer resolving it, or the client giving up, while it is prepared.
+                    racing.insert(id);
+                    ops.push(Op::Decide(id, Decision::Abort));
+                }
+            } else if choice < 9 {
+                let id = prepared.swap_remove(rng.random_range(0..prepared.len()));
+                let commit = rng.random_bool(0.7);
+                let (during, decision) = if commit {
+                    (Told::Committing, Decision::Commit)
+                } else {
+                    (Told::Aborting, Decision::Abort)
+                };
+                model.told.insert(id, during);
+                ops.push(Op::Decide(id, decision));
+            } else {
+                ops.push(Op::Forget(below));
+            }
+        }
+        let acknowledged = RefCell::new(Vec::new());
+        let answers = futures_util::future::join_all(ops.iter().enumerate().map(|(i, op)| {
+            let (store, acknowledged) = (&store, &acknowledged);
+            async move {
+                let answer = send(store, client, op).await;
+                acknowledged.borrow_mut().push(i);
+                answer
+            }
+        }))
+        .await;
+        let mut failed = false;
+        let mut votes: BTreeMap<IntervalId, Vote> = BTreeMap::new();
+        let mut aborted_racing = BTreeSet::new();
+        let mut committed_now: Vec<IntervalId> = Vec::new();
+        for i in acknowledged.into_inner() {
+            match (&ops[i], &answers[i]) {
+                (_, Answer::Vote(Err(e)) | Answer::Decided(Err(e)) | Answer::Forgot(Err(e))) => {
+                    // Only the power cut may fail a request.
+                    if !group.is_powered_off() {
+                        return Err(format!(
+                            "request {i} of the batch failed with power on: {e}"
+                        ));
+                    }
+                    failed = true
+                }
+                (Op::Prepare(id, _, fence), Answer::Vote(Ok(vote))) => {
+                    let newer_sent = ops.iter().any(|op| {
+                        matches!(op, Op::Prepare(_, _, other) if other.0 == fence.0 && other.1 > fence.1)
+                    });
+                    match vote {
+                        Vote::Yes => {
+                            let newest = fenced.entry(fence.0).or_insert(fence.1);
+                            *newest = (*newest).max(fence.1);
+                        }
+                        Vote::No(why) if why.contains("fenced") && newer_sent => {
+                            RACES.fenced_by_a_concurrent_prepare.fetch_add(1, Relaxed);
+                        }
+                        Vote::No(why) if why.contains("already decided") && racing.contains(id) => {
+                            RACES.abort_during_prepare.fetch_add(1, Relaxed);
+                        }
+                        Vote::No(why) => return Err(format!("{id:?} refused: {why}")),
+                    }
+                    votes.insert(*id, vote.clone());
+                }
+                (Op::Decide(id, decision), Answer::Decided(Ok(true))) => {
+                    if racing.contains(id) {
+                        aborted_racing.insert(*id);
+                    } else if *decision == Decision::Commit {
+                        let overlaps = committed_now
+                            .iter()
+                            .filter(|other| overlapping(&model.writes[other], &model.writes[id]))
+                            .count();
+                        RACES
+                            .overlapping_commits
+                            .fetch_add(overlaps as u64, Relaxed);
+                        committed_now.push(*id);
+                        model.apply(*id);
+                        model.told.insert(*id, Told::Committed);
+                    } else {
+                        model.told.insert(*id, Told::Aborted);
+                    }
+                }
+                (Op::Decide(id, decision), Answer::Decided(Ok(false))) => {
+                    return Err(format!("{id:?}: {decision:?} refused"))
+                }
+                (Op::Forget(_), Answer::Forgot(Ok(_))) => {}
+                _ => unreachable!("each request has its own kind of answer"),
+            }
+        }
+        for (id, vote) in &votes {
+            let told = match (vote, racing.contains(id), aborted_racing.contains(id)) {
+                (_, true, true) => Told::Aborted,
+                (Vote::Yes, true, false) => Told::Aborting,
+                (Vote::No(_), true, false) => Told::Racing,
+                (Vote::Yes, false, _) => Told::Prepared,
+                (Vote::No(_), false, _) => Told::Refused,
+            };
+            model.told.insert(*id, told);
+        }
+        for id in &racing {
+            if !votes.contains_key(id) {
+                // The prepare was in flight at the cut.
+                let told = if aborted_racing.contains(id) {
+                    Told::Aborted
+                } else {
+                    Told::Racing
+                };
+                model.told.insert(*id, told);
+            }
+        }
+        if failed {
+            break;
+        }
+    }
+    let crashed = group.mutating_ops() > cut_at || group.is_powered_off();
+    let images = group.crash(&mut rng);
+    drop(store);
+
+    let group = CrashGroup::new();
+    let device: DeviceRef = Arc::new(open_disks(&group, &[geometry()], Some(images)).remove(0));
+    let (store, _report) = BrickStore::open_with(device, &settings)
+        .await
+        .map_err(|e| format!("reopen failed: {e}"))?;
+    check_reopened(&store, &mut model, &fenced, &mut rng).await?;
     Ok(CrashStats {
         crash_points: u64::from(crashed),
     })
@@ -271,6 +535,36 @@ fn every_acknowledged_decision_survives_power_cuts_and_no_interval_is_half_home(
     );
 }
 
+#[test]
+fn concurrent_requests_survive_power_cuts_as_the_same_requests_one_at_a_time() {
+    let run = CrashRun {
+        name: "brick store, requests at once",
+        replay: "cargo test -p strata-brick --test suite -- crash::concurrent",
+        default_iterations: 3000,
+    };
+    let summary = run.run_async(|seed| concurrent_seed_run(seed, false));
+    assert!(
+        summary.crash_points * 2 >= summary.iterations,
+        "{summary:?}"
+    );
+    eprintln!("races met: {RACES:?}");
+    if summary.iterations >= 1000 {
+        for (race, count) in [
+            ("abort during a prepare", &RACES.abort_during_prepare),
+            (
+                "prepare fenced by a concurrent one",
+                &RACES.fenced_by_a_concurrent_prepare,
+            ),
+            (
+                "overlapping commits in one batch",
+                &RACES.overlapping_commits,
+            ),
+        ] {
+            assert!(count.load(Relaxed) > 0, "{race}: never met in {summary:?}");
+        }
+    }
+}
+
 /// The ordering bug a brick must not have: a prepare's record committed before its staged
 /// data is durable. After a power cut the record survives and points at whatever staging held;
 /// committing it puts that home. The harness must catch it.
@@ -287,6 +581,25 @@ fn the_harness_catches_a_record_committed_before_its_data() {
     };
     let message = panic_report(
         || run.run_plan_async(plan, |seed| seed_run(seed, true)),
+        "1000 seeds ran with the ordering bug planted and none failed",
+    );
+    assert!(message.contains("replay: STRATA_CRASH_SEED="), "{message}");
+}
+
+/// The same bug under requests at once: the concurrent workload catches it too.
+#[test]
+fn the_concurrent_harness_catches_a_record_committed_before_its_data() {
+    let run = CrashRun {
+        name: "brick store, requests at once, with the data barrier removed",
+        replay: "cargo test -p strata-brick --test suite -- crash::the_concurrent_harness",
+        default_iterations: 0,
+    };
+    let plan = CrashPlan {
+        first: 0xBAD_0000,
+        count: 1000,
+    };
+    let message = panic_report(
+        || run.run_plan_async(plan, |seed| concurrent_seed_run(seed, true)),
         "1000 seeds ran with the ordering bug planted and none failed",
     );
     assert!(message.contains("replay: STRATA_CRASH_SEED="), "{message}");
