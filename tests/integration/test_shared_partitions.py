@@ -154,7 +154,8 @@ def test_a_host_cut_off_from_everything_is_fenced_and_another_takes_over(
     sends is lost). Its flush fails with EIO within seconds instead of hanging; its lease runs
     out; host B takes the segment and writes. With the link back, A is refused (fenced, its
     log says the lease ran out), B's data stands on both copies, and A's write that was
-    acknowledged before the cut (in a segment B never touched) is there."""
+    acknowledged before the cut (in a segment B never touched) is there. A's write whose
+    flush failed is never written: A refuses it again when it stops."""
     with net_pool(workdir, 1, [("v", "48M", ["b0,b1", "b2,b3"])]) as (etcd, bricks, nets, addr):
         (net,) = nets
         a = server_factory(spec(etcd.url(addr), "host-a", netns=net.ns))
@@ -185,6 +186,10 @@ def test_a_host_cut_off_from_everything_is_fenced_and_another_takes_over(
             for _ in range(2):
                 ok, _, why = attempt(h, b"\x43" * 65536, 0)
                 assert not ok and "Input/output error" in why, why
+        # A still buffers the write whose flush failed: stopping, it says it could not be
+        # flushed (a non-zero exit) rather than dropping it or writing it.
+        rc = a.stop()
+        assert rc != 0 and "final flush failed" in a.stderr_text(), (rc, a.stderr_text()[-2000:])
         assert "lease ran out" in a.stderr_text()
         print(f"host B wrote segment 0 {took_over:.1f}s after the cut (gone after {gone:.1f}s)")
         out = qemu_io(b, "read -P 0x62 0 64k", "read -P 0x41 8M 64k").stdout
@@ -289,8 +294,14 @@ def test_a_host_cut_off_from_etcd_only_stops_committing_and_recovers_only_within
             proxy.down_held.set()
             held = time.monotonic()
             failed_at = None
+            lease = float(LEASE.rstrip("s"))
             while time.monotonic() - held < 12:
                 ok, took, why = write(h, offsets=(0,))
+                # No answer from etcd since `held`: the lease cannot be known past
+                # held + lease, and nothing may commit after that (a prepare sent just before
+                # may finish a little later).
+                assert not ok or time.monotonic() - held < lease + 0.5, \
+                    f"A committed {time.monotonic() - held:.1f}s after etcd fell silent"
                 if not ok:
                     failed_at = time.monotonic() - held
                     assert "Input/output error" in why, why
