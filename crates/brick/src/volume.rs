@@ -429,7 +429,10 @@ impl SharedVolume {
             return;
         }
         reach.probing = true;
-        let (weak, client) = (Arc::downgrade(&self.reach[brick]), self.bricks[brick].clone());
+        let (weak, client) = (
+            Arc::downgrade(&self.reach[brick]),
+            self.bricks[brick].clone(),
+        );
         let (volume, name) = (self.name.clone(), self.brick_names[brick].clone());
         tokio::spawn(async move {
             let probe = IntervalId { client: 0, seq: 0 };
