@@ -26,15 +26,18 @@ LEASE = "3s"
 
 
 class Etcd:
-    """A single-node etcd on loopback, in its own folder, killed at teardown."""
+    """A single-node etcd on loopback, in its own folder, killed at teardown. With `host`, it
+    also listens on that address (`url(host)`), for hosts in network namespaces."""
 
-    def __init__(self, workdir: Path):
+    def __init__(self, workdir: Path, host: str | None = None):
         client, peer = free_port(), free_port()
+        self.port = client
         self.endpoint = f"http://127.0.0.1:{client}"
         self.workdir = workdir
+        urls = ",".join([self.endpoint] + ([self.url(host)] if host else []))
         self.argv = ["etcd", "--name", "t", "--data-dir", str(workdir / "etcd"),
-                     "--listen-client-urls", self.endpoint,
-                     "--advertise-client-urls", self.endpoint,
+                     "--listen-client-urls", urls,
+                     "--advertise-client-urls", urls,
                      "--listen-peer-urls", f"http://127.0.0.1:{peer}",
                      "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
                      "--initial-cluster", f"t=http://127.0.0.1:{peer}"]
@@ -54,6 +57,9 @@ class Etcd:
             assert time.monotonic() < deadline, done.stderr.decode()
             time.sleep(0.2)
 
+    def url(self, host: str) -> str:
+        return f"http://{host}:{self.port}"
+
     def stop(self) -> None:
         self.proc.kill()
         self.proc.wait()
@@ -61,10 +67,15 @@ class Etcd:
 
 
 class BrickProc:
-    """`strata brick serve` over a brick file, joined to the cluster."""
+    """`strata brick serve` over a brick file, joined to the cluster. It listens on `host`
+    (the address the catalog lists), inside network namespace `netns` if given, and reaches
+    etcd at `etcd_url` (the etcd's loopback endpoint by default)."""
 
-    def __init__(self, workdir: Path, name: str, etcd: Etcd):
+    def __init__(self, workdir: Path, name: str, etcd: Etcd, host: str = "127.0.0.1",
+                 netns: str | None = None, etcd_url: str | None = None):
         self.name, self.etcd = name, etcd
+        self.host, self.netns = host, netns
+        self.etcd_url = etcd_url or etcd.endpoint
         self.image = workdir / f"{name}.img"
         self.port = free_port()
         self.log_path = workdir / f"{name}.log"
@@ -74,9 +85,10 @@ class BrickProc:
 
     def start(self) -> "BrickProc":
         self.log = open(self.log_path, "ab")
+        inside = ["ip", "netns", "exec", self.netns] if self.netns else []
         self.proc = subprocess.Popen(
-            [str(STRATA_BIN), "brick", "serve", str(self.image), "--listen",
-             f"127.0.0.1:{self.port}", "--etcd", self.etcd.endpoint, "--cluster", CLUSTER,
+            [*inside, str(STRATA_BIN), "brick", "serve", str(self.image), "--listen",
+             f"{self.host}:{self.port}", "--etcd", self.etcd_url, "--cluster", CLUSTER,
              "--lease", LEASE],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.log)
         deadline = time.monotonic() + 40
@@ -230,7 +242,12 @@ def test_fio_verifies_through_rain10_while_a_brick_is_killed_and_returns(
     (j,) = res["jobs"]
     assert j["error"] == 0, (j, err)
     assert j["write"]["io_bytes"] == 32 * MiB and j["read"]["io_bytes"] == 32 * MiB, j
-    # b2 is back; the next interval first copies back what it missed.
+    # b2 is back: once the host's background probe has seen it answer, the next interval
+    # first copies back what it missed.
+    deadline = time.monotonic() + 20
+    while not re.search(r"brick answers again.*brick=b2", srv.stderr_text()):
+        assert time.monotonic() < deadline, srv.stderr_text()[-3000:]
+        time.sleep(0.1)
     qemu_io(srv, "write -P 0x55 47M 4k", "flush")
     srv.stop()
     log = srv.stderr_text()

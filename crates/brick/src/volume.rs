@@ -51,6 +51,11 @@ const CLAIM_LINGER: Duration = Duration::from_secs(2);
 /// Local locks never expire on their own: they live as long as their holder's `RangeLock`.
 const LOCAL_LEASE_MS: u64 = u64::MAX / 4;
 
+/// How often a brick that stopped answering is probed, in the background, to see if it is
+/// back. A brick that is black-holed rather than gone costs a probe the whole timeout; the
+/// flushes never wait for one.
+const PROBE_PAUSE: Duration = Duration::from_millis(250);
+
 pub struct SharedVolume {
     name: String,
     coord: Coord,
@@ -73,7 +78,20 @@ pub struct SharedVolume {
     /// Byte-range locks of this host's lock holders, and a wake-up for their waiters.
     locks: Mutex<RangeLocks>,
     unlocked: tokio::sync::Notify,
+    /// Per brick: whether it answers, as far as this host knows. A brick that did not answer
+    /// is probed in the background until it does; until then no flush sends it anything (no
+    /// owed decision, no probe, no copy back), so a brick that is unreachable without
+    /// refusing connections (a cut link) costs the flushes nothing.
+    reach: Vec<Arc<Mutex<Reach>>>,
     state: tokio::sync::Mutex<State>,
+}
+
+#[derive(Default)]
+struct Reach {
+    /// A request to it failed, and no probe has seen it answer since.
+    unreachable: bool,
+    /// A background probe is running.
+    probing: bool,
 }
 
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
@@ -205,6 +223,9 @@ impl SharedVolume {
             );
             rain.restore(index, regions);
         }
+        let reach = (0..brick_names.len())
+            .map(|_| Arc::new(Mutex::new(Reach::default())))
+            .collect();
         Ok(SharedVolume {
             name: volume.to_string(),
             coord: coord.clone(),
@@ -228,6 +249,7 @@ impl SharedVolume {
             timeout,
             locks: Mutex::new(RangeLocks::new(LOCAL_LEASE_MS)),
             unlocked: tokio::sync::Notify::new(),
+            reach,
             state: tokio::sync::Mutex::new(State {
                 pending: Vec::new(),
                 pending_bytes: 0,
@@ -364,13 +386,15 @@ impl SharedVolume {
         out
     }
 
-    /// Delivers what bricks are owed; the ones still unreachable keep their debt.
+    /// Delivers what bricks are owed; the ones still unreachable keep their debt. A brick
+    /// no probe has seen answer since it last failed is not tried: it keeps its debt at no
+    /// cost to the flush.
     async fn settle(&self, state: &mut State) {
         let owed = std::mem::take(&mut state.owed);
         for (brick, decisions) in owed {
             let mut left = Vec::new();
             for (id, decision) in decisions {
-                if !left.is_empty() {
+                if !left.is_empty() || !self.answers(brick) {
                     left.push((id, decision));
                     continue;
                 }
@@ -378,6 +402,7 @@ impl SharedVolume {
                     Ok(_) => {}
                     Err(error) => {
                         tracing::warn!(volume = %self.name, brick, %error, "decision still owed");
+                        self.unreachable(brick);
                         left.push((id, decision));
                     }
                 }
@@ -386,6 +411,46 @@ impl SharedVolume {
                 state.owed.insert(brick, left);
             }
         }
+    }
+
+    /// Whether `brick` may be sent something: it has not failed a request since a probe last
+    /// saw it answer.
+    fn answers(&self, brick: usize) -> bool {
+        !self.reach[brick].lock().unwrap().unreachable
+    }
+
+    /// `brick` did not answer a request: nothing more is sent to it from the flushes until a
+    /// background probe sees it answer (every `PROBE_PAUSE`, each probe bounded by the
+    /// timeout). The probe ends when it does, or when the volume is dropped.
+    fn unreachable(&self, brick: usize) {
+        let mut reach = self.reach[brick].lock().unwrap();
+        reach.unreachable = true;
+        if reach.probing {
+            return;
+        }
+        reach.probing = true;
+        let (weak, client) = (
+            Arc::downgrade(&self.reach[brick]),
+            self.bricks[brick].clone(),
+        );
+        let (volume, name) = (self.name.clone(), self.brick_names[brick].clone());
+        tokio::spawn(async move {
+            let probe = IntervalId { client: 0, seq: 0 };
+            loop {
+                tokio::time::sleep(PROBE_PAUSE).await;
+                let answered = client.status(probe).await.is_ok();
+                let Some(reach) = weak.upgrade() else {
+                    return;
+                };
+                if answered {
+                    let mut reach = reach.lock().unwrap();
+                    reach.unreachable = false;
+                    reach.probing = false;
+                    tracing::info!(%volume, brick = %name, "brick answers again");
+                    return;
+                }
+            }
+        });
     }
 
     /// Takes in what other hosts recorded as stale since this host last looked: it must not
@@ -439,7 +504,11 @@ impl SharedVolume {
                 continue;
             }
             let probe = IntervalId { client: 0, seq: 0 };
+            if down && !self.answers(brick) {
+                continue;
+            }
             if down && self.bricks[brick].status(probe).await.is_err() {
+                self.unreachable(brick);
                 continue;
             }
             let regions = self.rain.lock().unwrap().returned(brick);
@@ -494,6 +563,7 @@ impl SharedVolume {
                             .push((id, outcome.decision));
                     }
                     tracing::warn!(volume = %self.name, brick = %name, "brick went away again during resync");
+                    self.unreachable(brick);
                     let _ = self.rain.lock().unwrap().down(brick);
                     break;
                 }
@@ -516,10 +586,9 @@ impl SharedVolume {
         result
     }
 
-    async fn commit_pending(&self, state: &mut State) -> Result<()> {
-        if state.pending.is_empty() {
-            return Ok(());
-        }
+    /// Refuses to commit once this host's lease may have run out: its segment claims may be
+    /// another host's.
+    fn check_live(&self) -> Result<()> {
         if !self.session.is_live() {
             return Err(io_error(format!(
                 "volume {}: this host's lease ran out or was not renewed in time, so its \
@@ -527,6 +596,14 @@ impl SharedVolume {
                 self.name
             )));
         }
+        Ok(())
+    }
+
+    async fn commit_pending(&self, state: &mut State) -> Result<()> {
+        if state.pending.is_empty() {
+            return Ok(());
+        }
+        self.check_live()?;
         // Every segment written is pinned since its write; the bricks check these epochs.
         let fences: Vec<(u32, i64)> = state
             .pins
@@ -577,7 +654,13 @@ impl SharedVolume {
                     (brick, regions)
                 })
                 .collect();
+            // Checked again here: what came before (etcd, bricks) may have taken long enough
+            // for the lease to lapse.
+            self.check_live()?;
             let outcome = run_interval(&self.bricks, id, writes, &fences).await;
+            for &brick in outcome.unacked.iter().chain(&outcome.silent) {
+                self.unreachable(brick);
+            }
             for &brick in &outcome.unacked {
                 state
                     .owed
