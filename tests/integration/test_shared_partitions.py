@@ -407,6 +407,10 @@ def test_a_black_holed_brick_costs_the_flushes_nothing_and_gets_back_what_it_mis
         assert bricks[1].home()[:65536] == b"\x77" * 65536
         assert bricks[1].home()[65536:MiB] == b"\x10" * (MiB - 65536)
         assert_replicas_equal(bricks)
+        # Its lease ran out while it was cut off: back on the network, it joins again.
+        wait_for("b1 to join the cluster again",
+                 lambda: "joined the cluster again" in bricks[1].text()
+                 and "  b1 (brick)" in cluster_status(etcd), 20, pause=0.3)
 
 
 def make_files(root: Path, seed: int, n: int = 24) -> dict[str, str]:

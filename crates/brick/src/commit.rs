@@ -79,11 +79,18 @@ pub async fn run_interval<P: Participant>(
     let decision = coordinator
         .decision()
         .unwrap_or_else(|| coordinator.give_up());
-    let decisions = members.iter().map(|&brick| async move {
+    // An abort is not sent to a brick that was silent on the prepare: waiting out its
+    // timeout again would double the cost of a brick gone quiet. It is owed instead (the
+    // caller delivers it when the brick answers again), and until then the brick holds the
+    // interval prepared at most, which no commit will ever follow.
+    let (told, skipped): (Vec<u64>, Vec<u64>) = members
+        .iter()
+        .partition(|&&brick| decision == Decision::Commit || !silent.contains(&(brick as usize)));
+    let decisions = told.iter().map(|&brick| async move {
         let acked = bricks[brick as usize].decide(id, decision).await;
         (brick as usize, acked)
     });
-    let mut unacked = Vec::new();
+    let mut unacked: Vec<usize> = skipped.iter().map(|&b| b as usize).collect();
     for (brick, acked) in join_all(decisions).await {
         match acked {
             Ok(true) => {

@@ -379,17 +379,11 @@ impl SegmentClaims {
         for claim in idle {
             match self.coord.release(&claim).await {
                 Ok(()) | Err(CoordError::Fenced(_)) => released += 1,
+                // Maybe released, maybe not: forgotten here all the same. If it still stands,
+                // the next claim of it by this session finds it and gets the same epoch; if it
+                // went, believing in it would only get this host's prepares fenced.
                 Err(error) => {
-                    // Still ours in etcd, as far as anyone knows: keep it, try again later.
-                    tracing::warn!(volume = %self.volume, segment = claim.segment, %error, "claim not given back");
-                    self.held.lock().unwrap().insert(
-                        claim.segment,
-                        Held {
-                            claim,
-                            pins: 0,
-                            idle_since: Instant::now(),
-                        },
-                    );
+                    tracing::warn!(volume = %self.volume, segment = claim.segment, %error, "claim release unanswered");
                 }
             }
         }

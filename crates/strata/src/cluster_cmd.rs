@@ -191,11 +191,24 @@ pub fn run_brick(command: BrickCommand) -> anyhow::Result<()> {
                 };
                 let served = tokio::spawn(serve(store.clone(), listener, shutdown));
                 if let Some((coord, session)) = member {
-                    let _heartbeat = session.heartbeat();
+                    let session = Arc::new(std::sync::Mutex::new(session));
+                    let record = MemberRecord {
+                        name: name.clone(),
+                        role: "brick".into(),
+                        address: address.clone(),
+                    };
+                    let membership = tokio::spawn(keep_membership(
+                        coord.clone(),
+                        session.clone(),
+                        record,
+                        lease,
+                    ));
                     let resolver =
                         tokio::spawn(resolve_forever(coord, name.clone(), store.clone()));
                     served.await??;
                     resolver.abort();
+                    membership.abort();
+                    let session = session.lock().unwrap().clone();
                     session.close().await.ok();
                 } else {
                     served.await??;
@@ -266,13 +279,53 @@ async fn join_as_brick(
     Ok((coord, session))
 }
 
+/// Keeps the brick a member of the cluster: its heartbeat renews the lease, and if the lease
+/// ran out anyway (a partition, a pause longer than the lease) the brick joins again under a
+/// new one. A brick's membership fences nothing of its own (its answers do not depend on it),
+/// but `strata cluster status` lists the bricks that are members.
+async fn keep_membership(
+    coord: Coord,
+    session: Arc<std::sync::Mutex<Session>>,
+    record: MemberRecord,
+    lease: Duration,
+) {
+    let mut current = session.lock().unwrap().clone();
+    let mut _heartbeat = current.heartbeat();
+    loop {
+        tokio::time::sleep((lease / 2).max(Duration::from_millis(200))).await;
+        if current.is_live() {
+            continue;
+        }
+        if !matches!(current.renew().await, Err(CoordError::Fenced(_))) {
+            continue;
+        }
+        tracing::warn!(member = %current.name(), "this brick's lease ran out: joining the cluster again");
+        match Session::open(&coord, record.clone(), lease).await {
+            Ok(joined) => {
+                tracing::info!(member = %joined.name(), "joined the cluster again");
+                _heartbeat = joined.heartbeat();
+                *session.lock().unwrap() = joined.clone();
+                current = joined;
+            }
+            Err(error) => {
+                tracing::warn!(%error, "joining again failed; trying later");
+            }
+        }
+    }
+}
+
 /// Every two seconds: the intervals in doubt here whose client's lease is gone are resolved
 /// from the other bricks of their volume.
 async fn resolve_forever(coord: Coord, name: String, store: Arc<BrickStore>) {
     loop {
         tokio::time::sleep(Duration::from_secs(2)).await;
-        if store.in_doubt().await.is_empty() {
-            continue;
+        match store.try_in_doubt().await {
+            Ok(listed) if listed.is_empty() => continue,
+            Ok(_) => {}
+            Err(error) => {
+                tracing::error!(%error, "this brick cannot list what it holds in doubt");
+                continue;
+            }
         }
         let (me, peers) = match peers_of(&coord, &name).await {
             Ok(found) => found,
