@@ -210,6 +210,11 @@ def test_a_brick_away_is_written_around_and_only_what_it_missed_is_copied_back(
     assert "brick b1 is stale: 1 regions to copy back" in cluster_status(etcd)
     assert bricks[0].home()[:MiB] == b"\x22" * MiB
     assert bricks[1].home()[:MiB] == b"\x11" * MiB
+    node = shared_node(srv)
+    assert node["health"] == "degraded", node
+    assert detail(node, "brick b1").startswith("down, 1 regions to copy back"), node
+    assert detail(node, "brick b0").startswith("up"), node
+    assert detail(node, "segments held").startswith("0 (epoch "), node
     # b1 returns, stale. Another host opening the volume now must never read region 0 from
     # it: four reads, round-robin over the copies, all see the new data.
     bricks[1].start()
@@ -217,12 +222,41 @@ def test_a_brick_away_is_written_around_and_only_what_it_missed_is_copied_back(
     out = qemu_io(other, *["read -P 0x22 0 1M"] * 4).stdout
     assert "Pattern verification failed" not in out, out
     other.stop()
-    # The first host's next interval first copies back what b1 missed, and only that.
+    # Once the first host's probe sees b1 answer, its next interval first copies back what
+    # b1 missed, and only that.
+    deadline = time.monotonic() + 20
+    while not re.search(r"brick answers again.*brick=b1", srv.stderr_text()):
+        assert time.monotonic() < deadline, srv.stderr_text()[-3000:]
+        time.sleep(0.1)
     qemu_io(srv, "write -P 0x33 1M 64k", "flush")
     log = srv.stderr_text()
     assert "copied=1 of=1" in log, log[-3000:]
     assert "is stale" not in cluster_status(etcd)
     assert_replicas_equal(bricks)
+    node = shared_node(srv)
+    assert node["health"] == "ok", node
+    assert detail(node, "brick b1").startswith("up"), node
+    assert detail(node, "regions copied back") == "1", node
+
+
+def shared_node(srv) -> dict:
+    """The shared volume's node in `strata status --json`."""
+    found = []
+
+    def walk(nodes):
+        for n in nodes:
+            if n.get("kind") == "shared":
+                found.append(n)
+            walk(n.get("children") or [])
+    walk(srv.status()["devices"])
+    assert len(found) == 1, found
+    return found[0]
+
+
+def detail(node: dict, key: str) -> str:
+    values = [v for k, v in node["detail"] if k == key]
+    assert len(values) == 1, (key, node["detail"])
+    return values[0]
 
 
 def test_fio_verifies_through_rain10_while_a_brick_is_killed_and_returns(

@@ -18,6 +18,7 @@
 
 use std::collections::BTreeMap;
 use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -29,7 +30,8 @@ use strata_cluster::rain::Rain10;
 use strata_coord::session::{Heartbeat, MemberRecord, Session};
 use strata_coord::Coord;
 use strata_core::{
-    async_trait, BlockDevice, BlockError, Capabilities, Geometry, Result, WriteFlags,
+    async_trait, Activity, BlockDevice, BlockError, Capabilities, Control, ControlReply, Geometry,
+    Health, NodeStatus, Result, WriteFlags,
 };
 
 use crate::commit::{run_interval, OVERLAP_REFUSAL};
@@ -83,7 +85,18 @@ pub struct SharedVolume {
     /// owed decision, no probe, no copy back), so a brick that is unreachable without
     /// refusing connections (a cut link) costs the flushes nothing.
     reach: Vec<Arc<Mutex<Reach>>>,
+    /// The copy back under way, for `strata status`.
+    resyncing: Mutex<Option<Activity>>,
+    counters: VolumeCounters,
     state: tokio::sync::Mutex<State>,
+}
+
+/// What this host's intervals came to, for `strata status`.
+#[derive(Default)]
+struct VolumeCounters {
+    committed: AtomicU64,
+    aborted: AtomicU64,
+    regions_copied: AtomicU64,
 }
 
 #[derive(Default)]
@@ -250,6 +263,8 @@ impl SharedVolume {
             locks: Mutex::new(RangeLocks::new(LOCAL_LEASE_MS)),
             unlocked: tokio::sync::Notify::new(),
             reach,
+            resyncing: Mutex::new(None),
+            counters: VolumeCounters::default(),
             state: tokio::sync::Mutex::new(State {
                 pending: Vec::new(),
                 pending_bytes: 0,
@@ -515,7 +530,12 @@ impl SharedVolume {
             let name = &self.brick_names[brick];
             tracing::info!(volume = %self.name, brick = %name, regions = regions.len(), "brick is back: copying what it missed");
             let mut copied = BTreeSet::new();
-            for region in &regions {
+            for (done, region) in regions.iter().enumerate() {
+                *self.resyncing.lock().unwrap() = Some(Activity {
+                    what: format!("copying back to {name} what it missed"),
+                    done_bytes: done as u64 * self.unit,
+                    total_bytes: regions.len() as u64 * self.unit,
+                });
                 let source = self.rain.lock().unwrap().source(brick, *region);
                 let Some(source) = source else {
                     tracing::warn!(volume = %self.name, brick = %name, region, "no current copy reachable");
@@ -550,6 +570,7 @@ impl SharedVolume {
                 if outcome.ended() {
                     self.rain.lock().unwrap().copied(brick, *region);
                     copied.insert(*region);
+                    self.counters.regions_copied.fetch_add(1, Ordering::Relaxed);
                 } else if outcome.silent.is_empty() && outcome.unacked.is_empty() {
                     // Refused (the brick holds another host's interval there undecided, say):
                     // the region waits for a later interval.
@@ -568,6 +589,7 @@ impl SharedVolume {
                     break;
                 }
             }
+            *self.resyncing.lock().unwrap() = None;
             if let Err(error) = self.coord.clear_stale(&self.name, name, &copied).await {
                 // Harmless but for the next opener: it copies these again.
                 tracing::warn!(volume = %self.name, %error, "copied regions not cleared in etcd");
@@ -668,6 +690,11 @@ impl SharedVolume {
                     .or_default()
                     .push((id, outcome.decision));
             }
+            let counter = match outcome.decision {
+                Decision::Commit => &self.counters.committed,
+                Decision::Abort => &self.counters.aborted,
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
             match outcome.decision {
                 Decision::Commit => {
                     state.pending.clear();
@@ -954,5 +981,89 @@ impl BlockDevice for SharedVolume {
     async fn flush(&self) -> Result<()> {
         let mut state = self.state.lock().await;
         self.commit(&mut state).await
+    }
+
+    async fn control(&self, request: Control) -> Result<ControlReply> {
+        match request {
+            Control::Describe => Ok(ControlReply::Describe(self.describe())),
+            other => Err(strata_core::refuse(&other)),
+        }
+    }
+}
+
+impl SharedVolume {
+    /// What `strata status` shows: each brick's state as this host sees it, the segments it
+    /// holds, what its intervals came to, and the copy back under way.
+    fn describe(&self) -> NodeStatus {
+        let mut node = NodeStatus::new(self.name.clone(), "shared", self.geometry.size);
+        // Not behind a commit that may be waiting on a brick: unknown then.
+        let owed: Option<BTreeMap<usize, usize>> = self
+            .state
+            .try_lock()
+            .ok()
+            .map(|state| state.owed.iter().map(|(&b, d)| (b, d.len())).collect());
+        let mut detail = vec![
+            ("volume".to_string(), self.name.clone()),
+            ("member".to_string(), self.session.name().to_string()),
+            ("client".to_string(), format!("{:x}", self.client_id())),
+        ];
+        let mut degraded = false;
+        {
+            let rain = self.rain.lock().unwrap();
+            for (brick, name) in self.brick_names.iter().enumerate() {
+                let missing = rain.missing(brick);
+                let mut state = match (rain.is_down(brick), missing) {
+                    (true, 0) => "down".to_string(),
+                    (true, n) => format!("down, {n} regions to copy back"),
+                    (false, 0) => "up".to_string(),
+                    (false, n) => format!("stale, {n} regions to copy back"),
+                };
+                degraded |= rain.is_down(brick) || missing > 0;
+                if !self.answers(brick) {
+                    state.push_str(", not answering (probed)");
+                }
+                if let Some(&n) = owed.as_ref().and_then(|owed| owed.get(&brick)) {
+                    state.push_str(&format!(", owed {n} decisions"));
+                    degraded = true;
+                }
+                let address = self.bricks[brick].address();
+                detail.push((format!("brick {name}"), format!("{state} ({address})")));
+            }
+        }
+        let held = self.claims.held();
+        detail.push((
+            "segments held".to_string(),
+            if held.is_empty() {
+                "none".to_string()
+            } else {
+                (held.iter())
+                    .map(|(segment, epoch)| format!("{segment} (epoch {epoch})"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            },
+        ));
+        let counters = &self.counters;
+        detail.push((
+            "intervals".to_string(),
+            format!(
+                "{} committed, {} aborted",
+                counters.committed.load(Ordering::Relaxed),
+                counters.aborted.load(Ordering::Relaxed)
+            ),
+        ));
+        detail.push((
+            "regions copied back".to_string(),
+            counters.regions_copied.load(Ordering::Relaxed).to_string(),
+        ));
+        node.detail = detail;
+        node.health = if !self.session.is_live() {
+            Health::Failed
+        } else if degraded {
+            Health::Degraded
+        } else {
+            Health::Ok
+        };
+        node.activity = self.resyncing.lock().unwrap().clone();
+        node
     }
 }

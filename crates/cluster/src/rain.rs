@@ -201,6 +201,14 @@ impl Rain10 {
         !self.is_reachable(brick)
     }
 
+    /// How many regions `brick` misses (to be copied back to it).
+    pub fn missing(&self, brick: Brick) -> usize {
+        match &self.state[brick] {
+            BrickState::Up => 0,
+            BrickState::Stale { dirty, .. } => dirty.len(),
+        }
+    }
+
     /// Whether `brick` is up and holds every region current.
     pub fn in_sync(&self, brick: Brick) -> bool {
         self.state[brick] == BrickState::Up
