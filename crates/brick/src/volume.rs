@@ -471,7 +471,14 @@ impl SharedVolume {
     /// Takes in what other hosts recorded as stale since this host last looked: it must not
     /// read those regions from those bricks either.
     async fn refresh_stale(&self) {
-        match self.coord.stale(&self.name).await {
+        // No longer than the lease has left: an etcd that went silent must not keep the flush
+        // waiting past it, only for the lease check after to refuse the interval.
+        let left = self.session.time_left();
+        let Ok(read) = tokio::time::timeout(left, self.coord.stale(&self.name)).await else {
+            tracing::warn!(volume = %self.name, waited = ?left, "no answer from etcd about stale bricks before the lease's end");
+            return;
+        };
+        match read {
             Ok(stale) => {
                 let mut rain = self.rain.lock().unwrap();
                 for (name, regions) in stale {

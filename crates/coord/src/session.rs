@@ -138,6 +138,17 @@ impl Session {
         !liveness.lost && Instant::now() < liveness.deadline
     }
 
+    /// How long the member may still count itself live without another renewal (zero once
+    /// it may not): a bound for waits that end in acting on what it holds.
+    pub fn time_left(&self) -> Duration {
+        let liveness = self.inner.liveness.lock().unwrap();
+        if liveness.lost {
+            Duration::ZERO
+        } else {
+            liveness.deadline.saturating_duration_since(Instant::now())
+        }
+    }
+
     pub(crate) fn ensure_live(&self) -> Result<(), CoordError> {
         let liveness = self.inner.liveness.lock().unwrap();
         if liveness.lost {
