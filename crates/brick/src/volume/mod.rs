@@ -16,6 +16,15 @@
 //! clients take byte-range locks ([`SharedVolume::lock`]); an unlock commits what is pending
 //! first, so a range passes to the next holder only with its writes in place.
 
+mod locks;
+mod reach;
+mod resync;
+mod status;
+
+pub use locks::{LockOwner, RangeLock};
+use reach::Reach;
+use status::VolumeCounters;
+
 use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -53,11 +62,6 @@ const CLAIM_LINGER: Duration = Duration::from_secs(2);
 /// Local locks never expire on their own: they live as long as their holder's `RangeLock`.
 const LOCAL_LEASE_MS: u64 = u64::MAX / 4;
 
-/// How often a brick that stopped answering is probed, in the background, to see if it is
-/// back. A brick that is black-holed rather than gone costs a probe the whole timeout; the
-/// flushes never wait for one.
-const PROBE_PAUSE: Duration = Duration::from_millis(250);
-
 pub struct SharedVolume {
     name: String,
     coord: Coord,
@@ -91,55 +95,11 @@ pub struct SharedVolume {
     state: tokio::sync::Mutex<State>,
 }
 
-/// What this host's intervals came to, for `strata status`.
-#[derive(Default)]
-struct VolumeCounters {
-    committed: AtomicU64,
-    aborted: AtomicU64,
-    regions_copied: AtomicU64,
-}
-
-#[derive(Default)]
-struct Reach {
-    /// A request to it failed, and no probe has seen it answer since.
-    unreachable: bool,
-    /// A background probe is running.
-    probing: bool,
-}
-
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
 
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
         self.0.abort();
-    }
-}
-
-/// A holder of byte-range locks on this host: a thread, a connection, a test client.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LockOwner(strata_cluster::locks::Session);
-
-/// A byte-range lock held; give it back with [`SharedVolume::unlock`].
-pub struct RangeLock {
-    owner: LockOwner,
-    token: u64,
-    range: Range<u64>,
-    pin: Pin,
-}
-
-impl RangeLock {
-    pub fn range(&self) -> Range<u64> {
-        self.range.clone()
-    }
-
-    /// The fencing token of the local grant.
-    pub fn token(&self) -> u64 {
-        self.token
-    }
-
-    /// `(segment, epoch)` of the segment claims the lock stands on.
-    pub fn fences(&self) -> &[(u32, i64)] {
-        self.pin.fences()
     }
 }
 
@@ -293,89 +253,6 @@ impl SharedVolume {
         self.claims.held()
     }
 
-    /// A new holder of byte-range locks on this host.
-    pub fn lock_owner(&self) -> LockOwner {
-        LockOwner(self.locks.lock().unwrap().join(0))
-    }
-
-    /// Locks `[offset, offset + len)` for `owner`: first the segments it meets are claimed
-    /// for this host (waiting for other hosts to give them back), then this host's own
-    /// conflicting locks are waited for. Fails with a message naming the holder after the
-    /// volume's timeout. Shared locks share only within a host: across hosts a segment has
-    /// one holder at a time.
-    pub async fn lock(
-        &self,
-        owner: LockOwner,
-        offset: u64,
-        len: u64,
-        mode: Mode,
-    ) -> Result<RangeLock> {
-        self.check(offset, len)?;
-        let deadline = Instant::now() + self.timeout;
-        let segments = self.claims.segments_of(offset, len);
-        let pin = self
-            .claims
-            .acquire(&segments, self.timeout)
-            .await
-            .map_err(|e| io_error(format!("volume {}: {e}", self.name)))?;
-        let range = offset..offset + len;
-        loop {
-            // Registered before the attempt, so an unlock between the two is not missed.
-            let notified = self.unlocked.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            let attempt = self
-                .locks
-                .lock()
-                .unwrap()
-                .trylock(owner.0, range.clone(), mode, 0);
-            match attempt {
-                Ok(grant) => {
-                    return Ok(RangeLock {
-                        owner,
-                        token: grant.token,
-                        range,
-                        pin,
-                    })
-                }
-                Err(strata_cluster::locks::LockError::Conflict(holder)) => {
-                    if Instant::now() >= deadline {
-                        return Err(io_error(format!(
-                            "volume {}: [{}, {}) is locked on this host by {:?} (token {}); \
-                             waited {:?}",
-                            self.name,
-                            holder.range.start,
-                            holder.range.end,
-                            holder.session,
-                            holder.token,
-                            self.timeout
-                        )));
-                    }
-                }
-                Err(other) => return Err(BlockError::InvalidArgument(other.to_string())),
-            }
-            let _ = tokio::time::timeout_at(deadline.into(), notified).await;
-        }
-    }
-
-    /// Gives a lock back. What this host has pending is committed first: a range passes to
-    /// the next holder, here or on another host, only with its writes in place. If that
-    /// commit fails, its error is returned and the lock is released all the same; the
-    /// segments under the uncommitted writes stay this host's until they are committed.
-    pub async fn unlock(&self, lock: RangeLock) -> Result<()> {
-        let committed = self.flush().await;
-        let RangeLock {
-            owner, token, pin, ..
-        } = lock;
-        let released = self.locks.lock().unwrap().unlock(owner.0, token, 0);
-        self.unlocked.notify_waiters();
-        // A segment another host wants goes back once this was its last pin; the others stay
-        // this host's, so the next lock here costs no etcd round trip.
-        drop(pin);
-        released.map_err(|e| BlockError::InvalidArgument(e.to_string()))?;
-        committed
-    }
-
     fn check(&self, offset: u64, len: u64) -> Result<()> {
         self.geometry.check_range(offset, len)?;
         if !offset.is_multiple_of(512) || !len.is_multiple_of(512) {
@@ -428,46 +305,6 @@ impl SharedVolume {
         }
     }
 
-    /// Whether `brick` may be sent something: it has not failed a request since a probe last
-    /// saw it answer.
-    fn answers(&self, brick: usize) -> bool {
-        !self.reach[brick].lock().unwrap().unreachable
-    }
-
-    /// `brick` did not answer a request: nothing more is sent to it from the flushes until a
-    /// background probe sees it answer (every `PROBE_PAUSE`, each probe bounded by the
-    /// timeout). The probe ends when it does, or when the volume is dropped.
-    fn unreachable(&self, brick: usize) {
-        let mut reach = self.reach[brick].lock().unwrap();
-        reach.unreachable = true;
-        if reach.probing {
-            return;
-        }
-        reach.probing = true;
-        let (weak, client) = (
-            Arc::downgrade(&self.reach[brick]),
-            self.bricks[brick].clone(),
-        );
-        let (volume, name) = (self.name.clone(), self.brick_names[brick].clone());
-        tokio::spawn(async move {
-            let probe = IntervalId { client: 0, seq: 0 };
-            loop {
-                tokio::time::sleep(PROBE_PAUSE).await;
-                let answered = client.status(probe).await.is_ok();
-                let Some(reach) = weak.upgrade() else {
-                    return;
-                };
-                if answered {
-                    let mut reach = reach.lock().unwrap();
-                    reach.unreachable = false;
-                    reach.probing = false;
-                    tracing::info!(%volume, brick = %name, "brick answers again");
-                    return;
-                }
-            }
-        });
-    }
-
     /// Takes in what other hosts recorded as stale since this host last looked: it must not
     /// read those regions from those bricks either.
     async fn refresh_stale(&self) {
@@ -510,99 +347,6 @@ impl SharedVolume {
         };
         state.next_seq += 1;
         id
-    }
-
-    /// Copies back to each brick that was down and answers again the regions it missed, from
-    /// a current copy, each region as an interval on that brick alone.
-    async fn resync(&self, state: &mut State) {
-        for brick in 0..self.bricks.len() {
-            // A brick back but with regions left to copy (their segments were busy, or no
-            // copy could be read) is tried again at every interval until it is in sync.
-            let (in_sync, down) = {
-                let rain = self.rain.lock().unwrap();
-                (rain.in_sync(brick), rain.is_down(brick))
-            };
-            if in_sync || state.owed.contains_key(&brick) {
-                continue;
-            }
-            let probe = IntervalId { client: 0, seq: 0 };
-            if down && !self.answers(brick) {
-                continue;
-            }
-            if down && self.bricks[brick].status(probe).await.is_err() {
-                self.unreachable(brick);
-                continue;
-            }
-            let regions = self.rain.lock().unwrap().returned(brick);
-            let name = &self.brick_names[brick];
-            tracing::info!(volume = %self.name, brick = %name, regions = regions.len(), "brick is back: copying what it missed");
-            let mut copied = BTreeSet::new();
-            for (done, region) in regions.iter().enumerate() {
-                *self.resyncing.lock().unwrap() = Some(Activity {
-                    what: format!("copying back to {name} what it missed"),
-                    done_bytes: done as u64 * self.unit,
-                    total_bytes: regions.len() as u64 * self.unit,
-                });
-                let source = self.rain.lock().unwrap().source(brick, *region);
-                let Some(source) = source else {
-                    tracing::warn!(volume = %self.name, brick = %name, region, "no current copy reachable");
-                    continue;
-                };
-                // The region is one stripe unit of the volume: its writer's segment must be
-                // this host's, or the copy could overwrite that writer's newer data.
-                let set = self.set_of(brick);
-                let at = (region * self.sets.len() as u64 + set as u64) * self.unit;
-                let segments = self
-                    .claims
-                    .segments_of(at, self.unit.min(self.geometry.size - at));
-                let pin = match self.claims.acquire(&segments, Duration::ZERO).await {
-                    Ok(pin) => pin,
-                    Err(error) => {
-                        tracing::debug!(volume = %self.name, brick = %name, region, %error, "region left for later");
-                        continue;
-                    }
-                };
-                let offset = region * self.unit;
-                let data = match self.bricks[source].read(offset, self.unit as u32).await {
-                    Ok(data) => data,
-                    Err(error) => {
-                        tracing::warn!(volume = %self.name, %error, "resync read failed");
-                        continue;
-                    }
-                };
-                let id = self.next_id(state);
-                let writes = BTreeMap::from([(brick, vec![(offset, data)])]);
-                let outcome = run_interval(&self.bricks, id, writes, pin.fences()).await;
-                drop(pin);
-                if outcome.ended() {
-                    self.rain.lock().unwrap().copied(brick, *region);
-                    copied.insert(*region);
-                    self.counters.regions_copied.fetch_add(1, Ordering::Relaxed);
-                } else if outcome.silent.is_empty() && outcome.unacked.is_empty() {
-                    // Refused (the brick holds another host's interval there undecided, say):
-                    // the region waits for a later interval.
-                    tracing::info!(volume = %self.name, brick = %name, region, refusals = ?outcome.refusals, "region copy refused: left for later");
-                } else {
-                    for &b in &outcome.unacked {
-                        state
-                            .owed
-                            .entry(b)
-                            .or_default()
-                            .push((id, outcome.decision));
-                    }
-                    tracing::warn!(volume = %self.name, brick = %name, "brick went away again during resync");
-                    self.unreachable(brick);
-                    let _ = self.rain.lock().unwrap().down(brick);
-                    break;
-                }
-            }
-            *self.resyncing.lock().unwrap() = None;
-            if let Err(error) = self.coord.clear_stale(&self.name, name, &copied).await {
-                // Harmless but for the next opener: it copies these again.
-                tracing::warn!(volume = %self.name, %error, "copied regions not cleared in etcd");
-            }
-            tracing::info!(volume = %self.name, brick = %name, copied = copied.len(), of = regions.len(), "resync done");
-        }
     }
 
     /// Commits what is pending as one interval on every brick that is up, or fails. A brick
@@ -995,82 +739,5 @@ impl BlockDevice for SharedVolume {
             Control::Describe => Ok(ControlReply::Describe(self.describe())),
             other => Err(strata_core::refuse(&other)),
         }
-    }
-}
-
-impl SharedVolume {
-    /// What `strata status` shows: each brick's state as this host sees it, the segments it
-    /// holds, what its intervals came to, and the copy back under way.
-    fn describe(&self) -> NodeStatus {
-        let mut node = NodeStatus::new(self.name.clone(), "shared", self.geometry.size);
-        // Not behind a commit that may be waiting on a brick: unknown then.
-        let owed: Option<BTreeMap<usize, usize>> = self
-            .state
-            .try_lock()
-            .ok()
-            .map(|state| state.owed.iter().map(|(&b, d)| (b, d.len())).collect());
-        let mut detail = vec![
-            ("volume".to_string(), self.name.clone()),
-            ("member".to_string(), self.session.name().to_string()),
-            ("client".to_string(), format!("{:x}", self.client_id())),
-        ];
-        let mut degraded = false;
-        {
-            let rain = self.rain.lock().unwrap();
-            for (brick, name) in self.brick_names.iter().enumerate() {
-                let missing = rain.missing(brick);
-                let mut state = match (rain.is_down(brick), missing) {
-                    (true, 0) => "down".to_string(),
-                    (true, n) => format!("down, {n} regions to copy back"),
-                    (false, 0) => "up".to_string(),
-                    (false, n) => format!("stale, {n} regions to copy back"),
-                };
-                degraded |= rain.is_down(brick) || missing > 0;
-                if !self.answers(brick) {
-                    state.push_str(", not answering (probed)");
-                }
-                if let Some(&n) = owed.as_ref().and_then(|owed| owed.get(&brick)) {
-                    state.push_str(&format!(", owed {n} decisions"));
-                    degraded = true;
-                }
-                let address = self.bricks[brick].address();
-                detail.push((format!("brick {name}"), format!("{state} ({address})")));
-            }
-        }
-        let held = self.claims.held();
-        detail.push((
-            "segments held".to_string(),
-            if held.is_empty() {
-                "none".to_string()
-            } else {
-                (held.iter())
-                    .map(|(segment, epoch)| format!("{segment} (epoch {epoch})"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            },
-        ));
-        let counters = &self.counters;
-        detail.push((
-            "intervals".to_string(),
-            format!(
-                "{} committed, {} aborted",
-                counters.committed.load(Ordering::Relaxed),
-                counters.aborted.load(Ordering::Relaxed)
-            ),
-        ));
-        detail.push((
-            "regions copied back".to_string(),
-            counters.regions_copied.load(Ordering::Relaxed).to_string(),
-        ));
-        node.detail = detail;
-        node.health = if !self.session.is_live() {
-            Health::Failed
-        } else if degraded {
-            Health::Degraded
-        } else {
-            Health::Ok
-        };
-        node.activity = self.resyncing.lock().unwrap().clone();
-        node
     }
 }
