@@ -90,8 +90,13 @@ async fn cluster() -> Cluster {
 }
 
 async fn host(cluster: &Cluster, member: &str) -> Arc<SharedVolume> {
+    host_waiting(cluster, member, TIMEOUT).await
+}
+
+/// A host whose requests (a brick's answer, a segment, a lock) wait at most `timeout`.
+async fn host_waiting(cluster: &Cluster, member: &str, timeout: Duration) -> Arc<SharedVolume> {
     Arc::new(
-        SharedVolume::open(&cluster.coord, "v", member, TIMEOUT, LEASE)
+        SharedVolume::open(&cluster.coord, "v", member, timeout, LEASE)
             .await
             .unwrap_or_else(|e| panic!("{member} opens v: {e:#}\n{}", cluster.etcd.logs())),
     )
@@ -299,4 +304,63 @@ async fn a_host_dead_inside_a_commit_holds_up_the_next_writer_until_resolved_nev
         );
     }
     assert_replicas(&cluster, 0, &sector("b1")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_waits_for_its_holder_here_and_gives_up_on_another_host_naming_it() {
+    let cluster = cluster().await;
+    let a = host(&cluster, "a").await;
+    let b = host_waiting(&cluster, "b", Duration::from_secs(1)).await;
+    let (first, second) = (a.lock_owner(), a.lock_owner());
+    let held = a.lock(first, 4096, 8192, Mode::Exclusive).await.unwrap();
+    // Another holder on the same host waits for the overlapping range...
+    let waiter = {
+        let a = a.clone();
+        tokio::spawn(async move { a.lock(second, 8192, 512, Mode::Exclusive).await })
+    };
+    // ...while a range beside it is granted at once, and readers share.
+    let beside = a.lock(second, 0, 4096, Mode::Exclusive).await.unwrap();
+    a.unlock(beside).await.unwrap();
+    let (r1, r2) = (
+        a.lock(second, 32768, 512, Mode::Shared).await.unwrap(),
+        a.lock(a.lock_owner(), 32768, 512, Mode::Shared)
+            .await
+            .unwrap(),
+    );
+    a.unlock(r1).await.unwrap();
+    a.unlock(r2).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        !waiter.is_finished(),
+        "an overlapping lock was granted while held"
+    );
+
+    // Host B cannot have segment 0 while A's lock pins it: it gives up after its timeout,
+    // naming the holder.
+    let refused = b.lock(b.lock_owner(), 0, 512, Mode::Exclusive).await;
+    let message = refused
+        .err()
+        .expect("a lock on a segment held elsewhere")
+        .to_string();
+    assert!(message.contains("held by a"), "{message}");
+
+    a.unlock(held).await.unwrap();
+    let second_lock = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the waiter gets the range once it is unlocked")
+        .unwrap()
+        .unwrap();
+    a.unlock(second_lock).await.unwrap();
+    // Nothing pins segment 0 on A now: B wants it and gets it.
+    let lock = b
+        .lock(b.lock_owner(), 0, 512, Mode::Exclusive)
+        .await
+        .unwrap();
+    assert!(lock.fences()[0].1 > 0);
+    assert!(
+        a.claimed_segments().is_empty(),
+        "{:?}",
+        a.claimed_segments()
+    );
+    b.unlock(lock).await.unwrap();
 }
