@@ -10,7 +10,7 @@ pub mod proto {
 }
 
 pub use client::{BrickClient, RpcError};
-pub use server::{serve, BrickService};
+pub use server::{serve, serve_with_faults, BrickService, ServerFaults};
 
 /// The largest message either side accepts: an interval's writes to one brick travel in one
 /// prepare, so this bounds the bytes an interval may write to one brick.

@@ -14,11 +14,26 @@ use crate::store::{BrickStore, Vote};
 
 pub struct BrickService {
     store: Arc<BrickStore>,
+    faults: Arc<ServerFaults>,
+}
+
+/// Test-only faults of a brick server, switched on and off while it runs.
+#[doc(hidden)]
+#[derive(Debug, Default)]
+pub struct ServerFaults {
+    /// Decisions are taken in and never answered nor applied: a brick that voted, then died
+    /// before it heard the decision.
+    pub swallow_decisions: std::sync::atomic::AtomicBool,
 }
 
 impl BrickService {
     pub fn new(store: Arc<BrickStore>) -> BrickService {
-        BrickService { store }
+        Self::with_faults(store, Arc::default())
+    }
+
+    #[doc(hidden)]
+    pub fn with_faults(store: Arc<BrickStore>, faults: Arc<ServerFaults>) -> BrickService {
+        BrickService { store, faults }
     }
 }
 
@@ -28,7 +43,18 @@ pub async fn serve(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
-    let service = brick_server::BrickServer::new(BrickService::new(store))
+    serve_with_faults(store, listener, shutdown, Arc::default()).await
+}
+
+/// [`serve`], with test-only faults.
+#[doc(hidden)]
+pub async fn serve_with_faults(
+    store: Arc<BrickStore>,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send,
+    faults: Arc<ServerFaults>,
+) -> Result<(), tonic::transport::Error> {
+    let service = brick_server::BrickServer::new(BrickService::with_faults(store, faults))
         .max_decoding_message_size(MAX_MESSAGE)
         .max_encoding_message_size(MAX_MESSAGE);
     tonic::transport::Server::builder()
@@ -137,6 +163,9 @@ impl brick_server::Brick for BrickService {
                 )));
             }
         };
+        if (self.faults.swallow_decisions).load(std::sync::atomic::Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
         let store = self.store.clone();
         let accepted = to_completion(async move {
             if request.resolution {

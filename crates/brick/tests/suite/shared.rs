@@ -5,13 +5,14 @@
 //! interval is resolved, never landing after it.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use strata_brick::commit::run_interval;
 use strata_brick::resolve::resolve_in_doubt;
-use strata_brick::rpc::{serve, BrickClient};
+use strata_brick::rpc::{serve_with_faults, BrickClient, ServerFaults};
 use strata_brick::{BrickStore, SharedVolume, Vote};
 use strata_cluster::interval::{Decision, IntervalId, Status};
 use strata_cluster::locks::Mode;
@@ -34,6 +35,7 @@ struct Cluster {
     coord: Coord,
     stores: Vec<Arc<BrickStore>>,
     clients: Vec<BrickClient>,
+    faults: Vec<Arc<ServerFaults>>,
     _servers: Vec<JoinHandle<()>>,
     _group: CrashGroup,
 }
@@ -45,14 +47,17 @@ async fn cluster() -> Cluster {
     let coord = etcd.coord("t", Duration::from_secs(5)).await;
     let group = CrashGroup::new();
     let (mut stores, mut clients, mut servers) = (Vec::new(), Vec::new(), Vec::new());
+    let mut faults = Vec::new();
     for i in 0..2 {
         let (_, store) = fresh(&group).await;
         let store = Arc::new(store);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap().to_string();
         let served = store.clone();
+        let fault = Arc::new(ServerFaults::default());
+        faults.push(fault.clone());
         servers.push(tokio::spawn(async move {
-            serve(served, listener, std::future::pending())
+            serve_with_faults(served, listener, std::future::pending(), fault)
                 .await
                 .unwrap();
         }));
@@ -84,6 +89,7 @@ async fn cluster() -> Cluster {
         coord,
         stores,
         clients,
+        faults,
         _servers: servers,
         _group: group,
     }
@@ -363,4 +369,54 @@ async fn a_lock_waits_for_its_holder_here_and_gives_up_on_another_host_naming_it
         a.claimed_segments()
     );
     b.unlock(lock).await.unwrap();
+}
+
+/// The rule the global-failure test once caught being broken, pinned deterministically: a
+/// commit no brick acknowledged is not reported done. Both bricks vote yes and then never
+/// hear the decision (as if they died first); if they all went down now, they would find the
+/// interval prepared everywhere and resolve it as aborted, so the flush must fail. The commit
+/// stays owed, and lands once they answer again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_no_brick_acknowledged_is_not_reported_done_and_lands_later() {
+    let cluster = cluster().await;
+    let a = host_waiting(&cluster, "a", Duration::from_secs(1)).await;
+    for fault in &cluster.faults {
+        fault.swallow_decisions.store(true, Ordering::SeqCst);
+    }
+    a.write(0, sector("unacked"), WriteFlags::default())
+        .await
+        .unwrap();
+    let flushed = a.flush().await;
+    let message = flushed
+        .expect_err("a commit no brick acknowledged")
+        .to_string();
+    assert!(message.contains("no brick acknowledged"), "{message}");
+    let mut held = Vec::new();
+    for store in &cluster.stores {
+        let doubt = store.in_doubt().await;
+        assert_eq!(doubt.len(), 1, "the interval waits prepared: {doubt:?}");
+        held.push(doubt[0].0);
+    }
+    assert_eq!(held[0], held[1]);
+    // The bricks answer again: the host's probes see it, and its next flush first delivers
+    // the commit it owes them.
+    for fault in &cluster.faults {
+        fault.swallow_decisions.store(false, Ordering::SeqCst);
+    }
+    a.write(4096, sector("next"), WriteFlags::default())
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while let Err(error) = a.flush().await {
+        assert!(Instant::now() < deadline, "{error}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for client in &cluster.clients {
+        assert_eq!(
+            client.status(held[0]).await.unwrap(),
+            Some(Status::Decided(Decision::Commit))
+        );
+    }
+    assert_replicas(&cluster, 0, &sector("unacked")).await;
+    assert_replicas(&cluster, 4096, &sector("next")).await;
 }
