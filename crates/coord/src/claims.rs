@@ -1,10 +1,11 @@
-//! Lock-segment claims: which member serves the locks of each segment of a shared volume.
+//! Lock-segment claims: which member may write each segment of a shared volume (its holder
+//! serves the byte-range locks within it, `strata_brick::segments`).
 //!
 //! A claim is an etcd key created in a transaction and bound to the claimant's lease, so it
 //! goes when the claimant's lease runs out. Its create revision is its **epoch**: etcd's
 //! revisions only grow, so whoever claims the segment next holds a larger epoch. Bricks keep
-//! the largest epoch seen per segment and refuse writes granted under a smaller one; a lock
-//! server that paused past its lease and woke up still believing in its locks is fenced there.
+//! the largest epoch seen per segment and refuse writes granted under a smaller one; a holder
+//! that paused past its lease and woke up still believing in its claims is fenced there.
 
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse};
 use serde::{Deserialize, Serialize};

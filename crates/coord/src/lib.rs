@@ -2,15 +2,16 @@
 //!
 //! Strata runs no consensus or failure detector of its own. etcd holds what every host must
 //! agree on, and its primitives give the guarantees:
-//! - [`session`]: a member (a client, a brick server, a lock server) is live while its etcd
+//! - [`session`]: a member (a serving host, a brick server) is live while its etcd
 //!   lease is; the lease is renewed by heartbeat, and a member counts itself lost no later than
 //!   etcd does;
 //! - [`catalog`]: the bricks and the shared volumes laid over them, created only where nothing
 //!   is, each change checked against the record it replaces;
-//! - [`claims`]: who serves the locks of each segment of a volume, taken in a transaction and
+//! - [`claims`]: which member may write each segment of a volume, taken in a transaction and
 //!   bound to the claimant's lease; the claim's etcd revision is its fencing epoch, so a later
 //!   claim always carries a larger one;
 //! - [`versions`]: each shared volume's version counter, advanced by compare-and-swap;
+//! - [`wants`]: a member waiting for a segment says so, and the holder gives it back;
 //! - [`stale`]: which bricks of a volume miss which regions, recorded before a write skips
 //!   them and cleared as the regions are copied back.
 //!

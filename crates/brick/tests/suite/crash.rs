@@ -570,36 +570,40 @@ fn concurrent_requests_survive_power_cuts_as_the_same_requests_one_at_a_time() {
 /// committing it puts that home. The harness must catch it.
 #[test]
 fn the_harness_catches_a_record_committed_before_its_data() {
-    let run = CrashRun {
-        name: "brick store with the data barrier removed",
-        replay: "cargo test -p strata-brick --test suite -- crash::the_harness",
-        default_iterations: 0,
-    };
-    let plan = CrashPlan {
-        first: 0xBAD_0000,
-        count: 1000,
-    };
-    let message = panic_report(
-        || run.run_plan_async(plan, |seed| seed_run(seed, true)),
-        "1000 seeds ran with the ordering bug planted and none failed",
+    assert_planted_bug_caught(
+        CrashRun {
+            name: "brick store with the data barrier removed",
+            replay: "cargo test -p strata-brick --test suite -- crash::the_harness",
+            default_iterations: 0,
+        },
+        |seed| seed_run(seed, true),
     );
-    assert!(message.contains("replay: STRATA_CRASH_SEED="), "{message}");
 }
 
 /// The same bug under requests at once: the concurrent workload catches it too.
 #[test]
 fn the_concurrent_harness_catches_a_record_committed_before_its_data() {
-    let run = CrashRun {
-        name: "brick store, requests at once, with the data barrier removed",
-        replay: "cargo test -p strata-brick --test suite -- crash::the_concurrent_harness",
-        default_iterations: 0,
-    };
+    assert_planted_bug_caught(
+        CrashRun {
+            name: "brick store, requests at once, with the data barrier removed",
+            replay: "cargo test -p strata-brick --test suite -- crash::the_concurrent_harness",
+            default_iterations: 0,
+        },
+        |seed| concurrent_seed_run(seed, true),
+    );
+}
+
+fn assert_planted_bug_caught<F, Fut>(run: CrashRun, seed_run: F)
+where
+    F: FnMut(u64) -> Fut,
+    Fut: std::future::Future<Output = Result<CrashStats, String>>,
+{
     let plan = CrashPlan {
         first: 0xBAD_0000,
         count: 1000,
     };
     let message = panic_report(
-        || run.run_plan_async(plan, |seed| concurrent_seed_run(seed, true)),
+        || run.run_plan_async(plan, seed_run),
         "1000 seeds ran with the ordering bug planted and none failed",
     );
     assert!(message.contains("replay: STRATA_CRASH_SEED="), "{message}");
