@@ -31,5 +31,7 @@ mod volume;
 pub use layout::{BrickLayout, LAYOUT_VERSION};
 pub use record::{IntervalRecord, RecordState, StagedExtent, RECORD_VERSION};
 pub use staging::Staging;
-pub use store::{BrickOptions, BrickSettings, BrickStore, OpenReport, Vote, OWNER, SECTOR};
+pub use store::{
+    BrickOptions, BrickSettings, BrickStore, OpenReport, VersionInfo, Vote, OWNER, SECTOR,
+};
 pub use volume::{LockOwner, RangeLock, SharedVolume};

@@ -90,6 +90,15 @@ pub enum Vote {
     No(String),
 }
 
+/// A version of the brick's share: the content it had at the volume's cut `number`, kept
+/// while newer writes land (docs/brick-format.md, "Versions").
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VersionInfo {
+    pub number: u64,
+    /// Bytes of old data this version alone keeps from being freed.
+    pub held_bytes: u64,
+}
+
 /// What an open found and did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct OpenReport {
@@ -559,6 +568,56 @@ impl BrickStore {
         }
     }
 
+    /// [`Self::prepare`] of an interval that belongs after the volume's version cut `tag`
+    /// and before cut `tag + 1`: version `n` holds exactly the intervals tagged below `n`.
+    pub async fn prepare_tagged(
+        &self,
+        id: IntervalId,
+        bricks: Vec<u64>,
+        writes: Vec<(u64, Bytes)>,
+        fences: &[(u32, i64)],
+        tag: u64,
+    ) -> Result<Vote> {
+        if tag != 0 {
+            return Err(versions_not_built());
+        }
+        self.prepare(id, bricks, writes, fences).await
+    }
+
+    /// The versions this brick keeps, oldest first.
+    pub async fn versions(&self) -> Result<Vec<VersionInfo>> {
+        Ok(Vec::new())
+    }
+
+    /// Makes sure versions up to `number` exist here (a brick creates a version when the
+    /// first interval tagged with it commits; sealing creates it on bricks no such interval
+    /// reached). Idempotent.
+    pub async fn seal_version(&self, number: u64) -> Result<()> {
+        let _ = number;
+        Err(versions_not_built())
+    }
+
+    /// Deletes a version and frees the old data only it kept. `Ok(false)` when the brick
+    /// has no such version. Idempotent, and finished at the next open after a crash.
+    pub async fn delete_version(&self, number: u64) -> Result<bool> {
+        let _ = number;
+        Err(versions_not_built())
+    }
+
+    /// Makes version `number` the brick's current content, and deletes the versions newer
+    /// than it. Refused while intervals are in doubt here. Finished at the next open after
+    /// a crash; prepares are refused until it is done.
+    pub async fn rollback(&self, number: u64) -> Result<()> {
+        let _ = number;
+        Err(versions_not_built())
+    }
+
+    /// Reads version `number` of the share (offsets within it, like [`Self::read`]).
+    pub async fn read_version(&self, number: u64, offset: u64, len: usize) -> Result<BytesMut> {
+        let _ = (number, offset, len);
+        Err(versions_not_built())
+    }
+
     /// A prepare's checks, run when it is admitted and again before its record is made.
     fn admit(
         &self,
@@ -1004,6 +1063,10 @@ impl BrickStore {
         }
         Ok(out)
     }
+}
+
+fn versions_not_built() -> BlockError {
+    BlockError::Unsupported("brick versions: not built yet".into())
 }
 
 fn fenced_client(client: u64) -> String {
