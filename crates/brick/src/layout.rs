@@ -1,9 +1,11 @@
-//! Where a brick keeps what: metadata first, then the home region (the volume's share), then
-//! the staging region for prepared writes. Recorded in the metadata store as the `layout`
-//! blob, so an open never guesses.
+//! Where a brick keeps what: metadata first, then the home region (one unit of room per unit
+//! of the volume's share), then the staging region, the room for prepared writes and for the
+//! old data versions keep. Recorded in the metadata store as the `layout` blob, so an open
+//! never guesses.
 
-/// The version of the `layout` blob this build writes and reads.
-pub const LAYOUT_VERSION: u8 = 1;
+/// The brick format this build writes: 2 maps each unit of the share to where it lives. It
+/// also opens format 1 (the share at home, in place), and upgrades it.
+pub const LAYOUT_VERSION: u8 = 2;
 const ENCODED_LEN: usize = 1 + 8 * 5;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,6 +55,11 @@ impl BrickLayout {
         })
     }
 
+    /// Where the data region (home and staging, and the gap between) ends.
+    pub fn data_end(&self) -> u64 {
+        self.staging_offset + self.staging_bytes
+    }
+
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(ENCODED_LEN);
         out.push(LAYOUT_VERSION);
@@ -68,17 +75,27 @@ impl BrickLayout {
         out
     }
 
-    /// Decodes and checks a layout against the device it was found on.
+    /// Decodes and checks a layout of this build's format against the device it was found on.
     pub fn decode(bytes: &[u8], device_bytes: u64) -> Result<BrickLayout, String> {
+        match Self::decode_any(bytes, device_bytes)? {
+            (layout, LAYOUT_VERSION) => Ok(layout),
+            (_, version) => Err(format!(
+                "layout version {version} (this build writes {LAYOUT_VERSION})"
+            )),
+        }
+    }
+
+    /// Decodes a layout of format 1 or 2, with its format.
+    pub fn decode_any(bytes: &[u8], device_bytes: u64) -> Result<(BrickLayout, u8), String> {
         if bytes.len() != ENCODED_LEN {
             return Err(format!(
                 "layout of {} bytes, expected {ENCODED_LEN}",
                 bytes.len()
             ));
         }
-        if bytes[0] != LAYOUT_VERSION {
+        if bytes[0] != LAYOUT_VERSION && bytes[0] != 1 {
             return Err(format!(
-                "layout version {} (this build knows {LAYOUT_VERSION})",
+                "layout version {} (this build knows 1 and {LAYOUT_VERSION})",
                 bytes[0]
             ));
         }
@@ -102,7 +119,7 @@ impl BrickLayout {
                 "layout {layout:?} does not fit a device of {device_bytes} bytes"
             ));
         }
-        Ok(layout)
+        Ok((layout, bytes[0]))
     }
 }
 
@@ -123,9 +140,13 @@ mod tests {
         assert!(small.contains("0 bytes of staging"), "{small}");
         assert!(BrickLayout::plan(64 << 20, 8 << 20, 1000, 0).is_err());
         let mut future = layout.encode();
-        future[0] = 2;
+        future[0] = 3;
         assert!(BrickLayout::decode(&future, 64 << 20)
             .unwrap_err()
-            .contains("version 2"));
+            .contains("version 3"));
+        let mut old = layout.encode();
+        old[0] = 1;
+        assert_eq!(BrickLayout::decode_any(&old, 64 << 20), Ok((layout, 1)));
+        assert!(BrickLayout::decode(&old, 64 << 20).is_err());
     }
 }

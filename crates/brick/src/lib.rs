@@ -24,13 +24,13 @@ mod record;
 pub mod resolve;
 pub mod rpc;
 pub mod segments;
-mod staging;
+mod space;
 mod store;
 mod volume;
 
 pub use layout::{BrickLayout, LAYOUT_VERSION};
 pub use record::{IntervalRecord, RecordState, StagedExtent, RECORD_VERSION};
-pub use staging::Staging;
+pub use space::FreeSpace;
 pub use store::{
     BrickOptions, BrickSettings, BrickStore, OpenReport, VersionInfo, Vote, OWNER, SECTOR,
 };

@@ -3,14 +3,16 @@
 use strata_cluster::interval::{Decision, IntervalId, Status};
 use strata_core::Fields;
 
-/// The version of interval records this build writes and reads.
-pub const RECORD_VERSION: u8 = 1;
+/// The version of interval records this build writes. It also reads version 1 (no tag) to
+/// upgrade a brick of format 1.
+pub const RECORD_VERSION: u8 = 2;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RecordState {
     /// Staged, undecided.
     Prepared,
-    /// Commit decided; the staged writes may not all be home yet (redone at open).
+    /// Commit decided; the staged writes may not all be home yet (redone at open). Written
+    /// only by format 1: format 2 commits in one transaction.
     Committed,
     /// Commit decided and applied: a tombstone, kept to answer other bricks in doubt.
     Applied,
@@ -65,6 +67,8 @@ pub struct StagedExtent {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct IntervalRecord {
     pub state: RecordState,
+    /// The version cut the interval follows: version `n` holds the intervals tagged below `n`.
+    pub tag: u64,
     /// Every brick of the interval (their indices in the volume), to ask when in doubt.
     pub bricks: Vec<u64>,
     pub extents: Vec<StagedExtent>,
@@ -77,6 +81,7 @@ impl IntervalRecord {
         debug_assert!(!state.holds_staging());
         IntervalRecord {
             state,
+            tag: 0,
             bricks,
             extents: Vec::new(),
         }
@@ -84,9 +89,10 @@ impl IntervalRecord {
 
     pub fn encode(&self) -> Vec<u8> {
         let mut out =
-            Vec::with_capacity(2 + 8 + 8 * self.bricks.len() + EXTENT_BYTES * self.extents.len());
+            Vec::with_capacity(18 + 8 * self.bricks.len() + EXTENT_BYTES * self.extents.len());
         out.push(RECORD_VERSION);
         out.push(self.state.code());
+        out.extend_from_slice(&self.tag.to_le_bytes());
         out.extend_from_slice(&(self.bricks.len() as u32).to_le_bytes());
         for brick in &self.bricks {
             out.extend_from_slice(&brick.to_le_bytes());
@@ -104,13 +110,17 @@ impl IntervalRecord {
     pub fn decode(bytes: &[u8]) -> Result<IntervalRecord, String> {
         let mut input = Fields::new(bytes, "record");
         let version = input.u8()?;
-        if version != RECORD_VERSION {
+        if version != RECORD_VERSION && version != 1 {
             return Err(format!(
-                "record version {version} (this build knows {RECORD_VERSION})"
+                "record version {version} (this build knows 1 and {RECORD_VERSION})"
             ));
         }
         let code = input.u8()?;
         let state = RecordState::from_code(code).ok_or(format!("unknown state {code}"))?;
+        if version == RECORD_VERSION && state == RecordState::Committed {
+            return Err("a committed record in format 2, which commits in one step".into());
+        }
+        let tag = if version == 1 { 0 } else { input.u64()? };
         let bricks = (0..input.count(8)?)
             .map(|_| input.u64())
             .collect::<Result<Vec<_>, _>>()?;
@@ -131,6 +141,7 @@ impl IntervalRecord {
         }
         Ok(IntervalRecord {
             state,
+            tag,
             bricks,
             extents,
         })
@@ -163,6 +174,7 @@ mod tests {
     fn prepared() -> IntervalRecord {
         IntervalRecord {
             state: RecordState::Prepared,
+            tag: 7,
             bricks: vec![0, 3],
             extents: vec![
                 StagedExtent {
@@ -190,6 +202,11 @@ mod tests {
         assert!(short.contains("overruns"), "{short}");
         let cut = IntervalRecord::decode(&bytes[..3]).unwrap_err();
         assert!(cut.contains("record is short at byte 2"), "{cut}");
+        let mut committed = tomb_bytes();
+        committed[1] = 2;
+        assert!(IntervalRecord::decode(&committed)
+            .unwrap_err()
+            .contains("format 2"));
         let mut long = bytes.clone();
         long.push(0);
         assert!(IntervalRecord::decode(&long)
@@ -204,7 +221,7 @@ mod tests {
         applied_with_writes[1] = 3;
         assert!(IntervalRecord::decode(&applied_with_writes).is_err());
         let mut huge = bytes;
-        huge[2..6].copy_from_slice(&u32::MAX.to_le_bytes());
+        huge[10..14].copy_from_slice(&u32::MAX.to_le_bytes());
         assert!(IntervalRecord::decode(&huge)
             .unwrap_err()
             .contains("overruns"));
@@ -222,13 +239,39 @@ mod tests {
         assert_eq!(parse_blob_name("iv.1.2"), None);
     }
 
+    fn tomb_bytes() -> Vec<u8> {
+        IntervalRecord::tombstone(RecordState::Applied, vec![2]).encode()
+    }
+
+    #[test]
+    fn format_one_records_are_read_with_tag_zero() {
+        // Version 1, committed, one brick (5), one extent: what a format-1 brick left.
+        let mut v1 = vec![1u8, 2];
+        v1.extend_from_slice(&1u32.to_le_bytes());
+        v1.extend_from_slice(&5u64.to_le_bytes());
+        v1.extend_from_slice(&1u32.to_le_bytes());
+        for field in [4096u64, 1 << 30] {
+            v1.extend_from_slice(&field.to_le_bytes());
+        }
+        v1.extend_from_slice(&512u32.to_le_bytes());
+        let record = IntervalRecord::decode(&v1).unwrap();
+        assert_eq!(record.state, RecordState::Committed);
+        assert_eq!((record.tag, record.bricks.clone()), (0, vec![5]));
+        assert_eq!(record.extents.len(), 1);
+    }
+
     proptest! {
-        /// Whatever bytes a damaged blob holds, decoding answers without panicking, and what
-        /// it accepts encodes back to the same bytes.
+        /// Whatever bytes a damaged blob holds, decoding answers without panicking; what it
+        /// accepts in this build's version encodes back to the same bytes, and a format-1
+        /// record decodes to what its re-encoding decodes to.
         #[test]
         fn any_bytes_decode_or_are_refused(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
             if let Ok(record) = IntervalRecord::decode(&bytes) {
-                prop_assert_eq!(record.encode(), bytes);
+                if bytes[0] == RECORD_VERSION {
+                    prop_assert_eq!(record.encode(), bytes);
+                } else if record.state != RecordState::Committed {
+                    prop_assert_eq!(IntervalRecord::decode(&record.encode()), Ok(record));
+                }
             }
         }
     }

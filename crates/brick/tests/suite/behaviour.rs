@@ -63,7 +63,8 @@ async fn a_commit_shows_the_prepared_writes_and_an_abort_never_does() {
         OpenReport {
             in_doubt: 0,
             redone: 0,
-            tombstones: 3
+            tombstones: 3,
+            ..OpenReport::default()
         }
     );
     assert_eq!(

@@ -1,51 +1,57 @@
-//! The brick's store: prepare, decide, read, and recovery at open.
+//! The brick's store: prepare, decide, read, versions, and recovery at open.
+//!
+//! Each 4 KiB unit of the share lives where the `map` table says, or at its home when the map
+//! says nothing (format 2, `docs/brick-format.md`). A prepare writes to free units; a commit
+//! maps them in one metadata transaction, so an interval's data is written once. The unit a
+//! commit replaces is freed, or kept by a version (`map::keeper`).
 //!
 //! # Lock rules
 //!
 //! Prepares, decisions and forgets run concurrently, so that they share the metadata store's
 //! group commits and their device I/O overlaps. What keeps them correct:
-//! - **The mem lock is held only for in-memory work and `MetaStore::transact`**, never across
-//!   device I/O or `meta.commit().await` (it is a `std` mutex: a guard held across an await
-//!   would make the RPC futures `!Send`, so the compiler refuses it). A change to the
-//!   metadata and the matching change to `Mem` are made under one hold, so what `Mem` says
-//!   is always what the metadata says, durable or not.
+//! - **The mem lock is held only for in-memory work, `MetaStore::read` and
+//!   `MetaStore::transact`**, never across device I/O or `meta.commit().await` (it is a `std`
+//!   mutex: a guard held across an await would make the RPC futures `!Send`, so the compiler
+//!   refuses it). A change to the metadata and the matching change to `Mem` are made under one
+//!   hold, so what `Mem` says is always what the metadata says, durable or not.
 //! - **An answer waits for what it saw to be durable**: every vote, decision, status and
 //!   in-doubt list calls `meta.commit()` after its last look at `Mem` (cheap when nothing is
 //!   pending), because `Mem` may hold another request's transaction not yet durable. A `No`
 //!   needs no commit: it only ever aborts.
 //! - **A prepare is admitted twice.** Under the lock: the forgotten mark, `prepare_action`,
-//!   the fences, then staging is allocated and the id marked `preparing`. The data is
-//!   written outside the lock; then, under it again, the same checks run once more (an abort
-//!   or a forget may have arrived, or a newer epoch been recorded meanwhile) before the
-//!   record goes into the same transaction as its newer epochs. A duplicate prepare, or a
-//!   commit, of an id being prepared waits for it; an abort is recorded at once, and the
-//!   prepare's second check then refuses.
-//! - **A commit is acknowledged once its `committed` record is durable and its writes are
-//!   copied home** (written, not flushed), with its `applied` tombstone transacted but not
-//!   committed: a crash before that tombstone is durable redoes the copy from staging, and
-//!   the commit that makes it durable flushes the copy first (the data barrier). So a commit
-//!   costs one metadata commit on its way, and the tombstone rides on a later one.
-//! - **Staging is freed only once the transaction that frees it is durable**: until then a
-//!   crash brings back the record that points at it. An abort commits, then frees; an
-//!   applied interval's units wait in `freeing` until `durable_txn` passes its tombstone,
-//!   and a prepare short of space commits to free them. Units a prepare never recorded are
-//!   freed at once.
-//! - **Committed intervals that overlap at home are never applying at once.** Open redoes
-//!   committed intervals in `IntervalId` order, not in decision order, so a commit first
-//!   waits until no interval it overlaps is `applying` (from its `committed` transaction to
-//!   its `applied` one, which ends the decision without another await, in the same poll as
-//!   its acknowledgement). Overlapping commits are therefore applied and acknowledged in one
-//!   order, and at most one of them is ever `committed` and not `applied` on disk (metadata
-//!   becomes durable in transaction order). Non-overlapping ones copy home concurrently.
+//!   the fences, then units are allocated and the id marked `preparing`. The data is written
+//!   outside the lock; then, under it again, the same checks run once more (an abort or a
+//!   forget may have arrived, or a newer epoch been recorded meanwhile) before the record goes
+//!   into the same transaction as its newer epochs. A duplicate prepare, or a commit, of an id
+//!   being prepared waits for it; an abort is recorded at once, and the prepare's second check
+//!   then refuses.
+//! - **A commit is one transaction**: the map takes the interval's units, the replaced units
+//!   go to a version or to `freeing`, and the record becomes an `applied` tombstone. It is
+//!   acknowledged once durable. Units a write covers only in part are first filled in around
+//!   it from the current data; a crash before the transaction is durable leaves the interval
+//!   prepared, and the fill is redone from the same current data.
+//! - **Units are freed only once the transaction that frees them is durable** (until then a
+//!   crash brings back what points at them) **and every read that started before it has
+//!   ended** (a read may have looked the unit up just before). An abort commits, then frees;
+//!   a prepare short of space commits, or waits for reads, to free them.
+//! - **Commits that share a unit are never applying at once**: the second fills its units in
+//!   from the first's result. A commit waits until no interval it shares a unit with is
+//!   `applying` (from its decision to its transaction). Per unit, commits then land in the
+//!   order they were decided, which for the bricks of one volume is the lock order.
 //! - **No lost wake-ups.** A waiter registers `changed.notified()` before it takes the lock
-//!   to look, and whoever clears a `preparing` mark or an `applying` entry calls
-//!   `notify_waiters` after changing `Mem`: a change before the look is seen, one after it
-//!   wakes the waiter.
-//! - A copy home that fails leaves its interval `applying` and marked failed: the commits
-//!   that overlap it are refused with an error until the brick is reopened (open redoes it).
-//!
-//! `read` and `write_direct` take no lock: the lock layer above keeps readers and direct
-//! writers out of ranges an interval is writing.
+//!   to look, and whoever clears a `preparing` mark or an `applying` entry, or ends a read,
+//!   calls `notify_waiters` after changing `Mem`: a change before the look is seen, one after
+//!   it wakes the waiter.
+//! - A commit whose fill-in fails leaves its interval `applying` and marked failed: the
+//!   commits that share a unit with it are refused with an error until the brick is reopened
+//!   (the interval is still prepared there, and is resolved again).
+//! - **Versions** (`versions.rs`) are changed under the same lock, one transaction per step;
+//!   a roll-back or a deletion records what it is doing first, and an open finishes it.
+
+mod apply;
+mod map;
+mod open;
+mod versions;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -59,8 +65,9 @@ use strata_meta::{FormatOptions, MetaStore, ObjectId, StoreOptions, TxnClass};
 
 use crate::commit::OVERLAP_REFUSAL;
 use crate::layout::BrickLayout;
-use crate::record::{blob_name, parse_blob_name, IntervalRecord, RecordState, StagedExtent};
-use crate::staging::Staging;
+use crate::record::{blob_name, IntervalRecord, RecordState, StagedExtent};
+use crate::space::{FreeSpace, UNIT};
+use versions::VersionsBlob;
 
 /// The owner written in the metadata superblock: an open refuses any other.
 pub const OWNER: &str = "strata brick";
@@ -74,6 +81,9 @@ const EPOCHS_TABLE: &str = "epochs";
 /// Clients whose intervals the bricks resolve among themselves: nothing more is taken from
 /// them (see `fence_client`).
 const FENCED_TABLE: &str = "fenced";
+/// Per unit of the share (its index), the device offset of the unit holding its data, for
+/// units that are not at home.
+const MAP_TABLE: &str = "map";
 
 #[derive(Clone, Debug)]
 pub struct BrickOptions {
@@ -95,7 +105,7 @@ pub enum Vote {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct VersionInfo {
     pub number: u64,
-    /// Bytes of old data this version alone keeps from being freed.
+    /// Bytes of old data this version keeps from being freed.
     pub held_bytes: u64,
 }
 
@@ -104,10 +114,14 @@ pub struct VersionInfo {
 pub struct OpenReport {
     /// Prepared intervals with no decision: in doubt until their client or their peers say.
     pub in_doubt: usize,
-    /// Committed intervals whose copy home was redone.
+    /// Committed intervals of a format-1 brick whose copy home was redone.
     pub redone: usize,
     /// Decided intervals kept to answer peers.
     pub tombstones: usize,
+    /// A format-1 brick was upgraded to format 2.
+    pub upgraded: bool,
+    /// A roll-back or a version's deletion a crash interrupted, finished.
+    pub finished: Option<String>,
 }
 
 struct Live {
@@ -115,27 +129,51 @@ struct Live {
     blob: ObjectId,
 }
 
-/// A committed interval whose copy home has not finished.
+/// A committed interval whose transaction is not made yet.
 struct Applying {
-    /// Its home ranges, `[start, end)` device offsets.
-    home: Vec<(u64, u64)>,
-    /// The copy home failed: overlapping commits are refused until the brick is reopened.
+    /// The units of the share it maps (their home device offsets), sorted.
+    units: Vec<u64>,
+    /// Its fill-in failed: commits sharing a unit are refused until the brick is reopened.
     failed: bool,
+}
+
+/// Units to free once transactions below `txn` are durable and the reads before `reads`
+/// have ended.
+struct Freeing {
+    txn: u64,
+    reads: u64,
+    units: Vec<u64>,
 }
 
 struct Mem {
     intervals: BTreeMap<IntervalId, Live>,
-    staging: Staging,
+    space: FreeSpace,
     forgotten: BTreeMap<u64, u64>,
     epochs: BTreeMap<u32, i64>,
     fenced: BTreeSet<u64>,
     /// Admitted prepares whose record is not made yet (their data is being staged).
     preparing: BTreeSet<IntervalId>,
-    /// From the `committed` transaction to the `applied` one (see the lock rules).
+    /// From a commit's decision to its transaction (see the lock rules).
     applying: BTreeMap<IntervalId, Applying>,
-    /// Staging runs of applied intervals, free once transactions below the number are
-    /// durable (`MetaStore::durable_txn`).
-    freeing: Vec<(u64, Vec<(u64, u64)>)>,
+    freeing: Vec<Freeing>,
+    /// The versions kept here, by number: each one's table of the units it keeps a copy of.
+    versions: BTreeMap<u64, ObjectId>,
+    /// The newest version number ever created here, and the step in progress.
+    versions_blob: VersionsBlob,
+    /// Reads in progress, by ticket (see the lock rules).
+    reads: BTreeSet<u64>,
+    next_read: u64,
+}
+
+impl Mem {
+    fn version_numbers(&self) -> BTreeSet<u64> {
+        self.versions.keys().copied().collect()
+    }
+
+    /// The oldest read still running, or the next ticket when none is.
+    fn oldest_read(&self) -> u64 {
+        self.reads.first().copied().unwrap_or(self.next_read)
+    }
 }
 
 /// What a prepare's admission checks decided.
@@ -147,11 +185,12 @@ enum Admission {
 
 /// What a prepare does once the lock is released, before its data is staged.
 enum Admitted {
-    /// A prepare of the same interval is running: wait for it, then look again.
+    /// A prepare of the same interval is running, or units wait for reads to end: wait, then
+    /// look again.
     Wait,
     /// Make the frees of applied intervals durable, then look again.
     Commit,
-    /// Write the data to these staging runs.
+    /// Write the data to these runs of units.
     Staging(Vec<(u64, u64)>),
     Answer(Vote),
 }
@@ -162,9 +201,9 @@ enum Step {
     Wait,
     /// Answer once what was seen is durable.
     Answer(bool),
-    /// The abort's tombstone is in; free these staging runs once it is durable.
-    Free(Vec<(u64, u64)>),
-    /// The commit is in (and the interval `applying`): make it durable, then copy home.
+    /// The abort's tombstone is in; free these units once it is durable.
+    Free(Vec<u64>),
+    /// The commit is decided (and the interval `applying`): fill in, map, make it durable.
     Apply(ObjectId, IntervalRecord),
 }
 
@@ -175,9 +214,11 @@ pub struct BrickStore {
     forgotten_table: ObjectId,
     epochs_table: ObjectId,
     fenced_table: ObjectId,
+    map_table: ObjectId,
+    versions_blob: ObjectId,
     /// Held only for in-memory work and `transact` (see the lock rules).
     mem: Mutex<Mem>,
-    /// Told whenever a `preparing` mark or an `applying` entry goes.
+    /// Told whenever a `preparing` mark or an `applying` entry goes, or a read ends.
     changed: tokio::sync::Notify,
 }
 
@@ -192,8 +233,8 @@ pub struct BrickSettings {
 
 fn store_options(device: &DeviceRef, settings: &BrickSettings) -> StoreOptions {
     let mut options = StoreOptions::new("brick metadata");
-    // Staged data must be on the medium before the record that points to it, and a copy home
-    // before the tombstone that frees its staging.
+    // Staged data must be on the medium before the record that points to it, and filled-in
+    // units before the map that points to them.
     options.data_devices = vec![device.clone()];
     options.unsafe_skip_data_barrier = settings.unsafe_skip_data_barrier;
     options
@@ -201,6 +242,21 @@ fn store_options(device: &DeviceRef, settings: &BrickSettings) -> StoreOptions {
 
 fn corrupt(what: impl std::fmt::Display) -> BlockError {
     BlockError::Corrupt(format!("brick: {what}"))
+}
+
+/// A read registered in `Mem::reads`: ends (and wakes those waiting for units) when dropped.
+struct ReadTicket<'a> {
+    store: &'a BrickStore,
+    ticket: u64,
+}
+
+impl Drop for ReadTicket<'_> {
+    fn drop(&mut self) {
+        let mut mem = self.store.lock();
+        mem.reads.remove(&self.ticket);
+        drop(mem);
+        self.store.changed.notify_waiters();
+    }
 }
 
 impl BrickStore {
@@ -251,6 +307,9 @@ impl BrickStore {
             txn.create_table(FORGOTTEN_TABLE, 8);
             txn.create_table(EPOCHS_TABLE, 8);
             txn.create_table(FENCED_TABLE, 8);
+            txn.create_table(MAP_TABLE, 8);
+            let versions = txn.create_blob(versions::BLOB);
+            txn.put_blob(versions, VersionsBlob::default().encode());
             Ok(())
         })?;
         meta.commit().await?;
@@ -259,8 +318,9 @@ impl BrickStore {
         Ok(store)
     }
 
-    /// Opens a brick: recovers its metadata, checks every record, and redoes the copy home
-    /// of every committed interval. Damage anywhere refuses the brick, naming what.
+    /// Opens a brick: recovers its metadata, checks every record, the map and the versions,
+    /// upgrades a format-1 brick, and finishes a roll-back or deletion a crash interrupted.
+    /// Damage anywhere refuses the brick, naming what.
     pub async fn open(device: DeviceRef) -> Result<(BrickStore, OpenReport)> {
         Self::open_with(device, &BrickSettings::default()).await
     }
@@ -284,169 +344,45 @@ impl BrickStore {
         BrickStore::load(device, meta).await
     }
 
-    async fn load(device: DeviceRef, meta: Arc<MetaStore>) -> Result<(BrickStore, OpenReport)> {
-        let size = device.geometry().size;
-        // Bricks formatted before the table existed get it, empty, at their first open.
-        if meta.read(|state| state.id(FENCED_TABLE).is_none()) {
-            meta.transact(TxnClass::Normal, |_, txn| {
-                txn.create_table(FENCED_TABLE, 8);
-                Ok(())
-            })?;
-            meta.commit().await?;
-            tracing::info!("brick metadata: added the table of fenced clients");
-        }
-        let (layout, (forgotten_table, forgotten), (epochs_table, epochs), fenced, records) = meta
-            .read(|state| {
-                let layout_id = state.id(LAYOUT_BLOB).ok_or_else(|| corrupt("no layout"))?;
-                let layout = BrickLayout::decode(state.blob(layout_id).unwrap_or_default(), size)
-                    .map_err(corrupt)?;
-                let table = |name: &str| {
-                    let id = state
-                        .id(name)
-                        .ok_or_else(|| corrupt(format_args!("no {name} table")))?;
-                    let table = state
-                        .table(id)
-                        .filter(|t| t.value_size() == 8)
-                        .ok_or_else(|| corrupt(format_args!("{name} is not a table of u64s")))?;
-                    let values: BTreeMap<u64, u64> = table
-                        .iter_from(0)
-                        .map(|(index, value)| {
-                            (index, u64::from_le_bytes(value.try_into().unwrap()))
-                        })
-                        .collect();
-                    Ok::<_, BlockError>((id, values))
-                };
-                let forgotten = table(FORGOTTEN_TABLE)?;
-                let (fenced_id, fenced) = table(FENCED_TABLE)?;
-                let fenced = (fenced_id, fenced.into_keys().collect::<BTreeSet<u64>>());
-                let (epochs_id, raw_epochs) = table(EPOCHS_TABLE)?;
-                let epochs = raw_epochs
-                    .into_iter()
-                    .map(|(segment, epoch)| {
-                        let segment = u32::try_from(segment)
-                            .map_err(|_| corrupt(format_args!("epoch of segment {segment}")))?;
-                        Ok((segment, epoch as i64))
-                    })
-                    .collect::<Result<BTreeMap<u32, i64>>>()?;
-                let mut records = Vec::new();
-                for (object, body) in state.objects() {
-                    let Some(id) = parse_blob_name(&body.name) else {
-                        continue;
-                    };
-                    let bytes = state
-                        .blob(object)
-                        .ok_or_else(|| corrupt(format_args!("{} is not a blob", body.name)))?;
-                    let record = IntervalRecord::decode(bytes)
-                        .map_err(|why| corrupt(format_args!("record {}: {why}", body.name)))?;
-                    records.push((id, object, record));
-                }
-                Ok::<_, BlockError>((layout, forgotten, (epochs_id, epochs), fenced, records))
-            })?;
-        let mut mem = Mem {
-            intervals: BTreeMap::new(),
-            staging: Staging::new(layout.staging_offset, layout.staging_bytes),
-            forgotten,
-            epochs,
-            fenced: fenced.1,
-            preparing: BTreeSet::new(),
-            applying: BTreeMap::new(),
-            freeing: Vec::new(),
-        };
-        let mut report = OpenReport::default();
-        for (id, blob, record) in records {
-            let home_end = layout.home_offset + layout.home_bytes;
-            if let Some(extent) = record
-                .extents
-                .iter()
-                .find(|e| e.home < layout.home_offset || e.home + u64::from(e.len) > home_end)
-            {
-                return Err(corrupt(format_args!(
-                    "record {}: extent {extent:?} lies outside the home region",
-                    blob_name(id)
-                )));
-            }
-            for (start, len) in staging_runs(&record.extents) {
-                if !mem.staging.take(start, len) {
-                    return Err(corrupt(format_args!(
-                        "record {}: staging [{start}, +{len}) is outside the staging region or \
-                         held by another record",
-                        blob_name(id)
-                    )));
-                }
-            }
-            match record.state {
-                RecordState::Prepared => report.in_doubt += 1,
-                RecordState::Committed => report.redone += 1,
-                RecordState::Applied | RecordState::Aborted => report.tombstones += 1,
-            }
-            if record.state == RecordState::Committed {
-                let home = home_ranges(&record.extents);
-                mem.applying.insert(
-                    id,
-                    Applying {
-                        home,
-                        failed: false,
-                    },
-                );
-            }
-            mem.intervals.insert(id, Live { record, blob });
-        }
-        let committed: Vec<(IntervalId, ObjectId, IntervalRecord)> = mem
-            .intervals
-            .iter()
-            .filter(|(_, live)| live.record.state == RecordState::Committed)
-            .map(|(&id, live)| (id, live.blob, live.record.clone()))
-            .collect();
-        let store = BrickStore {
-            device,
-            meta,
-            layout,
-            forgotten_table,
-            epochs_table,
-            fenced_table: fenced.0,
-            mem: Mutex::new(mem),
-            changed: tokio::sync::Notify::new(),
-        };
-        // One at a time, in `IntervalId` order: the order the format promises.
-        for (id, blob, record) in committed {
-            store.apply(id, blob, &record).await?;
-        }
-        store.meta.commit().await?;
-        store.reclaim(&mut store.lock());
-        if report != OpenReport::default() {
-            tracing::info!(?report, "brick opened");
-        }
-        Ok((store, report))
-    }
-
     pub fn layout(&self) -> BrickLayout {
         self.layout
     }
 
-    /// Free staging space, in bytes, once the frees of applied intervals are durable.
+    /// Free space for prepares, in bytes, once the frees of applied intervals are durable.
     pub async fn staging_free(&self) -> u64 {
         // A failed commit frees nothing: `reclaim` frees only what is durable.
         let _ = self.meta.commit().await;
         let mut mem = self.lock();
         self.reclaim(&mut mem);
-        mem.staging.free_bytes()
+        mem.space.free_bytes()
     }
 
-    /// Frees the staging of applied intervals whose tombstones are now durable.
+    /// Frees the units whose freeing transaction is durable and whose readers are gone.
     fn reclaim(&self, mem: &mut Mem) {
         let durable = self.meta.durable_txn();
+        let oldest_read = mem.oldest_read();
         let (free, keep) = std::mem::take(&mut mem.freeing)
             .into_iter()
-            .partition(|(txn, _)| *txn <= durable);
+            .partition(|f| f.txn <= durable && f.reads <= oldest_read);
         mem.freeing = keep;
-        for (_, runs) in free {
-            for (start, len) in runs {
-                mem.staging.release(start, len);
+        for freeing in free {
+            for unit in freeing.units {
+                mem.space.release(unit, UNIT);
             }
         }
     }
 
-    /// A panic under the lock (a staging run freed twice) is a bug that already failed its
+    /// Queues units to be freed once the transaction just made is durable and the reads
+    /// running now have ended.
+    fn free_later(&self, mem: &mut Mem, units: Vec<u64>) {
+        if !units.is_empty() {
+            let txn = self.meta.next_txn();
+            let reads = mem.next_read;
+            mem.freeing.push(Freeing { txn, reads, units });
+        }
+    }
+
+    /// A panic under the lock (a unit freed twice) is a bug that already failed its
     /// request; the others go on, as the metadata store's own lock does.
     fn lock(&self) -> MutexGuard<'_, Mem> {
         self.mem.lock().unwrap_or_else(PoisonError::into_inner)
@@ -471,10 +407,7 @@ impl BrickStore {
         Ok(())
     }
 
-    /// Prepares an interval: stages its writes (offsets within the home region) and records
-    /// them durably, then votes. `bricks` lists every brick of the interval; `fences` the
-    /// claim epoch of each lock segment the client holds its locks under. An epoch older than
-    /// one seen for its segment is refused: its holder lost the claim to a newer one.
+    /// Prepares an interval that precedes any version (tag 0); see [`Self::prepare_tagged`].
     pub async fn prepare(
         &self,
         id: IntervalId,
@@ -482,10 +415,27 @@ impl BrickStore {
         writes: Vec<(u64, Bytes)>,
         fences: &[(u32, i64)],
     ) -> Result<Vote> {
+        self.prepare_tagged(id, bricks, writes, fences, 0).await
+    }
+
+    /// Prepares an interval: stages its writes (offsets within the share) in free units and
+    /// records them durably, then votes. `bricks` lists every brick of the interval; `fences`
+    /// the claim epoch of each lock segment the client holds its locks under. An epoch older
+    /// than one seen for its segment is refused: its holder lost the claim to a newer one.
+    /// `tag` is the version cut the interval follows: version `n` holds exactly the intervals
+    /// tagged below `n`.
+    pub async fn prepare_tagged(
+        &self,
+        id: IntervalId,
+        bricks: Vec<u64>,
+        writes: Vec<(u64, Bytes)>,
+        fences: &[(u32, i64)],
+        tag: u64,
+    ) -> Result<Vote> {
         for (offset, data) in &writes {
             self.check_home(*offset, data.len() as u64)?;
         }
-        let total: u64 = writes.iter().map(|(_, d)| d.len() as u64).sum();
+        let total = map::units_needed(&writes) * UNIT;
         let runs = loop {
             let changed = self.changed.notified();
             let admitted = {
@@ -496,20 +446,25 @@ impl BrickStore {
                     // first is recorded, or as the first was refused.
                     Admitted::Wait
                 } else {
-                    match self.admit(&mem, id, &writes, fences) {
+                    match self.admit(&mem, id, &writes, fences, tag) {
                         Admission::No(why) => Admitted::Answer(Vote::No(why)),
                         Admission::Repeat => Admitted::Answer(Vote::Yes),
-                        Admission::Record => match mem.staging.allocate(total) {
+                        Admission::Record => match mem.space.allocate(total) {
                             Some(runs) => {
                                 mem.preparing.insert(id);
                                 Admitted::Staging(runs)
                             }
-                            // Applied intervals wait for a commit to free their staging.
-                            None if !mem.freeing.is_empty() => Admitted::Commit,
-                            None => Admitted::Answer(Vote::No(format!(
-                                "no staging space: {total} bytes wanted, {} free",
-                                mem.staging.free_bytes()
-                            ))),
+                            None => {
+                                let durable = self.meta.durable_txn();
+                                if mem.freeing.iter().any(|f| f.txn > durable) {
+                                    Admitted::Commit
+                                } else if !mem.freeing.is_empty() {
+                                    // Freed units wait only for reads to end.
+                                    Admitted::Wait
+                                } else {
+                                    Admitted::Answer(Vote::No(no_space(&mem, total)))
+                                }
+                            }
                         },
                     }
                 }
@@ -525,13 +480,13 @@ impl BrickStore {
                 Admitted::Answer(no) => return Ok(no),
             }
         };
-        let extents = place(&writes, &runs, self.layout.home_offset);
+        let extents = map::place(&writes, &runs, self.layout.home_offset);
         let staged = self.stage(&writes, &extents).await;
         let outcome = {
             let mut mem = self.lock();
             mem.preparing.remove(&id);
             self.changed.notify_waiters();
-            let outcome = staged.and_then(|()| match self.admit(&mem, id, &writes, fences) {
+            let outcome = staged.and_then(|()| match self.admit(&mem, id, &writes, fences, tag) {
                 Admission::No(why) => Ok(Some(Vote::No(why))),
                 // Only a prepare records a prepared interval, and a duplicate waited: kept
                 // for completeness, this answers as a repeat.
@@ -539,6 +494,7 @@ impl BrickStore {
                 Admission::Record => {
                     let record = IntervalRecord {
                         state: RecordState::Prepared,
+                        tag,
                         bricks,
                         extents,
                     };
@@ -554,7 +510,7 @@ impl BrickStore {
             if !matches!(outcome, Ok(None)) {
                 // Nothing durable points at these units: free at once.
                 for &(start, len) in &runs {
-                    mem.staging.release(start, len);
+                    mem.space.release(start, len);
                 }
             }
             outcome
@@ -568,56 +524,6 @@ impl BrickStore {
         }
     }
 
-    /// [`Self::prepare`] of an interval that belongs after the volume's version cut `tag`
-    /// and before cut `tag + 1`: version `n` holds exactly the intervals tagged below `n`.
-    pub async fn prepare_tagged(
-        &self,
-        id: IntervalId,
-        bricks: Vec<u64>,
-        writes: Vec<(u64, Bytes)>,
-        fences: &[(u32, i64)],
-        tag: u64,
-    ) -> Result<Vote> {
-        if tag != 0 {
-            return Err(versions_not_built());
-        }
-        self.prepare(id, bricks, writes, fences).await
-    }
-
-    /// The versions this brick keeps, oldest first.
-    pub async fn versions(&self) -> Result<Vec<VersionInfo>> {
-        Ok(Vec::new())
-    }
-
-    /// Makes sure versions up to `number` exist here (a brick creates a version when the
-    /// first interval tagged with it commits; sealing creates it on bricks no such interval
-    /// reached). Idempotent.
-    pub async fn seal_version(&self, number: u64) -> Result<()> {
-        let _ = number;
-        Err(versions_not_built())
-    }
-
-    /// Deletes a version and frees the old data only it kept. `Ok(false)` when the brick
-    /// has no such version. Idempotent, and finished at the next open after a crash.
-    pub async fn delete_version(&self, number: u64) -> Result<bool> {
-        let _ = number;
-        Err(versions_not_built())
-    }
-
-    /// Makes version `number` the brick's current content, and deletes the versions newer
-    /// than it. Refused while intervals are in doubt here. Finished at the next open after
-    /// a crash; prepares are refused until it is done.
-    pub async fn rollback(&self, number: u64) -> Result<()> {
-        let _ = number;
-        Err(versions_not_built())
-    }
-
-    /// Reads version `number` of the share (offsets within it, like [`Self::read`]).
-    pub async fn read_version(&self, number: u64, offset: u64, len: usize) -> Result<BytesMut> {
-        let _ = (number, offset, len);
-        Err(versions_not_built())
-    }
-
     /// A prepare's checks, run when it is admitted and again before its record is made.
     fn admit(
         &self,
@@ -625,9 +531,20 @@ impl BrickStore {
         id: IntervalId,
         writes: &[(u64, Bytes)],
         fences: &[(u32, i64)],
+        tag: u64,
     ) -> Admission {
+        if let Some(pending) = mem.versions_blob.pending {
+            return Admission::No(format!("the brick is busy: {}", pending.describe()));
+        }
         if mem.fenced.contains(&id.client) {
             return Admission::No(fenced_client(id.client));
+        }
+        if tag > mem.versions_blob.newest + versions::MAX_VERSIONS_AHEAD {
+            return Admission::No(format!(
+                "version tag {tag} is more than {} ahead of this brick's newest version, {}",
+                versions::MAX_VERSIONS_AHEAD,
+                mem.versions_blob.newest
+            ));
         }
         if mem
             .forgotten
@@ -768,22 +685,19 @@ impl BrickStore {
                     self.meta.commit().await?;
                     return Ok(answer);
                 }
-                Step::Free(runs) => {
+                Step::Free(units) => {
                     self.meta.commit().await?;
                     // Freed only now: until the tombstone is durable, a crash brings the
                     // prepared record back, and its staged data must still be there.
                     let mut mem = self.lock();
-                    for (start, len) in runs {
-                        mem.staging.release(start, len);
+                    for unit in units {
+                        mem.space.release(unit, UNIT);
                     }
                     return Ok(true);
                 }
                 Step::Apply(blob, record) => {
-                    if let Err(e) = self.meta.commit().await {
-                        self.apply_failed(id);
-                        return Err(e);
-                    }
                     self.apply(id, blob, &record).await?;
+                    self.meta.commit().await?;
                     return Ok(true);
                 }
             }
@@ -799,17 +713,7 @@ impl BrickStore {
         }
         let status = mem.intervals.get(&id).map(|l| l.record.state.status());
         match decide_action(status, decision) {
-            DecideAction::Repeat { same } => match mem.applying.get(&id) {
-                // A repeated commit is acknowledged when the first is: once the writes are
-                // home and readable.
-                Some(applying) if same => {
-                    if applying.failed {
-                        return Err(apply_failure(id));
-                    }
-                    Ok(Step::Wait)
-                }
-                _ => Ok(Step::Answer(same)),
-            },
+            DecideAction::Repeat { same } => Ok(Step::Answer(same)),
             DecideAction::Refuse => Ok(Step::Answer(false)),
             DecideAction::Remember => {
                 if mem
@@ -828,7 +732,7 @@ impl BrickStore {
             }
             DecideAction::Drop => {
                 let live = mem.intervals.get_mut(&id).expect("prepared");
-                let freed = staging_runs(&live.record.extents);
+                let freed = staged_units(&live.record.extents);
                 let record =
                     IntervalRecord::tombstone(RecordState::Aborted, live.record.bricks.clone());
                 self.record_update(live.blob, &record, TxnClass::Reclaim)?;
@@ -836,25 +740,32 @@ impl BrickStore {
                 Ok(Step::Free(freed))
             }
             DecideAction::Apply => {
+                if let Some(applying) = mem.applying.get(&id) {
+                    // The same commit, sent again while the first is filling in: answered
+                    // when the first is, as a repeat.
+                    if applying.failed {
+                        return Err(apply_failure(id));
+                    }
+                    return Ok(Step::Wait);
+                }
                 let live = &mem.intervals[&id];
-                let home = home_ranges(&live.record.extents);
-                if let Some(busy) = mem.applying.values().find(|a| overlap(&a.home, &home)) {
+                let units = home_units(&live.record.extents);
+                if let Some(busy) = mem
+                    .applying
+                    .values()
+                    .find(|a| shares_unit(&a.units, &units))
+                {
                     if busy.failed {
                         return Err(apply_failure(id));
                     }
                     return Ok(Step::Wait);
                 }
+                let record = live.record.clone();
                 let blob = live.blob;
-                let record = IntervalRecord {
-                    state: RecordState::Committed,
-                    ..live.record.clone()
-                };
-                self.record_update(blob, &record, TxnClass::Reclaim)?;
-                mem.intervals.get_mut(&id).expect("prepared").record = record.clone();
                 mem.applying.insert(
                     id,
                     Applying {
-                        home,
+                        units,
                         failed: false,
                     },
                 );
@@ -863,45 +774,8 @@ impl BrickStore {
         }
     }
 
-    /// Copies a committed interval's staged writes home and shrinks the record to a tombstone,
-    /// which a later commit makes durable. Redone from the start after a crash (the copy is
-    /// idempotent). The interval is `applying` until this returns.
-    async fn apply(&self, id: IntervalId, blob: ObjectId, record: &IntervalRecord) -> Result<()> {
-        let result = self.copy_home(id, blob, record).await;
-        if result.is_err() {
-            self.apply_failed(id);
-        }
-        result
-    }
-
-    async fn copy_home(
-        &self,
-        id: IntervalId,
-        blob: ObjectId,
-        record: &IntervalRecord,
-    ) -> Result<()> {
-        for extent in &record.extents {
-            let data = self.read_all(extent.staging, extent.len as usize).await?;
-            self.write_all(extent.home, data.freeze()).await?;
-        }
-        // No flush and no commit before the decision is acknowledged: the `committed`
-        // record is durable, so a crash redoes this copy from staging, which stays taken until
-        // the tombstone is durable. The commit that makes it durable flushes the device first
-        // (the data barrier), so the tombstone is never durable before the copy.
-        let mut mem = self.lock();
-        let tombstone = IntervalRecord::tombstone(RecordState::Applied, record.bricks.clone());
-        self.record_update(blob, &tombstone, TxnClass::Reclaim)?;
-        // Forget leaves an interval that holds staging alone, so the record is still here.
-        mem.intervals.get_mut(&id).expect("committed").record = tombstone;
-        let after = self.meta.next_txn();
-        mem.freeing.push((after, staging_runs(&record.extents)));
-        mem.applying.remove(&id);
-        self.changed.notify_waiters();
-        Ok(())
-    }
-
-    /// The copy home failed: the interval stays `applying`, and what waits on it is woken to
-    /// find it failed.
+    /// A commit's fill-in failed: the interval stays `applying`, and what waits on it is
+    /// woken to find it failed.
     fn apply_failed(&self, id: IntervalId) {
         let mut mem = self.lock();
         if let Some(applying) = mem.applying.get_mut(&id) {
@@ -909,7 +783,6 @@ impl BrickStore {
         }
         self.changed.notify_waiters();
     }
-
     /// What this brick's log says of an interval, for a peer resolving it in doubt. `None`
     /// for an interval never prepared here or already forgotten (its client forgets only
     /// intervals ended on every brick, which no brick can be in doubt about), and for one
@@ -1018,23 +891,104 @@ impl BrickStore {
         Ok(forgotten)
     }
 
-    /// Writes home at once, outside any interval, and flushes: the baseline intervals are
-    /// measured against (`WriteDirect`). Not atomic, not ordered against intervals.
+    /// Writes the share in place at once, outside any interval, and flushes: the baseline
+    /// intervals are measured against (`WriteDirect`). Not atomic, not ordered against
+    /// intervals, and refused while the brick keeps versions (it would change their data).
     pub async fn write_direct(&self, writes: Vec<(u64, Bytes)>) -> Result<()> {
         for (offset, data) in &writes {
             self.check_home(*offset, data.len() as u64)?;
         }
-        for (offset, data) in writes {
-            self.write_all(self.layout.home_offset + offset, data)
-                .await?;
+        let ticket = self.begin_read()?;
+        if !self.lock().versions.is_empty() {
+            return Err(BlockError::Unsupported(
+                "direct writes to a brick that keeps versions: they would change the versions' data",
+            ));
         }
+        for (offset, data) in writes {
+            let mut done = 0;
+            for (device, len) in self.locate(None, offset, data.len() as u64) {
+                let len = len as usize;
+                self.write_all(device, data.slice(done..done + len)).await?;
+                done += len;
+            }
+        }
+        drop(ticket);
         self.device.flush().await
     }
 
-    /// Reads the home region (offsets within it): what committed intervals wrote.
+    /// Reads the share (offsets within it): what committed intervals wrote.
     pub async fn read(&self, offset: u64, len: usize) -> Result<BytesMut> {
         self.check_home(offset, len as u64)?;
-        self.read_all(self.layout.home_offset + offset, len).await
+        self.read_mapped(None, offset, len).await
+    }
+
+    /// Reads the share as it is now (`None`) or as version `n` keeps it.
+    async fn read_mapped(&self, version: Option<u64>, offset: u64, len: usize) -> Result<BytesMut> {
+        let ticket = self.begin_read()?;
+        if let Some(number) = version {
+            if !self.lock().versions.contains_key(&number) {
+                return Err(BlockError::InvalidArgument(format!(
+                    "the brick keeps no version {number}"
+                )));
+            }
+        }
+        let mut out = BytesMut::with_capacity(len);
+        for (device, piece) in self.locate(version, offset, len as u64) {
+            out.extend_from_slice(&self.read_all(device, piece as usize).await?);
+        }
+        drop(ticket);
+        Ok(out)
+    }
+
+    /// Registers a read, so that the units it looks up are not reused under it. Refused
+    /// while a roll-back is half done.
+    fn begin_read(&self) -> Result<ReadTicket<'_>> {
+        let mut mem = self.lock();
+        if let Some(pending) = mem.versions_blob.pending {
+            if pending.is_rollback() {
+                return Err(BlockError::io(
+                    "brick read",
+                    std::io::Error::other(format!(
+                        "the brick is {}: its data is not readable until that is done",
+                        pending.describe()
+                    )),
+                ));
+            }
+        }
+        let ticket = mem.next_read;
+        mem.next_read += 1;
+        mem.reads.insert(ticket);
+        Ok(ReadTicket {
+            store: self,
+            ticket,
+        })
+    }
+
+    /// Where the bytes `[offset, +len)` of the share (or of a version of it) are on the
+    /// device, as runs in order.
+    fn locate(&self, version: Option<u64>, offset: u64, len: u64) -> Vec<(u64, u64)> {
+        let mem = self.lock();
+        let numbers = mem.version_numbers();
+        self.meta.read(|state| {
+            let map = state.table(self.map_table).expect("checked at open");
+            let table_of = |v: u64| state.table(mem.versions[&v]).expect("checked at open");
+            let mut pieces = Vec::new();
+            let mut at = offset;
+            while at < offset + len {
+                let unit = at / UNIT;
+                let end = ((unit + 1) * UNIT).min(offset + len);
+                let kept = version.and_then(|n| {
+                    map::resolve(&numbers, n, |v| table_of(v).get(unit).is_some())
+                        .map(|v| u64_of(table_of(v).get(unit).expect("resolved")))
+                });
+                let device = kept
+                    .or_else(|| map.get(unit).map(u64_of))
+                    .unwrap_or(self.layout.home_offset + unit * UNIT);
+                pieces.push((device + at % UNIT, end - at));
+                at = end;
+            }
+            map::coalesce(pieces)
+        })
     }
 
     async fn write_all(&self, offset: u64, data: Bytes) -> Result<()> {
@@ -1065,8 +1019,21 @@ impl BrickStore {
     }
 }
 
-fn versions_not_built() -> BlockError {
-    BlockError::Unsupported("brick versions: not built yet".into())
+fn u64_of(value: &[u8]) -> u64 {
+    u64::from_le_bytes(value.try_into().expect("tables of u64s, checked at open"))
+}
+
+fn no_space(mem: &Mem, wanted: u64) -> String {
+    let held: usize = mem.versions.len();
+    format!(
+        "no staging space: {wanted} bytes wanted, {} free{}",
+        mem.space.free_bytes(),
+        if held > 0 {
+            format!(" ({held} versions keep old data: delete one to free it)")
+        } else {
+            String::new()
+        }
+    )
 }
 
 fn fenced_client(client: u64) -> String {
@@ -1085,44 +1052,21 @@ fn overlaps(extents: &[StagedExtent], writes: &[(u64, Bytes)], home_offset: u64)
     })
 }
 
-/// Cuts the writes into extents over the staging runs, in order: a write may span runs, and
-/// a run may hold the ends of several writes.
-fn place(writes: &[(u64, Bytes)], runs: &[(u64, u64)], home_offset: u64) -> Vec<StagedExtent> {
-    let mut extents = Vec::new();
-    let mut runs = runs.iter().copied();
-    let (mut run_at, mut run_left) = runs.next().unwrap_or((0, 0));
-    for (offset, data) in writes {
-        let mut done = 0u64;
-        let len = data.len() as u64;
-        while done < len {
-            if run_left == 0 {
-                (run_at, run_left) = runs.next().expect("runs cover the writes");
-            }
-            let take = (len - done).min(run_left).min(u64::from(u32::MAX) / 2);
-            extents.push(StagedExtent {
-                home: home_offset + offset + done,
-                staging: run_at,
-                len: take as u32,
-            });
-            done += take;
-            run_at += take;
-            run_left -= take;
-        }
-    }
-    extents
-}
-
-/// The home ranges of a record's extents, `[start, end)` device offsets.
-fn home_ranges(extents: &[StagedExtent]) -> Vec<(u64, u64)> {
-    extents
+/// The units of the share a record's extents touch (their home device offsets), sorted.
+fn home_units(extents: &[StagedExtent]) -> Vec<u64> {
+    let units: BTreeSet<u64> = extents
         .iter()
-        .map(|e| (e.home, e.home + u64::from(e.len)))
-        .collect()
+        .flat_map(|e| {
+            let first = e.home / UNIT;
+            let end = (e.home + u64::from(e.len)).div_ceil(UNIT);
+            (first..end).map(|unit| unit * UNIT)
+        })
+        .collect();
+    units.into_iter().collect()
 }
 
-fn overlap(a: &[(u64, u64)], b: &[(u64, u64)]) -> bool {
-    a.iter()
-        .any(|&(a0, a1)| b.iter().any(|&(b0, b1)| a0 < b1 && b0 < a1))
+fn shares_unit(a: &[u64], b: &[u64]) -> bool {
+    a.iter().any(|unit| b.binary_search(unit).is_ok())
 }
 
 async fn unanswerable<T>(what: &str, error: BlockError) -> T {
@@ -1132,34 +1076,23 @@ async fn unanswerable<T>(what: &str, error: BlockError) -> T {
 
 fn apply_failure(id: IntervalId) -> BlockError {
     BlockError::io(
-        "brick copy home",
+        "brick commit",
         std::io::Error::other(format!(
-            "a copy home that interval {id:?} overlaps failed; the brick must be reopened to redo it"
+            "a commit that interval {id:?} shares a unit with failed to fill in; the brick must \
+             be reopened"
         )),
     )
 }
 
-/// The staging units a record's extents occupy, as merged runs: allocation hands out whole
-/// units to one interval, and `place` packs its writes into them, so the rounded spans are
-/// exactly what was allocated.
-fn staging_runs(extents: &[StagedExtent]) -> Vec<(u64, u64)> {
-    use crate::staging::UNIT;
-    let mut spans: Vec<(u64, u64)> = extents
+/// The staging units a record's extents occupy (device offsets), sorted.
+fn staged_units(extents: &[StagedExtent]) -> Vec<u64> {
+    let units: BTreeSet<u64> = extents
         .iter()
-        .map(|e| {
-            let start = e.staging / UNIT * UNIT;
-            (start, (e.staging + u64::from(e.len)).next_multiple_of(UNIT))
+        .flat_map(|e| {
+            let first = e.staging / UNIT;
+            let end = (e.staging + u64::from(e.len)).div_ceil(UNIT);
+            (first..end).map(|unit| unit * UNIT)
         })
         .collect();
-    spans.sort_unstable();
-    let mut runs: Vec<(u64, u64)> = Vec::new();
-    for (start, end) in spans {
-        match runs.last_mut() {
-            Some((run_start, run_len)) if start <= *run_start + *run_len => {
-                *run_len = (*run_len).max(end - *run_start);
-            }
-            _ => runs.push((start, end - start)),
-        }
-    }
-    runs
+    units.into_iter().collect()
 }

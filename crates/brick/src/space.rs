@@ -1,22 +1,23 @@
-//! Free space in the staging region, in 4 KiB units: first fit, neighbours merged on free.
-//! Kept only in memory: at open it is rebuilt from the records that hold staging space.
+//! Free units of a brick's data region, 4 KiB each: first fit, neighbours merged on free.
+//! Kept only in memory: at open it is rebuilt from what the metadata says is in use (the
+//! map, the versions, the prepared records).
 
 use std::collections::BTreeMap;
 
 pub const UNIT: u64 = 4096;
 
 #[derive(Clone, Debug)]
-pub struct Staging {
+pub struct FreeSpace {
     /// Free runs: start offset to length, in bytes, disjoint and never adjacent.
     free: BTreeMap<u64, u64>,
     total: u64,
 }
 
-impl Staging {
+impl FreeSpace {
     /// All of `[offset, offset + len)` free.
-    pub fn new(offset: u64, len: u64) -> Staging {
+    pub fn new(offset: u64, len: u64) -> FreeSpace {
         assert!(offset.is_multiple_of(UNIT) && len.is_multiple_of(UNIT) && len > 0);
-        Staging {
+        FreeSpace {
             free: BTreeMap::from([(offset, len)]),
             total: len,
         }
@@ -51,8 +52,8 @@ impl Staging {
         Some(runs)
     }
 
-    /// Marks a run in use that a record found at open holds. False if any of it is not free
-    /// (two records claiming one place: damage).
+    /// Marks a run in use that the metadata found at open says is. False if any of it is not
+    /// free (two owners of one place: damage).
     pub fn take(&mut self, start: u64, len: u64) -> bool {
         let len = len.next_multiple_of(UNIT);
         let Some((&run_start, &run_len)) = self.free.range(..=start).next_back() else {
@@ -77,7 +78,7 @@ impl Staging {
         let mut start = start;
         let mut len = len.next_multiple_of(UNIT);
         if let Some((&before, &before_len)) = self.free.range(..start).next_back() {
-            assert!(before + before_len <= start, "staging run freed twice");
+            assert!(before + before_len <= start, "a unit freed twice");
             if before + before_len == start {
                 self.free.remove(&before);
                 start = before;
@@ -85,7 +86,7 @@ impl Staging {
             }
         }
         if let Some((&after, &after_len)) = self.free.range(start..).next() {
-            assert!(start + len <= after, "staging run freed twice");
+            assert!(start + len <= after, "a unit freed twice");
             if start + len == after {
                 self.free.remove(&after);
                 len += after_len;
@@ -102,24 +103,24 @@ mod tests {
 
     #[test]
     fn runs_split_and_merge_back() {
-        let mut staging = Staging::new(1 << 20, 16 * UNIT);
-        let a = staging.allocate(3 * UNIT).unwrap();
-        let b = staging.allocate(1).unwrap();
+        let mut space = FreeSpace::new(1 << 20, 16 * UNIT);
+        let a = space.allocate(3 * UNIT).unwrap();
+        let b = space.allocate(1).unwrap();
         assert_eq!(a, vec![(1 << 20, 3 * UNIT)]);
         assert_eq!(b, vec![((1 << 20) + 3 * UNIT, UNIT)]);
-        staging.release(a[0].0, a[0].1);
+        space.release(a[0].0, a[0].1);
         // 3 units free at the front, 12 after b: 14 come as two runs.
-        let c = staging.allocate(14 * UNIT).unwrap();
+        let c = space.allocate(14 * UNIT).unwrap();
         assert_eq!(c.len(), 2);
-        assert_eq!(staging.allocate(2 * UNIT), None);
-        assert_eq!(staging.free_bytes(), UNIT);
+        assert_eq!(space.allocate(2 * UNIT), None);
+        assert_eq!(space.free_bytes(), UNIT);
         for (start, len) in c.into_iter().chain(b) {
-            staging.release(start, len);
+            space.release(start, len);
         }
-        assert_eq!(staging.free.len(), 1, "merged into one run");
-        assert!(staging.take((1 << 20) + UNIT, UNIT));
-        assert!(!staging.take((1 << 20) + UNIT, UNIT), "taken twice");
-        assert_eq!(staging.free_bytes(), 15 * UNIT);
+        assert_eq!(space.free.len(), 1, "merged into one run");
+        assert!(space.take((1 << 20) + UNIT, UNIT));
+        assert!(!space.take((1 << 20) + UNIT, UNIT), "taken twice");
+        assert_eq!(space.free_bytes(), 15 * UNIT);
     }
 
     proptest! {
@@ -128,12 +129,12 @@ mod tests {
         #[test]
         fn allocations_never_overlap(ops in proptest::collection::vec((any::<bool>(), 1u64..6), 1..80)) {
             let units = 32u64;
-            let mut staging = Staging::new(0, units * UNIT);
+            let mut space = FreeSpace::new(0, units * UNIT);
             let mut used = vec![false; units as usize];
             let mut held: Vec<Vec<(u64, u64)>> = Vec::new();
             for (alloc, n) in ops {
                 if alloc || held.is_empty() {
-                    match staging.allocate(n * UNIT) {
+                    match space.allocate(n * UNIT) {
                         Some(runs) => {
                             prop_assert_eq!(runs.iter().map(|r| r.1).sum::<u64>(), n * UNIT);
                             for &(start, len) in &runs {
@@ -152,11 +153,11 @@ mod tests {
                         for u in start / UNIT..(start + len) / UNIT {
                             used[u as usize] = false;
                         }
-                        staging.release(start, len);
+                        space.release(start, len);
                     }
                 }
                 let free = used.iter().filter(|u| !**u).count() as u64 * UNIT;
-                prop_assert_eq!(staging.free_bytes(), free);
+                prop_assert_eq!(space.free_bytes(), free);
             }
         }
     }

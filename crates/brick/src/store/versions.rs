@@ -1,0 +1,389 @@
+//! Versions of the share: seal, delete (folding what a version keeps into the one before
+//! it), roll back, read. A version `n` is a table of the units overwritten since its cut, each
+//! with the device offset of the unit holding its data as of the cut (`docs/brick-format.md`).
+//!
+//! Deletion and roll-back change many entries: they run as a series of transactions, after
+//! a first one that records the step in the `versions` blob. Every transaction leaves a
+//! consistent brick, and an open finishes a step a crash interrupted.
+
+use bytes::BytesMut;
+use strata_core::{BlockError, Fields, Result};
+use strata_meta::TxnClass;
+
+use super::{u64_of, BrickStore, Mem, VersionInfo};
+use crate::space::UNIT;
+
+/// The blob that holds the newest version number ever created here and the step in progress.
+pub(super) const BLOB: &str = "versions";
+const TABLE_PREFIX: &str = "version.";
+const BLOB_VERSION: u8 = 1;
+/// Entries moved per transaction by a deletion or a roll-back: small enough for the journal
+/// of the smallest metadata region.
+const CHUNK: usize = 512;
+/// How far past the newest version it has seen a brick creates versions for a tag: a tag
+/// further ahead is refused as damage or a bug, never answered by creating millions of tables.
+pub(super) const MAX_VERSIONS_AHEAD: u64 = 4096;
+
+pub(super) fn table_name(number: u64) -> String {
+    format!("{TABLE_PREFIX}{number:016x}")
+}
+
+pub(super) fn parse_table_name(name: &str) -> Option<u64> {
+    let hex = name.strip_prefix(TABLE_PREFIX)?;
+    (hex.len() == 16).then(|| u64::from_str_radix(hex, 16).ok())?
+}
+
+/// A multi-transaction step in progress.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Pending {
+    Rollback(u64),
+    Delete(u64),
+}
+
+impl Pending {
+    pub(super) fn describe(self) -> String {
+        match self {
+            Pending::Rollback(number) => format!("rolling back to version {number}"),
+            Pending::Delete(number) => format!("deleting version {number}"),
+        }
+    }
+
+    pub(super) fn is_rollback(self) -> bool {
+        matches!(self, Pending::Rollback(_))
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct VersionsBlob {
+    /// The newest version number ever created here: a deleted version is not created again.
+    pub newest: u64,
+    pub pending: Option<Pending>,
+}
+
+impl VersionsBlob {
+    pub(super) fn encode(&self) -> Vec<u8> {
+        let (kind, number) = match self.pending {
+            None => (0u8, 0),
+            Some(Pending::Rollback(number)) => (1, number),
+            Some(Pending::Delete(number)) => (2, number),
+        };
+        let mut out = vec![BLOB_VERSION];
+        out.extend_from_slice(&self.newest.to_le_bytes());
+        out.push(kind);
+        out.extend_from_slice(&number.to_le_bytes());
+        out
+    }
+
+    pub(super) fn decode(bytes: &[u8]) -> std::result::Result<VersionsBlob, String> {
+        let mut input = Fields::new(bytes, "versions blob");
+        let version = input.u8()?;
+        if version != BLOB_VERSION {
+            return Err(format!(
+                "versions blob version {version} (this build knows {BLOB_VERSION})"
+            ));
+        }
+        let newest = input.u64()?;
+        let kind = input.u8()?;
+        let number = input.u64()?;
+        if input.remaining() > 0 {
+            return Err(format!(
+                "{} bytes after the versions blob",
+                input.remaining()
+            ));
+        }
+        let pending = match kind {
+            0 => None,
+            1 => Some(Pending::Rollback(number)),
+            2 => Some(Pending::Delete(number)),
+            other => return Err(format!("unknown step {other} in the versions blob")),
+        };
+        Ok(VersionsBlob { newest, pending })
+    }
+}
+
+fn busy(pending: Pending) -> BlockError {
+    BlockError::InvalidArgument(format!("the brick is busy {}", pending.describe()))
+}
+
+impl BrickStore {
+    /// The versions this brick keeps, oldest first.
+    pub async fn versions(&self) -> Result<Vec<VersionInfo>> {
+        let listed = {
+            let mem = self.lock();
+            self.meta.read(|state| {
+                mem.versions
+                    .iter()
+                    .map(|(&number, &table)| VersionInfo {
+                        number,
+                        held_bytes: state.table(table).map_or(0, |t| t.len()) * UNIT,
+                    })
+                    .collect()
+            })
+        };
+        self.meta.commit().await?;
+        Ok(listed)
+    }
+
+    /// Makes sure versions up to `number` exist here (a brick creates a version when the
+    /// first interval tagged with it commits; sealing creates it on bricks no such interval
+    /// reached). Idempotent.
+    pub async fn seal_version(&self, number: u64) -> Result<()> {
+        {
+            let mut mem = self.lock();
+            if number > mem.versions_blob.newest {
+                self.create_versions(&mut mem, number)?;
+            }
+        }
+        self.meta.commit().await
+    }
+
+    /// Creates the versions after the newest one seen, up to `number`, in one transaction.
+    fn create_versions(&self, mem: &mut Mem, number: u64) -> Result<()> {
+        let newest = mem.versions_blob.newest;
+        if number - newest > MAX_VERSIONS_AHEAD {
+            return Err(BlockError::InvalidArgument(format!(
+                "version {number} is more than {MAX_VERSIONS_AHEAD} ahead of this brick's \
+                 newest, {newest}"
+            )));
+        }
+        let mut blob = mem.versions_blob;
+        blob.newest = number;
+        let blob_id = self.versions_blob;
+        let created = self.meta.transact(TxnClass::Normal, |_, txn| {
+            txn.put_blob(blob_id, blob.encode());
+            Ok((newest + 1..=number)
+                .map(|v| (v, txn.create_table(&table_name(v), 8)))
+                .collect::<Vec<_>>())
+        })?;
+        mem.versions.extend(created);
+        mem.versions_blob = blob;
+        tracing::info!(newest = number, "versions sealed");
+        Ok(())
+    }
+
+    /// Records a step before its first change, or finds it already recorded (resumed).
+    fn begin_step(&self, mem: &mut Mem, step: Pending) -> Result<()> {
+        match mem.versions_blob.pending {
+            Some(pending) if pending == step => Ok(()),
+            Some(pending) => Err(busy(pending)),
+            None => {
+                let mut blob = mem.versions_blob;
+                blob.pending = Some(step);
+                let blob_id = self.versions_blob;
+                self.meta.transact(TxnClass::Reclaim, |_, txn| {
+                    txn.put_blob(blob_id, blob.encode());
+                    Ok(())
+                })?;
+                mem.versions_blob = blob;
+                Ok(())
+            }
+        }
+    }
+
+    /// Deletes a version and frees the old data only it kept. `Ok(false)` when the brick
+    /// has no such version. Idempotent, and finished at the next open after a crash.
+    pub async fn delete_version(&self, number: u64) -> Result<bool> {
+        {
+            let mut mem = self.lock();
+            if !mem.versions.contains_key(&number) {
+                drop(mem);
+                self.meta.commit().await?;
+                return Ok(false);
+            }
+            self.begin_step(&mut mem, Pending::Delete(number))?;
+        }
+        self.meta.commit().await?;
+        self.finish_delete(number).await?;
+        Ok(true)
+    }
+
+    /// Moves the version's entries, a chunk per transaction, to the version before it (which
+    /// reads through them) unless that one has its own copy; what nobody keeps is freed. The
+    /// last transaction deletes the table and ends the step. Commits that land meanwhile may
+    /// add entries; they are moved the same way.
+    pub(super) async fn finish_delete(&self, number: u64) -> Result<()> {
+        loop {
+            let done = {
+                let mut mem = self.lock();
+                let table = mem.versions[&number];
+                let before = mem.versions.range(..number).next_back().map(|(_, &t)| t);
+                let entries: Vec<(u64, u64)> = self.meta.read(|state| {
+                    let table = state.table(table).expect("checked at open");
+                    table
+                        .iter_from(0)
+                        .take(CHUNK)
+                        .map(|(i, v)| (i, u64_of(v)))
+                        .collect()
+                });
+                let last = entries.len() < CHUNK;
+                let mut blob = mem.versions_blob;
+                blob.pending = None;
+                let blob_id = self.versions_blob;
+                let freed = self.meta.transact(TxnClass::Reclaim, |state, txn| {
+                    let mut freed = Vec::new();
+                    for &(index, unit) in &entries {
+                        txn.set(table, index, &[0; 8]);
+                        match before {
+                            Some(before)
+                                if state.table(before).is_some_and(|t| t.get(index).is_none()) =>
+                            {
+                                txn.set(before, index, &unit.to_le_bytes())
+                            }
+                            _ => freed.push(unit),
+                        }
+                    }
+                    if last {
+                        txn.delete(table);
+                        txn.put_blob(blob_id, blob.encode());
+                    }
+                    Ok(freed)
+                })?;
+                self.free_later(&mut mem, freed);
+                if last {
+                    mem.versions.remove(&number);
+                    mem.versions_blob = blob;
+                }
+                last
+            };
+            self.meta.commit().await?;
+            if done {
+                tracing::info!(number, "version deleted");
+                return Ok(());
+            }
+        }
+    }
+
+    /// Makes version `number` the brick's current content, and deletes the versions newer
+    /// than it. Refused while intervals are in doubt here or being prepared or committed.
+    /// Finished at the next open after a crash; prepares and reads are refused until it is
+    /// done.
+    pub async fn rollback(&self, number: u64) -> Result<()> {
+        {
+            let mut mem = self.lock();
+            if !mem.versions.contains_key(&number) {
+                return Err(BlockError::InvalidArgument(format!(
+                    "the brick keeps no version {number}"
+                )));
+            }
+            let in_doubt = mem
+                .intervals
+                .values()
+                .filter(|live| live.record.state.holds_staging())
+                .count();
+            if mem.versions_blob.pending != Some(Pending::Rollback(number))
+                && (in_doubt > 0 || !mem.preparing.is_empty() || !mem.applying.is_empty())
+            {
+                return Err(BlockError::InvalidArgument(format!(
+                    "the brick holds {in_doubt} intervals in doubt and {} being prepared or \
+                     committed: a roll-back waits until none is",
+                    mem.preparing.len() + mem.applying.len()
+                )));
+            }
+            self.begin_step(&mut mem, Pending::Rollback(number))?;
+        }
+        self.meta.commit().await?;
+        self.finish_rollback(number).await
+    }
+
+    /// Puts back, newest version first, every unit a version at or after `number` keeps:
+    /// the oldest such copy is what the unit held at cut `number`, and it is put back last.
+    /// Each replaced unit is freed (only the map pointed at it). Versions newer than
+    /// `number` are deleted once empty; `number` stays, empty: it equals the current data.
+    pub(super) async fn finish_rollback(&self, number: u64) -> Result<()> {
+        loop {
+            let done = {
+                let mut mem = self.lock();
+                let (&newest, &table) = mem
+                    .versions
+                    .range(number..)
+                    .next_back()
+                    .expect("the target version exists");
+                let entries: Vec<(u64, u64)> = self.meta.read(|state| {
+                    let table = state.table(table).expect("checked at open");
+                    table
+                        .iter_from(0)
+                        .take(CHUNK)
+                        .map(|(i, v)| (i, u64_of(v)))
+                        .collect()
+                });
+                let emptied = entries.len() < CHUNK;
+                let finished = emptied && newest == number;
+                let mut blob = mem.versions_blob;
+                blob.pending = None;
+                let (map_table, blob_id) = (self.map_table, self.versions_blob);
+                let home_offset = self.layout.home_offset;
+                let freed = self.meta.transact(TxnClass::Reclaim, |state, txn| {
+                    let map = state.table(map_table).expect("checked at open");
+                    let mut freed = Vec::new();
+                    for &(index, unit) in &entries {
+                        let home = home_offset + index * UNIT;
+                        freed.push(map.get(index).map_or(home, u64_of));
+                        let value = if unit == home { 0 } else { unit };
+                        txn.set(map_table, index, &value.to_le_bytes());
+                        txn.set(table, index, &[0; 8]);
+                    }
+                    if emptied && newest != number {
+                        txn.delete(table);
+                    }
+                    if finished {
+                        txn.put_blob(blob_id, blob.encode());
+                    }
+                    Ok(freed)
+                })?;
+                self.free_later(&mut mem, freed);
+                if emptied && newest != number {
+                    mem.versions.remove(&newest);
+                }
+                if finished {
+                    mem.versions_blob = blob;
+                }
+                finished
+            };
+            self.meta.commit().await?;
+            if done {
+                tracing::info!(number, "rolled back");
+                return Ok(());
+            }
+        }
+    }
+
+    /// Reads version `number` of the share (offsets within it, like [`Self::read`]).
+    pub async fn read_version(&self, number: u64, offset: u64, len: usize) -> Result<BytesMut> {
+        self.check_home(offset, len as u64)?;
+        if self.lock().versions_blob.pending == Some(Pending::Delete(number)) {
+            return Err(busy(Pending::Delete(number)));
+        }
+        self.read_mapped(Some(number), offset, len).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_versions_blob_round_trips_and_damage_is_named() {
+        for blob in [
+            VersionsBlob::default(),
+            VersionsBlob {
+                newest: 9,
+                pending: Some(Pending::Rollback(4)),
+            },
+            VersionsBlob {
+                newest: 9,
+                pending: Some(Pending::Delete(7)),
+            },
+        ] {
+            assert_eq!(VersionsBlob::decode(&blob.encode()), Ok(blob));
+        }
+        let mut bad = VersionsBlob::default().encode();
+        bad[9] = 7;
+        assert!(VersionsBlob::decode(&bad)
+            .unwrap_err()
+            .contains("unknown step 7"));
+        assert!(VersionsBlob::decode(&bad[..5]).is_err());
+        assert_eq!(parse_table_name(&table_name(0xabc)), Some(0xabc));
+        assert_eq!(parse_table_name("version.12"), None);
+        assert!(table_name(u64::MAX).len() <= strata_meta::MAX_NAME_LEN);
+    }
+}
