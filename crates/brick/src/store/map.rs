@@ -185,7 +185,11 @@ mod tests {
         let writes = [write(3584, 1024), write(8192, 8192)];
         assert_eq!(units_needed(&writes), 4);
         // The first write's two units are apart: two extents. The second's touch: one.
-        let runs = [(POOL, UNIT), (POOL + 5 * UNIT, UNIT), (POOL + 10 * UNIT, 2 * UNIT)];
+        let runs = [
+            (POOL, UNIT),
+            (POOL + 5 * UNIT, UNIT),
+            (POOL + 10 * UNIT, 2 * UNIT),
+        ];
         let extents = place(&writes, &runs, HOME);
         assert_eq!(
             extents,

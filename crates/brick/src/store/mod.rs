@@ -220,6 +220,8 @@ pub struct BrickStore {
     mem: Mutex<Mem>,
     /// Told whenever a `preparing` mark or an `applying` entry goes, or a read ends.
     changed: tokio::sync::Notify,
+    /// Entries a roll-back or a deletion moves per transaction.
+    step_entries: usize,
 }
 
 /// How a store runs (as opposed to how it is laid out, [`BrickOptions`]).
@@ -229,6 +231,10 @@ pub struct BrickSettings {
     /// plants the ordering bug the crash harness must catch.
     #[doc(hidden)]
     pub unsafe_skip_data_barrier: bool,
+    /// Test-only: entries a roll-back or a deletion moves per transaction (0: the default),
+    /// small so that the crash harness cuts power between its transactions.
+    #[doc(hidden)]
+    pub step_entries: usize,
 }
 
 fn store_options(device: &DeviceRef, settings: &BrickSettings) -> StoreOptions {
@@ -314,7 +320,7 @@ impl BrickStore {
         })?;
         meta.commit().await?;
         tracing::info!(?layout, "brick formatted");
-        let (store, _) = BrickStore::load(device, meta).await?;
+        let (store, _) = BrickStore::load(device, meta, settings).await?;
         Ok(store)
     }
 
@@ -341,7 +347,7 @@ impl BrickStore {
         let (meta, _) =
             MetaStore::open_recovered(device.clone(), recovered, store_options(&device, settings))
                 .await?;
-        BrickStore::load(device, meta).await
+        BrickStore::load(device, meta, settings).await
     }
 
     pub fn layout(&self) -> BrickLayout {

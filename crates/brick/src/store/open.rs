@@ -10,8 +10,8 @@ use strata_meta::{MetaStore, ObjectId, State, TxnClass};
 
 use super::versions::{self, Pending, VersionsBlob};
 use super::{
-    corrupt, staged_units, u64_of, BrickStore, Live, Mem, OpenReport, EPOCHS_TABLE, FENCED_TABLE,
-    FORGOTTEN_TABLE, LAYOUT_BLOB, MAP_TABLE,
+    corrupt, staged_units, u64_of, BrickSettings, BrickStore, Live, Mem, OpenReport, EPOCHS_TABLE,
+    FENCED_TABLE, FORGOTTEN_TABLE, LAYOUT_BLOB, MAP_TABLE,
 };
 use crate::layout::BrickLayout;
 use crate::record::{blob_name, parse_blob_name, IntervalRecord, RecordState};
@@ -128,6 +128,7 @@ impl BrickStore {
     pub(super) async fn load(
         device: DeviceRef,
         meta: Arc<MetaStore>,
+        settings: &BrickSettings,
     ) -> Result<(BrickStore, OpenReport)> {
         let size = device.geometry().size;
         let mut report = OpenReport::default();
@@ -246,6 +247,10 @@ impl BrickStore {
             versions_blob: found.versions_blob.0,
             mem: Mutex::new(mem),
             changed: tokio::sync::Notify::new(),
+            step_entries: match settings.step_entries {
+                0 => versions::STEP_ENTRIES,
+                n => n,
+            },
         };
         match pending {
             Some(Pending::Rollback(number)) => store.finish_rollback(number).await?,

@@ -19,7 +19,7 @@ const TABLE_PREFIX: &str = "version.";
 const BLOB_VERSION: u8 = 1;
 /// Entries moved per transaction by a deletion or a roll-back: small enough for the journal
 /// of the smallest metadata region.
-const CHUNK: usize = 512;
+pub(super) const STEP_ENTRIES: usize = 512;
 /// How far past the newest version it has seen a brick creates versions for a tag: a tag
 /// further ahead is refused as damage or a bug, never answered by creating millions of tables.
 pub(super) const MAX_VERSIONS_AHEAD: u64 = 4096;
@@ -183,18 +183,19 @@ impl BrickStore {
     /// Deletes a version and frees the old data only it kept. `Ok(false)` when the brick
     /// has no such version. Idempotent, and finished at the next open after a crash.
     pub async fn delete_version(&self, number: u64) -> Result<bool> {
-        {
+        let kept = {
             let mut mem = self.lock();
-            if !mem.versions.contains_key(&number) {
-                drop(mem);
-                self.meta.commit().await?;
-                return Ok(false);
+            let kept = mem.versions.contains_key(&number);
+            if kept {
+                self.begin_step(&mut mem, Pending::Delete(number))?;
             }
-            self.begin_step(&mut mem, Pending::Delete(number))?;
-        }
+            kept
+        };
         self.meta.commit().await?;
-        self.finish_delete(number).await?;
-        Ok(true)
+        if kept {
+            self.finish_delete(number).await?;
+        }
+        Ok(kept)
     }
 
     /// Moves the version's entries, a chunk per transaction, to the version before it (which
@@ -211,11 +212,11 @@ impl BrickStore {
                     let table = state.table(table).expect("checked at open");
                     table
                         .iter_from(0)
-                        .take(CHUNK)
+                        .take(self.step_entries)
                         .map(|(i, v)| (i, u64_of(v)))
                         .collect()
                 });
-                let last = entries.len() < CHUNK;
+                let last = entries.len() < self.step_entries;
                 let mut blob = mem.versions_blob;
                 blob.pending = None;
                 let blob_id = self.versions_blob;
@@ -302,11 +303,11 @@ impl BrickStore {
                     let table = state.table(table).expect("checked at open");
                     table
                         .iter_from(0)
-                        .take(CHUNK)
+                        .take(self.step_entries)
                         .map(|(i, v)| (i, u64_of(v)))
                         .collect()
                 });
-                let emptied = entries.len() < CHUNK;
+                let emptied = entries.len() < self.step_entries;
                 let finished = emptied && newest == number;
                 let mut blob = mem.versions_blob;
                 blob.pending = None;

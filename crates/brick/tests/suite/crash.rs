@@ -6,7 +6,10 @@
 //! - every acknowledged abort, never visible;
 //! - the request in flight at the cut either done or not, never half: an interval is all
 //!   home or none of it;
-//! - no staging space lost once every interval is decided.
+//! - no staging space lost once every interval is decided: what is not free is what the
+//!   versions keep;
+//! - every version the brick keeps reads as the intervals tagged below it, in commit order;
+//!   a roll-back or a deletion in flight at the cut is done whole or not at all.
 //!
 //! The same workload runs one request at a time, and in batches of requests at once on a
 //! disk that yields before each operation, so that they interleave.
@@ -47,19 +50,52 @@ enum Told {
     Refused,
 }
 
+#[derive(Default)]
 struct Model {
     home: Vec<u8>,
     writes: BTreeMap<IntervalId, Vec<(u64, Bytes)>>,
+    tags: BTreeMap<IntervalId, u64>,
     told: BTreeMap<IntervalId, Told>,
+    /// Each version's content: the commits tagged below it, in commit order.
+    versions: BTreeMap<u64, Vec<u8>>,
+    /// Per 4 KiB unit of home, the newest tag committed to it. Per unit, a volume's intervals
+    /// commit in tag order (its hosts' locks see to that); the workload keeps that order by
+    /// aborting an older-tagged interval instead.
+    unit_tags: BTreeMap<u64, u64>,
 }
 
 impl Model {
     fn apply(&mut self, id: IntervalId) {
+        let tag = self.tags[&id];
         for (offset, bytes) in &self.writes[&id] {
             let at = *offset as usize;
             self.home[at..at + bytes.len()].copy_from_slice(bytes);
+            for (_, content) in self.versions.range_mut(tag + 1..) {
+                content[at..at + bytes.len()].copy_from_slice(bytes);
+            }
+            for unit in offset / 4096..(offset + bytes.len() as u64).div_ceil(4096) {
+                let newest = self.unit_tags.entry(unit).or_insert(tag);
+                *newest = (*newest).max(tag);
+            }
         }
     }
+
+    /// Whether committing the interval would land an older tag on a unit after a newer one.
+    fn out_of_tag_order(&self, id: IntervalId) -> bool {
+        let tag = self.tags[&id];
+        self.writes[&id].iter().any(|(offset, bytes)| {
+            (offset / 4096..(offset + bytes.len() as u64).div_ceil(4096))
+                .any(|unit| self.unit_tags.get(&unit).is_some_and(|&t| t > tag))
+        })
+    }
+}
+
+/// A version operation in flight at the cut: done whole or not at all.
+#[derive(Clone, Copy, Debug)]
+enum VersionOp {
+    Seal(u64),
+    Delete(u64),
+    Rollback(u64),
 }
 
 /// What a reopened brick may say of an interval the workload was told `told` of.
@@ -93,6 +129,8 @@ fn random_writes(rng: &mut CrashRng, id: IntervalId) -> Vec<(u64, Bytes)> {
 async fn seed_run(seed: u64, planted: bool) -> Result<CrashStats, String> {
     let settings = BrickSettings {
         unsafe_skip_data_barrier: planted,
+        // A roll-back or deletion of a few units takes several transactions.
+        step_entries: 2,
     };
     let mut rng = CrashRng::seed_from_u64(seed);
     let group = CrashGroup::new();
@@ -102,9 +140,11 @@ async fn seed_run(seed: u64, planted: bool) -> Result<CrashStats, String> {
         .map_err(|e| e.to_string())?;
     let mut model = Model {
         home: vec![0; HOME as usize],
-        writes: BTreeMap::new(),
-        told: BTreeMap::new(),
+        ..Model::default()
     };
+    // The volume's version counter: new intervals are tagged with it.
+    let mut counter = 0u64;
+    let mut in_flight: Option<VersionOp> = None;
     let ops = rng.random_range(10..60);
     let cut_at = group.mutating_ops() + rng.random_range(0..ops * 6);
     group.arm_crash_at(cut_at);
@@ -116,8 +156,42 @@ async fn seed_run(seed: u64, planted: bool) -> Result<CrashStats, String> {
             .filter(|(_, t)| **t == Told::Prepared)
             .map(|(&id, _)| id)
             .collect();
-        let choice = rng.random_range(0..10);
-        let failed = if choice < 5 || prepared.is_empty() {
+        let choice = rng.random_range(0..13);
+        let failed = if choice >= 10 {
+            let op = match choice {
+                10 => {
+                    // Announce a version: its content is what is committed now, and what
+                    // stragglers tagged below it still commit.
+                    counter += 1;
+                    model.versions.insert(counter, model.home.clone());
+                    VersionOp::Seal(counter)
+                }
+                11 if !model.versions.is_empty() => {
+                    let keys: Vec<u64> = model.versions.keys().copied().collect();
+                    VersionOp::Delete(keys[rng.random_range(0..keys.len())])
+                }
+                _ if !model.versions.is_empty() && prepared.is_empty() => {
+                    let keys: Vec<u64> = model.versions.keys().copied().collect();
+                    VersionOp::Rollback(keys[rng.random_range(0..keys.len())])
+                }
+                _ => continue,
+            };
+            in_flight = Some(op);
+            let result = match op {
+                VersionOp::Seal(n) => store.seal_version(n).await,
+                VersionOp::Delete(n) => store.delete_version(n).await.map(|_| ()),
+                VersionOp::Rollback(n) => store.rollback(n).await,
+            };
+            match result {
+                Ok(()) => {
+                    in_flight = None;
+                    version_op_done(&mut model, op);
+                    false
+                }
+                Err(_) if group.is_powered_off() => true,
+                Err(e) => return Err(format!("{op:?} failed: {e}")),
+            }
+        } else if choice < 5 || prepared.is_empty() {
             let id = IntervalId {
                 client,
                 seq: next_seq,
@@ -125,10 +199,14 @@ async fn seed_run(seed: u64, planted: bool) -> Result<CrashStats, String> {
             next_seq += 1;
             let writes = random_writes(&mut rng, id);
             model.writes.insert(id, writes.clone());
+            model.tags.insert(id, counter);
             model.told.insert(id, Told::Preparing);
             // Each interval holds its segment under a newer claim than the last one's.
             let fence = ((id.seq % 4) as u32, id.seq as i64);
-            match store.prepare(id, vec![0, 1], writes, &[fence]).await {
+            match store
+                .prepare_tagged(id, vec![0, 1], writes, &[fence], counter)
+                .await
+            {
                 Ok(Vote::Yes) => {
                     let newest = fenced.entry(fence.0).or_insert(fence.1);
                     *newest = (*newest).max(fence.1);
@@ -140,7 +218,7 @@ async fn seed_run(seed: u64, planted: bool) -> Result<CrashStats, String> {
             }
         } else if choice < 9 {
             let id = prepared[rng.random_range(0..prepared.len())];
-            let commit = rng.random_bool(0.7);
+            let commit = rng.random_bool(0.7) && !model.out_of_tag_order(id);
             let (during, after, decision) = if commit {
                 (Told::Committing, Told::Committed, Decision::Commit)
             } else {
@@ -182,7 +260,9 @@ async fn seed_run(seed: u64, planted: bool) -> Result<CrashStats, String> {
     let (store, _report) = BrickStore::open_with(device, &settings)
         .await
         .map_err(|e| format!("reopen failed: {e}"))?;
+    check_version_op(&store, &mut model, in_flight).await?;
     check_reopened(&store, &mut model, &fenced, &mut rng).await?;
+    check_versions(&store, &model).await?;
     Ok(CrashStats {
         crash_points: u64::from(crashed),
     })
@@ -223,7 +303,7 @@ async fn check_reopened(
         }
         {
             // Decide it now, as its peers would: all of it shows, or none.
-            let commit = rng.random_bool(0.5);
+            let commit = rng.random_bool(0.5) && !model.out_of_tag_order(id);
             let decision = if commit {
                 Decision::Commit
             } else {
@@ -283,10 +363,91 @@ async fn check_reopened(
     }
     let free = store.staging_free().await;
     let total = store.layout().staging_bytes;
-    if free != total {
+    let held: u64 = (store.versions().await.map_err(|e| e.to_string())?)
+        .iter()
+        .map(|v| v.held_bytes)
+        .sum();
+    if free + held != total {
         return Err(format!(
-            "staging lost: {free} of {total} bytes free with nothing in doubt"
+            "staging lost: {free} of {total} bytes free and {held} kept by versions, with \
+             nothing in doubt"
         ));
+    }
+    Ok(())
+}
+
+fn version_op_done(model: &mut Model, op: VersionOp) {
+    match op {
+        VersionOp::Seal(_) => {}
+        VersionOp::Delete(n) => {
+            model.versions.remove(&n);
+        }
+        VersionOp::Rollback(n) => {
+            model.home = model.versions[&n].clone();
+            model.versions.retain(|&v, _| v <= n);
+        }
+    }
+}
+
+/// A version operation in flight at the cut: the reopened brick shows it done whole, or not
+/// at all.
+async fn check_version_op(
+    store: &BrickStore,
+    model: &mut Model,
+    in_flight: Option<VersionOp>,
+) -> Result<(), String> {
+    let listed: BTreeSet<u64> = (store.versions().await.map_err(|e| e.to_string())?)
+        .iter()
+        .map(|v| v.number)
+        .collect();
+    match in_flight {
+        Some(VersionOp::Delete(n)) if !listed.contains(&n) => {
+            version_op_done(model, VersionOp::Delete(n))
+        }
+        Some(VersionOp::Rollback(n)) => {
+            let home = store
+                .read(0, HOME as usize)
+                .await
+                .map_err(|e| e.to_string())?;
+            if home[..] != model.home[..] {
+                if home[..] != model.versions[&n][..] {
+                    return Err(format!(
+                        "a roll-back to {n} in flight left the brick half rolled back"
+                    ));
+                }
+                version_op_done(model, VersionOp::Rollback(n));
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// Every version the brick keeps reads as the model's, and the brick keeps every version the
+/// model has that it was told of (sealed, or created by a commit tagged past it).
+async fn check_versions(store: &BrickStore, model: &Model) -> Result<(), String> {
+    let listed: Vec<u64> = (store.versions().await.map_err(|e| e.to_string())?)
+        .iter()
+        .map(|v| v.number)
+        .collect();
+    for &number in &listed {
+        let Some(expected) = model.versions.get(&number) else {
+            return Err(format!(
+                "the brick keeps version {number}, deleted or never announced"
+            ));
+        };
+        let content = store
+            .read_version(number, 0, HOME as usize)
+            .await
+            .map_err(|e| e.to_string())?;
+        if let Some(at) = (0..HOME as usize).find(|&i| content[i] != expected[i]) {
+            let sector = at / 512 * 512;
+            return Err(format!(
+                "version {number} differs at byte {at}: holds {:?}, expected {:?}",
+                String::from_utf8_lossy(&content[sector..sector + 40]),
+                String::from_utf8_lossy(&expected[sector..sector + 40]),
+            ));
+        }
     }
     Ok(())
 }
@@ -350,6 +511,8 @@ async fn send(store: &BrickStore, client: u64, op: &Op) -> Answer {
 async fn concurrent_seed_run(seed: u64, planted: bool) -> Result<CrashStats, String> {
     let settings = BrickSettings {
         unsafe_skip_data_barrier: planted,
+        // A roll-back or deletion of a few units takes several transactions.
+        step_entries: 2,
     };
     let mut rng = CrashRng::seed_from_u64(seed);
     let group = CrashGroup::new();
@@ -360,8 +523,7 @@ async fn concurrent_seed_run(seed: u64, planted: bool) -> Result<CrashStats, Str
         .map_err(|e| e.to_string())?;
     let mut model = Model {
         home: vec![0; HOME as usize],
-        writes: BTreeMap::new(),
-        told: BTreeMap::new(),
+        ..Model::default()
     };
     let batches = rng.random_range(3..15);
     let cut_at = group.mutating_ops() + rng.random_range(0..batches * 4 * 6);
@@ -389,6 +551,7 @@ async fn concurrent_seed_run(seed: u64, planted: bool) -> Result<CrashStats, Str
                 next_seq += 1;
                 let writes = random_writes(&mut rng, id);
                 model.writes.insert(id, writes.clone());
+                model.tags.insert(id, 0);
                 model.told.insert(id, Told::Preparing);
                 let fence = ((id.seq % 4) as u32, id.seq as i64);
                 ops.push(Op::Prepare(id, writes, fence));
