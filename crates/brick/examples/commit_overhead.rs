@@ -5,7 +5,7 @@
 //! and throughput grows with outstanding writes up to 16.
 //!
 //! `cargo run --release -p strata-brick --example commit_overhead -- [DIR] [MiB per run]`
-//! (DIR holds the two brick files; /var/tmp when left out).
+//! (DIR holds the two brick files; /var/tmp when left out; `memory` keeps them in memory).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use strata_backend::{FileDevice, FileOptions};
+use strata_backend::{FileDevice, FileOptions, MemoryDevice};
 use strata_brick::commit::run_interval;
 use strata_brick::rpc::{serve, BrickClient};
 use strata_brick::{BrickOptions, BrickStore};
@@ -29,19 +29,27 @@ async fn main() {
     let total: u64 = args.next().map_or(256, |a| a.parse().expect("MiB per run"));
     let home = total * MIB;
     let mut clients = Vec::new();
+    let mut stores = Vec::new();
     for i in 0..2 {
-        let path = dir.join(format!("commit-overhead-b{i}.img"));
-        let _ = std::fs::remove_file(&path);
-        let mut options = FileOptions::new(&path);
-        options.size = Some(64 * MIB + home + 64 * MIB);
-        let device: DeviceRef =
-            Arc::new(FileDevice::open(options, TokioRuntime::current()).expect("brick file"));
+        let size = 64 * MIB + home + 64 * MIB;
+        // "memory" measures the protocol and the store alone, without a file system's
+        // write-back and syncs.
+        let device: DeviceRef = if dir.as_os_str() == "memory" {
+            Arc::new(MemoryDevice::new(size))
+        } else {
+            let path = dir.join(format!("commit-overhead-b{i}.img"));
+            let _ = std::fs::remove_file(&path);
+            let mut options = FileOptions::new(&path);
+            options.size = Some(size);
+            Arc::new(FileDevice::open(options, TokioRuntime::current()).expect("brick file"))
+        };
         let layout = BrickOptions {
             meta_bytes: 64 * MIB,
             home_bytes: home,
             min_staging_bytes: 32 * MIB,
         };
         let store = Arc::new(BrickStore::format(device, &layout, true).await.unwrap());
+        stores.push(store.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap().to_string();
         tokio::spawn(serve(store, listener, std::future::pending()));
@@ -53,23 +61,75 @@ async fn main() {
         total,
         dir.display()
     );
-    println!("| outstanding | without intervals | with intervals | intervals cost |");
-    println!("|---:|---:|---:|---:|");
+    println!(
+        "| outstanding | without intervals | with intervals | intervals cost | bytes written per byte, without / with |"
+    );
+    println!("|---:|---:|---:|---:|---:|");
     let mut seq = 0;
     for depth in [1u64, 2, 4, 8, 16] {
+        let before = written_bytes();
         let direct = run(&clients, total, depth, None).await;
+        let between = written_bytes();
         seq += 1;
+        let counters = stores[0].metadata_counters();
+        let cpu = cpu_seconds();
         let intervals = run(&clients, total, depth, Some(seq * 1000)).await;
+        let after = written_bytes();
+        let now = stores[0].metadata_counters();
+        eprintln!(
+            "depth {depth}: {:.2} CPU s; brick 0 made {} metadata commits for {total} intervals, {:.1} ms each, {} checkpoints",
+            cpu_seconds() - cpu,
+            now.commits - counters.commits,
+            (now.commit_seconds_total - counters.commit_seconds_total) * 1000.0
+                / (now.commits - counters.commits).max(1) as f64,
+            now.checkpoints - counters.checkpoints
+        );
+        // Both bricks get every byte: the data is 2 × total.
+        let data = (2 * total * MIB) as f64;
         println!(
-            "| {depth} | {:.0} MiB/s | {:.0} MiB/s | {:+.0} % |",
+            "| {depth} | {:.0} MiB/s | {:.0} MiB/s | {:+.0} % | {:.2} / {:.2} |",
             direct,
             intervals,
-            (direct / intervals - 1.0) * 100.0
+            (direct / intervals - 1.0) * 100.0,
+            (between - before) as f64 / data,
+            (after - between) as f64 / data,
         );
     }
     for i in 0..2 {
         let _ = std::fs::remove_file(dir.join(format!("commit-overhead-b{i}.img")));
     }
+}
+
+/// Bytes this process has had written to storage so far (`write_bytes` of /proc/self/io):
+/// what the bricks cost the disk, data, staging, metadata and all.
+fn written_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/io")
+        .ok()
+        .and_then(|io| {
+            io.lines()
+                .find_map(|line| line.strip_prefix("write_bytes: "))
+                .and_then(|n| n.trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// CPU time this process has used, user and system.
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let fields: Vec<&str> = stat
+        .rsplit(')')
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // utime and stime, fields 14 and 15 of stat, in clock ticks of 1/100 s.
+    (ticks(11) + ticks(12)) / 100.0
 }
 
 /// MiB/s of `total` 1 MiB writes from `depth` tasks, each writing its own stretch in order;

@@ -354,6 +354,11 @@ impl BrickStore {
         self.layout
     }
 
+    /// The metadata store's counters: commits, journal batches, checkpoints, commit time.
+    pub fn metadata_counters(&self) -> strata_meta::CountersSnapshot {
+        self.meta.counters().snapshot()
+    }
+
     /// Free space for prepares, in bytes, once the frees of applied intervals are durable.
     pub async fn staging_free(&self) -> u64 {
         // A failed commit frees nothing: `reclaim` frees only what is durable.
