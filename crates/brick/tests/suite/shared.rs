@@ -101,11 +101,9 @@ async fn host(cluster: &Cluster, member: &str) -> Arc<SharedVolume> {
 
 /// A host whose requests (a brick's answer, a segment, a lock) wait at most `timeout`.
 async fn host_waiting(cluster: &Cluster, member: &str, timeout: Duration) -> Arc<SharedVolume> {
-    Arc::new(
-        SharedVolume::open(&cluster.coord, "v", member, timeout, LEASE)
-            .await
-            .unwrap_or_else(|e| panic!("{member} opens v: {e:#}\n{}", cluster.etcd.logs())),
-    )
+    SharedVolume::open(&cluster.coord, "v", member, timeout, LEASE)
+        .await
+        .unwrap_or_else(|e| panic!("{member} opens v: {e:#}\n{}", cluster.etcd.logs()))
 }
 
 fn sector(text: &str) -> Bytes {
@@ -226,7 +224,7 @@ async fn a_host_whose_lease_ran_out_is_refused_by_itself_and_by_the_bricks() {
         seq: 1000,
     };
     let writes = BTreeMap::from([(0, vec![(0, sector("a2"))]), (1, vec![(0, sector("a2"))])]);
-    let outcome = run_interval(&cluster.clients, late, writes, &a_fences).await;
+    let outcome = run_interval(&cluster.clients, late, writes, &a_fences, 0).await;
     assert_eq!(outcome.decision, Decision::Abort, "{outcome:?}");
     assert_eq!(outcome.refusals.len(), 2, "{outcome:?}");
     assert!(
