@@ -126,6 +126,8 @@ struct State {
     /// The segment claims the pending writes stand on, held until they are committed.
     pins: Vec<Pin>,
     pinned: BTreeSet<u32>,
+    /// The tag of the last interval of client writes committed.
+    last_tag: u64,
 }
 
 fn io_error(context: String) -> BlockError {
@@ -256,6 +258,7 @@ impl SharedVolume {
                 owed: BTreeMap::new(),
                 pins: Vec::new(),
                 pinned: BTreeSet::new(),
+                last_tag: 0,
             }),
         });
         let follower = shared.follow_versions();
@@ -478,6 +481,7 @@ impl SharedVolume {
             counter.fetch_add(1, Ordering::Relaxed);
             match outcome.decision {
                 Decision::Commit => {
+                    state.last_tag = tag;
                     state.pending.clear();
                     state.pending_bytes = 0;
                     state.pins.clear();

@@ -56,6 +56,12 @@ impl SharedVolume {
         *self.tags.acked.lock().unwrap()
     }
 
+    /// The tag of the last interval of this host's writes that committed: the versions
+    /// numbered above it hold that interval, the others do not.
+    pub async fn last_tag(&self) -> u64 {
+        self.state.lock().await.last_tag
+    }
+
     /// Test-only: stops (or resumes) acknowledging versions.
     #[doc(hidden)]
     pub fn hold_version_acks(&self, hold: bool) {

@@ -9,3 +9,4 @@ mod crash;
 mod etcd;
 mod rpc;
 mod shared;
+mod versions;
