@@ -56,7 +56,7 @@ async fn writer(host: Arc<SharedVolume>, h: u64, stop: Arc<AtomicBool>) -> Writt
             .unwrap();
         host.flush().await.unwrap();
         written.sectors.push((at, data, host.last_tag().await));
-        if round % 3 == 0 {
+        if round.is_multiple_of(3) {
             let lock = host
                 .lock(owner, COUNTER, 512, Mode::Exclusive)
                 .await
