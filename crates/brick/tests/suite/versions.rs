@@ -350,3 +350,80 @@ async fn a_host_tags_with_the_counter_it_saw_or_claimed_under() {
     a.flush().await.unwrap();
     assert_eq!(a.last_tag().await, 2);
 }
+
+/// The rule a host acknowledges by, with a real debt: its interval's decision never reached
+/// the bricks (they swallow decisions, as if they died after voting). Until it is delivered
+/// the bricks hold the interval prepared, and it could still land either side of the cut:
+/// the host does not acknowledge, and the version fails naming it. Once the bricks answer
+/// again, the idle host delivers what it owes by itself, and acknowledges.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_owing_a_decision_from_before_the_cut_holds_it_up_until_it_is_delivered() {
+    let cluster = cluster().await;
+    let a = crate::shared::host_waiting(&cluster, "a", Duration::from_secs(1)).await;
+    for fault in &cluster.faults {
+        fault.swallow_decisions.store(true, Ordering::SeqCst);
+    }
+    a.write(0, sector("owed"), WriteFlags::default())
+        .await
+        .unwrap();
+    a.flush()
+        .await
+        .expect_err("no brick acknowledged the commit");
+    let admin = admin(&cluster).await;
+    match admin.create(Duration::from_millis(2500)).await {
+        Err(VersionError::Failed {
+            number, held_by, ..
+        }) => assert_eq!((number, held_by), (1, vec!["a".to_string()])),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(a.acked_version(), None);
+    for fault in &cluster.faults {
+        fault.swallow_decisions.store(false, Ordering::SeqCst);
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while a.acked_version() != Some(1) {
+        assert!(Instant::now() < deadline, "a never delivered what it owed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for store in &cluster.stores {
+        assert!(store.in_doubt().await.is_empty());
+    }
+    crate::shared::assert_replicas(&cluster, 0, &sector("owed")).await;
+}
+
+/// A brick marked stale while a version is taken missed an interval of the cut, even once it
+/// has been copied back: the version fails rather than seal a copy without it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_brick_marked_stale_while_a_version_is_taken_fails_it() {
+    let cluster = cluster().await;
+    let a = host(&cluster, "a").await;
+    a.write(0, sector("a"), WriteFlags::default())
+        .await
+        .unwrap();
+    a.flush().await.unwrap();
+    a.hold_version_acks(true);
+    let admin = admin(&cluster).await;
+    let creating = tokio::spawn(async move { admin.create(WAIT).await });
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while cluster.coord.version("v").await.unwrap() == 0 {
+        assert!(Instant::now() < deadline, "never announced");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let regions = [0].into();
+    cluster.coord.mark_stale("v", "b1", &regions).await.unwrap();
+    cluster
+        .coord
+        .clear_stale("v", "b1", &regions)
+        .await
+        .unwrap();
+    a.hold_version_acks(false);
+    let failed = tokio::time::timeout(WAIT, creating)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap_err()
+        .to_string();
+    assert!(failed.contains("marked stale"), "{failed}");
+    let records = cluster.coord.version_records("v").await.unwrap();
+    assert!(records.failed.contains_key(&1), "{records:?}");
+}
