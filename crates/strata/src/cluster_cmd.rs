@@ -539,6 +539,13 @@ pub fn run_cluster(command: ClusterCommand) -> anyhow::Result<()> {
                         coord.claims(&r.name).await?.len(),
                         r.segments()
                     );
+                    if let Some(to) = coord.rollback_pending(&r.name).await? {
+                        outln!(
+                            "    rolling back to version {to}: unfinished until \
+                             `strata cluster version rollback {} {to}` is run again",
+                            r.name
+                        );
+                    }
                     for (brick, regions) in coord.stale(&r.name).await? {
                         outln!(
                             "    brick {brick} is stale: {} regions to copy back",
