@@ -408,3 +408,54 @@ def test_a_host_paused_past_its_lease_is_fenced_when_it_wakes(cluster, server_fa
     out = qemu_io(b, "write -P 0x64 0 64k", "flush", "read -P 0x64 0 64k").stdout
     assert "Pattern verification failed" not in out, out
     assert_replicas_equal(bricks)
+
+
+def version_cmd(etcd: Etcd, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return run([str(STRATA_BIN), "cluster", "version", args[0], "--etcd", etcd.endpoint,
+                "--cluster", CLUSTER, *args[1:]], check=check)
+
+
+def test_a_version_taken_while_a_host_serves_is_listed_rolled_back_to_and_deleted(
+        cluster, server_factory):
+    """Waits on the brick store's versions (docs/brick-format.md): until they land, the
+    bricks refuse to seal and the creation fails."""
+    etcd, bricks = cluster
+    srv = server_factory(shared_spec(etcd))
+    qemu_io(srv, "write -P 0x5a 0 4M", "flush")
+    # Taken while the host holds its claims: it acknowledges, then the bricks seal.
+    out = version_cmd(etcd, "create", "v", "--wait", "20s").stdout
+    assert "version 1 complete" in out, out
+    qemu_io(srv, "write -P 0x77 0 2M", "flush")
+    listed = version_cmd(etcd, "list", "v").stdout
+    assert "version counter 1" in listed and "version 1: complete" in listed, listed
+    for brick in bricks:
+        assert re.search(rf"brick {brick.name}: versions 1 \(\d+ bytes held\)", listed), listed
+    # Roll back once no host holds claims: the host stops, its claims go with its session.
+    srv.stop()
+    deadline = time.monotonic() + 20
+    while not re.search(r"v: .* 0 of \d+ segments claimed", cluster_status(etcd)):
+        assert time.monotonic() < deadline, cluster_status(etcd)
+        time.sleep(0.2)
+    out = version_cmd(etcd, "rollback", "v", "1").stdout
+    assert "rolled back to version 1" in out, out
+    # Units 0 and 1 start the homes of b0/b1 and b2/b3: both hold 0x5a again.
+    assert bricks[0].home()[:2 * MiB] == b"\x5a" * 2 * MiB
+    assert bricks[2].home()[:2 * MiB] == b"\x5a" * 2 * MiB
+    assert_replicas_equal(bricks)
+    srv2 = server_factory(shared_spec(etcd, member="host-after"))
+    out = qemu_io(srv2, "read -P 0x5a 0 4M").stdout
+    assert "Pattern verification failed" not in out, out
+    srv2.stop()
+    version_cmd(etcd, "delete", "v", "1")
+    listed = version_cmd(etcd, "list", "v").stdout
+    assert "version 1:" not in listed, listed
+    assert listed.count(": no versions") == 4, listed
+
+
+def test_a_version_is_refused_while_a_brick_is_down_and_nothing_is_announced(cluster):
+    etcd, bricks = cluster
+    bricks[3].kill()
+    refused = version_cmd(etcd, "create", "v", check=False)
+    assert refused.returncode != 0
+    assert "needs every brick" in refused.stderr and "b3" in refused.stderr, refused.stderr
+    assert "version counter 0" in version_cmd(etcd, "list", "v").stdout

@@ -157,7 +157,7 @@ async fn run(
                                 seq: i + 1,
                             };
                             let by_brick = BTreeMap::from([(0, writes.clone()), (1, writes)]);
-                            let outcome = run_interval(&clients, id, by_brick, &[]).await;
+                            let outcome = run_interval(&clients, id, by_brick, &[], 0).await;
                             assert!(outcome.ended(), "{outcome:?}");
                         }
                         None => {

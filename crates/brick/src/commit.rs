@@ -39,19 +39,22 @@ impl Outcome {
 /// Runs the interval `id`: `writes` maps each brick (an index into `bricks`) to its writes.
 /// Prepares go to every brick at once; the decision is commit only if every one voted yes,
 /// and goes to every brick of the interval, including the silent ones (they may have
-/// prepared).
+/// prepared). `tag` places the interval between two version cuts, on every brick alike.
 pub async fn run_interval<P: Participant>(
     bricks: &[P],
     id: IntervalId,
     writes: BTreeMap<usize, Vec<(u64, Bytes)>>,
     fences: &[(u32, i64)],
+    tag: u64,
 ) -> Outcome {
     let members: Vec<u64> = writes.keys().map(|&b| b as u64).collect();
     let mut coordinator = Coordinator::new(id, writes.keys().map(|&b| (b, Vec::new())).collect());
     let prepares = writes.into_iter().map(|(brick, writes)| {
         let members = members.clone();
         async move {
-            let vote = bricks[brick].prepare(id, members, writes, fences).await;
+            let vote = bricks[brick]
+                .prepare(id, members, writes, fences, tag)
+                .await;
             (brick, vote)
         }
     });

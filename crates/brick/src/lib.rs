@@ -26,6 +26,7 @@ pub mod rpc;
 pub mod segments;
 mod space;
 mod store;
+pub mod versions;
 mod volume;
 
 pub use layout::{BrickLayout, LAYOUT_VERSION};

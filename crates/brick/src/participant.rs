@@ -13,12 +13,14 @@ use crate::store::Vote;
 /// maybe not) or `Refused` (answered, applied nothing).
 #[async_trait]
 pub trait Participant: Send + Sync {
+    /// `tag`: the version cut the interval comes after (`BrickStore::prepare_tagged`).
     async fn prepare(
         &self,
         id: IntervalId,
         bricks: Vec<u64>,
         writes: Vec<(u64, Bytes)>,
         fences: &[(u32, i64)],
+        tag: u64,
     ) -> Result<Vote, RpcError>;
 
     /// The interval's client sends its decision.
@@ -41,8 +43,9 @@ impl Participant for BrickClient {
         bricks: Vec<u64>,
         writes: Vec<(u64, Bytes)>,
         fences: &[(u32, i64)],
+        tag: u64,
     ) -> Result<Vote, RpcError> {
-        BrickClient::prepare(self, id, bricks, writes, fences).await
+        BrickClient::prepare_tagged(self, id, bricks, writes, fences, tag).await
     }
 
     async fn decide(&self, id: IntervalId, decision: Decision) -> Result<bool, RpcError> {

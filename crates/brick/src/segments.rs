@@ -15,9 +15,14 @@
 //! that locks and unlocks over and over pays etcd nothing. Nothing is given back while the
 //! host owes a brick a decision: until every interval it ran has ended everywhere, the next
 //! holder's writes could land before its own.
+//!
+//! Each claim also carries the volume's version counter as its transaction read it: the host
+//! tags what it writes from then on with at least that number (`version_floor`), so a write
+//! that follows another host's through a segment never lands before a cut the other's was
+//! already after.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -72,6 +77,8 @@ pub struct SegmentClaims {
     /// Wakes the releaser: a wanted claim lost its last pin, or the host paid what it owed.
     nudge: tokio::sync::Notify,
     counters: ClaimCounters,
+    /// The largest version counter any of this host's claims was taken under.
+    version_floor: AtomicU64,
 }
 
 /// What claiming cost so far, for `strata status` and the benchmark.
@@ -136,6 +143,7 @@ impl SegmentClaims {
             wanted: Mutex::new(BTreeSet::new()),
             nudge: tokio::sync::Notify::new(),
             counters: ClaimCounters::default(),
+            version_floor: AtomicU64::new(0),
         })
     }
 
@@ -155,6 +163,12 @@ impl SegmentClaims {
         let first = offset / self.segment_bytes;
         let last = (offset + len - 1) / self.segment_bytes;
         (first..=last).map(|s| s as u32).collect()
+    }
+
+    /// The largest version counter a claim of this host was taken under: every interval it
+    /// commits from now on is tagged at least this.
+    pub fn version_floor(&self) -> u64 {
+        self.version_floor.load(Ordering::SeqCst)
     }
 
     /// The segments held now, with their epochs.
@@ -279,6 +293,9 @@ impl SegmentClaims {
             match self.coord.claim(&self.session, &self.volume, segment).await {
                 Ok(claim) => {
                     self.counters.claimed.fetch_add(1, Ordering::Relaxed);
+                    // Before the claim can be pinned: the interval it carries reads the floor.
+                    self.version_floor
+                        .fetch_max(claim.version_at_claim, Ordering::SeqCst);
                     self.held.lock().unwrap().insert(
                         segment,
                         Held {

@@ -267,7 +267,7 @@ impl Coord {
     }
 
     /// Removes a volume from the catalog (its bricks keep their data), with its version
-    /// counter. Refused while any of its lock segments is claimed (it is in use) and if the
+    /// counter and version records. Refused while any of its lock segments is claimed (it is in use) and if the
     /// record changed since `revision`.
     pub async fn remove_volume(&self, name: &str, revision: i64) -> Result<(), CoordError> {
         check_name("volume", name)?;
@@ -283,6 +283,11 @@ impl Coord {
                 TxnOp::delete(self.keys.version(name), None),
                 TxnOp::delete(
                     self.keys.stale(name),
+                    Some(etcd_client::DeleteOptions::new().with_prefix()),
+                ),
+                TxnOp::delete(self.keys.stale_mark(name), None),
+                TxnOp::delete(
+                    self.keys.version_records(name),
                     Some(etcd_client::DeleteOptions::new().with_prefix()),
                 ),
             ]);

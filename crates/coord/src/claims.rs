@@ -6,6 +6,12 @@
 //! revisions only grow, so whoever claims the segment next holds a larger epoch. Bricks keep
 //! the largest epoch seen per segment and refuse writes granted under a smaller one; a holder
 //! that paused past its lease and woke up still believing in its claims is fenced there.
+//!
+//! The same transaction reads the volume's version counter, and a claim carries it: a host
+//! tags what it writes under the claim with at least that number, so a write that follows
+//! another host's (which passed the segment on) never lands before a version cut the other
+//! write was already after (docs/shared-volumes.md, "Versions"). It also refuses while a
+//! roll-back of the volume is under way.
 
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse};
 use serde::{Deserialize, Serialize};
@@ -29,6 +35,9 @@ pub struct Claim {
     /// The fencing epoch: the etcd revision that created the claim.
     pub epoch: i64,
     pub lease: i64,
+    /// The volume's version counter when the claim was taken (0 in [`Coord::claims`]'s
+    /// listing, which does not read it).
+    pub version_at_claim: u64,
 }
 
 impl Coord {
@@ -56,21 +65,42 @@ impl Coord {
             holder: session.name().to_string(),
         })
         .expect("a claim serialises");
+        let version_key = self.keys.version(volume);
+        let rollback_key = self.keys.rollback(volume);
         let txn = Txn::new()
             .when([
                 Compare::create_revision(key.as_str(), CompareOp::Equal, 0),
                 // The volume is the one read above: not removed, not re-created.
                 Compare::mod_revision(self.keys.volume(volume), CompareOp::Equal, stored.revision),
+                Compare::create_revision(rollback_key.as_str(), CompareOp::Equal, 0),
             ])
-            .and_then([TxnOp::put(
-                key.as_str(),
-                value,
-                Some(PutOptions::new().with_lease(session.lease())),
-            )])
-            .or_else([TxnOp::get(key.as_str(), None)]);
+            .and_then([
+                TxnOp::put(
+                    key.as_str(),
+                    value,
+                    Some(PutOptions::new().with_lease(session.lease())),
+                ),
+                TxnOp::get(version_key.as_str(), None),
+            ])
+            .or_else([
+                TxnOp::get(key.as_str(), None),
+                TxnOp::get(rollback_key.as_str(), None),
+                TxnOp::get(version_key.as_str(), None),
+            ]);
         let mut client = self.client.clone();
         let response = self.call("claiming a segment", client.txn(txn)).await?;
         let what = format!("segment {segment} of volume {volume:?}");
+        let ops = response.op_responses();
+        let gets: Vec<Option<&etcd_client::KeyValue>> = (ops.iter())
+            .filter_map(|op| match op {
+                TxnOpResponse::Get(get) => Some(get.kvs().first()),
+                _ => None,
+            })
+            .collect();
+        let version_at_claim = match gets.last() {
+            Some(Some(kv)) => crate::versions::parse_counter(kv)?,
+            _ => 0,
+        };
         if response.succeeded() {
             let epoch =
                 response
@@ -80,36 +110,43 @@ impl Coord {
                         what: "claiming a segment".into(),
                         why: "etcd's answer had no header".into(),
                     })?;
-            tracing::info!(member = %session.name(), volume, segment, epoch, "segment claimed");
+            tracing::info!(member = %session.name(), volume, segment, epoch, version_at_claim, "segment claimed");
             return Ok(Claim {
                 volume: volume.to_string(),
                 segment,
                 holder: session.name().to_string(),
                 epoch,
                 lease: session.lease(),
+                version_at_claim,
             });
         }
-        for op in response.op_responses() {
-            if let TxnOpResponse::Get(get) = op {
-                if let Some(kv) = get.kvs().first() {
-                    let record: ClaimRecord = crate::catalog::decode(kv)?;
-                    if kv.lease() == session.lease() {
-                        // Already ours (an earlier attempt whose answer was lost, say): the
-                        // same claim, the same epoch.
-                        return Ok(Claim {
-                            volume: volume.to_string(),
-                            segment,
-                            holder: record.holder,
-                            epoch: kv.create_revision(),
-                            lease: kv.lease(),
-                        });
-                    }
-                    return Err(CoordError::Held {
-                        what,
+        if let [claim, rollback, _] = gets[..] {
+            if let Some(kv) = rollback {
+                return Err(CoordError::RollingBack {
+                    volume: volume.to_string(),
+                    version: crate::versions::parse_rollback(kv)?,
+                });
+            }
+            if let Some(kv) = claim {
+                let record: ClaimRecord = crate::catalog::decode(kv)?;
+                if kv.lease() == session.lease() {
+                    // Already ours (an earlier attempt whose answer was lost, say): the
+                    // same claim, the same epoch; the counter as read now, which is no
+                    // older than at the claim.
+                    return Ok(Claim {
+                        volume: volume.to_string(),
+                        segment,
                         holder: record.holder,
                         epoch: kv.create_revision(),
+                        lease: kv.lease(),
+                        version_at_claim,
                     });
                 }
+                return Err(CoordError::Held {
+                    what,
+                    holder: record.holder,
+                    epoch: kv.create_revision(),
+                });
             }
         }
         Err(CoordError::Conflict(format!("volume {volume:?}")))
@@ -168,6 +205,7 @@ impl Coord {
                     holder: record.holder,
                     epoch: kv.create_revision(),
                     lease: kv.lease(),
+                    version_at_claim: 0,
                 })
             })
             .collect()

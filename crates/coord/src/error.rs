@@ -28,6 +28,10 @@ pub enum CoordError {
     /// A record in etcd that cannot be read: reported, never treated as absent.
     #[error("damaged record {key}: {why}")]
     Damaged { key: String, why: String },
+    /// A roll-back of the volume is under way (or was interrupted and must be run again):
+    /// nothing may claim its segments or take a version of it until it has finished.
+    #[error("volume {volume:?} is being rolled back to version {version}; run the roll-back again to finish it")]
+    RollingBack { volume: String, version: u64 },
     #[error("invalid request: {0}")]
     Invalid(String),
 }

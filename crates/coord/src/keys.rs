@@ -78,6 +78,46 @@ impl Keys {
     pub fn version(&self, volume: &str) -> String {
         format!("{}versions/{volume}", self.root)
     }
+    /// Everything about the volume's versions but the counter: the counter's key is this
+    /// without the slash, so a prefix listing here never meets it (nor another volume's).
+    pub fn version_records(&self, volume: &str) -> String {
+        format!("{}versions/{volume}/", self.root)
+    }
+    /// Zero-padded so acks, takings and completions list in version order.
+    pub fn version_acks(&self, volume: &str, number: u64) -> String {
+        format!("{}acks/{number:020}/", self.version_records(volume))
+    }
+    pub fn version_ack(&self, volume: &str, number: u64, member: &str) -> String {
+        format!("{}{member}", self.version_acks(volume, number))
+    }
+    pub fn version_takings(&self, volume: &str) -> String {
+        format!("{}taking/", self.version_records(volume))
+    }
+    pub fn version_taking(&self, volume: &str, number: u64) -> String {
+        format!("{}{number:020}", self.version_takings(volume))
+    }
+    pub fn version_completes(&self, volume: &str) -> String {
+        format!("{}complete/", self.version_records(volume))
+    }
+    pub fn version_complete(&self, volume: &str, number: u64) -> String {
+        format!("{}{number:020}", self.version_completes(volume))
+    }
+    pub fn version_failures(&self, volume: &str) -> String {
+        format!("{}failed/", self.version_records(volume))
+    }
+    pub fn version_failed(&self, volume: &str, number: u64) -> String {
+        format!("{}{number:020}", self.version_failures(volume))
+    }
+    /// Present while a roll-back of the volume is under way: claims and version creation
+    /// are refused until it is gone.
+    pub fn rollback(&self, volume: &str) -> String {
+        format!("{}rollback", self.version_records(volume))
+    }
+    /// Rewritten by every `mark_stale` that changes a record: its mod revision is the
+    /// volume's stale generation, which a version creation compares before and after.
+    pub fn stale_mark(&self, volume: &str) -> String {
+        format!("{}stale-mark/{volume}", self.root)
+    }
 }
 
 #[cfg(test)]
@@ -102,5 +142,22 @@ mod tests {
         assert!(keys.claim("v", 0).starts_with(&keys.claims("v")));
         // A volume whose name extends another's does not list the other's claims.
         assert!(!keys.claim("vv", 0).starts_with(&keys.claims("v")));
+    }
+
+    #[test]
+    fn version_records_never_meet_a_counter() {
+        let keys = Keys::new("c");
+        assert!(!keys.version("v").starts_with(&keys.version_records("v")));
+        assert!(!keys.version("vv").starts_with(&keys.version_records("v")));
+        assert!(!keys
+            .version_complete("vv", 1)
+            .starts_with(&keys.version_records("v")));
+        assert!(keys.version_complete("v", 9) < keys.version_complete("v", 10));
+        assert!(keys
+            .version_ack("v", 3, "h")
+            .starts_with(&keys.version_acks("v", 3)));
+        assert!(!keys
+            .version_ack("v", 30, "h")
+            .starts_with(&keys.version_acks("v", 3)));
     }
 }

@@ -44,7 +44,7 @@ impl Coord {
         brick: &str,
         regions: &BTreeSet<u64>,
     ) -> Result<(), CoordError> {
-        self.change_stale(volume, brick, |record| {
+        self.change_stale(volume, brick, true, |record| {
             record.regions.extend(regions.iter().copied())
         })
         .await
@@ -57,7 +57,7 @@ impl Coord {
         brick: &str,
         regions: &BTreeSet<u64>,
     ) -> Result<(), CoordError> {
-        self.change_stale(volume, brick, |record| {
+        self.change_stale(volume, brick, false, |record| {
             record.regions.retain(|r| !regions.contains(r))
         })
         .await
@@ -67,6 +67,7 @@ impl Coord {
         &self,
         volume: &str,
         brick: &str,
+        mark: bool,
         change: impl Fn(&mut StaleRecord),
     ) -> Result<(), CoordError> {
         check_name("volume", volume)?;
@@ -93,7 +94,13 @@ impl Coord {
                     Compare::mod_revision(key.as_str(), CompareOp::Equal, revision),
                     Compare::create_revision(self.keys.volume(volume), CompareOp::Greater, 0),
                 ])
-                .and_then([write]);
+                .and_then(if mark {
+                    // A version being taken compares this key's revision before it seals:
+                    // a brick marked even briefly (and copied back since) missed writes.
+                    vec![write, TxnOp::put(self.keys.stale_mark(volume), brick, None)]
+                } else {
+                    vec![write]
+                });
             let mut client = self.client.clone();
             if self
                 .call("recording a stale brick", client.txn(txn))

@@ -226,9 +226,10 @@ impl Participant for Link {
         bricks: Vec<u64>,
         writes: Vec<(u64, Bytes)>,
         fences: &[(u32, i64)],
+        tag: u64,
     ) -> Result<Vote, RpcError> {
         let fences = fences.to_vec();
-        self.call(move |s| async move { s.prepare(id, bricks, writes, &fences).await })
+        self.call(move |s| async move { s.prepare_tagged(id, bricks, writes, &fences, tag).await })
             .await
     }
 
@@ -384,7 +385,8 @@ async fn client(world: Arc<World>, client: u64, intervals: u64) {
             let nanos = world.rng.lock().unwrap().random_range(0..30_000_000u64);
             Duration::from_nanos(nanos)
         });
-        let run = run_interval(&links, id, by_brick, &[]);
+        // Tag 0: the simulated clients take no versions (yet).
+        let run = run_interval(&links, id, by_brick, &[], 0);
         let outcome = match dies_at {
             None => run.await,
             Some(after) => {

@@ -10,6 +10,7 @@ use anyhow::{bail, Context};
 use strata_backend::{FileDevice, FileOptions};
 use strata_brick::resolve::resolve_in_doubt;
 use strata_brick::rpc::{serve, BrickClient};
+use strata_brick::versions::VolumeVersions;
 use strata_brick::{BrickOptions, BrickStore};
 use strata_coord::catalog::{BrickRecord, VolumeRecord, RECORD_FORMAT};
 use strata_coord::session::{MemberRecord, Session};
@@ -97,6 +98,135 @@ pub enum ClusterCommand {
         #[arg(long, default_value = "64M")]
         segment: String,
     },
+    /// Globally consistent versions of a shared volume: take one while hosts write, list,
+    /// delete, roll back (docs/shared-volumes.md, "Versions").
+    Version {
+        #[command(subcommand)]
+        command: VersionCommand,
+    },
+}
+
+#[derive(clap::Subcommand)]
+pub enum VersionCommand {
+    /// Take the next version: a cut consistent across every brick. Waits for every host that
+    /// holds claims on the volume to acknowledge it; refused while a brick is stale or down.
+    Create {
+        #[command(flatten)]
+        etcd: EtcdArgs,
+        volume: String,
+        /// How long to wait for the hosts and bricks before the version is recorded failed.
+        #[arg(long, default_value = "30s")]
+        wait: String,
+    },
+    /// The versions recorded in etcd and the ones each brick keeps, with the bytes they hold.
+    List {
+        #[command(flatten)]
+        etcd: EtcdArgs,
+        volume: String,
+    },
+    /// Delete a version on every brick, then its record.
+    Delete {
+        #[command(flatten)]
+        etcd: EtcdArgs,
+        volume: String,
+        number: u64,
+    },
+    /// Roll the volume back to a complete version on every brick (the newer ones are
+    /// deleted). Refused while any host holds claims on it or a brick is stale or down; run
+    /// it again to finish one that was interrupted.
+    Rollback {
+        #[command(flatten)]
+        etcd: EtcdArgs,
+        volume: String,
+        number: u64,
+    },
+}
+
+/// Each brick request of a version command waits at most this.
+const BRICK_TIMEOUT: Duration = Duration::from_secs(10);
+
+async fn run_version(command: VersionCommand) -> anyhow::Result<()> {
+    match command {
+        VersionCommand::Create { etcd, volume, wait } => {
+            let wait = strata_core::duration::parse_duration(&wait)
+                .map_err(anyhow::Error::msg)
+                .context("--wait")?;
+            let versions =
+                VolumeVersions::open(&etcd.connect().await?, &volume, BRICK_TIMEOUT).await?;
+            let number = versions.create(wait).await?;
+            outln!("volume {volume}: version {number} complete");
+        }
+        VersionCommand::List { etcd, volume } => {
+            let versions =
+                VolumeVersions::open(&etcd.connect().await?, &volume, BRICK_TIMEOUT).await?;
+            let list = versions.list().await?;
+            outln!("volume {volume}: version counter {}", list.counter);
+            if let Some(to) = list.rollback {
+                outln!(
+                    "  rolling back to version {to}, unfinished: run `strata cluster version \
+                     rollback {volume} {to}` again"
+                );
+            }
+            for (number, record) in &list.complete {
+                outln!(
+                    "  version {number}: complete at {}",
+                    unix_ms(record.completed_ms)
+                );
+            }
+            for (number, record) in &list.taking {
+                let holders: Vec<&str> = record.holders.iter().map(|h| h.member.as_str()).collect();
+                outln!(
+                    "  version {number}: being taken since {} (or interrupted), waiting for {holders:?}",
+                    unix_ms(record.started_ms)
+                );
+            }
+            for (number, record) in &list.failed {
+                outln!(
+                    "  version {number}: failed at {}: {}",
+                    unix_ms(record.failed_ms),
+                    record.why
+                );
+            }
+            for (brick, answer) in &list.bricks {
+                match answer {
+                    Ok(kept) if kept.is_empty() => outln!("  brick {brick}: no versions"),
+                    Ok(kept) => {
+                        let kept: Vec<String> = (kept.iter())
+                            .map(|v| format!("{} ({} bytes held)", v.number, v.held_bytes))
+                            .collect();
+                        outln!("  brick {brick}: versions {}", kept.join(", "));
+                    }
+                    Err(error) => outln!("  brick {brick}: did not answer: {error}"),
+                }
+            }
+        }
+        VersionCommand::Delete {
+            etcd,
+            volume,
+            number,
+        } => {
+            let versions =
+                VolumeVersions::open(&etcd.connect().await?, &volume, BRICK_TIMEOUT).await?;
+            versions.delete(number).await?;
+            outln!("volume {volume}: version {number} deleted");
+        }
+        VersionCommand::Rollback {
+            etcd,
+            volume,
+            number,
+        } => {
+            let versions =
+                VolumeVersions::open(&etcd.connect().await?, &volume, BRICK_TIMEOUT).await?;
+            versions.rollback(number).await?;
+            outln!("volume {volume}: rolled back to version {number}");
+        }
+    }
+    Ok(())
+}
+
+/// Milliseconds since the Unix epoch, as `unix <seconds>.<millis>`.
+fn unix_ms(ms: u64) -> String {
+    format!("unix {}.{:03}", ms / 1000, ms % 1000)
 }
 
 fn size(text: &str) -> anyhow::Result<u64> {
@@ -409,6 +539,13 @@ pub fn run_cluster(command: ClusterCommand) -> anyhow::Result<()> {
                         coord.claims(&r.name).await?.len(),
                         r.segments()
                     );
+                    if let Some(to) = coord.rollback_pending(&r.name).await? {
+                        outln!(
+                            "    rolling back to version {to}: unfinished until \
+                             `strata cluster version rollback {} {to}` is run again",
+                            r.name
+                        );
+                    }
                     for (brick, regions) in coord.stale(&r.name).await? {
                         outln!(
                             "    brick {brick} is stale: {} regions to copy back",
@@ -447,6 +584,7 @@ pub fn run_cluster(command: ClusterCommand) -> anyhow::Result<()> {
                 );
                 Ok(())
             }
+            ClusterCommand::Version { command } => run_version(command).await,
         }
     })
 }

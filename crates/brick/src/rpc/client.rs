@@ -9,7 +9,7 @@ use tonic::Code;
 
 use super::proto::{self, brick_client};
 use super::MAX_MESSAGE;
-use crate::store::Vote;
+use crate::store::{VersionInfo, Vote};
 
 /// Why a call to a brick did not get its answer.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -72,6 +72,7 @@ impl BrickClient {
         }
     }
 
+    /// [`Self::prepare_tagged`] before the volume's first version (tag 0).
     pub async fn prepare(
         &self,
         interval: IntervalId,
@@ -79,7 +80,20 @@ impl BrickClient {
         writes: Vec<(u64, Bytes)>,
         fences: &[(u32, i64)],
     ) -> Result<Vote, RpcError> {
+        self.prepare_tagged(interval, bricks, writes, fences, 0)
+            .await
+    }
+
+    pub async fn prepare_tagged(
+        &self,
+        interval: IntervalId,
+        bricks: Vec<u64>,
+        writes: Vec<(u64, Bytes)>,
+        fences: &[(u32, i64)],
+        tag: u64,
+    ) -> Result<Vote, RpcError> {
         let request = proto::PrepareRequest {
+            tag,
             id: Some(id(interval)),
             bricks,
             writes: writes
@@ -220,6 +234,69 @@ impl BrickClient {
             .await
             .map_err(|s| self.error(s))?;
         Ok(())
+    }
+
+    pub async fn versions(&self) -> Result<Vec<VersionInfo>, RpcError> {
+        let reply = self
+            .inner
+            .clone()
+            .versions(proto::Empty {})
+            .await
+            .map_err(|s| self.error(s))?;
+        Ok((reply.into_inner().versions.into_iter())
+            .map(|v| VersionInfo {
+                number: v.number,
+                held_bytes: v.held_bytes,
+            })
+            .collect())
+    }
+
+    pub async fn seal_version(&self, number: u64) -> Result<(), RpcError> {
+        self.inner
+            .clone()
+            .seal_version(proto::VersionRequest { number })
+            .await
+            .map_err(|s| self.error(s))?;
+        Ok(())
+    }
+
+    /// `Ok(false)`: the brick had no such version.
+    pub async fn delete_version(&self, number: u64) -> Result<bool, RpcError> {
+        let reply = self
+            .inner
+            .clone()
+            .delete_version(proto::VersionRequest { number })
+            .await
+            .map_err(|s| self.error(s))?;
+        Ok(reply.into_inner().deleted)
+    }
+
+    pub async fn rollback(&self, number: u64) -> Result<(), RpcError> {
+        self.inner
+            .clone()
+            .rollback(proto::VersionRequest { number })
+            .await
+            .map_err(|s| self.error(s))?;
+        Ok(())
+    }
+
+    pub async fn read_version(
+        &self,
+        number: u64,
+        offset: u64,
+        len: u32,
+    ) -> Result<Bytes, RpcError> {
+        let reply = self
+            .inner
+            .clone()
+            .read_version(proto::ReadVersionRequest {
+                number,
+                offset,
+                len,
+            })
+            .await
+            .map_err(|s| self.error(s))?;
+        Ok(reply.into_inner().data)
     }
 
     pub async fn read(&self, offset: u64, len: u32) -> Result<Bytes, RpcError> {

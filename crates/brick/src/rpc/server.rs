@@ -81,6 +81,12 @@ fn refuse(what: &str, error: BlockError) -> Status {
         }
         BlockError::NoSpace => Status::resource_exhausted(message),
         BlockError::Shutdown => Status::unavailable(message),
+        // Not built (the store's versions before its mapped format), or refused by its rules
+        // (a roll-back while intervals are in doubt): answered, nothing applied.
+        BlockError::Unsupported(_) => {
+            tracing::warn!(%message, "brick request refused");
+            Status::failed_precondition(message)
+        }
         BlockError::Corrupt(_) => {
             tracing::error!(%message, "brick damaged");
             Status::data_loss(message)
@@ -133,10 +139,12 @@ impl brick_server::Brick for BrickService {
             .map(|f| (f.segment, f.epoch))
             .collect();
         let store = self.store.clone();
-        let vote =
-            to_completion(async move { store.prepare(id, request.bricks, writes, &fences).await })
-                .await
-                .map_err(|e| refuse("prepare", e))?;
+        let tag = request.tag;
+        let vote = to_completion(async move {
+            (store.prepare_tagged(id, request.bricks, writes, &fences, tag)).await
+        })
+        .await
+        .map_err(|e| refuse("prepare", e))?;
         Ok(Response::new(match vote {
             Vote::Yes => proto::PrepareReply {
                 yes: true,
@@ -281,6 +289,81 @@ impl brick_server::Brick for BrickService {
             .read(request.offset, request.len as usize)
             .await
             .map_err(|e| refuse("read", e))?;
+        Ok(Response::new(proto::ReadReply {
+            data: data.freeze(),
+        }))
+    }
+
+    async fn versions(
+        &self,
+        _request: Request<proto::Empty>,
+    ) -> Result<Response<proto::VersionsReply>, Status> {
+        let versions = (self.store.versions().await)
+            .map_err(|e| refuse("versions", e))?
+            .into_iter()
+            .map(|v| proto::VersionInfo {
+                number: v.number,
+                held_bytes: v.held_bytes,
+            })
+            .collect();
+        Ok(Response::new(proto::VersionsReply { versions }))
+    }
+
+    async fn seal_version(
+        &self,
+        request: Request<proto::VersionRequest>,
+    ) -> Result<Response<proto::Empty>, Status> {
+        let number = request.into_inner().number;
+        let store = self.store.clone();
+        to_completion(async move { store.seal_version(number).await })
+            .await
+            .map_err(|e| refuse("seal version", e))?;
+        Ok(Response::new(proto::Empty {}))
+    }
+
+    async fn delete_version(
+        &self,
+        request: Request<proto::VersionRequest>,
+    ) -> Result<Response<proto::DeleteVersionReply>, Status> {
+        let number = request.into_inner().number;
+        let store = self.store.clone();
+        let deleted = to_completion(async move { store.delete_version(number).await })
+            .await
+            .map_err(|e| refuse("delete version", e))?;
+        Ok(Response::new(proto::DeleteVersionReply { deleted }))
+    }
+
+    async fn rollback(
+        &self,
+        request: Request<proto::VersionRequest>,
+    ) -> Result<Response<proto::Empty>, Status> {
+        let number = request.into_inner().number;
+        let store = self.store.clone();
+        to_completion(async move { store.rollback(number).await })
+            .await
+            .map_err(|e| refuse("rollback", e))?;
+        Ok(Response::new(proto::Empty {}))
+    }
+
+    async fn read_version(
+        &self,
+        request: Request<proto::ReadVersionRequest>,
+    ) -> Result<Response<proto::ReadReply>, Status> {
+        let request = request.into_inner();
+        if request.len as usize > MAX_MESSAGE {
+            return Err(refuse(
+                "read version",
+                BlockError::TooLarge {
+                    len: u64::from(request.len),
+                    max: MAX_MESSAGE as u64,
+                },
+            ));
+        }
+        let data = self
+            .store
+            .read_version(request.number, request.offset, request.len as usize)
+            .await
+            .map_err(|e| refuse("read version", e))?;
         Ok(Response::new(proto::ReadReply {
             data: data.freeze(),
         }))

@@ -15,15 +15,21 @@
 //! every prepare carries their epochs, which the bricks check. Within the host, lock-aware
 //! clients take byte-range locks ([`SharedVolume::lock`]); an unlock commits what is pending
 //! first, so a range passes to the next holder only with its writes in place.
+//!
+//! Every interval carries a tag that places it between two of the volume's version cuts, and
+//! the host acknowledges each version announced once nothing it tagged before is undecided
+//! (`tags`; docs/shared-volumes.md, "Versions").
 
 mod locks;
 mod reach;
 mod resync;
 mod status;
+mod tags;
 
 pub use locks::{LockOwner, RangeLock};
 use reach::Reach;
 use status::VolumeCounters;
+use tags::Tags;
 
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -92,6 +98,10 @@ pub struct SharedVolume {
     /// The copy back under way, for `strata status`.
     resyncing: Mutex<Option<Activity>>,
     counters: VolumeCounters,
+    /// The version cut this host's intervals come after, and its acks of announcements.
+    tags: Tags,
+    /// Follows the volume's version counter while the volume is open.
+    versions: Mutex<Option<AbortOnDrop>>,
     state: tokio::sync::Mutex<State>,
 }
 
@@ -110,12 +120,14 @@ struct State {
     next_seq: u64,
     /// Intervals ended on every brick since the bricks were last told to forget.
     ended_since_forget: u64,
-    /// Decisions a brick has not acknowledged: delivered before anything else goes to it,
-    /// and the brick is not read from until they are.
-    owed: BTreeMap<usize, Vec<(IntervalId, Decision)>>,
+    /// Decisions a brick has not acknowledged, with each interval's tag: delivered before
+    /// anything else goes to it, and the brick is not read from until they are.
+    owed: BTreeMap<usize, Vec<(IntervalId, Decision, u64)>>,
     /// The segment claims the pending writes stand on, held until they are committed.
     pins: Vec<Pin>,
     pinned: BTreeSet<u32>,
+    /// The tag of the last interval of client writes committed.
+    last_tag: u64,
 }
 
 fn io_error(context: String) -> BlockError {
@@ -128,15 +140,23 @@ fn io_error(context: String) -> BlockError {
 impl SharedVolume {
     /// Opens `volume` from the cluster's catalog, joining the cluster as `member` (a client).
     /// The session's lease id names this host's intervals: when the host dies and its lease
-    /// runs out, the bricks resolve what it left in doubt.
+    /// runs out, the bricks resolve what it left in doubt. Refused while a roll-back of the
+    /// volume is under way.
     pub async fn open(
         coord: &Coord,
         volume: &str,
         member: &str,
         timeout: Duration,
         lease: Duration,
-    ) -> anyhow::Result<SharedVolume> {
+    ) -> anyhow::Result<Arc<SharedVolume>> {
         let record = coord.volume(volume).await?.record;
+        if let Some(to) = coord.rollback_pending(volume).await? {
+            return Err(strata_coord::CoordError::RollingBack {
+                volume: volume.to_string(),
+                version: to,
+            }
+            .into());
+        }
         let catalog = coord.bricks().await?;
         let mut bricks = Vec::new();
         let brick_names: Vec<String> = record.bricks().cloned().collect();
@@ -199,7 +219,10 @@ impl SharedVolume {
         let reach = (0..brick_names.len())
             .map(|_| Arc::new(Mutex::new(Reach::default())))
             .collect();
-        Ok(SharedVolume {
+        // Before the first write: every interval of this host comes after the versions
+        // announced before it opened.
+        let announced = coord.version(volume).await?;
+        let shared = Arc::new(SharedVolume {
             name: volume.to_string(),
             coord: coord.clone(),
             brick_names,
@@ -225,6 +248,8 @@ impl SharedVolume {
             reach,
             resyncing: Mutex::new(None),
             counters: VolumeCounters::default(),
+            tags: Tags::new(announced),
+            versions: Mutex::new(None),
             state: tokio::sync::Mutex::new(State {
                 pending: Vec::new(),
                 pending_bytes: 0,
@@ -233,8 +258,12 @@ impl SharedVolume {
                 owed: BTreeMap::new(),
                 pins: Vec::new(),
                 pinned: BTreeSet::new(),
+                last_tag: 0,
             }),
-        })
+        });
+        let follower = shared.follow_versions();
+        *shared.versions.lock().unwrap() = Some(follower);
+        Ok(shared)
     }
 
     /// The id this host's intervals carry: its session's lease.
@@ -285,9 +314,9 @@ impl SharedVolume {
         let owed = std::mem::take(&mut state.owed);
         for (brick, decisions) in owed {
             let mut left = Vec::new();
-            for (id, decision) in decisions {
+            for (id, decision, tag) in decisions {
                 if !left.is_empty() || !self.answers(brick) {
-                    left.push((id, decision));
+                    left.push((id, decision, tag));
                     continue;
                 }
                 match self.bricks[brick].decide(id, decision).await {
@@ -295,7 +324,7 @@ impl SharedVolume {
                     Err(error) => {
                         tracing::warn!(volume = %self.name, brick, %error, "decision still owed");
                         self.unreachable(brick);
-                        left.push((id, decision));
+                        left.push((id, decision, tag));
                     }
                 }
             }
@@ -407,6 +436,10 @@ impl SharedVolume {
                 }
             }
             let id = self.next_id(state);
+            // Read under the state lock, which an acknowledgement of a version takes after
+            // raising what it reads: an interval tagged below an acknowledged version has
+            // ended before the acknowledgement.
+            let tag = self.tag();
             let (writes, missed) = self.plan(&state.pending)?;
             for (brick, regions) in &missed {
                 self.coord
@@ -430,7 +463,7 @@ impl SharedVolume {
             // Checked again here: what came before (etcd, bricks) may have taken long enough
             // for the lease to lapse.
             self.check_live()?;
-            let outcome = run_interval(&self.bricks, id, writes, &fences).await;
+            let outcome = run_interval(&self.bricks, id, writes, &fences, tag).await;
             for &brick in outcome.unacked.iter().chain(&outcome.silent) {
                 self.unreachable(brick);
             }
@@ -439,7 +472,7 @@ impl SharedVolume {
                     .owed
                     .entry(brick)
                     .or_default()
-                    .push((id, outcome.decision));
+                    .push((id, outcome.decision, tag));
             }
             let counter = match outcome.decision {
                 Decision::Commit => &self.counters.committed,
@@ -448,6 +481,7 @@ impl SharedVolume {
             counter.fetch_add(1, Ordering::Relaxed);
             match outcome.decision {
                 Decision::Commit => {
+                    state.last_tag = tag;
                     state.pending.clear();
                     state.pending_bytes = 0;
                     state.pins.clear();

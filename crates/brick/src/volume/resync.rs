@@ -62,8 +62,9 @@ impl SharedVolume {
                     }
                 };
                 let id = self.next_id(state);
+                let tag = self.tag();
                 let writes = BTreeMap::from([(brick, vec![(offset, data)])]);
-                let outcome = run_interval(&self.bricks, id, writes, pin.fences()).await;
+                let outcome = run_interval(&self.bricks, id, writes, pin.fences(), tag).await;
                 drop(pin);
                 if outcome.ended() {
                     self.rain.lock().unwrap().copied(brick, *region);
@@ -79,7 +80,7 @@ impl SharedVolume {
                             .owed
                             .entry(b)
                             .or_default()
-                            .push((id, outcome.decision));
+                            .push((id, outcome.decision, tag));
                     }
                     tracing::warn!(volume = %self.name, brick = %name, "brick went away again during resync");
                     self.unreachable(brick);

@@ -9,4 +9,5 @@ mod crash;
 mod etcd;
 mod rpc;
 mod shared;
+mod store_versions;
 mod versions;

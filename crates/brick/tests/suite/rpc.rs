@@ -110,6 +110,7 @@ async fn an_interval_commits_on_every_brick_or_on_none() {
         one,
         writes(one, &[(0, 0, 8192), (2, 4096, 512)]),
         &[],
+        0,
     )
     .await;
     assert!(outcome.ended(), "{outcome:?}");
@@ -125,7 +126,7 @@ async fn an_interval_commits_on_every_brick_or_on_none() {
     let two = id(1, 2);
     let mut bad = writes(two, &[(0, 0, 4096), (1, 0, 4096)]);
     bad.get_mut(&1).unwrap()[0].0 = 100;
-    let outcome = run_interval(&clients, two, bad, &[]).await;
+    let outcome = run_interval(&clients, two, bad, &[], 0).await;
     assert_eq!(outcome.decision, Decision::Abort);
     assert_eq!(outcome.refusals.len(), 1);
     assert!(outcome.refusals[0].1.contains("sectors"), "{outcome:?}");
@@ -150,6 +151,7 @@ async fn a_silent_brick_makes_the_client_abort() {
         one,
         writes(one, &[(0, 0, 4096), (1, 0, 4096)]),
         &[],
+        0,
     )
     .await;
     assert_eq!(outcome.decision, Decision::Abort);
@@ -336,6 +338,7 @@ async fn a_client_under_an_older_claim_cannot_commit() {
         new,
         writes(new, &[(0, 0, 512), (1, 0, 512)]),
         &[(0, 40)],
+        0,
     )
     .await;
     assert!(outcome.ended());
@@ -345,6 +348,7 @@ async fn a_client_under_an_older_claim_cannot_commit() {
         old,
         writes(old, &[(0, 0, 512), (1, 0, 512)]),
         &[(0, 39)],
+        0,
     )
     .await;
     assert_eq!(outcome.decision, Decision::Abort);
@@ -399,7 +403,7 @@ async fn bad_requests_over_the_wire_are_refused_and_the_brick_keeps_serving() {
     assert_eq!(nothing.code(), tonic::Code::InvalidArgument);
     // Still serving, and nothing was recorded.
     assert_eq!(clients[0].status(iv).await.unwrap(), None);
-    let outcome = run_interval(&clients, iv, writes(iv, &[(0, 0, 512)]), &[]).await;
+    let outcome = run_interval(&clients, iv, writes(iv, &[(0, 0, 512)]), &[], 0).await;
     assert!(outcome.ended());
     // Nothing listens here: unreachable, not refused.
     let gone = BrickClient::new("127.0.0.1:1", TIMEOUT)

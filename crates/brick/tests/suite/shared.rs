@@ -25,24 +25,24 @@ use tokio::task::JoinHandle;
 use crate::common::*;
 use crate::etcd::Etcd;
 
-const SEGMENT: u64 = 64 << 10;
-const UNIT: u64 = 64 << 10;
-const TIMEOUT: Duration = Duration::from_secs(30);
-const LEASE: Duration = Duration::from_secs(1);
+pub(crate) const SEGMENT: u64 = 64 << 10;
+pub(crate) const UNIT: u64 = 64 << 10;
+pub(crate) const TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const LEASE: Duration = Duration::from_secs(1);
 
-struct Cluster {
-    etcd: Etcd,
-    coord: Coord,
-    stores: Vec<Arc<BrickStore>>,
-    clients: Vec<BrickClient>,
-    faults: Vec<Arc<ServerFaults>>,
+pub(crate) struct Cluster {
+    pub(crate) etcd: Etcd,
+    pub(crate) coord: Coord,
+    pub(crate) stores: Vec<Arc<BrickStore>>,
+    pub(crate) clients: Vec<BrickClient>,
+    pub(crate) faults: Vec<Arc<ServerFaults>>,
     _servers: Vec<JoinHandle<()>>,
     _group: CrashGroup,
 }
 
 /// etcd, two bricks served on loopback and listed in the catalog, and volume `v`: one mirror
 /// set of both, 256 KiB in four 64 KiB lock segments.
-async fn cluster() -> Cluster {
+pub(crate) async fn cluster() -> Cluster {
     let etcd = Etcd::single();
     let coord = etcd.coord("t", Duration::from_secs(5)).await;
     let group = CrashGroup::new();
@@ -95,27 +95,29 @@ async fn cluster() -> Cluster {
     }
 }
 
-async fn host(cluster: &Cluster, member: &str) -> Arc<SharedVolume> {
+pub(crate) async fn host(cluster: &Cluster, member: &str) -> Arc<SharedVolume> {
     host_waiting(cluster, member, TIMEOUT).await
 }
 
 /// A host whose requests (a brick's answer, a segment, a lock) wait at most `timeout`.
-async fn host_waiting(cluster: &Cluster, member: &str, timeout: Duration) -> Arc<SharedVolume> {
-    Arc::new(
-        SharedVolume::open(&cluster.coord, "v", member, timeout, LEASE)
-            .await
-            .unwrap_or_else(|e| panic!("{member} opens v: {e:#}\n{}", cluster.etcd.logs())),
-    )
+pub(crate) async fn host_waiting(
+    cluster: &Cluster,
+    member: &str,
+    timeout: Duration,
+) -> Arc<SharedVolume> {
+    SharedVolume::open(&cluster.coord, "v", member, timeout, LEASE)
+        .await
+        .unwrap_or_else(|e| panic!("{member} opens v: {e:#}\n{}", cluster.etcd.logs()))
 }
 
-fn sector(text: &str) -> Bytes {
+pub(crate) fn sector(text: &str) -> Bytes {
     let mut out = text.as_bytes().to_vec();
     out.resize(512, b'.');
     Bytes::from(out)
 }
 
 /// Both bricks hold exactly `want` at `at` (one mirror set: a brick's offset is the volume's).
-async fn assert_replicas(cluster: &Cluster, at: u64, want: &Bytes) {
+pub(crate) async fn assert_replicas(cluster: &Cluster, at: u64, want: &Bytes) {
     for (i, client) in cluster.clients.iter().enumerate() {
         let held = client.read(at, want.len() as u32).await.unwrap();
         assert_eq!(
@@ -141,7 +143,7 @@ async fn host_a_wrote_segment_0(cluster: &Cluster) -> (Arc<SharedVolume>, Vec<(u
 }
 
 /// Waits until etcd has let `lease` run out.
-async fn until_lease_gone(cluster: &Cluster, lease: u64) {
+pub(crate) async fn until_lease_gone(cluster: &Cluster, lease: u64) {
     let deadline = Instant::now() + Duration::from_secs(20);
     while cluster.coord.lease_alive(lease as i64).await.unwrap() {
         assert!(Instant::now() < deadline, "lease {lease:x} still alive");
@@ -226,7 +228,7 @@ async fn a_host_whose_lease_ran_out_is_refused_by_itself_and_by_the_bricks() {
         seq: 1000,
     };
     let writes = BTreeMap::from([(0, vec![(0, sector("a2"))]), (1, vec![(0, sector("a2"))])]);
-    let outcome = run_interval(&cluster.clients, late, writes, &a_fences).await;
+    let outcome = run_interval(&cluster.clients, late, writes, &a_fences, 0).await;
     assert_eq!(outcome.decision, Decision::Abort, "{outcome:?}");
     assert_eq!(outcome.refusals.len(), 2, "{outcome:?}");
     assert!(

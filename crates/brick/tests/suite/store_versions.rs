@@ -1,0 +1,402 @@
+//! Versions of one brick's share: the cut by tag, stragglers, deletion, roll-back, fill-in of
+//! partly written units, the format-1 upgrade, and damage refused.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use strata_brick::{BrickStore, IntervalRecord, RecordState, StagedExtent, Vote};
+use strata_cluster::interval::{Decision, IntervalId};
+use strata_core::{DeviceRef, WriteFlags};
+use strata_crash::CrashGroup;
+use strata_meta::{MetaStore, StoreOptions, TxnClass};
+
+use crate::common::*;
+
+const UNIT: usize = 4096;
+
+async fn commit(store: &BrickStore, id: IntervalId, tag: u64, writes: Vec<(u64, Bytes)>) {
+    prepare(store, id, tag, writes).await;
+    assert!(store.decide(id, Decision::Commit).await.unwrap());
+}
+
+async fn prepare(store: &BrickStore, id: IntervalId, tag: u64, writes: Vec<(u64, Bytes)>) {
+    let vote = store.prepare_tagged(id, vec![0], writes, &[], tag).await;
+    assert_eq!(vote.unwrap(), Vote::Yes, "{id:?}");
+}
+
+async fn numbers(store: &BrickStore) -> Vec<u64> {
+    let versions = store.versions().await.unwrap();
+    versions.iter().map(|v| v.number).collect()
+}
+
+/// Free space and what versions keep add up to the staging region: nothing is lost.
+async fn assert_no_space_lost(store: &BrickStore) {
+    let held: u64 = (store.versions().await.unwrap())
+        .iter()
+        .map(|v| v.held_bytes)
+        .sum();
+    assert_eq!(
+        store.staging_free().await + held,
+        store.layout().staging_bytes,
+        "free {} + kept by versions {held}",
+        store.staging_free().await
+    );
+}
+
+#[tokio::test]
+async fn a_version_holds_what_was_tagged_before_its_cut_and_stragglers_land_inside_it() {
+    let group = CrashGroup::new();
+    let (_, store) = fresh(&group).await;
+    let (a, b, c) = (id(1, 1), id(2, 1), id(1, 2));
+    commit(&store, a, 0, vec![(0, data(a, 0, UNIT))]).await;
+    store.seal_version(1).await.unwrap();
+    assert_eq!(numbers(&store).await, vec![1]);
+    // C was prepared before its host saw version 1 (tag 0), B after (tag 1). B commits
+    // first; C still belongs before the cut.
+    prepare(&store, c, 0, vec![(8192, data(c, 0, UNIT))]).await;
+    commit(&store, b, 1, vec![(0, data(b, 0, UNIT))]).await;
+    assert!(store.decide(c, Decision::Commit).await.unwrap());
+    assert_eq!(store.read(0, UNIT).await.unwrap(), data(b, 0, UNIT));
+    assert_eq!(
+        store.read_version(1, 0, UNIT).await.unwrap(),
+        data(a, 0, UNIT)
+    );
+    assert_eq!(
+        store.read_version(1, 8192, UNIT).await.unwrap(),
+        data(c, 0, UNIT)
+    );
+    assert_eq!(store.read(8192, UNIT).await.unwrap(), data(c, 0, UNIT));
+    let versions = store.versions().await.unwrap();
+    assert_eq!(
+        versions[0].held_bytes, UNIT as u64,
+        "A's unit, kept for version 1"
+    );
+    assert_no_space_lost(&store).await;
+    // The version survives a reopen.
+    drop(store);
+    let device: DeviceRef = Arc::new(open_disks_again(&group));
+    let (store, _) = BrickStore::open(device).await.unwrap();
+    assert_eq!(
+        store.read_version(1, 0, UNIT).await.unwrap(),
+        data(a, 0, UNIT)
+    );
+    assert_eq!(store.read(0, UNIT).await.unwrap(), data(b, 0, UNIT));
+    assert!(
+        store.read_version(2, 0, UNIT).await.is_err(),
+        "no version 2"
+    );
+}
+
+fn open_disks_again(group: &CrashGroup) -> strata_crash::CrashDisk {
+    let images = group.crash(&mut strata_crash::rand::SeedableRng::seed_from_u64(1));
+    let group = CrashGroup::new();
+    strata_crash::open_disks(&group, &[geometry()], Some(images)).remove(0)
+}
+
+#[tokio::test]
+async fn a_commit_tagged_past_the_newest_version_creates_the_versions_up_to_it() {
+    let group = CrashGroup::new();
+    let (_, store) = fresh(&group).await;
+    let a = id(1, 1);
+    commit(&store, a, 0, vec![(0, data(a, 0, UNIT))]).await;
+    let b = id(1, 2);
+    commit(&store, b, 2, vec![(0, data(b, 0, UNIT))]).await;
+    assert_eq!(numbers(&store).await, vec![1, 2]);
+    // Both cuts fall before B: both read A.
+    for version in [1, 2] {
+        assert_eq!(
+            store.read_version(version, 0, UNIT).await.unwrap(),
+            data(a, 0, UNIT)
+        );
+    }
+    // A tag absurdly far ahead is refused, not answered with millions of tables.
+    let far = store
+        .prepare_tagged(id(1, 3), vec![0], vec![(0, data(a, 0, 512))], &[], 1 << 40)
+        .await
+        .unwrap();
+    assert!(matches!(far, Vote::No(why) if why.contains("ahead")));
+}
+
+#[tokio::test]
+async fn deleting_a_version_keeps_the_older_ones_whole_and_frees_the_rest() {
+    let group = CrashGroup::new();
+    let (_, store) = fresh(&group).await;
+    let ids: Vec<IntervalId> = (1..=4).map(|seq| id(1, seq)).collect();
+    // Unit 0 changes at every step; unit 1 only before version 2.
+    commit(&store, ids[0], 0, vec![(0, data(ids[0], 0, 2 * UNIT))]).await;
+    store.seal_version(1).await.unwrap();
+    commit(&store, ids[1], 1, vec![(0, data(ids[1], 0, 2 * UNIT))]).await;
+    store.seal_version(2).await.unwrap();
+    commit(&store, ids[2], 2, vec![(0, data(ids[2], 0, UNIT))]).await;
+    store.seal_version(3).await.unwrap();
+    commit(&store, ids[3], 3, vec![(0, data(ids[3], 0, UNIT))]).await;
+    let v1 = store.read_version(1, 0, 2 * UNIT).await.unwrap();
+    let v3 = store.read_version(3, 0, 2 * UNIT).await.unwrap();
+    assert_eq!(v1, data(ids[0], 0, 2 * UNIT));
+    assert!(store.delete_version(2).await.unwrap());
+    assert!(!store.delete_version(2).await.unwrap(), "already gone");
+    assert_eq!(numbers(&store).await, vec![1, 3]);
+    assert_eq!(store.read_version(1, 0, 2 * UNIT).await.unwrap(), v1);
+    assert_eq!(store.read_version(3, 0, 2 * UNIT).await.unwrap(), v3);
+    assert_no_space_lost(&store).await;
+    let before = store.staging_free().await;
+    assert!(store.delete_version(1).await.unwrap());
+    assert!(store.delete_version(3).await.unwrap());
+    assert!(store.staging_free().await > before);
+    assert_eq!(store.staging_free().await, store.layout().staging_bytes);
+    // A deleted number is not created again by a late commit tagged with it.
+    let late = id(1, 9);
+    commit(&store, late, 2, vec![(0, data(late, 0, UNIT))]).await;
+    assert!(numbers(&store).await.is_empty());
+}
+
+#[tokio::test]
+async fn a_roll_back_restores_the_cut_and_deletes_newer_versions() {
+    let group = CrashGroup::new();
+    let (_, store) = fresh(&group).await;
+    let (a, b, c) = (id(1, 1), id(1, 2), id(1, 3));
+    commit(&store, a, 0, vec![(0, data(a, 0, 3 * UNIT))]).await;
+    store.seal_version(1).await.unwrap();
+    commit(&store, b, 1, vec![(UNIT as u64, data(b, 0, 2 * UNIT))]).await;
+    store.seal_version(2).await.unwrap();
+    commit(&store, c, 2, vec![(0, data(c, 0, 2 * UNIT))]).await;
+    // Refused while an interval is in doubt here.
+    let pending = id(2, 1);
+    prepare(&store, pending, 2, vec![(65536, data(pending, 0, 512))]).await;
+    let refused = store.rollback(1).await.unwrap_err().to_string();
+    assert!(refused.contains("in doubt"), "{refused}");
+    assert!(store.decide(pending, Decision::Abort).await.unwrap());
+    store.rollback(1).await.unwrap();
+    assert_eq!(store.read(0, 3 * UNIT).await.unwrap(), data(a, 0, 3 * UNIT));
+    assert_eq!(numbers(&store).await, vec![1]);
+    assert_eq!(
+        store.read_version(1, 0, 3 * UNIT).await.unwrap(),
+        data(a, 0, 3 * UNIT)
+    );
+    assert_no_space_lost(&store).await;
+    // Writing goes on after it, and version 1 stays what it was.
+    let d = id(1, 4);
+    commit(&store, d, 2, vec![(0, data(d, 0, UNIT))]).await;
+    assert_eq!(store.read(0, UNIT).await.unwrap(), data(d, 0, UNIT));
+    assert_eq!(
+        store.read_version(1, 0, 3 * UNIT).await.unwrap(),
+        data(a, 0, 3 * UNIT)
+    );
+    assert!(store.rollback(7).await.is_err(), "no version 7");
+}
+
+#[tokio::test]
+async fn a_unit_written_in_part_is_filled_in_from_the_current_data() {
+    let group = CrashGroup::new();
+    let (_, store) = fresh(&group).await;
+    let (a, b) = (id(1, 1), id(1, 2));
+    commit(&store, a, 0, vec![(0, data(a, 0, 2 * UNIT))]).await;
+    store.seal_version(1).await.unwrap();
+    // One interval: a sector in unit 0, then a write across units 0 and 1 that overlaps it
+    // in part, then the first sector again.
+    let writes = vec![
+        (512, data(b, 0, 512)),
+        (3072, data(b, 1, 2048)),
+        (512, data(b, 2, 512)),
+    ];
+    commit(&store, b, 1, writes.clone()).await;
+    let mut expected = data(a, 0, 2 * UNIT).to_vec();
+    for (offset, bytes) in &writes {
+        expected[*offset as usize..*offset as usize + bytes.len()].copy_from_slice(bytes);
+    }
+    assert_eq!(&store.read(0, 2 * UNIT).await.unwrap()[..], &expected[..]);
+    assert_eq!(
+        store.read_version(1, 0, 2 * UNIT).await.unwrap(),
+        data(a, 0, 2 * UNIT)
+    );
+    assert_no_space_lost(&store).await;
+}
+
+#[tokio::test]
+async fn direct_writes_are_refused_while_the_brick_keeps_versions() {
+    let group = CrashGroup::new();
+    let (_, store) = fresh(&group).await;
+    let a = id(1, 1);
+    store
+        .write_direct(vec![(0, data(a, 0, UNIT))])
+        .await
+        .unwrap();
+    assert_eq!(store.read(0, UNIT).await.unwrap(), data(a, 0, UNIT));
+    store.seal_version(1).await.unwrap();
+    let refused = store.write_direct(vec![(0, data(a, 1, UNIT))]).await;
+    assert!(refused.unwrap_err().to_string().contains("versions"));
+    assert_eq!(
+        store.read_version(1, 0, UNIT).await.unwrap(),
+        data(a, 0, UNIT)
+    );
+}
+
+#[tokio::test]
+async fn when_versions_keep_the_space_a_prepare_is_refused_saying_so() {
+    let group = CrashGroup::new();
+    let (_, store) = fresh(&group).await;
+    let staging = store.layout().staging_bytes as usize;
+    // Each round overwrites the whole share after a new version: the versions keep it all.
+    let mut seq = 0;
+    let refusal = loop {
+        seq += 1;
+        store.seal_version(seq).await.unwrap();
+        let iv = id(1, seq);
+        let vote = store
+            .prepare_tagged(iv, vec![0], vec![(0, data(iv, 0, HOME as usize))], &[], seq)
+            .await
+            .unwrap();
+        match vote {
+            Vote::Yes => assert!(store.decide(iv, Decision::Commit).await.unwrap()),
+            Vote::No(why) => break why,
+        }
+        assert!(seq as usize <= staging / HOME as usize + 1, "never ran out");
+    };
+    assert!(
+        refusal.contains("no staging space") && refusal.contains("versions keep"),
+        "{refusal}"
+    );
+    // Deleting the oldest frees room again.
+    assert!(store.delete_version(1).await.unwrap());
+    let iv = id(1, seq);
+    let vote = store
+        .prepare_tagged(iv, vec![0], vec![(0, data(iv, 0, HOME as usize))], &[], seq)
+        .await
+        .unwrap();
+    assert_eq!(vote, Vote::Yes);
+}
+
+/// Rewrites a fresh brick's metadata as format 1 left it: layout version 1, no map, no
+/// versions blob, and the given records; data placed at the given device offsets.
+async fn as_format_one(
+    device: &DeviceRef,
+    records: Vec<(IntervalId, IntervalRecord)>,
+    staged: Vec<(u64, Bytes)>,
+) {
+    for (offset, bytes) in staged {
+        device
+            .write(offset, bytes, WriteFlags::default())
+            .await
+            .unwrap();
+    }
+    let recovered = strata_meta::recover(device.as_ref(), 0).await.unwrap();
+    let (meta, _) = MetaStore::open_recovered(
+        device.clone(),
+        recovered,
+        StoreOptions::new("forging format 1"),
+    )
+    .await
+    .unwrap();
+    meta.transact(TxnClass::Normal, |state, txn| {
+        let layout = state.id("layout").unwrap();
+        let mut bytes = state.blob(layout).unwrap().to_vec();
+        bytes[0] = 1;
+        txn.put_blob(layout, bytes);
+        txn.delete(state.id("map").unwrap());
+        txn.delete(state.id("versions").unwrap());
+        for (id, record) in &records {
+            // Format 1's encoding: version 1, no tag.
+            let mut encoded = record.encode();
+            encoded[0] = 1;
+            encoded.drain(2..10);
+            let blob = txn.create_blob(&format!("iv.{:016x}.{:016x}", id.client, id.seq));
+            txn.put_blob(blob, encoded);
+        }
+        Ok(())
+    })
+    .unwrap();
+    meta.commit().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_format_one_brick_is_upgraded_and_its_committed_intervals_redone() {
+    let group = CrashGroup::new();
+    let (device, store) = fresh(&group).await;
+    let layout = store.layout();
+    drop(store);
+    let a = id(1, 1);
+    // Committed in format 1, its copy home not done: packed at an odd place in staging.
+    let record = IntervalRecord {
+        state: RecordState::Committed,
+        tag: 0,
+        bricks: vec![0],
+        extents: vec![StagedExtent {
+            home: layout.home_offset + 1024,
+            staging: layout.staging_offset + 512,
+            len: 1024,
+        }],
+    };
+    as_format_one(
+        &device,
+        vec![(a, record)],
+        vec![(layout.staging_offset + 512, data(a, 0, 1024))],
+    )
+    .await;
+    let (store, report) = BrickStore::open(device.clone()).await.unwrap();
+    assert!(report.upgraded);
+    assert_eq!(report.redone, 1);
+    assert_eq!(store.read(1024, 1024).await.unwrap(), data(a, 0, 1024));
+    assert_no_space_lost(&store).await;
+    // And it is format 2 now: versions work.
+    store.seal_version(1).await.unwrap();
+    let b = id(1, 2);
+    commit(&store, b, 1, vec![(0, data(b, 0, UNIT))]).await;
+    assert_eq!(
+        &store.read_version(1, 1024, 1024).await.unwrap()[..],
+        &data(a, 0, 1024)[..]
+    );
+    drop(store);
+    let (_, report) = BrickStore::open(device).await.unwrap();
+    assert!(!report.upgraded, "upgraded once");
+}
+
+#[tokio::test]
+async fn a_format_one_brick_with_intervals_in_doubt_is_refused_not_guessed() {
+    let group = CrashGroup::new();
+    let (device, store) = fresh(&group).await;
+    let layout = store.layout();
+    drop(store);
+    let record = IntervalRecord {
+        state: RecordState::Prepared,
+        tag: 0,
+        bricks: vec![0, 1],
+        extents: vec![StagedExtent {
+            home: layout.home_offset,
+            staging: layout.staging_offset + 512,
+            len: 512,
+        }],
+    };
+    as_format_one(&device, vec![(id(1, 1), record)], Vec::new()).await;
+    let refused = BrickStore::open(device).await.err().unwrap().to_string();
+    assert!(
+        refused.contains("format-1 brick with 1 intervals in doubt"),
+        "{refused}"
+    );
+}
+
+#[tokio::test]
+async fn a_unit_the_map_and_a_version_both_claim_refuses_the_brick() {
+    let group = CrashGroup::new();
+    let (device, store) = fresh(&group).await;
+    let a = id(1, 1);
+    commit(&store, a, 0, vec![(0, data(a, 0, UNIT))]).await;
+    store.seal_version(1).await.unwrap();
+    commit(&store, id(1, 2), 1, vec![(0, data(a, 1, UNIT))]).await;
+    drop(store);
+    // Point unit 1 of the map at the unit version 1 keeps for unit 0.
+    let recovered = strata_meta::recover(device.as_ref(), 0).await.unwrap();
+    let (meta, _) =
+        MetaStore::open_recovered(device.clone(), recovered, StoreOptions::new("damaging"))
+            .await
+            .unwrap();
+    meta.transact(TxnClass::Normal, |state, txn| {
+        let version = state.id("version.0000000000000001").unwrap();
+        let kept = state.table(version).unwrap().get(0).unwrap().to_vec();
+        txn.set(state.id("map").unwrap(), 1, &kept);
+        Ok(())
+    })
+    .unwrap();
+    meta.commit().await.unwrap();
+    let refused = BrickStore::open(device).await.err().unwrap().to_string();
+    assert!(refused.contains("another owner"), "{refused}");
+}
