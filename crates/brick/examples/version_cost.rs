@@ -73,7 +73,7 @@ async fn main() {
     let wrote = started.elapsed();
     let kept = store.versions().await.unwrap()[0].held_bytes;
     let started = Instant::now();
-    store.rollback(1).await.unwrap();
+    store.rollback(1, 1).await.unwrap();
     let took = started.elapsed();
     assert_eq!(store.read(0, WRITE as usize).await.unwrap(), before);
     assert_eq!(store.versions().await.unwrap()[0].held_bytes, 0);

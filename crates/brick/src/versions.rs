@@ -163,6 +163,18 @@ impl VolumeVersions {
                 if let Err(error) = self.coord.fail_version(&self.volume, number, &why).await {
                     tracing::warn!(volume = %self.volume, number, %error, "failure not recorded");
                 }
+                // Bricks that created the version for commits tagged with it keep old data
+                // for it: let it go. A brick that does not answer keeps it, listed, until
+                // `version delete`.
+                for (brick, answer) in self
+                    .on_every_brick(|c| async move { c.delete_version(number).await })
+                    .await
+                {
+                    if let Err(error) = answer {
+                        tracing::warn!(volume = %self.volume, number, brick, %error,
+                            "failed version not deleted on the brick");
+                    }
+                }
                 Err(VersionError::Failed {
                     volume: self.volume.clone(),
                     number,
@@ -211,14 +223,15 @@ impl VolumeVersions {
             }
             tokio::time::sleep(POLL).await;
         }
-        // 2. No brick holds in doubt an interval of a client whose lease is gone: it may be
-        // tagged before the cut, and may yet commit. (A live client holds none tagged before
-        // it: every holder acknowledged, and a host that claims after the announcement tags
-        // its intervals with it or more.)
+        // 2. No brick holds in doubt an interval tagged before the cut of a client whose lease
+        // is gone: it may yet commit. (A live client holds none tagged before it: every
+        // holder acknowledged, and a host that claims after the announcement tags its
+        // intervals with it or more.) Once sealed, the bricks refuse any later prepare tagged
+        // before the cut, and sealing itself is refused while one is undecided.
         let mut alive: BTreeMap<u64, bool> = BTreeMap::new();
         loop {
             let answers = self
-                .on_every_brick(|c| async move { c.in_doubt().await })
+                .on_every_brick(|c| async move { c.in_doubt_tagged().await })
                 .await;
             let failures = Self::failures(&answers);
             if !failures.is_empty() {
@@ -229,7 +242,8 @@ impl VolumeVersions {
             }
             let mut doubtful = Vec::new();
             for (name, answer) in &answers {
-                for (id, _) in answer.as_ref().expect("failures returned above") {
+                let answer = answer.as_ref().expect("failures returned above");
+                for (id, _, _) in answer.iter().filter(|(_, _, tag)| *tag < number) {
                     let live = match alive.get(&id.client) {
                         Some(&live) => live,
                         None => {
@@ -347,8 +361,10 @@ impl VolumeVersions {
             Err(CoordError::Invalid(why)) => return Err(self.refused(why)),
             Err(e) => return Err(e.into()),
         }
+        // Hosts go on tagging with the counter: the numbers after `number` are spent.
+        let spent = self.coord.version(&self.volume).await?;
         let answers = self
-            .on_every_brick(|c| async move { c.rollback(number).await })
+            .on_every_brick(|c| async move { c.rollback(number, spent).await })
             .await;
         let failures = Self::failures(&answers);
         if !failures.is_empty() {

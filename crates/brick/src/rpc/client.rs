@@ -178,6 +178,15 @@ impl BrickClient {
     }
 
     pub async fn in_doubt(&self) -> Result<Vec<(IntervalId, Vec<u64>)>, RpcError> {
+        let listed = self.in_doubt_tagged().await?;
+        Ok(listed
+            .into_iter()
+            .map(|(id, bricks, _)| (id, bricks))
+            .collect())
+    }
+
+    /// [`Self::in_doubt`], with each interval's version tag.
+    pub async fn in_doubt_tagged(&self) -> Result<Vec<(IntervalId, Vec<u64>, u64)>, RpcError> {
         let reply = self
             .inner
             .clone()
@@ -196,6 +205,7 @@ impl BrickClient {
                         seq: id.seq,
                     },
                     i.bricks,
+                    i.tag,
                 ))
             })
             .collect())
@@ -271,10 +281,10 @@ impl BrickClient {
         Ok(reply.into_inner().deleted)
     }
 
-    pub async fn rollback(&self, number: u64) -> Result<(), RpcError> {
+    pub async fn rollback(&self, number: u64, spent: u64) -> Result<(), RpcError> {
         self.inner
             .clone()
-            .rollback(proto::VersionRequest { number })
+            .rollback(proto::RollbackRequest { number, spent })
             .await
             .map_err(|s| self.error(s))?;
         Ok(())

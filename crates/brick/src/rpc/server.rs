@@ -214,16 +214,17 @@ impl brick_server::Brick for BrickService {
     ) -> Result<Response<proto::InDoubtReply>, Status> {
         let intervals = self
             .store
-            .try_in_doubt()
+            .try_in_doubt_tagged()
             .await
             .map_err(|e| refuse("in doubt", e))?
             .into_iter()
-            .map(|(id, bricks)| proto::InDoubt {
+            .map(|(id, bricks, tag)| proto::InDoubt {
                 id: Some(proto::Interval {
                     client: id.client,
                     seq: id.seq,
                 }),
                 bricks,
+                tag,
             })
             .collect();
         Ok(Response::new(proto::InDoubtReply { intervals }))
@@ -335,11 +336,11 @@ impl brick_server::Brick for BrickService {
 
     async fn rollback(
         &self,
-        request: Request<proto::VersionRequest>,
+        request: Request<proto::RollbackRequest>,
     ) -> Result<Response<proto::Empty>, Status> {
-        let number = request.into_inner().number;
+        let proto::RollbackRequest { number, spent } = request.into_inner();
         let store = self.store.clone();
-        to_completion(async move { store.rollback(number).await })
+        to_completion(async move { store.rollback(number, spent).await })
             .await
             .map_err(|e| refuse("rollback", e))?;
         Ok(Response::new(proto::Empty {}))

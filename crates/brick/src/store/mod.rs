@@ -151,8 +151,9 @@ struct Mem {
     forgotten: BTreeMap<u64, u64>,
     epochs: BTreeMap<u32, i64>,
     fenced: BTreeSet<u64>,
-    /// Admitted prepares whose record is not made yet (their data is being staged).
-    preparing: BTreeSet<IntervalId>,
+    /// Admitted prepares whose record is not made yet (their data is being staged), with
+    /// their tags.
+    preparing: BTreeMap<IntervalId, u64>,
     /// From a commit's decision to its transaction (see the lock rules).
     applying: BTreeMap<IntervalId, Applying>,
     freeing: Vec<Freeing>,
@@ -452,7 +453,7 @@ impl BrickStore {
             let admitted = {
                 let mut mem = self.lock();
                 self.reclaim(&mut mem);
-                if mem.preparing.contains(&id) {
+                if mem.preparing.contains_key(&id) {
                     // A duplicate (the client sent it again): answered as a repeat once the
                     // first is recorded, or as the first was refused.
                     Admitted::Wait
@@ -462,7 +463,7 @@ impl BrickStore {
                         Admission::Repeat => Admitted::Answer(Vote::Yes),
                         Admission::Record => match mem.space.allocate(total) {
                             Some(runs) => {
-                                mem.preparing.insert(id);
+                                mem.preparing.insert(id, tag);
                                 Admitted::Staging(runs)
                             }
                             None => {
@@ -549,6 +550,13 @@ impl BrickStore {
         }
         if mem.fenced.contains(&id.client) {
             return Admission::No(fenced_client(id.client));
+        }
+        if tag < mem.versions_blob.sealed {
+            return Admission::No(format!(
+                "version {} is sealed here: interval {id:?}, tagged {tag}, would change it (its \
+                 host's lease ran out before the version was taken?)",
+                mem.versions_blob.sealed
+            ));
         }
         if tag > mem.versions_blob.newest + versions::MAX_VERSIONS_AHEAD {
             return Admission::No(format!(
@@ -717,7 +725,7 @@ impl BrickStore {
 
     /// The part of a decision made under the lock.
     fn decide_step(&self, mem: &mut Mem, id: IntervalId, decision: Decision) -> Result<Step> {
-        if decision == Decision::Commit && mem.preparing.contains(&id) {
+        if decision == Decision::Commit && mem.preparing.contains_key(&id) {
             // Nothing sends a commit before this brick voted, but a duplicate prepare might
             // still be running when the first one's vote led to it: wait for the record.
             return Ok(Step::Wait);
@@ -831,12 +839,22 @@ impl BrickStore {
 
     /// [`Self::in_doubt`], or the error that keeps it from being durable.
     pub async fn try_in_doubt(&self) -> Result<Vec<(IntervalId, Vec<u64>)>> {
+        let listed = self.try_in_doubt_tagged().await?;
+        Ok(listed
+            .into_iter()
+            .map(|(id, bricks, _)| (id, bricks))
+            .collect())
+    }
+
+    /// [`Self::try_in_doubt`], with each interval's version tag: an administrator taking a
+    /// version waits for those tagged below it.
+    pub async fn try_in_doubt_tagged(&self) -> Result<Vec<(IntervalId, Vec<u64>, u64)>> {
         let listed = {
             let mem = self.lock();
             mem.intervals
                 .iter()
                 .filter(|(_, l)| l.record.state == RecordState::Prepared)
-                .map(|(&id, l)| (id, l.record.bricks.clone()))
+                .map(|(&id, l)| (id, l.record.bricks.clone(), l.record.tag))
                 .collect()
         };
         self.meta.commit().await?;

@@ -224,7 +224,7 @@ impl BrickStore {
             forgotten: found.forgotten.1,
             epochs: found.epochs.1,
             fenced: found.fenced.1,
-            preparing: BTreeSet::new(),
+            preparing: BTreeMap::new(),
             applying: BTreeMap::new(),
             freeing: Vec::new(),
             versions: found

@@ -57,6 +57,9 @@ impl Pending {
 pub(super) struct VersionsBlob {
     /// The newest version number ever created here: a deleted version is not created again.
     pub newest: u64,
+    /// The newest version sealed here: its cut is final, and a prepare tagged below it is
+    /// refused (only a host whose lease ran out still sends one).
+    pub sealed: u64,
     pub pending: Option<Pending>,
 }
 
@@ -69,6 +72,7 @@ impl VersionsBlob {
         };
         let mut out = vec![BLOB_VERSION];
         out.extend_from_slice(&self.newest.to_le_bytes());
+        out.extend_from_slice(&self.sealed.to_le_bytes());
         out.push(kind);
         out.extend_from_slice(&number.to_le_bytes());
         out
@@ -83,6 +87,12 @@ impl VersionsBlob {
             ));
         }
         let newest = input.u64()?;
+        let sealed = input.u64()?;
+        if sealed > newest {
+            return Err(format!(
+                "version {sealed} sealed, past the newest, {newest}"
+            ));
+        }
         let kind = input.u8()?;
         let number = input.u64()?;
         if input.remaining() > 0 {
@@ -97,7 +107,11 @@ impl VersionsBlob {
             2 => Some(Pending::Delete(number)),
             other => return Err(format!("unknown step {other} in the versions blob")),
         };
-        Ok(VersionsBlob { newest, pending })
+        Ok(VersionsBlob {
+            newest,
+            sealed,
+            pending,
+        })
     }
 }
 
@@ -124,14 +138,40 @@ impl BrickStore {
         Ok(listed)
     }
 
-    /// Makes sure versions up to `number` exist here (a brick creates a version when the
-    /// first interval tagged with it commits; sealing creates it on bricks no such interval
-    /// reached). Idempotent.
+    /// Seals version `number`: its cut is final here. Makes sure versions up to it exist (a
+    /// brick creates a version when the first interval tagged with it commits; sealing
+    /// creates it on bricks no such interval reached), and from now on refuses prepares
+    /// tagged below it. Refused while an interval tagged below it is in doubt or being
+    /// prepared here: it could still change the version. Idempotent.
     pub async fn seal_version(&self, number: u64) -> Result<()> {
         {
             let mut mem = self.lock();
+            let open = mem
+                .intervals
+                .iter()
+                .filter(|(_, live)| live.record.state.holds_staging())
+                .map(|(&id, live)| (id, live.record.tag))
+                .chain(mem.preparing.iter().map(|(&id, &tag)| (id, tag)))
+                .find(|&(_, tag)| tag < number);
+            if let Some((id, tag)) = open {
+                return Err(BlockError::InvalidArgument(format!(
+                    "interval {id:?}, tagged {tag}, is undecided here: version {number} cannot \
+                     be sealed before it is decided"
+                )));
+            }
             if number > mem.versions_blob.newest {
                 self.create_versions(&mut mem, number)?;
+            }
+            if number > mem.versions_blob.sealed {
+                let mut blob = mem.versions_blob;
+                blob.sealed = number;
+                let blob_id = self.versions_blob;
+                self.meta.transact(TxnClass::Normal, |_, txn| {
+                    txn.put_blob(blob_id, blob.encode());
+                    Ok(())
+                })?;
+                mem.versions_blob = blob;
+                tracing::info!(number, "version sealed");
             }
         }
         self.meta.commit().await
@@ -157,18 +197,20 @@ impl BrickStore {
         })?;
         mem.versions.extend(created);
         mem.versions_blob = blob;
-        tracing::info!(newest = number, "versions sealed");
+        tracing::info!(newest = number, "versions created");
         Ok(())
     }
 
-    /// Records a step before its first change, or finds it already recorded (resumed).
-    fn begin_step(&self, mem: &mut Mem, step: Pending) -> Result<()> {
+    /// Records a step before its first change, or finds it already recorded (resumed). The
+    /// version numbers up to `spent` are marked used in the same transaction.
+    fn begin_step(&self, mem: &mut Mem, step: Pending, spent: u64) -> Result<()> {
         match mem.versions_blob.pending {
             Some(pending) if pending == step => Ok(()),
             Some(pending) => Err(busy(pending)),
             None => {
                 let mut blob = mem.versions_blob;
                 blob.pending = Some(step);
+                blob.newest = blob.newest.max(spent);
                 let blob_id = self.versions_blob;
                 self.meta.transact(TxnClass::Reclaim, |_, txn| {
                     txn.put_blob(blob_id, blob.encode());
@@ -187,7 +229,7 @@ impl BrickStore {
             let mut mem = self.lock();
             let kept = mem.versions.contains_key(&number);
             if kept {
-                self.begin_step(&mut mem, Pending::Delete(number))?;
+                self.begin_step(&mut mem, Pending::Delete(number), 0)?;
             }
             kept
         };
@@ -255,10 +297,11 @@ impl BrickStore {
     }
 
     /// Makes version `number` the brick's current content, and deletes the versions newer
-    /// than it. Refused while intervals are in doubt here or being prepared or committed.
-    /// Finished at the next open after a crash; prepares and reads are refused until it is
-    /// done.
-    pub async fn rollback(&self, number: u64) -> Result<()> {
+    /// than it. The numbers up to `spent` (the volume's counter, which hosts go on tagging
+    /// with) are never created here afterwards. Refused while intervals are in doubt here or
+    /// being prepared or committed. Finished at the next open after a crash; prepares and
+    /// reads are refused until it is done.
+    pub async fn rollback(&self, number: u64, spent: u64) -> Result<()> {
         {
             let mut mem = self.lock();
             if !mem.versions.contains_key(&number) {
@@ -280,7 +323,7 @@ impl BrickStore {
                     mem.preparing.len() + mem.applying.len()
                 )));
             }
-            self.begin_step(&mut mem, Pending::Rollback(number))?;
+            self.begin_step(&mut mem, Pending::Rollback(number), spent)?;
         }
         self.meta.commit().await?;
         self.finish_rollback(number).await
@@ -368,21 +411,28 @@ mod tests {
             VersionsBlob::default(),
             VersionsBlob {
                 newest: 9,
+                sealed: 8,
                 pending: Some(Pending::Rollback(4)),
             },
             VersionsBlob {
                 newest: 9,
+                sealed: 0,
                 pending: Some(Pending::Delete(7)),
             },
         ] {
             assert_eq!(VersionsBlob::decode(&blob.encode()), Ok(blob));
         }
         let mut bad = VersionsBlob::default().encode();
-        bad[9] = 7;
+        bad[17] = 7;
         assert!(VersionsBlob::decode(&bad)
             .unwrap_err()
             .contains("unknown step 7"));
         assert!(VersionsBlob::decode(&bad[..5]).is_err());
+        let mut ahead = VersionsBlob::default().encode();
+        ahead[9] = 1;
+        assert!(VersionsBlob::decode(&ahead)
+            .unwrap_err()
+            .contains("past the newest"));
         assert_eq!(parse_table_name(&table_name(0xabc)), Some(0xabc));
         assert_eq!(parse_table_name("version.12"), None);
         assert!(table_name(u64::MAX).len() <= strata_meta::MAX_NAME_LEN);

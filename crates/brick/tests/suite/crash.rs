@@ -144,6 +144,7 @@ async fn seed_run(seed: u64, planted: bool) -> Result<CrashStats, String> {
     };
     // The volume's version counter: new intervals are tagged with it.
     let mut counter = 0u64;
+    let mut sealed = 0u64;
     let mut in_flight: Option<VersionOp> = None;
     let ops = rng.random_range(10..60);
     let cut_at = group.mutating_ops() + rng.random_range(0..ops * 6);
@@ -158,21 +159,34 @@ async fn seed_run(seed: u64, planted: bool) -> Result<CrashStats, String> {
             .collect();
         let choice = rng.random_range(0..13);
         let failed = if choice >= 10 {
+            let undecided_below = |model: &Model, n: u64| {
+                (model.told.iter()).any(|(id, t)| *t == Told::Prepared && model.tags[id] < n)
+            };
             let op = match choice {
                 10 => {
                     // Announce a version: its content is what is committed now, and what
-                    // stragglers tagged below it still commit.
+                    // stragglers tagged below it still commit. The brick hears of it from
+                    // the first commit tagged with it, or when it is sealed.
                     counter += 1;
                     model.versions.insert(counter, model.home.clone());
+                    continue;
+                }
+                // Sealed once nothing tagged below it is undecided, as the administrator does.
+                11 if counter > sealed && !undecided_below(&model, counter) => {
                     VersionOp::Seal(counter)
                 }
-                11 if !model.versions.is_empty() => {
-                    let keys: Vec<u64> = model.versions.keys().copied().collect();
-                    VersionOp::Delete(keys[rng.random_range(0..keys.len())])
-                }
-                _ if !model.versions.is_empty() && prepared.is_empty() => {
-                    let keys: Vec<u64> = model.versions.keys().copied().collect();
-                    VersionOp::Rollback(keys[rng.random_range(0..keys.len())])
+                _ if sealed > 0 => {
+                    // Only sealed (complete) versions are deleted or rolled back to.
+                    let keys: Vec<u64> = model.versions.range(..=sealed).map(|(&v, _)| v).collect();
+                    if keys.is_empty() {
+                        continue;
+                    }
+                    let version = keys[rng.random_range(0..keys.len())];
+                    if rng.random_bool(0.5) || !prepared.is_empty() {
+                        VersionOp::Delete(version)
+                    } else {
+                        VersionOp::Rollback(version)
+                    }
                 }
                 _ => continue,
             };
@@ -180,11 +194,14 @@ async fn seed_run(seed: u64, planted: bool) -> Result<CrashStats, String> {
             let result = match op {
                 VersionOp::Seal(n) => store.seal_version(n).await,
                 VersionOp::Delete(n) => store.delete_version(n).await.map(|_| ()),
-                VersionOp::Rollback(n) => store.rollback(n).await,
+                VersionOp::Rollback(n) => store.rollback(n, counter).await,
             };
             match result {
                 Ok(()) => {
                     in_flight = None;
+                    if let VersionOp::Seal(n) = op {
+                        sealed = n;
+                    }
                     version_op_done(&mut model, op);
                     false
                 }

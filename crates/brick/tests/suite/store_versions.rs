@@ -49,13 +49,14 @@ async fn a_version_holds_what_was_tagged_before_its_cut_and_stragglers_land_insi
     let (_, store) = fresh(&group).await;
     let (a, b, c) = (id(1, 1), id(2, 1), id(1, 2));
     commit(&store, a, 0, vec![(0, data(a, 0, UNIT))]).await;
-    store.seal_version(1).await.unwrap();
-    assert_eq!(numbers(&store).await, vec![1]);
-    // C was prepared before its host saw version 1 (tag 0), B after (tag 1). B commits
-    // first; C still belongs before the cut.
+    // Version 1 announced: C was prepared before its host saw it (tag 0), B after (tag 1).
+    // B commits first, which creates version 1 here; C still belongs before the cut.
     prepare(&store, c, 0, vec![(8192, data(c, 0, UNIT))]).await;
     commit(&store, b, 1, vec![(0, data(b, 0, UNIT))]).await;
+    assert_eq!(numbers(&store).await, vec![1]);
     assert!(store.decide(c, Decision::Commit).await.unwrap());
+    // Nothing below the cut is undecided any more: the version is sealed, final.
+    store.seal_version(1).await.unwrap();
     assert_eq!(store.read(0, UNIT).await.unwrap(), data(b, 0, UNIT));
     assert_eq!(
         store.read_version(1, 0, UNIT).await.unwrap(),
@@ -109,6 +110,11 @@ async fn a_commit_tagged_past_the_newest_version_creates_the_versions_up_to_it()
             data(a, 0, UNIT)
         );
     }
+    // A deleted number is not created again by a later commit tagged with it.
+    assert!(store.delete_version(2).await.unwrap());
+    let c = id(1, 4);
+    commit(&store, c, 2, vec![(0, data(c, 0, UNIT))]).await;
+    assert_eq!(numbers(&store).await, vec![1]);
     // A tag absurdly far ahead is refused, not answered with millions of tables.
     let far = store
         .prepare_tagged(id(1, 3), vec![0], vec![(0, data(a, 0, 512))], &[], 1 << 40)
@@ -144,9 +150,13 @@ async fn deleting_a_version_keeps_the_older_ones_whole_and_frees_the_rest() {
     assert!(store.delete_version(3).await.unwrap());
     assert!(store.staging_free().await > before);
     assert_eq!(store.staging_free().await, store.layout().staging_bytes);
-    // A deleted number is not created again by a late commit tagged with it.
+    // A prepare tagged below the sealed version 3 is refused.
     let late = id(1, 9);
-    commit(&store, late, 2, vec![(0, data(late, 0, UNIT))]).await;
+    let vote = store
+        .prepare_tagged(late, vec![0], vec![(0, data(late, 0, UNIT))], &[], 2)
+        .await
+        .unwrap();
+    assert!(matches!(vote, Vote::No(why) if why.contains("sealed")));
     assert!(numbers(&store).await.is_empty());
 }
 
@@ -163,10 +173,10 @@ async fn a_roll_back_restores_the_cut_and_deletes_newer_versions() {
     // Refused while an interval is in doubt here.
     let pending = id(2, 1);
     prepare(&store, pending, 2, vec![(65536, data(pending, 0, 512))]).await;
-    let refused = store.rollback(1).await.unwrap_err().to_string();
+    let refused = store.rollback(1, 3).await.unwrap_err().to_string();
     assert!(refused.contains("in doubt"), "{refused}");
     assert!(store.decide(pending, Decision::Abort).await.unwrap());
-    store.rollback(1).await.unwrap();
+    store.rollback(1, 3).await.unwrap();
     assert_eq!(store.read(0, 3 * UNIT).await.unwrap(), data(a, 0, 3 * UNIT));
     assert_eq!(numbers(&store).await, vec![1]);
     assert_eq!(
@@ -174,15 +184,17 @@ async fn a_roll_back_restores_the_cut_and_deletes_newer_versions() {
         data(a, 0, 3 * UNIT)
     );
     assert_no_space_lost(&store).await;
-    // Writing goes on after it, and version 1 stays what it was.
+    // Writing goes on after it, tagged with the counter (3), and version 1 stays what it
+    // was; the spent numbers 2 and 3 are not created again.
     let d = id(1, 4);
-    commit(&store, d, 2, vec![(0, data(d, 0, UNIT))]).await;
+    commit(&store, d, 3, vec![(0, data(d, 0, UNIT))]).await;
+    assert_eq!(numbers(&store).await, vec![1]);
     assert_eq!(store.read(0, UNIT).await.unwrap(), data(d, 0, UNIT));
     assert_eq!(
         store.read_version(1, 0, 3 * UNIT).await.unwrap(),
         data(a, 0, 3 * UNIT)
     );
-    assert!(store.rollback(7).await.is_err(), "no version 7");
+    assert!(store.rollback(7, 7).await.is_err(), "no version 7");
 }
 
 #[tokio::test]
@@ -399,4 +411,39 @@ async fn a_unit_the_map_and_a_version_both_claim_refuses_the_brick() {
     meta.commit().await.unwrap();
     let refused = BrickStore::open(device).await.err().unwrap().to_string();
     assert!(refused.contains("another owner"), "{refused}");
+}
+
+#[tokio::test]
+async fn a_sealed_version_is_final_stragglers_after_it_are_refused() {
+    let group = CrashGroup::new();
+    let (_, store) = fresh(&group).await;
+    let (a, late) = (id(1, 1), id(2, 1));
+    // Sealing waits for what is undecided below the cut: it could still change the version.
+    prepare(&store, a, 0, vec![(0, data(a, 0, UNIT))]).await;
+    let refused = store.seal_version(1).await.unwrap_err().to_string();
+    assert!(refused.contains("undecided"), "{refused}");
+    assert!(store.decide(a, Decision::Commit).await.unwrap());
+    store.seal_version(1).await.unwrap();
+    store.seal_version(1).await.unwrap();
+    // A host whose lease ran out before the version was taken still tags 0: refused.
+    let vote = store
+        .prepare_tagged(late, vec![0], vec![(0, data(late, 0, UNIT))], &[], 0)
+        .await
+        .unwrap();
+    assert!(
+        matches!(&vote, Vote::No(why) if why.contains("sealed")),
+        "{vote:?}"
+    );
+    assert_eq!(
+        store.read_version(1, 0, UNIT).await.unwrap(),
+        data(a, 0, UNIT)
+    );
+    // Tagged with the version or later: taken.
+    commit(&store, id(2, 2), 1, vec![(0, data(late, 1, UNIT))]).await;
+    assert_eq!(
+        store.read_version(1, 0, UNIT).await.unwrap(),
+        data(a, 0, UNIT)
+    );
+    let listed = store.try_in_doubt_tagged().await.unwrap();
+    assert!(listed.is_empty());
 }
