@@ -119,10 +119,19 @@ class BrickProc:
             assert time.monotonic() < deadline
             time.sleep(0.2)
 
-    def home(self) -> bytes:
-        with open(self.image, "rb") as f:
-            f.seek(META)
-            return f.read(HOME)
+    def home(self, version: int | None = None) -> bytes:
+        """The brick's share (or a version of it), as its durable metadata says: the map
+        sends units anywhere in the brick (docs/brick-format.md), so it is read by `strata
+        brick dump`, which opens the brick read-only and may run while it is served."""
+        out = self.image.with_suffix(".share")
+        args = [str(STRATA_BIN), "brick", "dump", str(self.image), "--output", str(out)]
+        if version is not None:
+            args += ["--version", str(version)]
+        run(args)
+        data = out.read_bytes()
+        out.unlink()
+        assert len(data) == HOME, len(data)
+        return data
 
     def text(self) -> str:
         return self.log_path.read_text(errors="replace")

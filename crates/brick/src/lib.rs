@@ -18,6 +18,7 @@
 pub mod commit;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod inspect;
 mod layout;
 pub mod participant;
 mod record;

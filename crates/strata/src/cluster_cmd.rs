@@ -55,6 +55,17 @@ pub enum BrickCommand {
         #[arg(long)]
         force: bool,
     },
+    /// Write a brick's share (or a version of it) to a file, as its durable metadata says.
+    /// Opens the brick read-only and writes nothing to it: safe while it is served.
+    Dump {
+        path: PathBuf,
+        /// Where to write the share (the whole of it).
+        #[arg(long)]
+        output: PathBuf,
+        /// A version of the share instead of its current data.
+        #[arg(long)]
+        version: Option<u64>,
+    },
     /// Serve a brick's transaction channel. With --etcd, join the cluster as a brick (listed
     /// in its catalog) and resolve the intervals in doubt of clients whose lease is gone.
     Serve {
@@ -279,6 +290,31 @@ pub fn run_brick(command: BrickCommand) -> anyhow::Result<()> {
                     path.display(),
                     layout.home_bytes,
                     layout.staging_bytes
+                );
+                Ok(())
+            }
+            BrickCommand::Dump {
+                path,
+                output,
+                version,
+            } => {
+                let mut options = FileOptions::new(&path);
+                options.read_only = true;
+                let device: DeviceRef = Arc::new(
+                    FileDevice::open(options, TokioRuntime::current())
+                        .with_context(|| format!("{}", path.display()))?,
+                );
+                let share = strata_brick::inspect::read_share(&device, version)
+                    .await
+                    .with_context(|| format!("reading the share of {}", path.display()))?;
+                std::fs::write(&output, &share)
+                    .with_context(|| format!("writing {}", output.display()))?;
+                outln!(
+                    "brick {}: {} bytes of its share{} written to {}",
+                    path.display(),
+                    share.len(),
+                    version.map_or(String::new(), |n| format!(" (version {n})")),
+                    output.display()
                 );
                 Ok(())
             }

@@ -51,7 +51,7 @@
 mod apply;
 mod map;
 mod open;
-mod versions;
+pub(crate) mod versions;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -73,7 +73,7 @@ use versions::VersionsBlob;
 pub const OWNER: &str = "strata brick";
 /// Writes are whole sectors: the smallest unit a device writes without a read before.
 pub const SECTOR: u64 = 512;
-const LAYOUT_BLOB: &str = "layout";
+pub(crate) const LAYOUT_BLOB: &str = "layout";
 /// Per client, the sequence number below which its intervals are forgotten (see `forget`).
 const FORGOTTEN_TABLE: &str = "forgotten";
 /// Per lock segment of the volume, the newest claim epoch a prepare carried (fencing).
@@ -83,7 +83,7 @@ const EPOCHS_TABLE: &str = "epochs";
 const FENCED_TABLE: &str = "fenced";
 /// Per unit of the share (its index), the device offset of the unit holding its data, for
 /// units that are not at home.
-const MAP_TABLE: &str = "map";
+pub(crate) const MAP_TABLE: &str = "map";
 
 #[derive(Clone, Debug)]
 pub struct BrickOptions {
@@ -997,26 +997,14 @@ impl BrickStore {
     /// device, as runs in order.
     fn locate(&self, version: Option<u64>, offset: u64, len: u64) -> Vec<(u64, u64)> {
         let mem = self.lock();
-        let numbers = mem.version_numbers();
         self.meta.read(|state| {
-            let map = state.table(self.map_table).expect("checked at open");
-            let table_of = |v: u64| state.table(mem.versions[&v]).expect("checked at open");
-            let mut pieces = Vec::new();
-            let mut at = offset;
-            while at < offset + len {
-                let unit = at / UNIT;
-                let end = ((unit + 1) * UNIT).min(offset + len);
-                let kept = version.and_then(|n| {
-                    map::resolve(&numbers, n, |v| table_of(v).get(unit).is_some())
-                        .map(|v| u64_of(table_of(v).get(unit).expect("resolved")))
-                });
-                let device = kept
-                    .or_else(|| map.get(unit).map(u64_of))
-                    .unwrap_or(self.layout.home_offset + unit * UNIT);
-                pieces.push((device + at % UNIT, end - at));
-                at = end;
-            }
-            map::coalesce(pieces)
+            let place = Placement {
+                state,
+                map: self.map_table,
+                versions: &mem.versions,
+                home_offset: self.layout.home_offset,
+            };
+            place.locate(version, offset, len)
         })
     }
 
@@ -1045,6 +1033,45 @@ impl BrickStore {
             out.extend_from_slice(&self.device.read(offset + out.len() as u64, piece).await?);
         }
         Ok(out)
+    }
+}
+
+/// Where the share's units are, as a metadata state says: the map, the versions' tables,
+/// home. Read by the store under its lock, and by `inspect` from recovered metadata.
+pub(crate) struct Placement<'a> {
+    pub state: &'a strata_meta::State,
+    pub map: ObjectId,
+    pub versions: &'a BTreeMap<u64, ObjectId>,
+    pub home_offset: u64,
+}
+
+impl Placement<'_> {
+    /// Where the bytes `[offset, +len)` of the share, or of version `version` of it, are on
+    /// the device, as runs in order.
+    pub fn locate(&self, version: Option<u64>, offset: u64, len: u64) -> Vec<(u64, u64)> {
+        let numbers: BTreeSet<u64> = self.versions.keys().copied().collect();
+        let map = self.state.table(self.map).expect("checked at open");
+        let table_of = |v: u64| {
+            self.state
+                .table(self.versions[&v])
+                .expect("checked at open")
+        };
+        let mut pieces = Vec::new();
+        let mut at = offset;
+        while at < offset + len {
+            let unit = at / UNIT;
+            let end = ((unit + 1) * UNIT).min(offset + len);
+            let kept = version.and_then(|n| {
+                map::resolve(&numbers, n, |v| table_of(v).get(unit).is_some())
+                    .map(|v| u64_of(table_of(v).get(unit).expect("resolved")))
+            });
+            let device = kept
+                .or_else(|| map.get(unit).map(u64_of))
+                .unwrap_or(self.home_offset + unit * UNIT);
+            pieces.push((device + at % UNIT, end - at));
+            at = end;
+        }
+        map::coalesce(pieces)
     }
 }
 

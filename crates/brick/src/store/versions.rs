@@ -28,7 +28,7 @@ pub(super) fn table_name(number: u64) -> String {
     format!("{TABLE_PREFIX}{number:016x}")
 }
 
-pub(super) fn parse_table_name(name: &str) -> Option<u64> {
+pub(crate) fn parse_table_name(name: &str) -> Option<u64> {
     let hex = name.strip_prefix(TABLE_PREFIX)?;
     (hex.len() == 16).then(|| u64::from_str_radix(hex, 16).ok())?
 }
