@@ -35,7 +35,7 @@ pub(crate) fn parse_table_name(name: &str) -> Option<u64> {
 
 /// A multi-transaction step in progress.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Pending {
+pub(crate) enum Pending {
     Rollback(u64),
     Delete(u64),
 }
@@ -54,7 +54,7 @@ impl Pending {
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(super) struct VersionsBlob {
+pub(crate) struct VersionsBlob {
     /// The newest version number ever created here: a deleted version is not created again.
     pub newest: u64,
     /// The newest version sealed here: its cut is final, and a prepare tagged below it is
@@ -64,7 +64,7 @@ pub(super) struct VersionsBlob {
 }
 
 impl VersionsBlob {
-    pub(super) fn encode(&self) -> Vec<u8> {
+    pub(crate) fn encode(&self) -> Vec<u8> {
         let (kind, number) = match self.pending {
             None => (0u8, 0),
             Some(Pending::Rollback(number)) => (1, number),
@@ -78,7 +78,7 @@ impl VersionsBlob {
         out
     }
 
-    pub(super) fn decode(bytes: &[u8]) -> std::result::Result<VersionsBlob, String> {
+    pub(crate) fn decode(bytes: &[u8]) -> std::result::Result<VersionsBlob, String> {
         let mut input = Fields::new(bytes, "versions blob");
         let version = input.u8()?;
         if version != BLOB_VERSION {
