@@ -172,11 +172,15 @@ async fn write_for(
                 if Instant::now() >= deadline {
                     return;
                 }
+                // Announce: new intervals are tagged with it at once. Then seal, as the
+                // administrator does, once nothing tagged below it is undecided.
                 let next = tag.load(Ordering::SeqCst) + 1;
-                for store in &stores {
-                    store.seal_version(next).await.unwrap();
-                }
                 tag.store(next, Ordering::SeqCst);
+                for store in &stores {
+                    while store.seal_version(next).await.is_err() {
+                        tokio::time::sleep(Duration::from_millis(2)).await;
+                    }
+                }
             }
         })
     });

@@ -334,6 +334,11 @@ impl BrickStore {
     /// Each replaced unit is freed (only the map pointed at it). Versions newer than
     /// `number` are deleted once empty; `number` stays, empty: it equals the current data.
     pub(super) async fn finish_rollback(&self, number: u64) -> Result<()> {
+        // Progress, for the log: a roll-back of much change takes seconds.
+        let started = std::time::Instant::now();
+        let mut reported = started;
+        let mut put_back = 0u64;
+        let mut moved;
         loop {
             let done = {
                 let mut mem = self.lock();
@@ -381,12 +386,23 @@ impl BrickStore {
                 if finished {
                     mem.versions_blob = blob;
                 }
+                moved = entries.len() as u64;
                 finished
             };
             self.meta.commit().await?;
+            put_back += moved;
             if done {
-                tracing::info!(number, "rolled back");
+                tracing::info!(
+                    number,
+                    put_back,
+                    seconds = started.elapsed().as_secs_f64(),
+                    "rolled back"
+                );
                 return Ok(());
+            }
+            if reported.elapsed() >= std::time::Duration::from_secs(2) {
+                reported = std::time::Instant::now();
+                tracing::info!(number, put_back, "rolling back");
             }
         }
     }
