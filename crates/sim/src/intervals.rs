@@ -35,7 +35,8 @@
 //! - **versions**: every brick keeps exactly the versions announced, and `read_version(n)`
 //!   is the model of the committed intervals tagged below `n`, each client's in its order;
 //!   the two copies of a set read the same for every version; a prepare tagged below the
-//!   newest sealed version is refused;
+//!   newest sealed version is refused; no client that lived through its prepares was refused
+//!   by a sealed version (the sealer waited for it);
 //! - **roll-back**, in about half the seeds: every brick rolls back to a random announced
 //!   version `n` (with the counter as spent); then its home is version `n`'s model, it keeps
 //!   versions 1 to `n` only, each still reading as its model, and no staging space is lost.
@@ -946,6 +947,21 @@ async fn check(world: &Arc<World>, roll_back: bool) -> Result<(), String> {
             }
         }
         staging_whole(b, store, "").await?;
+    }
+    // The sealer waited for every live client to move past a version before sealing it: no
+    // client that lived through its prepares was refused by a sealed version. (A client whose
+    // tags go down, the planted bug, is refused so; the version checks above catch it.)
+    if !world.net.faults.unsafe_tags_go_down {
+        for (id, outcome) in &outcomes {
+            if let Some((b, why)) =
+                (outcome.refusals.iter()).find(|(_, why)| why.contains("is sealed here"))
+            {
+                return Err(format!(
+                    "interval {id:?}, tagged {}, of a live client, was refused by brick {b}: {why}",
+                    tags[id]
+                ));
+            }
+        }
     }
     if roll_back && counter > 0 {
         let n = world.versions_rng.lock().unwrap().random_range(1..=counter);
