@@ -1,4 +1,5 @@
-//! Consistency intervals under network faults and crashes, in virtual time (issue 19).
+//! Consistency intervals and globally consistent versions under network faults and crashes,
+//! in virtual time (issue 19).
 //!
 //! Strata's own code runs here, unchanged: each brick is a `BrickStore` on a crash-harness
 //! disk, clients run `commit::run_interval`, and every brick runs `resolve::resolve_in_doubt`
@@ -9,19 +10,44 @@
 //! wake up to send the decision they had taken. A brick runs a request to its end whatever
 //! becomes of the caller, as its server does.
 //!
+//! **Versions.** While the clients run, a task announces versions: the volume's counter goes
+//! up by one every 20 to 80 ms of virtual time. Each client tags each interval with the
+//! counter as it reads it when the interval begins, so its tags never go down; clients write
+//! disjoint units, so per unit the intervals commit in tag order, as the store requires. In
+//! half the seeds a sealer seals versions during the run, as the admin would but reaching
+//! the bricks directly (not over the faulty network): the oldest announced version not
+//! sealed yet, once no live client runs an interval tagged below it (its acknowledgement),
+//! every brick has power and no brick holds in doubt an interval tagged below it; a refusal
+//! or a power cut leaves it for a later try.
+//!
 //! Once the faults stop, every brick is brought back, clients deliver what they owe, and the
-//! bricks resolve what the dead left in doubt. Then, for the seed to pass:
-//! - nothing is left in doubt, and no staging space is lost;
+//! bricks resolve what the dead left in doubt. Every announced version is then sealed on
+//! every brick, in order, each once no brick holds in doubt an interval tagged below it
+//! (none is left by then: asserted). Then, for the seed to pass:
+//! - nothing is left in doubt, and no staging space is lost: free staging plus the bytes the
+//!   versions hold is the whole staging area;
 //! - **atomicity**: each interval is committed on every brick it wrote to, or on none;
 //! - what a client saw committed (acknowledged by at least one brick) is committed; what it
 //!   saw aborted is not;
 //! - **per-client order and replica equality**: every brick's home is exactly the model's,
 //!   each client's committed intervals applied in the order it ran them (clients write
-//!   disjoint ranges), so the two copies of each mirror set are byte-identical.
+//!   disjoint ranges), so the two copies of each mirror set are byte-identical;
+//! - **versions**: every brick keeps exactly the versions announced, and `read_version(n)`
+//!   is the model of the committed intervals tagged below `n`, each client's in its order;
+//!   the two copies of a set read the same for every version; a prepare tagged below the
+//!   newest sealed version is refused; no client that lived through its prepares was refused
+//!   by a sealed version (the sealer waited for it);
+//! - **roll-back**, in about half the seeds: every brick rolls back to a random announced
+//!   version `n` (with the counter as spent); then its home is version `n`'s model, it keeps
+//!   versions 1 to `n` only, each still reading as its model, and no staging space is lost.
+//!
+//! A *straggler* is counted when a commit reaches a brick that holds the interval prepared
+//! and already keeps a version above its tag (a lower bound: a version created while the
+//! commit runs is not counted).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -70,6 +96,11 @@ pub struct Faults {
     /// Planted bug for the harness's own test: bricks acknowledge `FenceClient` from a peer
     /// without recording it, so a resolution can read states a paused client still changes.
     pub unsafe_peers_ignore_fences: bool,
+    /// Planted bug for the harness's own test: a client tags half its intervals one below
+    /// the counter, so its tags can go down (a host that forgot its version floor). Per unit,
+    /// intervals then commit out of tag order, which the bricks' copy-on-write by tag does
+    /// not allow for: a version no longer reads as the intervals tagged below it.
+    pub unsafe_tags_go_down: bool,
 }
 
 impl Default for Faults {
@@ -83,6 +114,7 @@ impl Default for Faults {
             client_deaths: 0.04,
             client_pauses: 0.08,
             unsafe_peers_ignore_fences: false,
+            unsafe_tags_go_down: false,
         }
     }
 }
@@ -96,6 +128,14 @@ pub struct RunStats {
     pub client_deaths: u64,
     pub client_pauses: u64,
     pub resolved: u64,
+    /// Versions announced (the counter at the end).
+    pub versions: u64,
+    /// Versions sealed on every brick while the faults went on (the others at the end).
+    pub sealed_in_run: u64,
+    /// Intervals that committed on a brick already keeping a version above their tag.
+    pub stragglers: u64,
+    /// Roll-backs run on every brick and checked.
+    pub rollbacks: u64,
 }
 
 /// One brick: its store, while it has power, and the disk group it lives on.
@@ -176,11 +216,13 @@ impl Net {
 struct Link {
     brick: Arc<BrickSlot>,
     net: Arc<Net>,
+    /// The world, to pause a client and to note stragglers.
+    world: Arc<World>,
     /// The sender is a brick resolving: the planted bug applies to its fences.
     from_peer: bool,
     /// The sender is this client, which may pause before it sends a decision (a paused
     /// process sends nothing until it wakes up; its lease runs out meanwhile).
-    client: Option<(u64, Arc<World>)>,
+    client: Option<u64>,
 }
 
 impl Link {
@@ -234,15 +276,17 @@ impl Participant for Link {
     }
 
     async fn decide(&self, id: IntervalId, decision: Decision) -> Result<bool, RpcError> {
-        if let Some((client, world)) = &self.client {
-            world.maybe_pause(*client).await;
+        if let Some(client) = self.client {
+            self.world.maybe_pause(client).await;
         }
-        self.call(move |s| async move { s.decide(id, decision).await })
+        let world = self.world.clone();
+        self.call(move |s| async move { world.decide_watched(&s, id, decision, false).await })
             .await
     }
 
     async fn decide_resolved(&self, id: IntervalId, decision: Decision) -> Result<bool, RpcError> {
-        self.call(move |s| async move { s.decide_resolved(id, decision).await })
+        let world = self.world.clone();
+        self.call(move |s| async move { world.decide_watched(&s, id, decision, true).await })
             .await
     }
 
@@ -276,6 +320,19 @@ struct World {
     log: Mutex<Log>,
     stats: Mutex<RunStats>,
     stop_resolvers: AtomicBool,
+    /// The volume's version counter: versions 1 to it are announced.
+    counter: AtomicU64,
+    /// Per live client, the tag of the interval it is running (until its decision is
+    /// delivered): its "acknowledgement" of a version is this tag at or above it, or none.
+    running: Mutex<BTreeMap<u64, u64>>,
+    /// The versions sealed on every brick during the run: 1 to this.
+    sealed_in_run: AtomicU64,
+    /// Every client has run its intervals (or died): announcing and sealing stop.
+    clients_done: AtomicBool,
+    /// Intervals that committed on some brick already keeping a version above their tag.
+    stragglers: Mutex<BTreeSet<IntervalId>>,
+    /// Draws for the versions' tasks, apart from the workload's.
+    versions_rng: Mutex<ChaCha8Rng>,
 }
 
 #[derive(Default)]
@@ -284,6 +341,8 @@ struct Log {
     writes: BTreeMap<IntervalId, Vec<(usize, u64, Bytes)>>,
     /// How each ended, as its client saw it (none: it died inside).
     outcomes: BTreeMap<IntervalId, Outcome>,
+    /// The version tag of each interval begun.
+    tags: BTreeMap<IntervalId, u64>,
 }
 
 impl World {
@@ -318,19 +377,56 @@ impl World {
     }
 
     /// A brick's links to its peers.
-    fn peer_links(&self, me: usize) -> BTreeMap<u64, Link> {
+    fn peer_links(self: &Arc<Self>, me: usize) -> BTreeMap<u64, Link> {
         (self.bricks.iter().enumerate())
             .filter(|&(b, _)| b != me)
             .map(|(b, brick)| {
                 let link = Link {
                     brick: brick.clone(),
                     net: self.net.clone(),
+                    world: self.clone(),
                     from_peer: true,
                     client: None,
                 };
                 (b as u64, link)
             })
             .collect()
+    }
+
+    /// A decision, as the brick runs it. A commit of an interval this brick still held
+    /// prepared while it already kept a version above the interval's tag makes the interval
+    /// a straggler: it lands inside a version created before it (a lower bound: a version
+    /// created while the commit runs is not counted).
+    async fn decide_watched(
+        &self,
+        store: &BrickStore,
+        id: IntervalId,
+        decision: Decision,
+        resolved: bool,
+    ) -> strata_core::Result<bool> {
+        let tag = self.log.lock().unwrap().tags.get(&id).copied();
+        let watch = match tag {
+            Some(tag)
+                if decision == Decision::Commit && tag < self.counter.load(Ordering::SeqCst) =>
+            {
+                let above = (store.versions().await.ok())
+                    .is_some_and(|versions| versions.iter().any(|v| v.number > tag));
+                above && store.try_status(id).await.ok() == Some(Some(Status::Prepared))
+            }
+            _ => false,
+        };
+        let answer = if resolved {
+            store.decide_resolved(id, decision).await?
+        } else {
+            store.decide(id, decision).await?
+        };
+        if watch
+            && answer
+            && store.try_status(id).await.ok() == Some(Some(Status::Decided(Decision::Commit)))
+        {
+            self.stragglers.lock().unwrap().insert(id);
+        }
+        Ok(answer)
     }
 }
 
@@ -351,16 +447,26 @@ async fn client(world: Arc<World>, client: u64, intervals: u64) {
         .map(|brick| Link {
             brick: brick.clone(),
             net: world.net.clone(),
+            world: world.clone(),
             from_peer: false,
-            client: Some((client, world.clone())),
+            client: Some(client),
         })
         .collect();
     for seq in 1..=intervals {
         if world.dead.lock().unwrap().contains(&client) {
             // It paused past its lease: awake, it knows it is fenced and stops.
+            world.running.lock().unwrap().remove(&client);
             return;
         }
         let id = IntervalId { client, seq };
+        // Tagged with the counter as read now; a client's tags never go down, and clients
+        // write disjoint units, so per unit the intervals commit in tag order.
+        let tag = world.counter.load(Ordering::SeqCst);
+        let tag = match world.net.faults.unsafe_tags_go_down {
+            true if tag > 0 && world.draw(0.5) => tag - 1,
+            _ => tag,
+        };
+        world.running.lock().unwrap().insert(client, tag);
         let writes: Vec<(usize, u64, Bytes)> = {
             let mut rng = world.rng.lock().unwrap();
             (0..rng.random_range(1..4usize))
@@ -379,14 +485,17 @@ async fn client(world: Arc<World>, client: u64, intervals: u64) {
                 (by_brick.entry(set * COPIES + copy).or_default()).push((*offset, bytes.clone()));
             }
         }
-        world.log.lock().unwrap().writes.insert(id, writes);
+        {
+            let mut log = world.log.lock().unwrap();
+            log.writes.insert(id, writes);
+            log.tags.insert(id, tag);
+        }
         world.stats.lock().unwrap().intervals += 1;
         let dies_at = world.draw(world.net.faults.client_deaths).then(|| {
             let nanos = world.rng.lock().unwrap().random_range(0..30_000_000u64);
             Duration::from_nanos(nanos)
         });
-        // Tag 0: the simulated clients take no versions (yet).
-        let run = run_interval(&links, id, by_brick, &[], 0);
+        let run = run_interval(&links, id, by_brick, &[], tag);
         let outcome = match dies_at {
             None => run.await,
             Some(after) => {
@@ -396,6 +505,7 @@ async fn client(world: Arc<World>, client: u64, intervals: u64) {
                     futures_util::future::Either::Right(_) => {
                         // Dropped mid-interval: whatever it sent stays sent.
                         world.dead.lock().unwrap().insert(client);
+                        world.running.lock().unwrap().remove(&client);
                         world.stats.lock().unwrap().client_deaths += 1;
                         return;
                     }
@@ -418,6 +528,63 @@ async fn client(world: Arc<World>, client: u64, intervals: u64) {
             world.stats.lock().unwrap().committed += 1;
         }
         world.log.lock().unwrap().outcomes.insert(id, outcome);
+        world.running.lock().unwrap().remove(&client);
+    }
+}
+
+/// Announces versions at random times while the clients run: the counter goes up by one
+/// every 20 to 80 ms. Clients tag their next intervals with it.
+async fn announcer(world: Arc<World>) {
+    loop {
+        let wait = world.versions_rng.lock().unwrap().random_range(20..=80u64);
+        world.runtime.sleep(Duration::from_millis(wait)).await;
+        if world.clients_done.load(Ordering::SeqCst) {
+            return;
+        }
+        world.counter.fetch_add(1, Ordering::SeqCst);
+        world.stats.lock().unwrap().versions += 1;
+    }
+}
+
+/// Seals versions while the faults go on, as the admin would (but reaching the bricks
+/// directly, not over the faulty network): the oldest announced version not sealed yet,
+/// once every live client has moved past it, every brick has power, and no brick holds in
+/// doubt an interval tagged below it. A refusal or a power cut leaves it for the next try;
+/// sealing is idempotent.
+async fn sealer(world: Arc<World>) {
+    while !world.clients_done.load(Ordering::SeqCst) {
+        let wait = world.versions_rng.lock().unwrap().random_range(5..=30u64);
+        world.runtime.sleep(Duration::from_millis(wait)).await;
+        let n = world.sealed_in_run.load(Ordering::SeqCst) + 1;
+        if n > world.counter.load(Ordering::SeqCst) {
+            continue;
+        }
+        let acked = {
+            let dead = world.dead.lock().unwrap();
+            (world.running.lock().unwrap().iter()).all(|(c, &tag)| dead.contains(c) || tag >= n)
+        };
+        let stores: Option<Vec<Arc<BrickStore>>> = world.bricks.iter().map(|b| b.store()).collect();
+        let (true, Some(stores)) = (acked, stores) else {
+            continue;
+        };
+        let mut clear = true;
+        for store in &stores {
+            match store.try_in_doubt_tagged().await {
+                Ok(listed) if listed.iter().all(|&(_, _, tag)| tag >= n) => {}
+                _ => clear = false,
+            }
+        }
+        if !clear {
+            continue;
+        }
+        let mut sealed = true;
+        for store in &stores {
+            sealed &= store.seal_version(n).await.is_ok();
+        }
+        if sealed {
+            world.sealed_in_run.store(n, Ordering::SeqCst);
+            world.stats.lock().unwrap().sealed_in_run += 1;
+        }
     }
 }
 
@@ -515,7 +682,17 @@ pub fn run_seed(seed: u64, intervals: u64, faults: &Faults) -> Result<RunStats, 
         log: Mutex::new(Log::default()),
         stats: Mutex::new(RunStats::default()),
         stop_resolvers: AtomicBool::new(false),
+        counter: AtomicU64::new(0),
+        running: Mutex::new(BTreeMap::new()),
+        sealed_in_run: AtomicU64::new(0),
+        clients_done: AtomicBool::new(false),
+        stragglers: Mutex::new(BTreeSet::new()),
+        versions_rng: Mutex::new(ChaCha8Rng::seed_from_u64(derive_seed(seed, "versions"))),
     });
+    let (seal_in_run, roll_back) = {
+        let mut rng = world.versions_rng.lock().unwrap();
+        (rng.random_bool(0.5), rng.random_bool(0.5))
+    };
     for me in 0..world.bricks.len() {
         sim.spawn(resolver(world.clone(), me));
     }
@@ -525,9 +702,20 @@ pub fn run_seed(seed: u64, intervals: u64, faults: &Faults) -> Result<RunStats, 
             let clients: Vec<_> = (1..=CLIENTS)
                 .map(|c| client(world.clone(), c, intervals))
                 .collect();
-            let (_, cuts) = futures_util::future::join(
-                futures_util::future::join_all(clients),
+            let clients = async {
+                futures_util::future::join_all(clients).await;
+                world.clients_done.store(true, Ordering::SeqCst);
+            };
+            let sealing = async {
+                if seal_in_run {
+                    sealer(world.clone()).await;
+                }
+            };
+            let (_, cuts, _, _) = futures_util::future::join4(
+                clients,
                 power_cuts(world.clone()),
+                announcer(world.clone()),
+                sealing,
             )
             .await;
             cuts
@@ -546,15 +734,18 @@ pub fn run_seed(seed: u64, intervals: u64, faults: &Faults) -> Result<RunStats, 
         .map_err(|stop| format!("settling stopped: {stop}"))??;
     let check = {
         let world = world.clone();
-        async move { check(&world).await }
+        async move { check(&world, roll_back).await }
     };
     sim.try_block_on(check)
         .map_err(|stop| format!("the check stopped: {stop}"))??;
-    let stats = *world.stats.lock().unwrap();
+    let mut stats = *world.stats.lock().unwrap();
+    stats.stragglers = world.stragglers.lock().unwrap().len() as u64;
     Ok(stats)
 }
 
 /// Every brick has power; pauses are over; the bricks resolve until nothing is in doubt.
+/// Then every announced version is sealed on every brick, as the admin would: for each `n`,
+/// once no brick holds in doubt an interval tagged below `n` (none is left by now).
 async fn settle(world: &Arc<World>) -> Result<(), String> {
     world.runtime.sleep(Duration::from_millis(300)).await;
     let peers: Vec<BTreeMap<u64, Link>> = (0..world.bricks.len())
@@ -565,24 +756,101 @@ async fn settle(world: &Arc<World>) -> Result<(), String> {
             resolve_once(world, me, peers).await;
         }
     }
+    let stores = stores(world);
+    for n in 1..=world.counter.load(Ordering::SeqCst) {
+        for (b, store) in stores.iter().enumerate() {
+            let listed =
+                (store.try_in_doubt_tagged().await).map_err(|e| format!("brick {b}: {e}"))?;
+            if let Some((id, _, tag)) = listed.iter().find(|&&(_, _, tag)| tag < n) {
+                return Err(format!(
+                    "brick {b} still holds {id:?}, tagged {tag}, in doubt: version {n} cannot be sealed"
+                ));
+            }
+        }
+        for (b, store) in stores.iter().enumerate() {
+            (store.seal_version(n).await)
+                .map_err(|e| format!("brick {b} refuses to seal version {n}: {e}"))?;
+        }
+    }
     Ok(())
 }
 
-async fn check(world: &Arc<World>) -> Result<(), String> {
-    let stores: Vec<Arc<BrickStore>> = (world.bricks.iter())
+fn stores(world: &World) -> Vec<Arc<BrickStore>> {
+    (world.bricks.iter())
         .map(|b| b.store().expect("every brick is back"))
-        .collect();
+        .collect()
+}
+
+/// What each set's home holds with the committed intervals tagged below `below` applied
+/// (all of them: `None`), each client's in the order it ran them (the log's order).
+fn model(
+    writes: &BTreeMap<IntervalId, Vec<(usize, u64, Bytes)>>,
+    committed: &[(IntervalId, u64)],
+    below: Option<u64>,
+) -> Vec<Vec<u8>> {
+    let mut homes = vec![vec![0u8; HOME as usize]; SETS];
+    for (id, tag) in committed {
+        if below.is_some_and(|n| *tag >= n) {
+            continue;
+        }
+        for (set, offset, bytes) in &writes[id] {
+            let at = *offset as usize;
+            homes[*set][at..at + bytes.len()].copy_from_slice(bytes);
+        }
+    }
+    homes
+}
+
+/// The first difference between what brick `b` holds as `what` and the model's.
+fn differs(b: usize, what: &str, held: &[u8], want: &[u8]) -> Result<(), String> {
+    if held == want {
+        return Ok(());
+    }
+    match (0..held.len()).find(|&i| held.get(i) != want.get(i)) {
+        None => Ok(()),
+        Some(at) => {
+            let sector = at / 512 * 512;
+            Err(format!(
+                "brick {b}: {what} differs from the model at byte {at}: holds {:?}, expected {:?}",
+                String::from_utf8_lossy(&held[sector..sector + 40]),
+                String::from_utf8_lossy(&want[sector..sector + 40]),
+            ))
+        }
+    }
+}
+
+/// Free staging plus what the versions hold is all the staging space.
+async fn staging_whole(b: usize, store: &BrickStore, when: &str) -> Result<(), String> {
+    let versions = (store.versions().await).map_err(|e| format!("brick {b}: {e}"))?;
+    let held: u64 = versions.iter().map(|v| v.held_bytes).sum();
+    let (free, total) = (store.staging_free().await, store.layout().staging_bytes);
+    if free + held != total {
+        return Err(format!(
+            "brick {b}{when}: staging lost, {free} bytes free and {held} held by versions, of {total}"
+        ));
+    }
+    Ok(())
+}
+
+async fn version_numbers(b: usize, store: &BrickStore) -> Result<Vec<u64>, String> {
+    let versions = (store.versions().await).map_err(|e| format!("brick {b}: {e}"))?;
+    Ok(versions.iter().map(|v| v.number).collect())
+}
+
+async fn check(world: &Arc<World>, roll_back: bool) -> Result<(), String> {
+    let stores = stores(world);
     for (b, store) in stores.iter().enumerate() {
         let left = store.in_doubt().await;
         if !left.is_empty() {
             return Err(format!("brick {b} still holds in doubt: {left:?}"));
         }
     }
-    let (all_writes, outcomes) = {
+    let (all_writes, outcomes, tags) = {
         let log = world.log.lock().unwrap();
-        (log.writes.clone(), log.outcomes.clone())
+        (log.writes.clone(), log.outcomes.clone(), log.tags.clone())
     };
-    let mut homes = vec![vec![0u8; HOME as usize]; SETS];
+    // Log order is (client, seq): each client's intervals in the order it ran them.
+    let mut committed_ids = Vec::new();
     for (&id, writes) in &all_writes {
         let sets: BTreeSet<usize> = writes.iter().map(|(set, _, _)| *set).collect();
         let bricks: Vec<usize> = (sets.iter())
@@ -616,33 +884,118 @@ async fn check(world: &Arc<World>) -> Result<(), String> {
             }
         }
         if committed {
-            // Log order is (client, seq): each client's intervals in the order it ran them.
-            for (set, offset, bytes) in writes {
-                let at = *offset as usize;
-                homes[*set][at..at + bytes.len()].copy_from_slice(bytes);
-            }
+            committed_ids.push((id, tags[&id]));
         }
     }
+    let homes = model(&all_writes, &committed_ids, None);
     for (b, store) in stores.iter().enumerate() {
         let home = store
             .read(0, HOME as usize)
             .await
             .map_err(|e| format!("brick {b}: {e}"))?;
-        let want = &homes[b / COPIES];
-        if let Some(at) = (0..HOME as usize).find(|&i| home[i] != want[i]) {
-            let sector = at / 512 * 512;
+        differs(b, "its home", &home, &homes[b / COPIES])?;
+    }
+    // Versions: every one announced, on every brick, exactly the intervals tagged below it.
+    let counter = world.counter.load(Ordering::SeqCst);
+    let announced: Vec<u64> = (1..=counter).collect();
+    let models: BTreeMap<u64, Vec<Vec<u8>>> = (announced.iter())
+        .map(|&n| (n, model(&all_writes, &committed_ids, Some(n))))
+        .collect();
+    for (b, store) in stores.iter().enumerate() {
+        let numbers = version_numbers(b, store).await?;
+        if numbers != announced {
             return Err(format!(
-                "brick {b} differs from the model at byte {at}: holds {:?}, expected {:?}",
-                String::from_utf8_lossy(&home[sector..sector + 40]),
-                String::from_utf8_lossy(&want[sector..sector + 40]),
+                "brick {b} keeps versions {numbers:?}, {counter} were announced"
             ));
         }
-        let (free, total) = (store.staging_free().await, store.layout().staging_bytes);
-        if free != total {
-            return Err(format!(
-                "brick {b}: staging lost, {free} of {total} bytes free"
-            ));
+        let mut copies: Vec<Vec<u8>> = Vec::new();
+        for &n in &announced {
+            let held = (store.read_version(n, 0, HOME as usize).await)
+                .map_err(|e| format!("brick {b}: version {n}: {e}"))?;
+            differs(b, &format!("version {n}"), &held, &models[&n][b / COPIES])?;
+            copies.push(held.to_vec());
         }
+        // The model says so already; said again in the terms of the issue.
+        if b % COPIES > 0 {
+            let first = &stores[b - b % COPIES];
+            for (i, &n) in announced.iter().enumerate() {
+                let other = (first.read_version(n, 0, HOME as usize).await)
+                    .map_err(|e| format!("brick {}: version {n}: {e}", b - b % COPIES))?;
+                if other[..] != copies[i][..] {
+                    return Err(format!(
+                        "version {n} differs between the copies of brick {b}'s set"
+                    ));
+                }
+            }
+        }
+        // A prepare tagged below the newest sealed version is refused, and leaves nothing.
+        if counter > 0 {
+            let id = IntervalId {
+                client: CLIENTS + 1,
+                seq: 1 + b as u64,
+            };
+            let write = vec![(0, Bytes::from(vec![7u8; 512]))];
+            let vote = (store
+                .prepare_tagged(id, vec![b as u64], write, &[], counter - 1)
+                .await)
+                .map_err(|e| format!("brick {b}: {e}"))?;
+            if !matches!(&vote, Vote::No(why) if why.contains("sealed")) {
+                return Err(format!(
+                    "brick {b}: a prepare tagged {} under sealed version {counter} got {vote:?}",
+                    counter - 1
+                ));
+            }
+        }
+        staging_whole(b, store, "").await?;
+    }
+    // The sealer waited for every live client to move past a version before sealing it: no
+    // client that lived through its prepares was refused by a sealed version. (A client whose
+    // tags go down, the planted bug, is refused so; the version checks above catch it.)
+    if !world.net.faults.unsafe_tags_go_down {
+        for (id, outcome) in &outcomes {
+            if let Some((b, why)) =
+                (outcome.refusals.iter()).find(|(_, why)| why.contains("is sealed here"))
+            {
+                return Err(format!(
+                    "interval {id:?}, tagged {}, of a live client, was refused by brick {b}: {why}",
+                    tags[id]
+                ));
+            }
+        }
+    }
+    if roll_back && counter > 0 {
+        let n = world.versions_rng.lock().unwrap().random_range(1..=counter);
+        for (b, store) in stores.iter().enumerate() {
+            (store.rollback(n, counter).await)
+                .map_err(|e| format!("brick {b} refuses to roll back to {n}: {e}"))?;
+        }
+        for (b, store) in stores.iter().enumerate() {
+            let when = format!(", rolled back to version {n}");
+            let home =
+                (store.read(0, HOME as usize).await).map_err(|e| format!("brick {b}: {e}"))?;
+            differs(
+                b,
+                &format!("its home{when}"),
+                &home,
+                &models[&n][b / COPIES],
+            )?;
+            let numbers = version_numbers(b, store).await?;
+            if numbers != announced[..n as usize] {
+                return Err(format!("brick {b}{when}: keeps versions {numbers:?}"));
+            }
+            for m in 1..=n {
+                let held = (store.read_version(m, 0, HOME as usize).await)
+                    .map_err(|e| format!("brick {b}{when}: version {m}: {e}"))?;
+                differs(
+                    b,
+                    &format!("version {m}{when}"),
+                    &held,
+                    &models[&m][b / COPIES],
+                )?;
+            }
+            staging_whole(b, store, &when).await?;
+        }
+        world.stats.lock().unwrap().rollbacks += 1;
     }
     Ok(())
 }
