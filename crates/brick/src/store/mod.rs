@@ -1110,15 +1110,7 @@ fn overlaps(extents: &[StagedExtent], writes: &[(u64, Bytes)], home_offset: u64)
 
 /// The units of the share a record's extents touch (their home device offsets), sorted.
 fn home_units(extents: &[StagedExtent]) -> Vec<u64> {
-    let units: BTreeSet<u64> = extents
-        .iter()
-        .flat_map(|e| {
-            let first = e.home / UNIT;
-            let end = (e.home + u64::from(e.len)).div_ceil(UNIT);
-            (first..end).map(|unit| unit * UNIT)
-        })
-        .collect();
-    units.into_iter().collect()
+    units_under(extents.iter().map(|e| (e.home, e.len)))
 }
 
 fn shares_unit(a: &[u64], b: &[u64]) -> bool {
@@ -1142,12 +1134,15 @@ fn apply_failure(id: IntervalId) -> BlockError {
 
 /// The staging units a record's extents occupy (device offsets), sorted.
 fn staged_units(extents: &[StagedExtent]) -> Vec<u64> {
-    let units: BTreeSet<u64> = extents
-        .iter()
-        .flat_map(|e| {
-            let first = e.staging / UNIT;
-            let end = (e.staging + u64::from(e.len)).div_ceil(UNIT);
-            (first..end).map(|unit| unit * UNIT)
+    units_under(extents.iter().map(|e| (e.staging, e.len)))
+}
+
+/// The 4 KiB units (device offsets) that byte ranges `(start, len)` touch, sorted, once each.
+fn units_under(ranges: impl Iterator<Item = (u64, u32)>) -> Vec<u64> {
+    let units: BTreeSet<u64> = ranges
+        .flat_map(|(start, len)| {
+            let end = (start + u64::from(len)).div_ceil(UNIT);
+            (start / UNIT..end).map(|unit| unit * UNIT)
         })
         .collect();
     units.into_iter().collect()

@@ -8,7 +8,7 @@
 
 use bytes::BytesMut;
 use strata_core::{BlockError, Fields, Result};
-use strata_meta::TxnClass;
+use strata_meta::{ObjectId, TxnClass};
 
 use super::{u64_of, BrickStore, Mem, VersionInfo};
 use crate::space::UNIT;
@@ -222,6 +222,18 @@ impl BrickStore {
         }
     }
 
+    /// The next step's entries of a version's table: `(unit of the share, unit holding it)`.
+    fn next_entries(&self, table: ObjectId) -> Vec<(u64, u64)> {
+        self.meta.read(|state| {
+            let table = state.table(table).expect("checked at open");
+            table
+                .iter_from(0)
+                .take(self.step_entries)
+                .map(|(index, unit)| (index, u64_of(unit)))
+                .collect()
+        })
+    }
+
     /// Deletes a version and frees the old data only it kept. `Ok(false)` when the brick
     /// has no such version. Idempotent, and finished at the next open after a crash.
     pub async fn delete_version(&self, number: u64) -> Result<bool> {
@@ -250,14 +262,7 @@ impl BrickStore {
                 let mut mem = self.lock();
                 let table = mem.versions[&number];
                 let before = mem.versions.range(..number).next_back().map(|(_, &t)| t);
-                let entries: Vec<(u64, u64)> = self.meta.read(|state| {
-                    let table = state.table(table).expect("checked at open");
-                    table
-                        .iter_from(0)
-                        .take(self.step_entries)
-                        .map(|(i, v)| (i, u64_of(v)))
-                        .collect()
-                });
+                let entries = self.next_entries(table);
                 let last = entries.len() < self.step_entries;
                 let mut blob = mem.versions_blob;
                 blob.pending = None;
@@ -347,14 +352,7 @@ impl BrickStore {
                     .range(number..)
                     .next_back()
                     .expect("the target version exists");
-                let entries: Vec<(u64, u64)> = self.meta.read(|state| {
-                    let table = state.table(table).expect("checked at open");
-                    table
-                        .iter_from(0)
-                        .take(self.step_entries)
-                        .map(|(i, v)| (i, u64_of(v)))
-                        .collect()
-                });
+                let entries = self.next_entries(table);
                 let emptied = entries.len() < self.step_entries;
                 let finished = emptied && newest == number;
                 let mut blob = mem.versions_blob;
