@@ -16,6 +16,7 @@
 //! `docs/brick-format.md`.
 
 pub mod commit;
+pub mod failstop;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod inspect;
@@ -36,4 +37,4 @@ pub use space::FreeSpace;
 pub use store::{
     BrickOptions, BrickSettings, BrickStore, OpenReport, VersionInfo, Vote, OWNER, SECTOR,
 };
-pub use volume::{LockOwner, RangeLock, SharedVolume};
+pub use volume::{LockOwner, RangeLock, Rebuilt, SharedVolume};

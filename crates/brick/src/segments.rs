@@ -22,7 +22,7 @@
 //! already after.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -49,6 +49,10 @@ pub enum ClaimError {
     /// etcd did not answer for the whole wait.
     #[error("{0}")]
     Unavailable(String),
+    /// The volume's bricks changed (one was replaced) since this host read them: it must
+    /// read the volume again before it claims anything more.
+    #[error("the bricks of volume {0} changed since this host read them")]
+    CatalogChanged(String),
     #[error("{0}")]
     Invalid(String),
 }
@@ -79,6 +83,9 @@ pub struct SegmentClaims {
     counters: ClaimCounters,
     /// The largest version counter any of this host's claims was taken under.
     version_floor: AtomicU64,
+    /// The revision of the volume's record the host serves by: a claim under an older one
+    /// is refused (`Coord::claim_under`).
+    catalog: AtomicI64,
 }
 
 /// What claiming cost so far, for `strata status` and the benchmark.
@@ -129,6 +136,7 @@ impl SegmentClaims {
         size_bytes: u64,
         segment_bytes: u64,
         linger: Duration,
+        catalog: i64,
     ) -> Arc<SegmentClaims> {
         Arc::new(SegmentClaims {
             coord,
@@ -144,7 +152,18 @@ impl SegmentClaims {
             nudge: tokio::sync::Notify::new(),
             counters: ClaimCounters::default(),
             version_floor: AtomicU64::new(0),
+            catalog: AtomicI64::new(catalog),
         })
+    }
+
+    /// The revision of the volume's record the host serves by.
+    pub fn catalog(&self) -> i64 {
+        self.catalog.load(Ordering::SeqCst)
+    }
+
+    /// The host now serves the volume by its record at `revision`.
+    pub fn set_catalog(&self, revision: i64) {
+        self.catalog.store(revision, Ordering::SeqCst);
     }
 
     pub fn segment_bytes(&self) -> u64 {
@@ -290,7 +309,11 @@ impl SegmentClaims {
                 .collect()
         };
         for segment in missing {
-            match self.coord.claim(&self.session, &self.volume, segment).await {
+            let catalog = Some(self.catalog.load(Ordering::SeqCst));
+            match (self.coord)
+                .claim_under(&self.session, &self.volume, segment, catalog)
+                .await
+            {
                 Ok(claim) => {
                     self.counters.claimed.fetch_add(1, Ordering::Relaxed);
                     // Before the claim can be pinned: the interval it carries reads the floor.
@@ -318,6 +341,9 @@ impl SegmentClaims {
                     ))))
                 }
                 Err(CoordError::Fenced(why)) => return Err(ClaimError::Fenced(why)),
+                Err(CoordError::CatalogChanged { volume }) => {
+                    return Err(ClaimError::CatalogChanged(volume))
+                }
                 Err(other) => return Err(ClaimError::Invalid(other.to_string())),
             }
         }

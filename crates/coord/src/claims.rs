@@ -51,9 +51,29 @@ impl Coord {
         volume: &str,
         segment: u32,
     ) -> Result<Claim, CoordError> {
+        self.claim_under(session, volume, segment, None).await
+    }
+
+    /// [`Self::claim`], refused with `CatalogChanged` unless the volume's record is still at
+    /// `catalog`, the revision the caller serves the volume by. A host whose bricks changed
+    /// (one was replaced) thus learns of it before it writes under a new claim: it must
+    /// reload the volume first, or it would leave the new brick out of its writes.
+    pub async fn claim_under(
+        &self,
+        session: &Session,
+        volume: &str,
+        segment: u32,
+        catalog: Option<i64>,
+    ) -> Result<Claim, CoordError> {
         check_name("volume", volume)?;
         session.ensure_live()?;
         let stored = self.volume(volume).await?;
+        let changed = || CoordError::CatalogChanged {
+            volume: volume.to_string(),
+        };
+        if catalog.is_some_and(|revision| revision != stored.revision) {
+            return Err(changed());
+        }
         if u64::from(segment) >= stored.record.segments() {
             return Err(CoordError::Invalid(format!(
                 "volume {volume:?} has {} lock segments; there is no segment {segment}",
@@ -148,6 +168,9 @@ impl Coord {
                     epoch: kv.create_revision(),
                 });
             }
+        }
+        if catalog.is_some() {
+            return Err(changed());
         }
         Err(CoordError::Conflict(format!("volume {volume:?}")))
     }

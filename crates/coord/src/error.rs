@@ -32,6 +32,10 @@ pub enum CoordError {
     /// nothing may claim its segments or take a version of it until it has finished.
     #[error("volume {volume:?} is being rolled back to version {version}; run the roll-back again to finish it")]
     RollingBack { volume: String, version: u64 },
+    /// The volume's record changed since the caller read it (a brick was replaced): the
+    /// caller must read the volume again before it writes.
+    #[error("the bricks of volume {volume:?} changed; the volume must be read again")]
+    CatalogChanged { volume: String },
     #[error("invalid request: {0}")]
     Invalid(String),
 }

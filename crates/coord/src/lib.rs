@@ -21,6 +21,7 @@ pub mod catalog;
 pub mod claims;
 mod error;
 mod keys;
+pub mod replace;
 pub mod session;
 pub mod stale;
 pub mod versions;

@@ -22,6 +22,11 @@ struct StaleRecord {
     regions: BTreeSet<u64>,
 }
 
+/// A stale record saying `brick` misses `regions`, as [`Coord::stale`] reads it.
+pub(crate) fn encode(regions: BTreeSet<u64>) -> Vec<u8> {
+    serde_json::to_vec(&StaleRecord { regions }).expect("a stale record serialises")
+}
+
 impl Coord {
     /// Every stale brick of `volume`, by name, with its dirty regions.
     pub async fn stale(&self, volume: &str) -> Result<BTreeMap<String, BTreeSet<u64>>, CoordError> {

@@ -11,7 +11,7 @@ use strata_backend::{FileDevice, FileOptions};
 use strata_brick::resolve::resolve_in_doubt;
 use strata_brick::rpc::{serve, BrickClient};
 use strata_brick::versions::VolumeVersions;
-use strata_brick::{BrickOptions, BrickStore};
+use strata_brick::{BrickOptions, BrickStore, SharedVolume};
 use strata_coord::catalog::{BrickRecord, VolumeRecord, RECORD_FORMAT};
 use strata_coord::session::{MemberRecord, Session};
 use strata_coord::{Coord, CoordError};
@@ -108,6 +108,32 @@ pub enum ClusterCommand {
         /// The lock segment: the unit in which lock servers claim the volume.
         #[arg(long, default_value = "64M")]
         segment: String,
+    },
+    /// Put brick NEW in the place of OLD in a shared volume (OLD failed, or is to be moved
+    /// off), then copy NEW's share to it from its mirror peers, with progress. NEW must be
+    /// formatted, served and in the catalog, and in no volume. Hosts serving the volume go on
+    /// writing; NEW is read only where copied to.
+    ReplaceBrick {
+        #[command(flatten)]
+        etcd: EtcdArgs,
+        volume: String,
+        old: String,
+        new: String,
+        /// Only record the replacement: the copy is left to `strata cluster rebuild` (hosts
+        /// that write copy some regions at each flush too).
+        #[arg(long)]
+        no_rebuild: bool,
+    },
+    /// Copy to the bricks of a shared volume every region they miss (a replaced brick, one
+    /// that was down), with progress; returns once none is left.
+    Rebuild {
+        #[command(flatten)]
+        etcd: EtcdArgs,
+        volume: String,
+        /// How long the copy may make no progress (a brick down, a region whose every copy
+        /// is stale) before it gives up.
+        #[arg(long, default_value = "60s")]
+        stall: String,
     },
     /// Globally consistent versions of a shared volume: take one while hosts write, list,
     /// delete, roll back (docs/shared-volumes.md, "Versions").
@@ -232,6 +258,36 @@ async fn run_version(command: VersionCommand) -> anyhow::Result<()> {
             outln!("volume {volume}: rolled back to version {number}");
         }
     }
+    Ok(())
+}
+
+/// Copies to the volume's bricks what they miss, as a host of the volume of its own (a
+/// member named after this process), showing progress; see `SharedVolume::rebuild`.
+async fn rebuild(coord: &Coord, volume: &str, stall: Duration) -> anyhow::Result<()> {
+    let member = format!("rebuild-{}", std::process::id());
+    let shared = SharedVolume::open(coord, volume, &member, stall, Duration::from_secs(10))
+        .await
+        .with_context(|| format!("opening volume {volume}"))?;
+    let bar = indicatif::ProgressBar::new(0);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} regions, eta {eta}")?
+            .progress_chars("=> "),
+    );
+    bar.set_message(format!("volume {volume}: copying"));
+    let started = std::time::Instant::now();
+    let rebuilt = shared
+        .rebuild(|copied, of| {
+            bar.set_length(of);
+            bar.set_position(copied);
+        })
+        .await;
+    bar.finish_and_clear();
+    let rebuilt = rebuilt?;
+    outln!(
+        "volume {volume}: rebuilt; {} regions copied in {:.1} s, none missing",
+        rebuilt.copied,
+        started.elapsed().as_secs_f64()
+    );
     Ok(())
 }
 
@@ -619,6 +675,34 @@ pub fn run_cluster(command: ClusterCommand) -> anyhow::Result<()> {
                     record.copies()
                 );
                 Ok(())
+            }
+            ClusterCommand::ReplaceBrick {
+                etcd,
+                volume,
+                old,
+                new,
+                no_rebuild,
+            } => {
+                let coord = etcd.connect().await?;
+                let replaced = coord.replace_brick(&volume, &old, &new).await?;
+                outln!(
+                    "volume {volume}: brick {new} replaces {old}; {} regions to copy to it",
+                    replaced.regions
+                );
+                if no_rebuild {
+                    return Ok(());
+                }
+                rebuild(&coord, &volume, Duration::from_secs(60)).await
+            }
+            ClusterCommand::Rebuild {
+                etcd,
+                volume,
+                stall,
+            } => {
+                let stall = strata_core::duration::parse_duration(&stall)
+                    .map_err(anyhow::Error::msg)
+                    .context("--stall")?;
+                rebuild(&etcd.connect().await?, &volume, stall).await
             }
             ClusterCommand::Version { command } => run_version(command).await,
         }

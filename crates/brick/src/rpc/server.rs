@@ -54,9 +54,21 @@ pub async fn serve_with_faults(
     shutdown: impl Future<Output = ()> + Send,
     faults: Arc<ServerFaults>,
 ) -> Result<(), tonic::transport::Error> {
+    let disk = store.clone();
     let service = brick_server::BrickServer::new(BrickService::with_faults(store, faults))
         .max_decoding_message_size(MAX_MESSAGE)
         .max_encoding_message_size(MAX_MESSAGE);
+    // A brick whose disk failed answers as one that is down, to every request: hosts take it
+    // down and go on with its peers (`failstop`).
+    let service = tonic::service::interceptor::InterceptedService::new(
+        service,
+        move |request: Request<()>| match disk.disk_failure() {
+            Some(failure) => Err(Status::unavailable(format!(
+                "the brick's disk failed ({failure}); it serves nothing until restarted or replaced"
+            ))),
+            None => Ok(request),
+        },
+    );
     tonic::transport::Server::builder()
         .add_service(service)
         .serve_with_incoming_shutdown(
@@ -75,11 +87,13 @@ fn refuse(what: &str, error: BlockError) -> Status {
             tracing::warn!(%message, "brick request refused");
             Status::invalid_argument(message)
         }
+        // The share has no free unit left: the brick is full, not failed (a full disk under
+        // its file fails it, and the interceptor answers from then on).
+        BlockError::NoSpace => Status::resource_exhausted(message),
         BlockError::OutOfRange { .. } => {
             tracing::warn!(%message, "brick request refused");
             Status::out_of_range(message)
         }
-        BlockError::NoSpace => Status::resource_exhausted(message),
         BlockError::Shutdown => Status::unavailable(message),
         // Not built (the store's versions before its mapped format), or refused by its rules
         // (a roll-back while intervals are in doubt): answered, nothing applied.
@@ -90,6 +104,12 @@ fn refuse(what: &str, error: BlockError) -> Status {
         BlockError::Corrupt(_) => {
             tracing::error!(%message, "brick damaged");
             Status::data_loss(message)
+        }
+        // The disk failed under the brick (`failstop`): answered as a brick that is down, so
+        // that hosts go on with its peers. Whether the request was applied is unknown.
+        BlockError::Io { .. } => {
+            tracing::error!(%message, "brick request failed");
+            Status::unavailable(message)
         }
         _ => {
             tracing::error!(%message, "brick request failed");

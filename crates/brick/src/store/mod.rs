@@ -64,6 +64,7 @@ use strata_core::{BlockError, DeviceRef, Result, WriteFlags};
 use strata_meta::{FormatOptions, MetaStore, ObjectId, StoreOptions, TxnClass};
 
 use crate::commit::OVERLAP_REFUSAL;
+use crate::failstop::{DiskHealth, FailStop};
 use crate::layout::BrickLayout;
 use crate::record::{blob_name, IntervalRecord, RecordState, StagedExtent};
 use crate::space::{FreeSpace, UNIT};
@@ -223,6 +224,8 @@ pub struct BrickStore {
     changed: tokio::sync::Notify,
     /// Entries a roll-back or a deletion moves per transaction.
     step_entries: usize,
+    /// Whether `device` has failed: the brick then answers nothing (`failstop`).
+    disk: Arc<DiskHealth>,
 }
 
 /// How a store runs (as opposed to how it is laid out, [`BrickOptions`]).
@@ -284,6 +287,7 @@ impl BrickStore {
         overwrite: bool,
         settings: &BrickSettings,
     ) -> Result<BrickStore> {
+        let (device, disk) = FailStop::wrap(device);
         let size = device.geometry().size;
         let layout = BrickLayout::plan(
             size,
@@ -321,7 +325,7 @@ impl BrickStore {
         })?;
         meta.commit().await?;
         tracing::info!(?layout, "brick formatted");
-        let (store, _) = BrickStore::load(device, meta, settings).await?;
+        let (store, _) = BrickStore::load(device, disk, meta, settings).await?;
         Ok(store)
     }
 
@@ -336,6 +340,7 @@ impl BrickStore {
         device: DeviceRef,
         settings: &BrickSettings,
     ) -> Result<(BrickStore, OpenReport)> {
+        let (device, disk) = FailStop::wrap(device);
         let recovered = strata_meta::recover(device.as_ref(), 0)
             .await
             .map_err(|e| corrupt(format_args!("its metadata does not recover: {e}")))?;
@@ -348,7 +353,13 @@ impl BrickStore {
         let (meta, _) =
             MetaStore::open_recovered(device.clone(), recovered, store_options(&device, settings))
                 .await?;
-        BrickStore::load(device, meta, settings).await
+        BrickStore::load(device, disk, meta, settings).await
+    }
+
+    /// The error that failed the brick's disk, if it has: the brick then refuses every
+    /// request, and its service answers as a brick that is down.
+    pub fn disk_failure(&self) -> Option<String> {
+        self.disk.failure().map(str::to_string)
     }
 
     pub fn layout(&self) -> BrickLayout {

@@ -13,6 +13,7 @@ use super::{
     corrupt, staged_units, u64_of, BrickSettings, BrickStore, Live, Mem, OpenReport, EPOCHS_TABLE,
     FENCED_TABLE, FORGOTTEN_TABLE, LAYOUT_BLOB, MAP_TABLE,
 };
+use crate::failstop::DiskHealth;
 use crate::layout::BrickLayout;
 use crate::record::{blob_name, parse_blob_name, IntervalRecord, RecordState};
 use crate::space::{FreeSpace, UNIT};
@@ -127,6 +128,7 @@ impl Claims<'_> {
 impl BrickStore {
     pub(super) async fn load(
         device: DeviceRef,
+        disk: Arc<DiskHealth>,
         meta: Arc<MetaStore>,
         settings: &BrickSettings,
     ) -> Result<(BrickStore, OpenReport)> {
@@ -251,6 +253,7 @@ impl BrickStore {
                 0 => versions::STEP_ENTRIES,
                 n => n,
             },
+            disk,
         };
         match pending {
             Some(Pending::Rollback(number)) => store.finish_rollback(number).await?,

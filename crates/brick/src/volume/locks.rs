@@ -53,11 +53,7 @@ impl SharedVolume {
         self.check(offset, len)?;
         let deadline = Instant::now() + self.timeout;
         let segments = self.claims.segments_of(offset, len);
-        let pin = self
-            .claims
-            .acquire(&segments, self.timeout)
-            .await
-            .map_err(|e| io_error(format!("volume {}: {e}", self.name)))?;
+        let pin = self.pin(&segments, self.timeout).await?;
         let range = offset..offset + len;
         loop {
             // Registered before the attempt, so an unlock between the two is not missed.

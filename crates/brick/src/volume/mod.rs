@@ -20,6 +20,7 @@
 //! the host acknowledges each version announced once nothing it tagged before is undecided
 //! (`tags`; docs/shared-volumes.md, "Versions").
 
+mod catalog;
 mod locks;
 mod reach;
 mod resync;
@@ -28,6 +29,7 @@ mod tags;
 
 pub use locks::{LockOwner, RangeLock};
 use reach::Reach;
+pub use resync::Rebuilt;
 use status::VolumeCounters;
 use tags::Tags;
 
@@ -71,13 +73,14 @@ const LOCAL_LEASE_MS: u64 = u64::MAX / 4;
 pub struct SharedVolume {
     name: String,
     coord: Coord,
-    /// Each brick's name in the catalog, by index.
-    brick_names: Vec<String>,
+    /// Each brick's name in the catalog, by index. A replacement changes one in place
+    /// (`catalog`): read them through `brick_name` and `brick`.
+    brick_names: Mutex<Vec<String>>,
     geometry: Geometry,
     unit: u64,
     /// Each mirror set's bricks, as indices into `bricks`.
     sets: Vec<Vec<usize>>,
-    bricks: Vec<BrickClient>,
+    bricks: Mutex<Vec<BrickClient>>,
     /// Placement and the round-robin of reads over a set's copies.
     rain: Mutex<Rain10>,
     session: Session,
@@ -102,6 +105,8 @@ pub struct SharedVolume {
     tags: Tags,
     /// Follows the volume's version counter while the volume is open.
     versions: Mutex<Option<AbortOnDrop>>,
+    /// Follows the volume's record while the volume is open (`catalog`).
+    catalog: Mutex<Option<AbortOnDrop>>,
     state: tokio::sync::Mutex<State>,
 }
 
@@ -149,7 +154,8 @@ impl SharedVolume {
         timeout: Duration,
         lease: Duration,
     ) -> anyhow::Result<Arc<SharedVolume>> {
-        let record = coord.volume(volume).await?.record;
+        let stored = coord.volume(volume).await?;
+        let record = &stored.record;
         if let Some(to) = coord.rollback_pending(volume).await? {
             return Err(strata_coord::CoordError::RollingBack {
                 volume: volume.to_string(),
@@ -191,6 +197,7 @@ impl SharedVolume {
             record.size_bytes,
             record.segment_bytes,
             CLAIM_LINGER,
+            stored.revision,
         );
         let releaser = AbortOnDrop(claims.spawn_releaser());
         tracing::info!(
@@ -202,12 +209,15 @@ impl SharedVolume {
         );
         let mut rain = Rain10::new(record.unit_bytes, record.unit_bytes, sets.clone());
         for (brick, regions) in coord.stale(volume).await? {
-            let index = brick_names
-                .iter()
-                .position(|b| *b == brick)
-                .ok_or_else(|| {
-                    anyhow::anyhow!("a stale record names brick {brick}, not of volume {volume}")
-                })?;
+            // A brick replaced since: a host that still wrote by the old record marked it.
+            let Some(index) = brick_names.iter().position(|b| *b == brick) else {
+                tracing::info!(
+                    volume,
+                    brick,
+                    "stale record of a brick no longer in the volume: ignored"
+                );
+                continue;
+            };
             tracing::warn!(
                 volume,
                 brick,
@@ -225,7 +235,7 @@ impl SharedVolume {
         let shared = Arc::new(SharedVolume {
             name: volume.to_string(),
             coord: coord.clone(),
-            brick_names,
+            brick_names: Mutex::new(brick_names),
             geometry: Geometry {
                 size: record.size_bytes,
                 min_io: 512,
@@ -237,7 +247,7 @@ impl SharedVolume {
             unit: record.unit_bytes,
             rain: Mutex::new(rain),
             sets,
-            bricks,
+            bricks: Mutex::new(bricks),
             session,
             heartbeat: Mutex::new(Some(heartbeat)),
             claims,
@@ -250,6 +260,7 @@ impl SharedVolume {
             counters: VolumeCounters::default(),
             tags: Tags::new(announced),
             versions: Mutex::new(None),
+            catalog: Mutex::new(None),
             state: tokio::sync::Mutex::new(State {
                 pending: Vec::new(),
                 pending_bytes: 0,
@@ -261,6 +272,7 @@ impl SharedVolume {
                 last_tag: 0,
             }),
         });
+        *shared.catalog.lock().unwrap() = Some(shared.follow_catalog());
         let follower = shared.follow_versions();
         *shared.versions.lock().unwrap() = Some(follower);
         Ok(shared)
@@ -275,6 +287,26 @@ impl SharedVolume {
     #[doc(hidden)]
     pub fn stop_heartbeat(&self) {
         self.heartbeat.lock().unwrap().take();
+    }
+
+    fn brick(&self, index: usize) -> BrickClient {
+        self.bricks.lock().unwrap()[index].clone()
+    }
+
+    fn brick_clients(&self) -> Vec<BrickClient> {
+        self.bricks.lock().unwrap().clone()
+    }
+
+    fn brick_name(&self, index: usize) -> String {
+        self.brick_names.lock().unwrap()[index].clone()
+    }
+
+    fn brick_names(&self) -> Vec<String> {
+        self.brick_names.lock().unwrap().clone()
+    }
+
+    fn brick_count(&self) -> usize {
+        self.reach.len()
     }
 
     /// The segments this host holds now, with their epochs.
@@ -319,7 +351,7 @@ impl SharedVolume {
                     left.push((id, decision, tag));
                     continue;
                 }
-                match self.bricks[brick].decide(id, decision).await {
+                match self.brick(brick).decide(id, decision).await {
                     Ok(_) => {}
                     Err(error) => {
                         tracing::warn!(volume = %self.name, brick, %error, "decision still owed");
@@ -348,7 +380,7 @@ impl SharedVolume {
             Ok(stale) => {
                 let mut rain = self.rain.lock().unwrap();
                 for (name, regions) in stale {
-                    let Some(brick) = self.brick_names.iter().position(|b| *b == name) else {
+                    let Some(brick) = self.brick_names().iter().position(|b| *b == name) else {
                         continue;
                     };
                     if !rain.is_down(brick) && regions.iter().any(|&r| rain.is_current(brick, r)) {
@@ -420,7 +452,7 @@ impl SharedVolume {
         let deadline = Instant::now() + self.timeout;
         let mut pause = Duration::from_millis(5);
         let mut downs = 0;
-        while downs <= self.bricks.len() {
+        while downs <= self.brick_count() {
             // A brick that owes an earlier decision cannot take a later interval: it would
             // apply them out of order. It counts as down until it is paid.
             for &brick in state.owed.keys() {
@@ -432,7 +464,7 @@ impl SharedVolume {
                             self.name
                         ))
                     })?;
-                    tracing::warn!(volume = %self.name, brick = %self.brick_names[brick], "brick owes a decision: going on without it");
+                    tracing::warn!(volume = %self.name, brick = %self.brick_name(brick), "brick owes a decision: going on without it");
                 }
             }
             let id = self.next_id(state);
@@ -443,12 +475,12 @@ impl SharedVolume {
             let (writes, missed) = self.plan(&state.pending)?;
             for (brick, regions) in &missed {
                 self.coord
-                    .mark_stale(&self.name, &self.brick_names[*brick], regions)
+                    .mark_stale(&self.name, &self.brick_name(*brick), regions)
                     .await
                     .map_err(|e| {
                         io_error(format!(
                             "volume {}: brick {} is down and what it misses cannot be recorded: {e}",
-                            self.name, self.brick_names[*brick]
+                            self.name, self.brick_name(*brick)
                         ))
                     })?;
             }
@@ -463,7 +495,7 @@ impl SharedVolume {
             // Checked again here: what came before (etcd, bricks) may have taken long enough
             // for the lease to lapse.
             self.check_live()?;
-            let outcome = run_interval(&self.bricks, id, writes, &fences, tag).await;
+            let outcome = run_interval(&self.brick_clients(), id, writes, &fences, tag).await;
             for &brick in outcome.unacked.iter().chain(&outcome.silent) {
                 self.unreachable(brick);
             }
@@ -502,13 +534,15 @@ impl SharedVolume {
                     // or not, until they are copied back.
                     for &brick in &outcome.unacked {
                         self.coord
-                            .mark_stale(&self.name, &self.brick_names[brick], &touched[&brick])
+                            .mark_stale(&self.name, &self.brick_name(brick), &touched[&brick])
                             .await
                             .map_err(|e| {
                                 io_error(format!(
                                     "volume {}: interval {} committed, but brick {} did not \
                                      acknowledge it and that cannot be recorded: {e}",
-                                    self.name, id.seq, self.brick_names[brick]
+                                    self.name,
+                                    id.seq,
+                                    self.brick_name(brick)
                                 ))
                             })?;
                         let mut rain = self.rain.lock().unwrap();
@@ -524,7 +558,7 @@ impl SharedVolume {
                             dirty
                                 .extend((0..brick_regions).filter(|&r| !rain.is_current(brick, r)));
                             rain.restore(brick, dirty);
-                            tracing::warn!(volume = %self.name, brick = %self.brick_names[brick], "brick did not acknowledge a commit: going on without it");
+                            tracing::warn!(volume = %self.name, brick = %self.brick_name(brick), "brick did not acknowledge a commit: going on without it");
                         }
                     }
                     if outcome.unacked.is_empty() && state.owed.is_empty() {
@@ -556,7 +590,7 @@ impl SharedVolume {
                                 self.name, id.seq
                             ))
                         })?;
-                        tracing::warn!(volume = %self.name, brick = %self.brick_names[brick], "brick down: going on without it");
+                        tracing::warn!(volume = %self.name, brick = %self.brick_name(brick), "brick down: going on without it");
                     }
                 }
                 // The writes stay pending (and readable here): the next flush tries again.
@@ -569,7 +603,7 @@ impl SharedVolume {
                         outcome
                             .silent
                             .iter()
-                            .map(|&b| self.bricks[b].address())
+                            .map(|&b| self.brick(b).address().to_string())
                             .collect::<Vec<_>>()
                     )))
                 }
@@ -635,7 +669,7 @@ impl SharedVolume {
             return;
         }
         state.ended_since_forget = 0;
-        for (brick, client) in self.bricks.iter().enumerate() {
+        for (brick, client) in self.brick_clients().into_iter().enumerate() {
             if self.rain.lock().unwrap().is_down(brick) {
                 continue;
             }
@@ -676,7 +710,7 @@ impl SharedVolume {
             if owed.contains(&brick) || !self.rain.lock().unwrap().is_current(brick, region) {
                 continue;
             }
-            match self.bricks[brick].read(brick_offset, len as u32).await {
+            match self.brick(brick).read(brick_offset, len as u32).await {
                 Ok(data) if data.len() as u64 == len => return Ok(data),
                 Ok(data) => {
                     last_error = Some(format!("{} bytes of {len}", data.len()));
@@ -745,11 +779,7 @@ impl BlockDevice for SharedVolume {
         // The segments written are this host's from now until the interval that carries the
         // write has ended (usually already held: a claim lingers after its last use).
         let segments = self.claims.segments_of(offset, data.len() as u64);
-        let pin = self
-            .claims
-            .acquire(&segments, self.timeout)
-            .await
-            .map_err(|e| io_error(format!("volume {}: {e}", self.name)))?;
+        let pin = self.pin(&segments, self.timeout).await?;
         let mut state = self.state.lock().await;
         if !segments.is_subset(&state.pinned) {
             state.pinned.extend(segments);

@@ -15,6 +15,18 @@ pub(super) struct Reach {
     pub(super) unreachable: bool,
     /// A background probe is running.
     pub(super) probing: bool,
+    /// Moves when the brick at this index is replaced: a probe of the old one, still
+    /// running, then tells nothing about the new one.
+    pub(super) generation: u64,
+}
+
+impl Reach {
+    /// The brick at this index was replaced: the new one is presumed to answer.
+    pub(super) fn replaced(&mut self) {
+        self.unreachable = false;
+        self.probing = false;
+        self.generation += 1;
+    }
 }
 
 impl SharedVolume {
@@ -34,11 +46,9 @@ impl SharedVolume {
             return;
         }
         reach.probing = true;
-        let (weak, client) = (
-            Arc::downgrade(&self.reach[brick]),
-            self.bricks[brick].clone(),
-        );
-        let (volume, name) = (self.name.clone(), self.brick_names[brick].clone());
+        let generation = reach.generation;
+        let (weak, client) = (Arc::downgrade(&self.reach[brick]), self.brick(brick));
+        let (volume, name) = (self.name.clone(), self.brick_name(brick));
         tokio::spawn(async move {
             let probe = IntervalId { client: 0, seq: 0 };
             loop {
@@ -47,8 +57,11 @@ impl SharedVolume {
                 let Some(reach) = weak.upgrade() else {
                     return;
                 };
+                let mut reach = reach.lock().unwrap();
+                if reach.generation != generation {
+                    return;
+                }
                 if answered {
-                    let mut reach = reach.lock().unwrap();
                     reach.unreachable = false;
                     reach.probing = false;
                     tracing::info!(%volume, brick = %name, "brick answers again");

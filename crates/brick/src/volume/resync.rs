@@ -1,12 +1,89 @@
-//! Copying back to a returned brick the regions it missed, each as an interval of its own.
+//! Copying back to a returned brick the regions it missed, each as an interval of its own;
+//! and rebuilding a replaced brick whole (`SharedVolume::rebuild`).
 
 use super::*;
+use crate::segments::ClaimError;
+
+/// Regions a flush copies back, at most, before its own interval: a brick that missed much
+/// (a replaced one misses everything) is brought back over many flushes, not in one that
+/// stalls its writer. `strata cluster rebuild` copies the rest without waiting for writes.
+pub(super) const REGIONS_PER_FLUSH: usize = 16;
+
+/// Regions a rebuild copies per round, between which it lets the host's writes in.
+const REGIONS_PER_ROUND: usize = 64;
+
+/// How a rebuild went.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Rebuilt {
+    /// Regions copied by this rebuild.
+    pub copied: u64,
+    /// Regions that were to be copied when it began.
+    pub missing: u64,
+}
 
 impl SharedVolume {
-    /// Copies back to each brick that was down and answers again the regions it missed, from
-    /// a current copy, each region as an interval on that brick alone.
+    /// Regions still to be copied to bricks of this volume, as this host knows.
+    pub fn missing_regions(&self) -> u64 {
+        let rain = self.rain.lock().unwrap();
+        (0..self.brick_count())
+            .map(|b| rain.missing(b) as u64)
+            .sum()
+    }
+
+    /// Copies to every brick that answers the regions it misses (a replaced brick: all of
+    /// them), until none is left, telling `progress` (copied, of) after each round. A region
+    /// whose segment another host holds waits until that host gives it back (it is asked
+    /// to). Fails if no copy moves for the whole timeout: a brick that stays down, or a region
+    /// no current copy of which answers.
+    pub async fn rebuild(&self, progress: impl Fn(u64, u64)) -> Result<Rebuilt> {
+        self.refresh_stale().await;
+        let missing = self.missing_regions();
+        let mut stuck_since = Instant::now();
+        let mut last_left = missing;
+        let copied_before = self.counters.regions_copied.load(Ordering::Relaxed);
+        loop {
+            {
+                let mut state = self.state.lock().await;
+                self.settle(&mut state).await;
+                self.copy_back(
+                    &mut state,
+                    REGIONS_PER_ROUND,
+                    self.timeout.min(Duration::from_secs(2)),
+                )
+                .await;
+            }
+            let left = self.missing_regions();
+            let copied = self.counters.regions_copied.load(Ordering::Relaxed) - copied_before;
+            progress(copied, missing.max(copied + left));
+            if left == 0 {
+                return Ok(Rebuilt { copied, missing });
+            }
+            if left < last_left {
+                last_left = left;
+                stuck_since = Instant::now();
+            } else if stuck_since.elapsed() > self.timeout {
+                return Err(io_error(format!(
+                    "volume {}: rebuild made no progress for {:?}; {left} regions left (is a brick down, or its set's other copy?)",
+                    self.name, self.timeout
+                )));
+            } else {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+
+    /// The copying back a flush does before its interval: a few regions, none waited for.
     pub(super) async fn resync(&self, state: &mut State) {
-        for brick in 0..self.bricks.len() {
+        self.copy_back(state, REGIONS_PER_FLUSH, Duration::ZERO)
+            .await
+    }
+
+    /// Copies back to each brick that was down and answers again up to `budget` regions it
+    /// missed, from a current copy, each region as an interval on that brick alone, waiting
+    /// up to `wait` for each region's segment.
+    async fn copy_back(&self, state: &mut State, budget: usize, wait: Duration) {
+        let mut budget = budget;
+        for brick in 0..self.brick_count() {
             // A brick back but with regions left to copy (their segments were busy, or no
             // copy could be read) is tried again at every interval until it is in sync.
             let (in_sync, down) = {
@@ -20,19 +97,26 @@ impl SharedVolume {
             if down && !self.answers(brick) {
                 continue;
             }
-            if down && self.bricks[brick].status(probe).await.is_err() {
+            if down && self.brick(brick).status(probe).await.is_err() {
                 self.unreachable(brick);
                 continue;
             }
+            if budget == 0 {
+                return;
+            }
             let regions = self.rain.lock().unwrap().returned(brick);
-            let name = &self.brick_names[brick];
-            tracing::info!(volume = %self.name, brick = %name, regions = regions.len(), "brick is back: copying what it missed");
+            let total = regions.len();
+            let regions: Vec<u64> = regions.into_iter().take(budget).collect();
+            budget -= regions.len();
+            let name = &self.brick_name(brick);
+            tracing::info!(volume = %self.name, brick = %name, regions = total, now = regions.len(), "brick is back: copying what it missed");
             let mut copied = BTreeSet::new();
             for (done, region) in regions.iter().enumerate() {
                 *self.resyncing.lock().unwrap() = Some(Activity {
                     what: format!("copying back to {name} what it missed"),
                     done_bytes: done as u64 * self.unit,
-                    total_bytes: regions.len() as u64 * self.unit,
+                    // What it misses in all, of which this round copies the first.
+                    total_bytes: total as u64 * self.unit,
                 });
                 let source = self.rain.lock().unwrap().source(brick, *region);
                 let Some(source) = source else {
@@ -46,15 +130,20 @@ impl SharedVolume {
                 let segments = self
                     .claims
                     .segments_of(at, self.unit.min(self.geometry.size - at));
-                let pin = match self.claims.acquire(&segments, Duration::ZERO).await {
+                let pin = match self.claims.acquire(&segments, wait).await {
                     Ok(pin) => pin,
+                    Err(ClaimError::CatalogChanged(_)) => {
+                        // Read again at this host's next write; its regions wait till then.
+                        tracing::info!(volume = %self.name, "the volume's bricks changed: copying back waits");
+                        break;
+                    }
                     Err(error) => {
                         tracing::debug!(volume = %self.name, brick = %name, region, %error, "region left for later");
                         continue;
                     }
                 };
                 let offset = region * self.unit;
-                let data = match self.bricks[source].read(offset, self.unit as u32).await {
+                let data = match self.brick(source).read(offset, self.unit as u32).await {
                     Ok(data) => data,
                     Err(error) => {
                         tracing::warn!(volume = %self.name, %error, "resync read failed");
@@ -64,7 +153,8 @@ impl SharedVolume {
                 let id = self.next_id(state);
                 let tag = self.tag();
                 let writes = BTreeMap::from([(brick, vec![(offset, data)])]);
-                let outcome = run_interval(&self.bricks, id, writes, pin.fences(), tag).await;
+                let outcome =
+                    run_interval(&self.brick_clients(), id, writes, pin.fences(), tag).await;
                 drop(pin);
                 if outcome.ended() {
                     self.rain.lock().unwrap().copied(brick, *region);

@@ -29,7 +29,7 @@ impl SharedVolume {
         let mut degraded = false;
         {
             let rain = self.rain.lock().unwrap();
-            for (brick, name) in self.brick_names.iter().enumerate() {
+            for (brick, name) in self.brick_names().iter().enumerate() {
                 let missing = rain.missing(brick);
                 let mut state = match (rain.is_down(brick), missing) {
                     (true, 0) => "down".to_string(),
@@ -45,7 +45,7 @@ impl SharedVolume {
                     state.push_str(&format!(", owed {n} decisions"));
                     degraded = true;
                 }
-                let address = self.bricks[brick].address();
+                let address = self.brick(brick).address().to_string();
                 detail.push((format!("brick {name}"), format!("{state} ({address})")));
             }
         }

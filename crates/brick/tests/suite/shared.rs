@@ -5,11 +5,11 @@
 //! interval is resolved, never landing after it.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use strata_brick::commit::run_interval;
 use strata_brick::resolve::resolve_in_doubt;
 use strata_brick::rpc::{serve_with_faults, BrickClient, ServerFaults};
@@ -18,7 +18,7 @@ use strata_cluster::interval::{Decision, IntervalId, Status};
 use strata_cluster::locks::Mode;
 use strata_coord::catalog::{BrickRecord, VolumeRecord, RECORD_FORMAT};
 use strata_coord::Coord;
-use strata_core::{BlockDevice, WriteFlags};
+use strata_core::{BlockDevice, DeviceRef, Filter, WriteFlags};
 use strata_crash::CrashGroup;
 use tokio::task::JoinHandle;
 
@@ -36,20 +36,71 @@ pub(crate) struct Cluster {
     pub(crate) stores: Vec<Arc<BrickStore>>,
     pub(crate) clients: Vec<BrickClient>,
     pub(crate) faults: Vec<Arc<ServerFaults>>,
+    /// Per brick: set it, and the brick's disk fails every request from then on.
+    pub(crate) pulled: Vec<Arc<AtomicBool>>,
     _servers: Vec<JoinHandle<()>>,
     _group: CrashGroup,
+}
+
+/// A disk that can be pulled: every request fails with EIO once `pulled` is set.
+struct Pullable {
+    next: DeviceRef,
+    pulled: Arc<AtomicBool>,
+}
+
+impl Pullable {
+    fn check(&self) -> strata_core::Result<()> {
+        if self.pulled.load(Ordering::SeqCst) {
+            return Err(strata_core::BlockError::Io {
+                context: "pulled test disk".into(),
+                source: std::io::Error::from_raw_os_error(5),
+            });
+        }
+        Ok(())
+    }
+}
+
+#[strata_core::async_trait]
+impl Filter for Pullable {
+    fn next(&self) -> &DeviceRef {
+        &self.next
+    }
+    async fn read(&self, offset: u64, len: usize) -> strata_core::Result<BytesMut> {
+        self.check()?;
+        self.next.read(offset, len).await
+    }
+    async fn write(&self, offset: u64, data: Bytes, flags: WriteFlags) -> strata_core::Result<()> {
+        self.check()?;
+        self.next.write(offset, data, flags).await
+    }
+    async fn flush(&self) -> strata_core::Result<()> {
+        self.check()?;
+        self.next.flush().await
+    }
 }
 
 /// etcd, two bricks served on loopback and listed in the catalog, and volume `v`: one mirror
 /// set of both, 256 KiB in four 64 KiB lock segments.
 pub(crate) async fn cluster() -> Cluster {
+    cluster_with_spares(0).await
+}
+
+/// [`cluster`], with `spares` more bricks (`b2`, …) served and in the catalog but in no
+/// volume.
+pub(crate) async fn cluster_with_spares(spares: usize) -> Cluster {
     let etcd = Etcd::single();
     let coord = etcd.coord("t", Duration::from_secs(5)).await;
     let group = CrashGroup::new();
     let (mut stores, mut clients, mut servers) = (Vec::new(), Vec::new(), Vec::new());
-    let mut faults = Vec::new();
-    for i in 0..2 {
-        let (_, store) = fresh(&group).await;
+    let (mut faults, mut pulls) = (Vec::new(), Vec::new());
+    for i in 0..2 + spares {
+        let pulled = Arc::new(AtomicBool::new(false));
+        let disk: DeviceRef = Arc::new(Pullable {
+            next: Arc::new(group.disk(geometry())),
+            pulled: pulled.clone(),
+        });
+        pulls.push(pulled);
+        let store = BrickStore::format(disk, &options(), false).await.unwrap();
         let store = Arc::new(store);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap().to_string();
@@ -90,6 +141,7 @@ pub(crate) async fn cluster() -> Cluster {
         stores,
         clients,
         faults,
+        pulled: pulls,
         _servers: servers,
         _group: group,
     }
