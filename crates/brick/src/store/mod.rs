@@ -1060,7 +1060,11 @@ impl Placement<'_> {
     /// Where the bytes `[offset, +len)` of the share, or of version `version` of it, are on
     /// the device, as runs in order.
     pub fn locate(&self, version: Option<u64>, offset: u64, len: u64) -> Vec<(u64, u64)> {
-        let numbers: BTreeSet<u64> = self.versions.keys().copied().collect();
+        // Only a read of a version needs the set; reads of the current data skip it.
+        let numbers: BTreeSet<u64> = match version {
+            Some(_) => self.versions.keys().copied().collect(),
+            None => BTreeSet::new(),
+        };
         let map = self.state.table(self.map).expect("checked at open");
         let table_of = |v: u64| {
             self.state
