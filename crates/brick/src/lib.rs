@@ -34,6 +34,7 @@ pub use layout::{BrickLayout, LAYOUT_VERSION};
 pub use record::{IntervalRecord, RecordState, StagedExtent, RECORD_VERSION};
 pub use space::FreeSpace;
 pub use store::{
-    BrickOptions, BrickSettings, BrickStore, OpenReport, VersionInfo, Vote, OWNER, SECTOR,
+    BrickOptions, BrickSettings, BrickStore, BrickSummary, OpenReport, PrepareRefusal, StepKind,
+    StepProgress, Units, VersionInfo, Vote, OWNER, SECTOR,
 };
 pub use volume::{LockOwner, RangeLock, SharedVolume};

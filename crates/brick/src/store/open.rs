@@ -235,6 +235,7 @@ impl BrickStore {
             versions_blob: found.versions_blob.1,
             reads: BTreeSet::new(),
             next_read: 0,
+            step: None,
         };
         let store = BrickStore {
             device,
@@ -251,6 +252,7 @@ impl BrickStore {
                 0 => versions::STEP_ENTRIES,
                 n => n,
             },
+            refusals: Default::default(),
         };
         match pending {
             Some(Pending::Rollback(number)) => store.finish_rollback(number).await?,
