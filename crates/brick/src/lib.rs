@@ -20,6 +20,7 @@ pub mod commit;
 pub mod fuzzing;
 pub mod inspect;
 mod layout;
+pub mod metrics;
 pub mod participant;
 mod record;
 pub mod resolve;
