@@ -79,8 +79,9 @@ class BrickProc:
         self.etcd_url = etcd_url or etcd.endpoint
         self.image = workdir / f"{name}.img"
         self.port = free_port()
-        # Every brick serves its metrics (`--metrics`); `metrics()` scrapes them.
-        self.metrics_port = free_port()
+        # Every brick on the host's loopback serves its metrics (`--metrics`); `metrics()`
+        # scrapes them. One inside a network namespace does not: its loopback is its own.
+        self.metrics_port = None if netns else free_port()
         self.log_path = workdir / f"{name}.log"
         self.proc: subprocess.Popen | None = None
         run([str(STRATA_BIN), "brick", "format", str(self.image), "--size", "64M",
@@ -89,10 +90,11 @@ class BrickProc:
     def start(self) -> "BrickProc":
         self.log = open(self.log_path, "ab")
         inside = ["ip", "netns", "exec", self.netns] if self.netns else []
+        metrics = ["--metrics", f"127.0.0.1:{self.metrics_port}"] if self.metrics_port else []
         self.proc = subprocess.Popen(
             [*inside, str(STRATA_BIN), "brick", "serve", str(self.image), "--listen",
              f"{self.host}:{self.port}", "--etcd", self.etcd_url, "--cluster", CLUSTER,
-             "--lease", LEASE, "--metrics", f"127.0.0.1:{self.metrics_port}"],
+             "--lease", LEASE, *metrics],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.log)
         deadline = time.monotonic() + 40
         while f"  {self.name} (brick)" not in cluster_status(self.etcd).split("bricks:")[0] \
@@ -142,6 +144,7 @@ class BrickProc:
     def metrics(self) -> dict[str, float]:
         """The brick's /metrics, scraped over HTTP: each series (`name{labels}`, with the
         brick's own label left out) to its value."""
+        assert self.metrics_port is not None, "a brick in a network namespace"
         url = f"http://127.0.0.1:{self.metrics_port}/metrics"
         with urllib.request.urlopen(url, timeout=10) as reply:
             assert reply.status == 200
