@@ -11,6 +11,7 @@ import re
 import signal
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -78,6 +79,9 @@ class BrickProc:
         self.etcd_url = etcd_url or etcd.endpoint
         self.image = workdir / f"{name}.img"
         self.port = free_port()
+        # Every brick on the host's loopback serves its metrics (`--metrics`); `metrics()`
+        # scrapes them. One inside a network namespace does not: its loopback is its own.
+        self.metrics_port = None if netns else free_port()
         self.log_path = workdir / f"{name}.log"
         self.proc: subprocess.Popen | None = None
         run([str(STRATA_BIN), "brick", "format", str(self.image), "--size", "64M",
@@ -86,10 +90,11 @@ class BrickProc:
     def start(self) -> "BrickProc":
         self.log = open(self.log_path, "ab")
         inside = ["ip", "netns", "exec", self.netns] if self.netns else []
+        metrics = ["--metrics", f"127.0.0.1:{self.metrics_port}"] if self.metrics_port else []
         self.proc = subprocess.Popen(
             [*inside, str(STRATA_BIN), "brick", "serve", str(self.image), "--listen",
              f"{self.host}:{self.port}", "--etcd", self.etcd_url, "--cluster", CLUSTER,
-             "--lease", LEASE],
+             "--lease", LEASE, *metrics],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.log)
         deadline = time.monotonic() + 40
         while f"  {self.name} (brick)" not in cluster_status(self.etcd).split("bricks:")[0] \
@@ -135,6 +140,26 @@ class BrickProc:
 
     def text(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    def metrics(self) -> dict[str, float]:
+        """The brick's /metrics, scraped over HTTP: each series (`name{labels}`, with the
+        brick's own label left out) to its value."""
+        assert self.metrics_port is not None, "a brick in a network namespace"
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as reply:
+            assert reply.status == 200
+            text = reply.read().decode()
+        series = {}
+        for line in text.splitlines():
+            if line.startswith("#") or not line:
+                continue
+            key, value = line.rsplit(" ", 1)
+            key = key.replace(f'brick="{self.name}",', "").replace(f'{{brick="{self.name}"}}', "")
+            series[key] = float(value)
+        return series
+
+    def status(self) -> str:
+        return run([str(STRATA_BIN), "brick", "status", f"{self.host}:{self.port}"]).stdout
 
 
 def cluster_status(etcd: Etcd) -> str:
@@ -468,3 +493,59 @@ def test_a_version_is_refused_while_a_brick_is_down_and_nothing_is_announced(clu
     assert refused.returncode != 0
     assert "needs every brick" in refused.stderr and "b3" in refused.stderr, refused.stderr
     assert "version counter 0" in version_cmd(etcd, "list", "v").stdout
+
+
+def test_a_brick_reports_its_calls_space_versions_and_roll_back_in_metrics_and_status(
+        cluster, server_factory):
+    etcd, bricks = cluster
+    b0 = bricks[0]
+    before = b0.metrics()
+    assert before["strata_brick_format"] == 2
+    assert before["strata_brick_share_bytes"] == HOME
+    assert before["strata_brick_units_kept"] == 0
+    assert 'strata_brick_rpcs_total{kind="prepare"}' not in before, before
+    srv = server_factory(shared_spec(etcd))
+    # Units 0 and 2 of the volume (1 MiB each) are set 0's: 2 MiB prepared on b0, then read.
+    out = qemu_io(srv, "write -P 0x5a 0 4M", "flush", "read -P 0x5a 0 1M").stdout
+    assert "Pattern verification failed" not in out, out
+    after = b0.metrics()
+    prepares = after['strata_brick_rpcs_total{kind="prepare"}']
+    assert prepares >= 1, after
+    assert after['strata_brick_rpc_latency_seconds_count{kind="prepare"}'] == prepares
+    assert after['strata_brick_rpcs_total{kind="commit"}'] >= 1, after
+    assert after['strata_brick_rpc_bytes_total{kind="prepare"}'] == 2 * MiB, after
+    assert after["strata_brick_intervals_in_doubt"] == 0
+    assert after["strata_brick_units_away"] == 2 * MiB // 4096
+    assert after["strata_brick_meta_commits_total"] > before["strata_brick_meta_commits_total"]
+    # The host reads a replica of its choice: b0 or b1 served the MiB.
+    read = sum(b.metrics().get('strata_brick_rpc_bytes_total{kind="read"}', 0)
+               for b in bricks[:2])
+    assert read >= MiB, read
+    status = b0.status()
+    assert f"format 2, share {HOME} bytes" in status, status
+    assert "versions: none;" in status and "intervals in doubt: 0" in status, status
+    print(status)
+
+    # A version, 1 MiB overwritten after it on b0 (256 units kept), then a roll-back to it.
+    assert "version 1 complete" in version_cmd(etcd, "create", "v", "--wait", "20s").stdout
+    qemu_io(srv, "write -P 0x77 0 2M", "flush")
+    assert b0.metrics()["strata_brick_units_kept"] == 256
+    status = b0.status()
+    assert "versions: 1 (sealed, 1048576 bytes held); newest created 1, newest sealed 1" \
+        in status, status
+    srv.stop()
+    deadline = time.monotonic() + 20
+    while not re.search(r"v: .* 0 of \d+ segments claimed", cluster_status(etcd)):
+        assert time.monotonic() < deadline, cluster_status(etcd)
+        time.sleep(0.2)
+    assert "rolled back to version 1" in version_cmd(etcd, "rollback", "v", "1").stdout
+    rolled = b0.metrics()
+    step = '{step="rollback",version="1"}'
+    assert rolled["strata_brick_step_entries_done" + step] == 256, rolled
+    assert rolled["strata_brick_step_entries" + step] == 256, rolled
+    assert rolled["strata_brick_step_running" + step] == 0, rolled
+    assert rolled['strata_brick_rpcs_total{kind="rollback"}'] == 1, rolled
+    assert rolled["strata_brick_units_kept"] == 0
+    status = b0.status()
+    assert "last: roll-back to version 1, ended, 256 of 256 entries" in status, status
+    print(status)

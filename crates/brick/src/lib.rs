@@ -21,6 +21,7 @@ pub mod failstop;
 pub mod fuzzing;
 pub mod inspect;
 mod layout;
+pub mod metrics;
 pub mod participant;
 mod record;
 pub mod resolve;
@@ -35,6 +36,7 @@ pub use layout::{BrickLayout, LAYOUT_VERSION};
 pub use record::{IntervalRecord, RecordState, StagedExtent, RECORD_VERSION};
 pub use space::FreeSpace;
 pub use store::{
-    BrickOptions, BrickSettings, BrickStore, OpenReport, VersionInfo, Vote, OWNER, SECTOR,
+    BrickOptions, BrickSettings, BrickStore, BrickSummary, OpenReport, PrepareRefusal, StepKind,
+    StepProgress, Units, VersionInfo, Vote, OWNER, SECTOR,
 };
 pub use volume::{LockOwner, RangeLock, Rebuilt, SharedVolume};

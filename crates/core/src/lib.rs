@@ -13,6 +13,7 @@ mod geometry;
 pub mod layer;
 mod layer_config;
 pub mod lifecycle;
+pub mod metric_family;
 pub mod pages;
 pub mod planted;
 pub mod poison;
@@ -36,7 +37,9 @@ pub use lifecycle::{Background, Worker};
 pub use pages::PageStore;
 pub use runtime::{os_random_u64, run_blocking, BoxFuture, Runtime, TokioRuntime};
 pub use size::ByteSize;
-pub use stats::{DeviceStats, Metered, MetricsRegistry, Op, OpSnapshot, StatsSnapshot};
+pub use stats::{
+    latency_histogram, DeviceStats, Metered, MetricsRegistry, Op, OpSnapshot, StatsSnapshot,
+};
 pub use striped::StripedLocks;
 
 /// Re-exported so that implementors use the same version of the attribute macro.

@@ -82,8 +82,9 @@ impl Default for MetricsRegistry {
     }
 }
 
-// 10 µs to ~42 s in 23 factor-2 steps: covers a page-cache hit and a stalled disk.
-fn latency_histogram() -> Histogram {
+/// A latency histogram in seconds, the buckets every Strata latency uses: 10 µs to ~42 s in
+/// 23 factor-2 steps, which covers a page-cache hit and a stalled disk.
+pub fn latency_histogram() -> Histogram {
     Histogram::new(exponential_buckets(10e-6, 2.0, 23))
 }
 

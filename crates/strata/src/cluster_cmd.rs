@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use strata_backend::{FileDevice, FileOptions};
+use strata_brick::metrics::BrickMetrics;
 use strata_brick::resolve::resolve_in_doubt;
-use strata_brick::rpc::{serve, BrickClient};
+use strata_brick::rpc::{serve_service, BrickClient, BrickService};
 use strata_brick::versions::VolumeVersions;
 use strata_brick::{BrickOptions, BrickStore, SharedVolume};
 use strata_coord::catalog::{BrickRecord, VolumeRecord, RECORD_FORMAT};
@@ -82,6 +83,19 @@ pub enum BrickCommand {
         /// The brick's etcd lease: how long after it dies the cluster counts it gone.
         #[arg(long, default_value = "10s")]
         lease: String,
+        /// Serve Prometheus metrics at http://ADDR/metrics (host:port).
+        #[arg(long)]
+        metrics: Option<String>,
+    },
+    /// What a served brick holds now: its format and share, units used, free and kept by
+    /// versions, its versions, the intervals it holds in doubt, and a roll-back or deletion
+    /// with its progress.
+    Status {
+        /// The brick's transaction channel (host:port, its `serve --listen`).
+        address: String,
+        /// How long to wait for its answer.
+        #[arg(long, default_value = "5s")]
+        timeout: String,
     },
 }
 
@@ -381,6 +395,7 @@ pub fn run_brick(command: BrickCommand) -> anyhow::Result<()> {
                 endpoints,
                 cluster,
                 lease,
+                metrics: metrics_address,
             } => {
                 let lease = strata_core::duration::parse_duration(&lease)
                     .map_err(anyhow::Error::msg)
@@ -411,7 +426,12 @@ pub fn run_brick(command: BrickCommand) -> anyhow::Result<()> {
                 let shutdown = async {
                     let _ = tokio::signal::ctrl_c().await;
                 };
-                let served = tokio::spawn(serve(store.clone(), listener, shutdown));
+                let metrics = BrickMetrics::new(&name);
+                if let Some(metrics_address) = &metrics_address {
+                    serve_metrics(metrics_address, &metrics, &store).await?;
+                }
+                let service = BrickService::with_metrics(store.clone(), metrics);
+                let served = tokio::spawn(serve_service(service, listener, shutdown));
                 if let Some((coord, session)) = member {
                     let session = Arc::new(std::sync::Mutex::new(session));
                     let record = MemberRecord {
@@ -437,8 +457,30 @@ pub fn run_brick(command: BrickCommand) -> anyhow::Result<()> {
                 }
                 Ok(())
             }
+            BrickCommand::Status { address, timeout } => {
+                let timeout = strata_core::duration::parse_duration(&timeout)
+                    .map_err(anyhow::Error::msg)
+                    .context("--timeout")?;
+                crate::brick_status::show(&address, timeout).await
+            }
         }
     })
+}
+
+/// Serves the brick's metrics, its calls' and its store's, at `http://address/metrics`.
+async fn serve_metrics(
+    address: &str,
+    metrics: &BrickMetrics,
+    store: &Arc<BrickStore>,
+) -> anyhow::Result<()> {
+    let mut registry = prometheus_client::registry::Registry::default();
+    metrics.register(&mut registry, store.clone());
+    let listener = tokio::net::TcpListener::bind(address)
+        .await
+        .with_context(|| format!("binding the metrics listener on {address}"))?;
+    tracing::info!(address = %listener.local_addr()?, "serving brick metrics");
+    tokio::spawn(crate::metrics_http::run(listener, Arc::new(registry)));
+    Ok(())
 }
 
 async fn join_as_brick(

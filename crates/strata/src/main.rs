@@ -1,6 +1,7 @@
 //! `strata`: serve hierarchies of virtual block devices over NBD.
 
 mod admin;
+mod brick_status;
 mod cluster_cmd;
 mod kinds;
 mod metrics_http;
@@ -45,7 +46,7 @@ struct Cli {
 enum Command {
     /// Serve the configured exports (the embedded default when no config is given).
     Serve(serve::ServeArgs),
-    /// Bricks of shared volumes: format one, serve one.
+    /// Bricks of shared volumes: format one, serve one, ask one what it holds.
     #[command(subcommand)]
     Brick(cluster_cmd::BrickCommand),
     /// The cluster of hosts sharing volumes, coordinated on etcd: its status, its volumes.

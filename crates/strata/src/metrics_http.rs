@@ -1,9 +1,11 @@
 //! A minimal HTTP listener for Prometheus: `GET /metrics` and nothing else. Prometheus only
-//! needs this much, and a full HTTP stack would be most of the binary.
+//! needs this much, and a full HTTP stack would be most of the binary. It serves whatever
+//! holds a registry: `strata serve`'s admin state, or a brick's own registry.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use prometheus_client::registry::Registry;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, warn};
@@ -12,14 +14,31 @@ use crate::admin::AdminState;
 
 const MAX_REQUEST_HEAD: usize = 8 * 1024;
 
-pub async fn run(listener: TcpListener, state: Arc<AdminState>) {
+/// What the listener renders: the registry of the process it serves.
+pub trait Scraped: Send + Sync + 'static {
+    fn registry(&self) -> &Registry;
+}
+
+impl Scraped for AdminState {
+    fn registry(&self) -> &Registry {
+        &self.registry
+    }
+}
+
+impl Scraped for Registry {
+    fn registry(&self) -> &Registry {
+        self
+    }
+}
+
+pub async fn run<S: Scraped>(listener: TcpListener, state: Arc<S>) {
     loop {
         match listener.accept().await {
             Ok((stream, _)) => {
                 let state = state.clone();
                 tokio::spawn(async move {
                     let answered =
-                        tokio::time::timeout(Duration::from_secs(10), answer(stream, &state));
+                        tokio::time::timeout(Duration::from_secs(10), answer(stream, &*state));
                     if let Ok(Err(e)) = answered.await {
                         debug!("metrics request failed: {e}");
                     }
@@ -33,7 +52,7 @@ pub async fn run(listener: TcpListener, state: Arc<AdminState>) {
     }
 }
 
-async fn answer(mut stream: TcpStream, state: &AdminState) -> std::io::Result<()> {
+async fn answer(mut stream: TcpStream, state: &impl Scraped) -> std::io::Result<()> {
     let mut head = Vec::with_capacity(1024);
     let mut chunk = [0u8; 1024];
     while !head.windows(4).any(|w| w == b"\r\n\r\n") {
@@ -46,7 +65,7 @@ async fn answer(mut stream: TcpStream, state: &AdminState) -> std::io::Result<()
     let request_line = head.split(|&b| b == b'\r').next().unwrap_or_default();
     let (status, content_type, body) = if request_line.starts_with(b"GET /metrics ") {
         let mut text = String::new();
-        match prometheus_client::encoding::text::encode(&mut text, &state.registry) {
+        match prometheus_client::encoding::text::encode(&mut text, state.registry()) {
             Ok(()) => (
                 "200 OK",
                 "application/openmetrics-text; version=1.0.0; charset=utf-8",

@@ -8,9 +8,8 @@
 use std::sync::Arc;
 
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
-use prometheus_client::metrics::counter::ConstCounter;
-use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::encoding::DescriptorEncoder;
+use strata_core::metric_family::{family, Family, Kind, Labels};
 use strata_thin::{PoolSpace, ThinPool, VolumeSpace};
 
 pub struct PoolCollector {
@@ -30,38 +29,6 @@ impl PoolCollector {
     pub fn new(pools: Vec<Arc<ThinPool>>) -> Self {
         PoolCollector { pools }
     }
-}
-
-/// One metric family: name, help, type, and a value per series (its labels).
-pub(crate) type Family = (&'static str, &'static str, Kind, Vec<(Labels, f64)>);
-pub(crate) type Labels = Vec<(&'static str, String)>;
-
-pub(crate) enum Kind {
-    Gauge,
-    Counter,
-}
-
-pub(crate) fn family(
-    encoder: &mut DescriptorEncoder,
-    name: &str,
-    help: &str,
-    kind: Kind,
-    values: &[(Labels, f64)],
-) -> Result<(), std::fmt::Error> {
-    let metric_type = match kind {
-        Kind::Gauge => ConstGauge::new(0.0f64).metric_type(),
-        Kind::Counter => ConstCounter::new(0.0f64).metric_type(),
-    };
-    let mut metric = encoder.encode_descriptor(name, help, None, metric_type)?;
-    for (labels, value) in values {
-        let labels: Vec<(&str, &str)> = labels.iter().map(|(k, v)| (*k, v.as_str())).collect();
-        let series = metric.encode_family(&labels)?;
-        match kind {
-            Kind::Gauge => ConstGauge::new(*value).encode(series)?,
-            Kind::Counter => ConstCounter::new(*value).encode(series)?,
-        }
-    }
-    Ok(())
 }
 
 impl Collector for PoolCollector {

@@ -7,7 +7,7 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 use strata_stage::Stage;
 
-use crate::pool_metrics::{family, Family, Kind, Labels};
+use strata_core::metric_family::{family, Family, Kind, Labels};
 
 pub struct StageCollector {
     stages: Vec<Arc<Stage>>,

@@ -8,8 +8,8 @@ use tonic::transport::{Channel, Endpoint};
 use tonic::Code;
 
 use super::proto::{self, brick_client};
-use super::MAX_MESSAGE;
-use crate::store::{VersionInfo, Vote};
+use super::{wire, MAX_MESSAGE};
+use crate::store::{BrickSummary, VersionInfo, Vote};
 
 /// Why a call to a brick did not get its answer.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -254,11 +254,22 @@ impl BrickClient {
             .await
             .map_err(|s| self.error(s))?;
         Ok((reply.into_inner().versions.into_iter())
-            .map(|v| VersionInfo {
-                number: v.number,
-                held_bytes: v.held_bytes,
-            })
+            .map(Into::into)
             .collect())
+    }
+
+    /// What the brick holds now (`BrickStore::summary`).
+    pub async fn describe(&self) -> Result<BrickSummary, RpcError> {
+        let reply = self
+            .inner
+            .clone()
+            .describe(proto::Empty {})
+            .await
+            .map_err(|s| self.error(s))?;
+        wire::from_reply(reply.into_inner()).ok_or_else(|| RpcError::Refused {
+            address: self.address.clone(),
+            why: "its summary names a brick format past 255: not a brick of this kind".into(),
+        })
     }
 
     pub async fn seal_version(&self, number: u64) -> Result<(), RpcError> {

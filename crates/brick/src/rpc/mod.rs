@@ -2,6 +2,7 @@
 
 mod client;
 mod server;
+mod wire;
 
 /// The code `tonic` generates from `proto/brick.proto`.
 #[allow(clippy::all, missing_docs)]
@@ -10,7 +11,7 @@ pub mod proto {
 }
 
 pub use client::{BrickClient, RpcError};
-pub use server::{serve, serve_with_faults, BrickService, ServerFaults};
+pub use server::{serve, serve_service, serve_with_faults, BrickService, ServerFaults};
 
 /// The largest message either side accepts: an interval's writes to one brick travel in one
 /// prepare, so this bounds the bytes an interval may write to one brick.

@@ -2,6 +2,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Instant;
 
 use strata_cluster::interval::{Decision, IntervalId, Status as IntervalStatus};
 use strata_core::BlockError;
@@ -9,12 +10,14 @@ use tokio::net::TcpListener;
 use tonic::{Request, Response, Status};
 
 use super::proto::{self, brick_server};
-use super::MAX_MESSAGE;
+use super::{wire, MAX_MESSAGE};
+use crate::metrics::{BrickMetrics, RpcKind};
 use crate::store::{BrickStore, Vote};
 
 pub struct BrickService {
     store: Arc<BrickStore>,
     faults: Arc<ServerFaults>,
+    metrics: BrickMetrics,
 }
 
 /// Test-only faults of a brick server, switched on and off while it runs.
@@ -33,7 +36,32 @@ impl BrickService {
 
     #[doc(hidden)]
     pub fn with_faults(store: Arc<BrickStore>, faults: Arc<ServerFaults>) -> BrickService {
-        BrickService { store, faults }
+        BrickService {
+            store,
+            faults,
+            metrics: BrickMetrics::new(""),
+        }
+    }
+
+    /// Counts and times the calls it answers in `metrics` (registered by the caller).
+    pub fn with_metrics(store: Arc<BrickStore>, metrics: BrickMetrics) -> BrickService {
+        BrickService {
+            metrics,
+            ..Self::new(store)
+        }
+    }
+
+    /// Answers a call, and counts it: its kind, how long it took, the error it ended with.
+    async fn metered<T>(
+        &self,
+        kind: RpcKind,
+        call: impl Future<Output = Result<T, Status>>,
+    ) -> Result<Response<T>, Status> {
+        let started = Instant::now();
+        let answer = call.await;
+        let error = answer.as_ref().err().map(Status::code);
+        self.metrics.answered(kind, started.elapsed(), error);
+        answer.map(Response::new)
     }
 }
 
@@ -43,7 +71,7 @@ pub async fn serve(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
-    serve_with_faults(store, listener, shutdown, Arc::default()).await
+    serve_service(BrickService::new(store), listener, shutdown).await
 }
 
 /// [`serve`], with test-only faults.
@@ -54,8 +82,18 @@ pub async fn serve_with_faults(
     shutdown: impl Future<Output = ()> + Send,
     faults: Arc<ServerFaults>,
 ) -> Result<(), tonic::transport::Error> {
-    let disk = store.clone();
-    let service = brick_server::BrickServer::new(BrickService::with_faults(store, faults))
+    serve_service(BrickService::with_faults(store, faults), listener, shutdown).await
+}
+
+/// Serves `service` (a brick, with its faults and metrics) on `listener` until `shutdown`
+/// completes.
+pub async fn serve_service(
+    service: BrickService,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), tonic::transport::Error> {
+    let disk = service.store.clone();
+    let service = brick_server::BrickServer::new(service)
         .max_decoding_message_size(MAX_MESSAGE)
         .max_encoding_message_size(MAX_MESSAGE);
     // A brick whose disk failed answers as one that is down, to every request: hosts take it
@@ -140,38 +178,59 @@ fn interval(id: Option<proto::Interval>) -> Result<IntervalId, Status> {
     })
 }
 
+/// A read longer than a message can carry, refused before it is made.
+fn check_read_len(what: &str, len: u32) -> Result<(), Status> {
+    if len as usize > MAX_MESSAGE {
+        return Err(refuse(
+            what,
+            BlockError::TooLarge {
+                len: u64::from(len),
+                max: MAX_MESSAGE as u64,
+            },
+        ));
+    }
+    Ok(())
+}
+
 #[tonic::async_trait]
 impl brick_server::Brick for BrickService {
     async fn prepare(
         &self,
         request: Request<proto::PrepareRequest>,
     ) -> Result<Response<proto::PrepareReply>, Status> {
-        let request = request.into_inner();
-        let id = interval(request.id)?;
-        let writes = request
-            .writes
-            .into_iter()
-            .map(|w| (w.offset, w.data))
-            .collect();
-        let fences: Vec<(u32, i64)> = request
-            .fences
-            .iter()
-            .map(|f| (f.segment, f.epoch))
-            .collect();
-        let store = self.store.clone();
-        let tag = request.tag;
-        let vote = to_completion(async move {
-            (store.prepare_tagged(id, request.bricks, writes, &fences, tag)).await
+        self.metered(RpcKind::Prepare, async {
+            let request = request.into_inner();
+            let id = interval(request.id)?;
+            let bytes: usize = request.writes.iter().map(|w| w.data.len()).sum();
+            let writes = request
+                .writes
+                .into_iter()
+                .map(|w| (w.offset, w.data))
+                .collect();
+            let fences: Vec<(u32, i64)> = request
+                .fences
+                .iter()
+                .map(|f| (f.segment, f.epoch))
+                .collect();
+            let store = self.store.clone();
+            let tag = request.tag;
+            let vote = to_completion(async move {
+                (store.prepare_tagged(id, request.bricks, writes, &fences, tag)).await
+            })
+            .await
+            .map_err(|e| refuse("prepare", e))?;
+            Ok(match vote {
+                Vote::Yes => {
+                    self.metrics.moved(RpcKind::Prepare, bytes as u64);
+                    proto::PrepareReply {
+                        yes: true,
+                        reason: String::new(),
+                    }
+                }
+                Vote::No(reason) => proto::PrepareReply { yes: false, reason },
+            })
         })
         .await
-        .map_err(|e| refuse("prepare", e))?;
-        Ok(Response::new(match vote {
-            Vote::Yes => proto::PrepareReply {
-                yes: true,
-                reason: String::new(),
-            },
-            Vote::No(reason) => proto::PrepareReply { yes: false, reason },
-        }))
     }
 
     async fn decide(
@@ -179,214 +238,247 @@ impl brick_server::Brick for BrickService {
         request: Request<proto::DecideRequest>,
     ) -> Result<Response<proto::DecideReply>, Status> {
         let request = request.into_inner();
-        let id = interval(request.id)?;
-        let decision = match proto::Decision::try_from(request.decision) {
-            Ok(proto::Decision::Commit) => Decision::Commit,
-            Ok(proto::Decision::Abort) => Decision::Abort,
-            _ => {
+        let (kind, decision) = match proto::Decision::try_from(request.decision) {
+            Ok(proto::Decision::Commit) => (RpcKind::Commit, Some(Decision::Commit)),
+            Ok(proto::Decision::Abort) => (RpcKind::Abort, Some(Decision::Abort)),
+            _ => (RpcKind::Decide, None),
+        };
+        self.metered(kind, async {
+            let id = interval(request.id)?;
+            let Some(decision) = decision else {
                 tracing::warn!(?id, decision = request.decision, "brick request refused");
                 return Err(Status::invalid_argument(format!(
                     "decide: no decision ({})",
                     request.decision
                 )));
+            };
+            if (self.faults.swallow_decisions).load(std::sync::atomic::Ordering::SeqCst) {
+                std::future::pending::<()>().await;
             }
-        };
-        if (self.faults.swallow_decisions).load(std::sync::atomic::Ordering::SeqCst) {
-            std::future::pending::<()>().await;
-        }
-        let store = self.store.clone();
-        let accepted = to_completion(async move {
-            if request.resolution {
-                store.decide_resolved(id, decision).await
-            } else {
-                store.decide(id, decision).await
+            let store = self.store.clone();
+            let accepted = to_completion(async move {
+                if request.resolution {
+                    store.decide_resolved(id, decision).await
+                } else {
+                    store.decide(id, decision).await
+                }
+            })
+            .await
+            .map_err(|e| refuse("decide", e))?;
+            if !accepted {
+                self.metrics.decision_refused(kind);
             }
+            Ok(proto::DecideReply { accepted })
         })
         .await
-        .map_err(|e| refuse("decide", e))?;
-        Ok(Response::new(proto::DecideReply { accepted }))
     }
 
     async fn status(
         &self,
         request: Request<proto::Interval>,
     ) -> Result<Response<proto::StatusReply>, Status> {
-        let id = interval(Some(request.into_inner()))?;
-        let status = self
-            .store
-            .try_status(id)
-            .await
-            .map_err(|e| refuse("status", e))?;
-        let state = match status {
-            None => proto::State::Unknown,
-            Some(IntervalStatus::Prepared) => proto::State::Prepared,
-            Some(IntervalStatus::Decided(Decision::Commit)) => proto::State::Committed,
-            Some(IntervalStatus::Decided(Decision::Abort)) => proto::State::Aborted,
-        };
-        Ok(Response::new(proto::StatusReply {
-            state: state as i32,
-        }))
+        self.metered(RpcKind::Status, async {
+            let id = interval(Some(request.into_inner()))?;
+            let status = self
+                .store
+                .try_status(id)
+                .await
+                .map_err(|e| refuse("status", e))?;
+            let state = match status {
+                None => proto::State::Unknown,
+                Some(IntervalStatus::Prepared) => proto::State::Prepared,
+                Some(IntervalStatus::Decided(Decision::Commit)) => proto::State::Committed,
+                Some(IntervalStatus::Decided(Decision::Abort)) => proto::State::Aborted,
+            };
+            Ok(proto::StatusReply {
+                state: state as i32,
+            })
+        })
+        .await
     }
 
     async fn in_doubt(
         &self,
         _request: Request<proto::Empty>,
     ) -> Result<Response<proto::InDoubtReply>, Status> {
-        let intervals = self
-            .store
-            .try_in_doubt_tagged()
-            .await
-            .map_err(|e| refuse("in doubt", e))?
-            .into_iter()
-            .map(|(id, bricks, tag)| proto::InDoubt {
-                id: Some(proto::Interval {
-                    client: id.client,
-                    seq: id.seq,
-                }),
-                bricks,
-                tag,
-            })
-            .collect();
-        Ok(Response::new(proto::InDoubtReply { intervals }))
+        self.metered(RpcKind::InDoubt, async {
+            let intervals = self
+                .store
+                .try_in_doubt_tagged()
+                .await
+                .map_err(|e| refuse("in doubt", e))?
+                .into_iter()
+                .map(|(id, bricks, tag)| proto::InDoubt {
+                    id: Some(proto::Interval {
+                        client: id.client,
+                        seq: id.seq,
+                    }),
+                    bricks,
+                    tag,
+                })
+                .collect();
+            Ok(proto::InDoubtReply { intervals })
+        })
+        .await
     }
 
     async fn forget(
         &self,
         request: Request<proto::ForgetRequest>,
     ) -> Result<Response<proto::Empty>, Status> {
-        let request = request.into_inner();
-        let store = self.store.clone();
-        to_completion(async move { store.forget(request.client, request.below).await })
-            .await
-            .map_err(|e| refuse("forget", e))?;
-        Ok(Response::new(proto::Empty {}))
+        self.metered(RpcKind::Forget, async {
+            let request = request.into_inner();
+            let store = self.store.clone();
+            to_completion(async move { store.forget(request.client, request.below).await })
+                .await
+                .map_err(|e| refuse("forget", e))?;
+            Ok(proto::Empty {})
+        })
+        .await
     }
 
     async fn fence_client(
         &self,
         request: Request<proto::FenceClientRequest>,
     ) -> Result<Response<proto::Empty>, Status> {
-        let store = self.store.clone();
-        let client = request.into_inner().client;
-        to_completion(async move { store.fence_client(client).await })
-            .await
-            .map_err(|e| refuse("fence client", e))?;
-        Ok(Response::new(proto::Empty {}))
+        self.metered(RpcKind::FenceClient, async {
+            let store = self.store.clone();
+            let client = request.into_inner().client;
+            to_completion(async move { store.fence_client(client).await })
+                .await
+                .map_err(|e| refuse("fence client", e))?;
+            Ok(proto::Empty {})
+        })
+        .await
     }
 
     async fn write_direct(
         &self,
         request: Request<proto::WriteDirectRequest>,
     ) -> Result<Response<proto::Empty>, Status> {
-        let writes = request
-            .into_inner()
-            .writes
-            .into_iter()
-            .map(|w| (w.offset, w.data))
-            .collect();
-        self.store
-            .write_direct(writes)
-            .await
-            .map_err(|e| refuse("write", e))?;
-        Ok(Response::new(proto::Empty {}))
+        self.metered(RpcKind::WriteDirect, async {
+            let writes = request
+                .into_inner()
+                .writes
+                .into_iter()
+                .map(|w| (w.offset, w.data))
+                .collect();
+            self.store
+                .write_direct(writes)
+                .await
+                .map_err(|e| refuse("write", e))?;
+            Ok(proto::Empty {})
+        })
+        .await
     }
 
     async fn read(
         &self,
         request: Request<proto::ReadRequest>,
     ) -> Result<Response<proto::ReadReply>, Status> {
-        let request = request.into_inner();
-        if request.len as usize > MAX_MESSAGE {
-            return Err(refuse(
-                "read",
-                BlockError::TooLarge {
-                    len: u64::from(request.len),
-                    max: MAX_MESSAGE as u64,
-                },
-            ));
-        }
-        let data = self
-            .store
-            .read(request.offset, request.len as usize)
-            .await
-            .map_err(|e| refuse("read", e))?;
-        Ok(Response::new(proto::ReadReply {
-            data: data.freeze(),
-        }))
+        self.metered(RpcKind::Read, async {
+            let request = request.into_inner();
+            check_read_len("read", request.len)?;
+            let data = self
+                .store
+                .read(request.offset, request.len as usize)
+                .await
+                .map_err(|e| refuse("read", e))?;
+            self.metrics.moved(RpcKind::Read, data.len() as u64);
+            Ok(proto::ReadReply {
+                data: data.freeze(),
+            })
+        })
+        .await
     }
 
     async fn versions(
         &self,
         _request: Request<proto::Empty>,
     ) -> Result<Response<proto::VersionsReply>, Status> {
-        let versions = (self.store.versions().await)
-            .map_err(|e| refuse("versions", e))?
-            .into_iter()
-            .map(|v| proto::VersionInfo {
-                number: v.number,
-                held_bytes: v.held_bytes,
-            })
-            .collect();
-        Ok(Response::new(proto::VersionsReply { versions }))
+        self.metered(RpcKind::Versions, async {
+            let versions = (self.store.versions().await)
+                .map_err(|e| refuse("versions", e))?
+                .into_iter()
+                .map(Into::into)
+                .collect();
+            Ok(proto::VersionsReply { versions })
+        })
+        .await
     }
 
     async fn seal_version(
         &self,
         request: Request<proto::VersionRequest>,
     ) -> Result<Response<proto::Empty>, Status> {
-        let number = request.into_inner().number;
-        let store = self.store.clone();
-        to_completion(async move { store.seal_version(number).await })
-            .await
-            .map_err(|e| refuse("seal version", e))?;
-        Ok(Response::new(proto::Empty {}))
+        self.metered(RpcKind::SealVersion, async {
+            let number = request.into_inner().number;
+            let store = self.store.clone();
+            to_completion(async move { store.seal_version(number).await })
+                .await
+                .map_err(|e| refuse("seal version", e))?;
+            Ok(proto::Empty {})
+        })
+        .await
     }
 
     async fn delete_version(
         &self,
         request: Request<proto::VersionRequest>,
     ) -> Result<Response<proto::DeleteVersionReply>, Status> {
-        let number = request.into_inner().number;
-        let store = self.store.clone();
-        let deleted = to_completion(async move { store.delete_version(number).await })
-            .await
-            .map_err(|e| refuse("delete version", e))?;
-        Ok(Response::new(proto::DeleteVersionReply { deleted }))
+        self.metered(RpcKind::DeleteVersion, async {
+            let number = request.into_inner().number;
+            let store = self.store.clone();
+            let deleted = to_completion(async move { store.delete_version(number).await })
+                .await
+                .map_err(|e| refuse("delete version", e))?;
+            Ok(proto::DeleteVersionReply { deleted })
+        })
+        .await
     }
 
     async fn rollback(
         &self,
         request: Request<proto::RollbackRequest>,
     ) -> Result<Response<proto::Empty>, Status> {
-        let proto::RollbackRequest { number, spent } = request.into_inner();
-        let store = self.store.clone();
-        to_completion(async move { store.rollback(number, spent).await })
-            .await
-            .map_err(|e| refuse("rollback", e))?;
-        Ok(Response::new(proto::Empty {}))
+        self.metered(RpcKind::Rollback, async {
+            let proto::RollbackRequest { number, spent } = request.into_inner();
+            let store = self.store.clone();
+            to_completion(async move { store.rollback(number, spent).await })
+                .await
+                .map_err(|e| refuse("rollback", e))?;
+            Ok(proto::Empty {})
+        })
+        .await
     }
 
     async fn read_version(
         &self,
         request: Request<proto::ReadVersionRequest>,
     ) -> Result<Response<proto::ReadReply>, Status> {
-        let request = request.into_inner();
-        if request.len as usize > MAX_MESSAGE {
-            return Err(refuse(
-                "read version",
-                BlockError::TooLarge {
-                    len: u64::from(request.len),
-                    max: MAX_MESSAGE as u64,
-                },
-            ));
-        }
-        let data = self
-            .store
-            .read_version(request.number, request.offset, request.len as usize)
-            .await
-            .map_err(|e| refuse("read version", e))?;
-        Ok(Response::new(proto::ReadReply {
-            data: data.freeze(),
-        }))
+        self.metered(RpcKind::ReadVersion, async {
+            let request = request.into_inner();
+            check_read_len("read version", request.len)?;
+            let data = self
+                .store
+                .read_version(request.number, request.offset, request.len as usize)
+                .await
+                .map_err(|e| refuse("read version", e))?;
+            self.metrics.moved(RpcKind::ReadVersion, data.len() as u64);
+            Ok(proto::ReadReply {
+                data: data.freeze(),
+            })
+        })
+        .await
+    }
+
+    async fn describe(
+        &self,
+        _request: Request<proto::Empty>,
+    ) -> Result<Response<proto::DescribeReply>, Status> {
+        self.metered(RpcKind::Describe, async {
+            Ok(wire::to_reply(self.store.summary()))
+        })
+        .await
     }
 }

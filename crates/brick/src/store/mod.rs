@@ -51,6 +51,8 @@
 mod apply;
 mod map;
 mod open;
+mod refusal;
+mod summary;
 pub(crate) mod versions;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -68,6 +70,9 @@ use crate::failstop::{DiskHealth, FailStop};
 use crate::layout::BrickLayout;
 use crate::record::{blob_name, IntervalRecord, RecordState, StagedExtent};
 use crate::space::{FreeSpace, UNIT};
+pub use refusal::PrepareRefusal;
+use refusal::RefusalCounts;
+pub use summary::{BrickSummary, StepKind, StepProgress, Units};
 use versions::VersionsBlob;
 
 /// The owner written in the metadata superblock: an open refuses any other.
@@ -165,6 +170,8 @@ struct Mem {
     /// Reads in progress, by ticket (see the lock rules).
     reads: BTreeSet<u64>,
     next_read: u64,
+    /// The latest roll-back or deletion run since the open, with how far it got.
+    step: Option<StepProgress>,
 }
 
 impl Mem {
@@ -182,7 +189,7 @@ impl Mem {
 enum Admission {
     Record,
     Repeat,
-    No(String),
+    No(PrepareRefusal, String),
 }
 
 /// What a prepare does once the lock is released, before its data is staged.
@@ -226,6 +233,8 @@ pub struct BrickStore {
     step_entries: usize,
     /// Whether `device` has failed: the brick then answers nothing (`failstop`).
     disk: Arc<DiskHealth>,
+    /// Prepares voted no since the open, by class.
+    refusals: RefusalCounts,
 }
 
 /// How a store runs (as opposed to how it is laid out, [`BrickOptions`]).
@@ -371,6 +380,17 @@ impl BrickStore {
         self.meta.counters().snapshot()
     }
 
+    /// Prepares voted no since the brick was opened, by class.
+    pub fn prepare_refusals(&self) -> Vec<(PrepareRefusal, u64)> {
+        self.refusals.snapshot()
+    }
+
+    /// A prepare's `No`, counted by class.
+    fn refuse(&self, class: PrepareRefusal, why: String) -> Vote {
+        self.refusals.count(class);
+        Vote::No(why)
+    }
+
     /// Free space for prepares, in bytes, once the frees of applied intervals are durable.
     pub async fn staging_free(&self) -> u64 {
         // A failed commit frees nothing: `reclaim` frees only what is durable.
@@ -470,7 +490,7 @@ impl BrickStore {
                     Admitted::Wait
                 } else {
                     match self.admit(&mem, id, &writes, fences, tag) {
-                        Admission::No(why) => Admitted::Answer(Vote::No(why)),
+                        Admission::No(class, why) => Admitted::Answer(self.refuse(class, why)),
                         Admission::Repeat => Admitted::Answer(Vote::Yes),
                         Admission::Record => match mem.space.allocate(total) {
                             Some(runs) => {
@@ -485,7 +505,8 @@ impl BrickStore {
                                     // Freed units wait only for reads to end.
                                     Admitted::Wait
                                 } else {
-                                    Admitted::Answer(Vote::No(no_space(&mem, total)))
+                                    let why = no_space(&mem, total);
+                                    Admitted::Answer(self.refuse(PrepareRefusal::NoSpace, why))
                                 }
                             }
                         },
@@ -510,7 +531,7 @@ impl BrickStore {
             mem.preparing.remove(&id);
             self.changed.notify_waiters();
             let outcome = staged.and_then(|()| match self.admit(&mem, id, &writes, fences, tag) {
-                Admission::No(why) => Ok(Some(Vote::No(why))),
+                Admission::No(class, why) => Ok(Some(self.refuse(class, why))),
                 // Only a prepare records a prepared interval, and a duplicate waited: kept
                 // for completeness, this answers as a repeat.
                 Admission::Repeat => Ok(Some(Vote::Yes)),
@@ -557,39 +578,52 @@ impl BrickStore {
         tag: u64,
     ) -> Admission {
         if let Some(pending) = mem.versions_blob.pending {
-            return Admission::No(format!("the brick is busy: {}", pending.describe()));
+            return Admission::No(
+                PrepareRefusal::Busy,
+                format!("the brick is busy: {}", pending.describe()),
+            );
         }
         if mem.fenced.contains(&id.client) {
-            return Admission::No(fenced_client(id.client));
+            return Admission::No(PrepareRefusal::Fenced, fenced_client(id.client));
         }
         if tag < mem.versions_blob.sealed {
-            return Admission::No(format!(
+            return Admission::No(
+                PrepareRefusal::Tag,
+                format!(
                 "version {} is sealed here: interval {id:?}, tagged {tag}, would change it (its \
                  host's lease ran out before the version was taken?)",
                 mem.versions_blob.sealed
-            ));
+            ),
+            );
         }
         if tag > mem.versions_blob.newest + versions::MAX_VERSIONS_AHEAD {
-            return Admission::No(format!(
-                "version tag {tag} is more than {} ahead of this brick's newest version, {}",
-                versions::MAX_VERSIONS_AHEAD,
-                mem.versions_blob.newest
-            ));
+            return Admission::No(
+                PrepareRefusal::Tag,
+                format!(
+                    "version tag {tag} is more than {} ahead of this brick's newest version, {}",
+                    versions::MAX_VERSIONS_AHEAD,
+                    mem.versions_blob.newest
+                ),
+            );
         }
         if mem
             .forgotten
             .get(&id.client)
             .is_some_and(|&below| id.seq < below)
         {
-            return Admission::No(format!(
-                "interval {id:?} is older than its client's forgotten mark"
-            ));
+            return Admission::No(
+                PrepareRefusal::Late,
+                format!("interval {id:?} is older than its client's forgotten mark"),
+            );
         }
         let status = mem.intervals.get(&id).map(|l| l.record.state.status());
         match prepare_action(status) {
             PrepareAction::Repeat => return Admission::Repeat,
             PrepareAction::Refuse => {
-                return Admission::No(format!("interval {id:?} is already decided"))
+                return Admission::No(
+                    PrepareRefusal::Late,
+                    format!("interval {id:?} is already decided"),
+                )
             }
             PrepareAction::Record => {}
         }
@@ -598,9 +632,12 @@ impl BrickStore {
             (epoch < newest).then_some((segment, epoch, newest))
         }) {
             tracing::warn!(?id, segment, epoch, newest, "prepare fenced");
-            return Admission::No(format!(
+            return Admission::No(
+                PrepareRefusal::Fenced,
+                format!(
                 "fenced: segment {segment} was claimed at epoch {newest}, after the client's {epoch}"
-            ));
+            ),
+            );
         }
         // Another client's interval over the same bytes, prepared here and undecided: its
         // client died or paused inside its commit, or owes this brick the decision. Until it
@@ -612,9 +649,10 @@ impl BrickStore {
                 && overlaps(&live.record.extents, writes, self.layout.home_offset))
             .then_some(other)
         }) {
-            return Admission::No(format!(
-                "interval {id:?} {OVERLAP_REFUSAL} ({other:?}) held here"
-            ));
+            return Admission::No(
+                PrepareRefusal::Overlap,
+                format!("interval {id:?} {OVERLAP_REFUSAL} ({other:?}) held here"),
+            );
         }
         Admission::Record
     }

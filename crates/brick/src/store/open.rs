@@ -237,6 +237,7 @@ impl BrickStore {
             versions_blob: found.versions_blob.1,
             reads: BTreeSet::new(),
             next_read: 0,
+            step: None,
         };
         let store = BrickStore {
             device,
@@ -254,6 +255,7 @@ impl BrickStore {
                 n => n,
             },
             disk,
+            refusals: Default::default(),
         };
         match pending {
             Some(Pending::Rollback(number)) => store.finish_rollback(number).await?,

@@ -10,7 +10,7 @@ use bytes::BytesMut;
 use strata_core::{BlockError, Fields, Result};
 use strata_meta::{ObjectId, TxnClass};
 
-use super::{u64_of, BrickStore, Mem, VersionInfo};
+use super::{u64_of, BrickStore, Mem, StepKind, StepProgress, VersionInfo};
 use crate::space::UNIT;
 
 /// The blob that holds the newest version number ever created here and the step in progress.
@@ -50,6 +50,13 @@ impl Pending {
 
     pub(super) fn is_rollback(self) -> bool {
         matches!(self, Pending::Rollback(_))
+    }
+
+    fn kind_and_version(self) -> (StepKind, u64) {
+        match self {
+            Pending::Rollback(number) => (StepKind::Rollback, number),
+            Pending::Delete(number) => (StepKind::Delete, number),
+        }
     }
 }
 
@@ -122,20 +129,22 @@ fn busy(pending: Pending) -> BlockError {
 impl BrickStore {
     /// The versions this brick keeps, oldest first.
     pub async fn versions(&self) -> Result<Vec<VersionInfo>> {
-        let listed = {
-            let mem = self.lock();
-            self.meta.read(|state| {
-                mem.versions
-                    .iter()
-                    .map(|(&number, &table)| VersionInfo {
-                        number,
-                        held_bytes: state.table(table).map_or(0, |t| t.len()) * UNIT,
-                    })
-                    .collect()
-            })
-        };
+        let listed = self.version_infos(&self.lock());
         self.meta.commit().await?;
         Ok(listed)
+    }
+
+    /// The versions kept, oldest first, with the old data each keeps.
+    pub(super) fn version_infos(&self, mem: &Mem) -> Vec<VersionInfo> {
+        self.meta.read(|state| {
+            mem.versions
+                .iter()
+                .map(|(&number, &table)| VersionInfo {
+                    number,
+                    held_bytes: state.table(table).map_or(0, |t| t.len()) * UNIT,
+                })
+                .collect()
+        })
     }
 
     /// Seals version `number`: its cut is final here. Makes sure versions up to it exist (a
@@ -205,7 +214,10 @@ impl BrickStore {
     /// version numbers up to `spent` are marked used in the same transaction.
     fn begin_step(&self, mem: &mut Mem, step: Pending, spent: u64) -> Result<()> {
         match mem.versions_blob.pending {
-            Some(pending) if pending == step => Ok(()),
+            Some(pending) if pending == step => {
+                self.count_entries_left(mem, step);
+                Ok(())
+            }
             Some(pending) => Err(busy(pending)),
             None => {
                 let mut blob = mem.versions_blob;
@@ -217,8 +229,45 @@ impl BrickStore {
                     Ok(())
                 })?;
                 mem.versions_blob = blob;
+                self.count_entries_left(mem, step);
                 Ok(())
             }
+        }
+    }
+
+    /// Before each transaction of a step: its total is what it has moved plus the entries
+    /// left in the tables it empties (a deletion's version may have gained some meanwhile).
+    /// A step other than the one recorded running starts from nothing done.
+    fn count_entries_left(&self, mem: &mut Mem, step: Pending) {
+        let (kind, version) = step.kind_and_version();
+        let tables: Vec<ObjectId> = match step {
+            Pending::Rollback(number) => mem.versions.range(number..).map(|(_, &t)| t).collect(),
+            Pending::Delete(number) => mem.versions.get(&number).copied().into_iter().collect(),
+        };
+        let left: u64 = self.meta.read(|state| {
+            (tables.iter())
+                .map(|&table| state.table(table).map_or(0, |t| t.len()))
+                .sum()
+        });
+        let done = match mem.step {
+            Some(p) if p.running && p.kind == kind && p.version == version => p.done_entries,
+            _ => 0,
+        };
+        mem.step = Some(StepProgress {
+            kind,
+            version,
+            done_entries: done,
+            total_entries: done + left,
+            running: true,
+        });
+    }
+
+    /// After a transaction of a step is durable: `moved` more entries are done.
+    fn count_entries_done(&self, moved: u64, finished: bool) {
+        let mut mem = self.lock();
+        if let Some(progress) = mem.step.as_mut() {
+            progress.done_entries += moved;
+            progress.running = !finished;
         }
     }
 
@@ -258,8 +307,9 @@ impl BrickStore {
     /// add entries; they are moved the same way.
     pub(super) async fn finish_delete(&self, number: u64) -> Result<()> {
         loop {
-            let done = {
+            let (done, moved) = {
                 let mut mem = self.lock();
+                self.count_entries_left(&mut mem, Pending::Delete(number));
                 let table = mem.versions[&number];
                 let before = mem.versions.range(..number).next_back().map(|(_, &t)| t);
                 let entries = self.next_entries(table);
@@ -291,9 +341,10 @@ impl BrickStore {
                     mem.versions.remove(&number);
                     mem.versions_blob = blob;
                 }
-                last
+                (last, entries.len() as u64)
             };
             self.meta.commit().await?;
+            self.count_entries_done(moved, done);
             if done {
                 tracing::info!(number, "version deleted");
                 return Ok(());
@@ -347,6 +398,7 @@ impl BrickStore {
         loop {
             let done = {
                 let mut mem = self.lock();
+                self.count_entries_left(&mut mem, Pending::Rollback(number));
                 let (&newest, &table) = mem
                     .versions
                     .range(number..)
@@ -388,6 +440,7 @@ impl BrickStore {
                 finished
             };
             self.meta.commit().await?;
+            self.count_entries_done(moved, done);
             put_back += moved;
             if done {
                 tracing::info!(

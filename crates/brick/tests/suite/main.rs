@@ -7,6 +7,7 @@ mod crash;
 #[allow(dead_code)]
 #[path = "../../../coord/tests/suite/etcd.rs"]
 mod etcd;
+mod observe;
 mod replace;
 mod rpc;
 mod shared;

@@ -1,0 +1,160 @@
+//! `strata brick status <address>`: what a served brick holds now, asked over its transaction
+//! channel (`Describe`). It asks the running brick rather than reading its file, because only
+//! the process running a roll-back or a deletion knows how far it has got.
+
+use std::time::Duration;
+
+use anyhow::Context;
+use strata_brick::rpc::BrickClient;
+use strata_brick::{BrickSummary, StepKind};
+use strata_core::outln;
+
+pub async fn show(address: &str, timeout: Duration) -> anyhow::Result<()> {
+    let client = BrickClient::new(address, timeout)?;
+    let summary = client
+        .describe()
+        .await
+        .with_context(|| format!("asking brick {address} what it holds"))?;
+    for line in render(address, &summary) {
+        outln!("{line}");
+    }
+    Ok(())
+}
+
+fn render(address: &str, s: &BrickSummary) -> Vec<String> {
+    let units = &s.units;
+    let mut lines = vec![
+        format!(
+            "brick {address}: format {}, share {} bytes ({} units of {} bytes)",
+            s.format,
+            s.share_bytes,
+            s.share_bytes / s.unit_bytes.max(1),
+            s.unit_bytes
+        ),
+        format!(
+            "  units: {} in all, {} used, {} free; {} kept by versions, {} staged by prepared \
+             intervals, {} of the share away from home",
+            units.total,
+            units.used(),
+            units.free,
+            units.kept,
+            units.staged,
+            units.away
+        ),
+    ];
+    let versions: Vec<String> = (s.versions.iter())
+        .map(|v| {
+            let sealed = if s.is_sealed(v.number) {
+                "sealed, "
+            } else {
+                ""
+            };
+            format!("{} ({sealed}{} bytes held)", v.number, v.held_bytes)
+        })
+        .collect();
+    lines.push(format!(
+        "  versions: {}; newest created {}, newest sealed {}",
+        if versions.is_empty() {
+            "none".to_string()
+        } else {
+            versions.join(", ")
+        },
+        s.newest_version,
+        s.sealed_version
+    ));
+    lines.push(format!("  intervals in doubt: {}", s.in_doubt));
+    if let Some(step) = s.step {
+        let what = match step.kind {
+            StepKind::Rollback => "roll-back to version",
+            StepKind::Delete => "deletion of version",
+        };
+        let (done, total) = (step.done_entries, step.total_entries);
+        lines.push(if step.running {
+            let percent = (done * 100).checked_div(total).unwrap_or(100);
+            format!(
+                "  in progress: {what} {}, {done} of {total} entries done ({percent} %)",
+                step.version
+            )
+        } else {
+            format!(
+                "  last: {what} {}, ended, {done} of {total} entries",
+                step.version
+            )
+        });
+    }
+    lines
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use strata_brick::{StepProgress, Units, VersionInfo};
+
+    #[test]
+    fn shows_space_versions_and_a_step_in_progress() {
+        let mut summary = BrickSummary {
+            format: 2,
+            share_bytes: 1 << 20,
+            unit_bytes: 4096,
+            units: Units {
+                total: 512,
+                free: 400,
+                kept: 6,
+                staged: 2,
+                away: 9,
+            },
+            versions: vec![
+                VersionInfo {
+                    number: 1,
+                    held_bytes: 8192,
+                },
+                VersionInfo {
+                    number: 2,
+                    held_bytes: 16384,
+                },
+            ],
+            newest_version: 2,
+            sealed_version: 1,
+            in_doubt: 1,
+            step: Some(StepProgress {
+                kind: StepKind::Rollback,
+                version: 1,
+                done_entries: 3,
+                total_entries: 6,
+                running: true,
+            }),
+        };
+        let text = render("b:1", &summary).join("\n");
+        assert!(
+            text.contains("format 2, share 1048576 bytes (256 units"),
+            "{text}"
+        );
+        assert!(
+            text.contains("512 in all, 112 used, 400 free; 6 kept"),
+            "{text}"
+        );
+        assert!(
+            text.contains("versions: 1 (sealed, 8192 bytes held), 2 (16384"),
+            "{text}"
+        );
+        assert!(text.contains("intervals in doubt: 1"), "{text}");
+        assert!(
+            text.contains("in progress: roll-back to version 1, 3 of 6 entries done (50 %)"),
+            "{text}"
+        );
+        summary.step = summary.step.map(|s| StepProgress {
+            running: false,
+            done_entries: 6,
+            kind: StepKind::Delete,
+            ..s
+        });
+        summary.versions.clear();
+        let text = render("b:1", &summary).join("\n");
+        assert!(text.contains("versions: none;"), "{text}");
+        assert!(
+            text.contains("last: deletion of version 1, ended, 6 of 6 entries"),
+            "{text}"
+        );
+        assert!(!text.contains("in progress"), "{text}");
+    }
+}
