@@ -324,6 +324,56 @@ def test_fio_verifies_through_rain10_while_a_brick_is_killed_and_returns(
     assert_replicas_equal(bricks)
 
 
+def cluster_cmd(etcd: Etcd, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return run([str(STRATA_BIN), "cluster", *args, "--etcd", etcd.endpoint, "--cluster",
+                CLUSTER], check=check)
+
+
+def test_a_dead_brick_is_replaced_and_rebuilt_while_fio_verifies_and_the_copies_end_equal(
+        cluster, server_factory, workdir):
+    """b1 dies for good (kill -9, as a disk that failed with its brick); the host goes on with
+    b0. An administrator formats b4 and serves it, then `strata cluster replace-brick v b1 b4`
+    puts it in b1's place and copies it whole from b0 while fio writes and verifies."""
+    etcd, bricks = cluster
+    srv = server_factory(shared_spec(etcd))
+    qemu_io(srv, "write -P 0x61 0 48M", "flush")
+    bricks[1].kill()
+    qemu_io(srv, "write -P 0x62 0 1M", "flush")
+    spare = BrickProc(workdir, "b4", etcd).start()
+    # Mistakes are refused, naming why, and change nothing.
+    for args, why in [(("b1", "b2"), 'already serves volume "v"'),
+                      (("b0", "b4"), 'current only on "b0"'),
+                      (("b9", "b4"), "not a brick of the volume")]:
+        refused = cluster_cmd(etcd, "replace-brick", "v", *args, check=False)
+        assert refused.returncode != 0 and why in refused.stderr, refused.stderr
+    assert "brick b1 is stale" in cluster_status(etcd)
+    job = fio_job(workdir / "verify.fio", srv, "replace-verify", rw="randwrite", bs="64k",
+                  iodepth=4, size="32m", fsync=8, verify="crc32c", do_verify=1,
+                  verify_fatal=1, verify_dump=0)
+    fio = subprocess.Popen(["fio", "--output-format=json", str(job)], cwd=workdir,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(1)
+    assert fio.poll() is None, "fio ended before the replacement: nothing overlapped"
+    out = cluster_cmd(etcd, "replace-brick", "v", "b1", "b4").stdout
+    assert "brick b4 replaces b1; 24 regions to copy to it" in out, out
+    done = re.search(r"rebuilt in [\d.]+ s; none missing: (\d+) regions copied here, (\d+) by "
+                     r"hosts' flushes", out)
+    assert done and int(done[1]) + int(done[2]) == 24, out
+    print(done[0])
+    out, err = fio.communicate(timeout=300)
+    (j,) = json.loads(out[out.index("{"):])["jobs"]
+    assert j["error"] == 0, (j, err)
+    qemu_io(srv, "write -P 0x63 47M 4k", "flush")
+    # fio wrote the first 32 MiB; the rest is as written before b1 died.
+    out = qemu_io(srv, "read -P 0x61 32M 15M", "read -P 0x63 47M 4k").stdout
+    assert "Pattern verification failed" not in out, out
+    status = cluster_status(etcd)
+    assert "is stale" not in status and "sets [b0+b4, b2+b3]" in status, status
+    srv.stop()
+    assert bricks[0].home() == spare.home(), "b0 and its new copy b4 differ"
+    assert "brick replaced" in srv.stderr_text()
+
+
 def test_a_dead_clients_interval_in_doubt_is_resolved_by_the_bricks(cluster, server_factory):
     """kill -9 of the serving host in the middle of a commit: brick b1 is stopped (SIGSTOP), so
     the host's first interval (on b0+b1) waits in a prepare that b0 has already recorded, and

@@ -298,9 +298,10 @@ async fn rebuild(coord: &Coord, volume: &str, stall: Duration) -> anyhow::Result
     bar.finish_and_clear();
     let rebuilt = rebuilt?;
     outln!(
-        "volume {volume}: rebuilt; {} regions copied in {:.1} s, none missing",
+        "volume {volume}: rebuilt in {:.1} s; none missing: {} regions copied here, {} by hosts' flushes",
+        started.elapsed().as_secs_f64(),
         rebuilt.copied,
-        started.elapsed().as_secs_f64()
+        rebuilt.by_others,
     );
     Ok(())
 }

@@ -17,6 +17,8 @@ const REGIONS_PER_ROUND: usize = 64;
 pub struct Rebuilt {
     /// Regions copied by this rebuild.
     pub copied: u64,
+    /// Regions copied meanwhile by other hosts (at their flushes).
+    pub by_others: u64,
     /// Regions that were to be copied when it began.
     pub missing: u64,
 }
@@ -41,10 +43,12 @@ impl SharedVolume {
         let mut stuck_since = Instant::now();
         let mut last_left = missing;
         let copied_before = self.counters.regions_copied.load(Ordering::Relaxed);
+        let mut by_others = 0;
         loop {
             {
                 let mut state = self.state.lock().await;
                 self.settle(&mut state).await;
+                by_others += self.adopt_copied().await;
                 self.copy_back(
                     &mut state,
                     REGIONS_PER_ROUND,
@@ -54,9 +58,13 @@ impl SharedVolume {
             }
             let left = self.missing_regions();
             let copied = self.counters.regions_copied.load(Ordering::Relaxed) - copied_before;
-            progress(copied, missing.max(copied + left));
+            progress(copied + by_others, missing.max(copied + by_others + left));
             if left == 0 {
-                return Ok(Rebuilt { copied, missing });
+                return Ok(Rebuilt {
+                    copied,
+                    by_others,
+                    missing,
+                });
             }
             if left < last_left {
                 last_left = left;
@@ -70,6 +78,35 @@ impl SharedVolume {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }
+    }
+
+    /// Takes as copied the regions of bricks being copied to that etcd no longer records
+    /// stale: another host copied them, under their segment's claim, and cleared them. Only
+    /// for a rebuild, whose host writes nothing of its own: a serving host learns of them by
+    /// copying them again. Returns how many.
+    async fn adopt_copied(&self) -> u64 {
+        let Ok(stale) = self.coord.stale(&self.name).await else {
+            return 0;
+        };
+        let names = self.brick_names();
+        let mut rain = self.rain.lock().unwrap();
+        let mut adopted = 0;
+        for (brick, name) in names.iter().enumerate() {
+            // Only a brick seen back: one still down is not being copied to.
+            if rain.is_down(brick) {
+                continue;
+            }
+            for region in rain.returned(brick) {
+                if !stale
+                    .get(name)
+                    .is_some_and(|recorded| recorded.contains(&region))
+                {
+                    rain.copied(brick, region);
+                    adopted += 1;
+                }
+            }
+        }
+        adopted
     }
 
     /// The copying back a flush does before its interval: a few regions, none waited for.
@@ -111,6 +148,9 @@ impl SharedVolume {
             let name = &self.brick_name(brick);
             tracing::info!(volume = %self.name, brick = %name, regions = total, now = regions.len(), "brick is back: copying what it missed");
             let mut copied = BTreeSet::new();
+            // Segments another host kept for the whole wait: its other regions are not
+            // waited for again in this round.
+            let mut busy: BTreeSet<u32> = BTreeSet::new();
             for (done, region) in regions.iter().enumerate() {
                 *self.resyncing.lock().unwrap() = Some(Activity {
                     what: format!("copying back to {name} what it missed"),
@@ -130,6 +170,9 @@ impl SharedVolume {
                 let segments = self
                     .claims
                     .segments_of(at, self.unit.min(self.geometry.size - at));
+                if !busy.is_disjoint(&segments) {
+                    continue;
+                }
                 let pin = match self.claims.acquire(&segments, wait).await {
                     Ok(pin) => pin,
                     Err(ClaimError::CatalogChanged(_)) => {
@@ -139,6 +182,7 @@ impl SharedVolume {
                     }
                     Err(error) => {
                         tracing::debug!(volume = %self.name, brick = %name, region, %error, "region left for later");
+                        busy.extend(segments);
                         continue;
                     }
                 };
@@ -156,6 +200,9 @@ impl SharedVolume {
                 let outcome =
                     run_interval(&self.brick_clients(), id, writes, pin.fences(), tag).await;
                 drop(pin);
+                // A host waiting for the segment gets it now, between two copies: a rebuild
+                // holding it from one region to the next would starve that host's writes.
+                self.claims.release_wanted().await;
                 if outcome.ended() {
                     self.rain.lock().unwrap().copied(brick, *region);
                     copied.insert(*region);
