@@ -153,7 +153,7 @@ impl Coord {
             ),
             TxnOp::put(
                 format!("{stale_prefix}{new}"),
-                crate::stale::encode((0..regions).collect()),
+                crate::stale::encode(&(0..regions).collect()),
                 None,
             ),
             TxnOp::delete(format!("{stale_prefix}{old}"), None),

@@ -15,16 +15,79 @@ use crate::{Coord, CoordError};
 /// between the read and the write.
 const ATTEMPTS: usize = 64;
 
+/// More regions than a stale record may name: they are held in memory one by one (a brick
+/// of 4 PiB in 64 KiB units), so a damaged record must not make a host try.
+const MAX_REGIONS: u64 = 1 << 26;
+
+/// The regions (in stripe units of the brick's address space) a brick does not hold
+/// current, as stored: runs of consecutive regions, so that a replaced brick, stale in its
+/// whole share, is one short record and not a list of every region (which, past about
+/// 150,000 regions, would not fit in one etcd request).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
+struct StoredStale {
+    /// Each region listed: what builds before the runs wrote. Read, never written.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    regions: BTreeSet<u64>,
+    /// `(first region, count)`, in order, not touching.
+    #[serde(default)]
+    runs: Vec<(u64, u64)>,
+}
+
+/// A brick's stale regions, in memory.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 struct StaleRecord {
-    /// Regions (in stripe units of the brick's address space) the brick does not hold current.
     regions: BTreeSet<u64>,
 }
 
-/// A stale record saying `brick` misses `regions`, as [`Coord::stale`] reads it.
-pub(crate) fn encode(regions: BTreeSet<u64>) -> Vec<u8> {
-    serde_json::to_vec(&StaleRecord { regions }).expect("a stale record serialises")
+impl StaleRecord {
+    fn decode(kv: &etcd_client::KeyValue) -> Result<StaleRecord, CoordError> {
+        Self::parse(&String::from_utf8_lossy(kv.key()), kv.value())
+    }
+
+    fn parse(key: &str, value: &[u8]) -> Result<StaleRecord, CoordError> {
+        let damaged = |why: String| CoordError::Damaged {
+            key: key.to_string(),
+            why,
+        };
+        let stored: StoredStale =
+            serde_json::from_slice(value).map_err(|e| damaged(e.to_string()))?;
+        let mut regions = stored.regions;
+        let total = (stored.runs.iter()).fold(0u64, |sum, &(_, count)| sum.saturating_add(count));
+        if total > MAX_REGIONS {
+            return Err(damaged(format!(
+                "{total} regions in runs; no brick has more than {MAX_REGIONS}"
+            )));
+        }
+        for (first, count) in stored.runs {
+            let end = first
+                .checked_add(count)
+                .ok_or_else(|| damaged(format!("run of {count} regions from {first} overflows")))?;
+            regions.extend(first..end);
+        }
+        Ok(StaleRecord { regions })
+    }
+}
+
+/// Runs of consecutive regions, in order.
+fn runs(regions: &BTreeSet<u64>) -> Vec<(u64, u64)> {
+    let mut runs: Vec<(u64, u64)> = Vec::new();
+    for &region in regions {
+        match runs.last_mut() {
+            Some((first, count)) if *first + *count == region => *count += 1,
+            _ => runs.push((region, 1)),
+        }
+    }
+    runs
+}
+
+/// A stale record saying a brick misses `regions`, as [`Coord::stale`] reads it.
+pub(crate) fn encode(regions: &BTreeSet<u64>) -> Vec<u8> {
+    let stored = StoredStale {
+        regions: BTreeSet::new(),
+        runs: runs(regions),
+    };
+    serde_json::to_vec(&stored).expect("a stale record serialises")
 }
 
 impl Coord {
@@ -36,7 +99,7 @@ impl Coord {
         kvs.iter()
             .map(|kv| {
                 let key = String::from_utf8_lossy(kv.key()).into_owned();
-                let record: StaleRecord = crate::catalog::decode(kv)?;
+                let record = StaleRecord::decode(kv)?;
                 Ok((key[prefix.len()..].to_string(), record.regions))
             })
             .collect()
@@ -80,7 +143,7 @@ impl Coord {
         let key = format!("{}{brick}", self.keys.stale(volume));
         for _ in 0..ATTEMPTS {
             let (mut record, revision) = match self.get_one(&key, "reading a stale brick").await? {
-                Some(kv) => (crate::catalog::decode(&kv)?, kv.mod_revision()),
+                Some(kv) => (StaleRecord::decode(&kv)?, kv.mod_revision()),
                 None => (StaleRecord::default(), 0),
             };
             let before = record.clone();
@@ -91,8 +154,7 @@ impl Coord {
             let write = if record.regions.is_empty() {
                 TxnOp::delete(key.as_str(), None)
             } else {
-                let value = serde_json::to_vec(&record).expect("a stale record serialises");
-                TxnOp::put(key.as_str(), value, None)
+                TxnOp::put(key.as_str(), encode(&record.regions), None)
             };
             let txn = Txn::new()
                 .when([
@@ -119,5 +181,45 @@ impl Coord {
         Err(CoordError::Conflict(format!(
             "stale record of brick {brick:?} of volume {volume:?}"
         )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn regions_are_stored_as_runs_and_a_whole_share_is_one() {
+        let set = |r: &[u64]| r.iter().copied().collect::<BTreeSet<u64>>();
+        assert_eq!(runs(&set(&[])), vec![]);
+        assert_eq!(
+            runs(&set(&[0, 1, 2, 5, 7, 8])),
+            vec![(0, 3), (5, 1), (7, 2)]
+        );
+        let whole: BTreeSet<u64> = (0..1 << 20).collect();
+        let encoded = encode(&whole);
+        assert_eq!(
+            String::from_utf8(encoded).unwrap(),
+            r#"{"runs":[[0,1048576]]}"#
+        );
+    }
+
+    #[test]
+    fn records_round_trip_and_older_lists_are_read() {
+        let kv = |value: &[u8]| StaleRecord::parse("/strata/t/stale/v/b1", value);
+        let regions: BTreeSet<u64> = [3, 4, 9, 10, 11, 40].into_iter().collect();
+        let decoded = kv(&encode(&regions)).unwrap();
+        assert_eq!(decoded.regions, regions);
+        let older = kv(br#"{"regions":[1,2,7]}"#).unwrap();
+        assert_eq!(older.regions, [1, 2, 7].into_iter().collect());
+        let bad = kv(br#"{"runs":[[18446744073709551615,2]]}"#);
+        assert!(matches!(bad, Err(CoordError::Damaged { .. })), "{bad:?}");
+        let huge = kv(br#"{"runs":[[0,1099511627776]]}"#);
+        assert!(matches!(huge, Err(CoordError::Damaged { .. })), "{huge:?}");
+        let unknown = kv(br#"{"dirty":[1]}"#);
+        assert!(
+            matches!(unknown, Err(CoordError::Damaged { .. })),
+            "{unknown:?}"
+        );
     }
 }
