@@ -2,12 +2,15 @@
 //! failed brick's peer, the new brick is rebuilt from it while a host writes, and the two end
 //! byte-identical (a real etcd, bricks on loopback; `shared::cluster_with_spares`).
 
+use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use strata_brick::rpc::RpcError;
-use strata_brick::SharedVolume;
+use strata_brick::resolve::resolve_in_doubt;
+use strata_brick::rpc::{BrickClient, RpcError};
+use strata_brick::{SharedVolume, Vote};
+use strata_cluster::interval::{Decision, IntervalId};
 use strata_coord::session::{MemberRecord, Session};
 use strata_coord::CoordError;
 use strata_core::{BlockDevice, WriteFlags};
@@ -219,4 +222,54 @@ async fn a_rebuild_runs_while_a_host_writes_and_the_replicas_end_equal() {
     assert!(b0[..] == model[..], "the replicas differ from the model");
     assert_reads(&a, &model).await;
     assert_reads(&tool, &model).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interval_in_doubt_with_a_failed_brick_is_resolved_once_that_brick_is_replaced() {
+    let cluster = cluster_with_spares(1).await;
+    let (a, a_fences) = host_a_wrote_segment_0(&cluster).await;
+    // A prepares an interval on b0 and b1, dies before deciding it, and b1's disk fails.
+    let doomed = IntervalId {
+        client: a.client_id(),
+        seq: 500,
+    };
+    for client in &cluster.clients[..2] {
+        let vote = (client.prepare(doomed, vec![0, 1], vec![(0, sector("a2"))], &a_fences))
+            .await
+            .unwrap();
+        assert_eq!(vote, Vote::Yes);
+    }
+    a.stop_heartbeat();
+    until_lease_gone(&cluster, a.client_id()).await;
+    cluster.pulled[1].store(true, Ordering::SeqCst);
+    // b0 resolves with its peers as the catalog names them, as `strata brick serve` does.
+    let resolve = || async {
+        let record = cluster.coord.volume("v").await.unwrap().record;
+        let bricks = cluster.coord.bricks().await.unwrap();
+        let peers: BTreeMap<u64, BrickClient> = (record.bricks().enumerate())
+            .filter(|(index, _)| *index != 0)
+            .map(|(index, name)| {
+                let brick = bricks.iter().find(|b| &b.record.name == name).unwrap();
+                let client = BrickClient::new(&brick.record.address, TIMEOUT).unwrap();
+                (index as u64, client)
+            })
+            .collect();
+        let coord = cluster.coord.clone();
+        let fenced = move |client: u64| {
+            let coord = coord.clone();
+            async move { matches!(coord.lease_alive(client as i64).await, Ok(false)) }
+        };
+        resolve_in_doubt(&cluster.stores[0], 0, &peers, fenced)
+            .await
+            .unwrap()
+    };
+    // b1 might have committed it: b0 cannot tell, and keeps it in doubt.
+    assert_eq!(resolve().await, vec![]);
+    assert_eq!(cluster.stores[0].in_doubt().await.len(), 1);
+    // b2 takes b1's place; it never prepared the interval, so no commit was ever sent.
+    cluster.coord.replace_brick("v", "b1", "b2").await.unwrap();
+    assert_eq!(resolve().await, vec![(doomed, Decision::Abort)]);
+    assert!(cluster.stores[0].in_doubt().await.is_empty());
+    let held = cluster.clients[0].read(0, 512).await.unwrap();
+    assert_eq!(held, sector("a1"), "the aborted interval is not applied");
 }

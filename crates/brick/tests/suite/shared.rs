@@ -182,7 +182,9 @@ pub(crate) async fn assert_replicas(cluster: &Cluster, at: u64, want: &Bytes) {
 }
 
 /// Host `a` has written and flushed a sector of segment 0: it holds that segment alone.
-async fn host_a_wrote_segment_0(cluster: &Cluster) -> (Arc<SharedVolume>, Vec<(u32, i64)>) {
+pub(crate) async fn host_a_wrote_segment_0(
+    cluster: &Cluster,
+) -> (Arc<SharedVolume>, Vec<(u32, i64)>) {
     let a = host(cluster, "a").await;
     a.write(0, sector("a1"), WriteFlags::default())
         .await
