@@ -1,19 +1,19 @@
-//! A brick's durable side of consistency intervals (RIBD §2.5, issue 19).
+//! A brick's durable side of consistency intervals (RIBD §2.5, issue 19), and a host's side
+//! of a shared volume over bricks.
 //!
-//! A brick holds one share of a shared volume (its *home* region) and takes part in the
-//! two-phase commit of every interval that writes to it:
-//! - **prepare**: the interval's writes go to free space in the brick's *staging* region, and
-//!   a record of them (where they go, where they wait, which bricks share the interval) is
-//!   committed to the brick's metadata store. Only then does the brick vote yes. Nothing is
-//!   visible yet.
-//! - **commit**: the decision is recorded durably first, then the staged writes are copied
-//!   home, and the record shrinks to a tombstone that frees the staging space. A crash
-//!   between the two redoes the copy at the next open, so an acknowledged commit survives.
-//! - **abort**: the decision is recorded, the staged writes are dropped.
+//! A brick holds one share of a shared volume and takes part in the two-phase commit of every
+//! interval that writes to it:
+//! - **prepare**: the interval's writes go to free 4 KiB units of the brick, and a record of
+//!   them (where they go, where they wait, which bricks share the interval) is committed to the
+//!   brick's metadata store. Only then does the brick vote yes. Nothing is visible yet.
+//! - **commit**: one metadata transaction maps those units into the share (each byte is
+//!   written once) and leaves a tombstone; the commit is acknowledged once it is durable.
+//! - **abort**: the decision is recorded, the units go back.
 //!
-//! The rules (what a repeated prepare or a late abort means) are `strata_cluster::interval`'s,
-//! shared with the model the protocol's fault tests run. The on-disk format is in
-//! `docs/brick-format.md`.
+//! A brick stops at its disk's first failure (`failstop`). The rules (what a repeated prepare
+//! or a late abort means) are `strata_cluster::interval`'s, shared with the model the
+//! protocol's fault tests run. The on-disk format is in `docs/brick-format.md`; the host's
+//! side (`SharedVolume`) in `docs/shared-volumes.md`.
 
 pub mod commit;
 pub mod failstop;
