@@ -324,6 +324,34 @@ def test_fio_verifies_through_rain10_while_a_brick_is_killed_and_returns(
     assert_replicas_equal(bricks)
 
 
+def test_each_nbd_connection_is_a_stream_of_intervals_its_flush_commits_only_its_writes(
+        cluster, server_factory):
+    """Two connections of one client program (libnbd) to the same export: a flush ends the
+    interval of its own connection. Unit 0 of the volume is on b0+b1, unit 1 on b2+b3."""
+    etcd, bricks = cluster
+    srv = server_factory(shared_spec(etcd))
+    with nbd_handle(srv) as one, nbd_handle(srv) as two:
+        one.pwrite(b"\x71" * 4096, 0)
+        two.pwrite(b"\x72" * 4096, MiB)
+        two.flush()
+        assert bricks[2].home()[:4096] == b"\x72" * 4096
+        assert bricks[0].home()[:4096] == bytes(4096), "one's write committed by two's flush"
+        # Each connection reads its own writes, not the other's before they are committed.
+        assert one.pread(4096, 0) == b"\x71" * 4096
+        assert two.pread(4096, 0) == bytes(4096)
+        assert one.pread(4096, MiB) == b"\x72" * 4096
+        one.flush()
+        assert bricks[0].home()[:4096] == b"\x71" * 4096
+        assert two.pread(4096, 0) == b"\x71" * 4096
+        # A write left unflushed when its connection ends is committed all the same.
+        one.pwrite(b"\x73" * 4096, 2 * MiB)
+    deadline = time.monotonic() + 10
+    while bricks[0].home()[MiB:MiB + 4096] != b"\x73" * 4096:
+        assert time.monotonic() < deadline, srv.stderr_text()[-3000:]
+        time.sleep(0.1)
+    assert_replicas_equal(bricks)
+
+
 def cluster_cmd(etcd: Etcd, *args: str, check: bool = True) -> subprocess.CompletedProcess:
     return run([str(STRATA_BIN), "cluster", *args, "--etcd", etcd.endpoint, "--cluster",
                 CLUSTER], check=check)

@@ -84,6 +84,11 @@ pub enum Control {
     Resume,
     /// End background work and wait for it (server shutdown); I/O goes on being served.
     Stop,
+    /// A view of this device for one client connection, answered with
+    /// [`ControlReply::Device`] by a device that keeps a stream of writes per opener (a
+    /// shared volume: that connection's flush commits that connection's writes, as one
+    /// interval). Others refuse, and the connection uses the device itself.
+    Connection,
     /// A verb the layer's kind declares in its registry entry and handles itself (a thin
     /// pool's `snapshot-create`, `count`'s `reset-counts`), with its arguments already checked
     /// against the declaration ([`crate::layer::Verb::arguments`]). Answered with
@@ -111,6 +116,7 @@ impl Control {
             Control::Quiesce => "quiesce",
             Control::Resume => "resume",
             Control::Stop => "stop",
+            Control::Connection => "connection",
             Control::Call { .. } => "call",
         }
     }

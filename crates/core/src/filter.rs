@@ -120,6 +120,10 @@ impl<F: Filter> BlockDevice for F {
     }
 
     async fn control(&self, request: Control) -> Result<ControlReply> {
+        // A view of the device below would bypass this filter: its connections use it whole.
+        if matches!(request, Control::Connection) {
+            return Err(crate::refuse(&request));
+        }
         Filter::control(self, request).await
     }
 }
@@ -192,6 +196,19 @@ mod tests {
             reads: AtomicU64::new(0),
         });
         (filter.clone(), filter)
+    }
+
+    #[tokio::test]
+    async fn a_filter_does_not_hand_out_a_connection_view_of_the_device_below() {
+        // The child answers every control, a connection view included: passed up, it would
+        // let the connection bypass the filter.
+        let (_, device) = counting();
+        let refused = device.control(Control::Connection).await;
+        assert!(
+            matches!(refused, Err(BlockError::Unsupported("connection"))),
+            "{refused:?}"
+        );
+        assert!(device.control(Control::Describe).await.is_ok());
     }
 
     #[tokio::test]

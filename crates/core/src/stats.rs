@@ -276,8 +276,13 @@ impl<D: BlockDevice> BlockDevice for Metered<D> {
     }
 
     async fn control(&self, request: Control) -> Result<ControlReply> {
+        let connection = matches!(request, Control::Connection);
         let reply = self.inner.control(request).await?;
         Ok(match reply {
+            // A connection's own view is counted with the device's.
+            ControlReply::Device(view) if connection => ControlReply::Device(Arc::new(
+                Metered::new(view, self.stats.clone(), self.runtime.clone()),
+            )),
             ControlReply::Describe(mut node) => {
                 node.stats = Some(self.stats.snapshot());
                 ControlReply::Describe(node)

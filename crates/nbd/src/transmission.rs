@@ -11,7 +11,9 @@ use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use strata_core::{errno, BlockError, ExtentState, WriteFlags, ZeroFlags};
+use strata_core::{
+    errno, BlockError, Control, ControlReply, DeviceRef, ExtentState, WriteFlags, ZeroFlags,
+};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tracing::{debug, warn};
@@ -37,6 +39,17 @@ pub enum SessionEnd {
 struct Session {
     negotiated: Negotiated,
     limits: Limits,
+    /// The export's device as this connection sees it: its own view where the device keeps
+    /// one per opener (`Control::Connection`), else the device itself.
+    device: DeviceRef,
+}
+
+/// The device one connection to `export` reads and writes.
+async fn connection_view(export: &DeviceRef) -> DeviceRef {
+    match export.control(Control::Connection).await {
+        Ok(ControlReply::Device(view)) => view,
+        _ => export.clone(),
+    }
 }
 
 struct Reply {
@@ -92,7 +105,12 @@ where
 {
     assert!(limits.max_payload as u64 <= limits.max_buffered_bytes);
     assert!(limits.max_in_flight > 0);
-    let session = Arc::new(Session { negotiated, limits });
+    let device = connection_view(&negotiated.export.device).await;
+    let session = Arc::new(Session {
+        negotiated,
+        limits,
+        device,
+    });
     // Unbounded in type only: every queued request and reply holds a slot, so neither queue
     // exceeds max_in_flight entries.
     let (accepted, to_run) = mpsc::unbounded_channel();
@@ -390,7 +408,7 @@ async fn execute(session: &Session, request: Request, payload: Option<Bytes>) ->
         }
         return refusal;
     }
-    let device = &session.negotiated.export.device;
+    let device = &session.device;
     let offset = request.offset;
     let length = u64::from(request.length);
     let fua = request.flags & CMD_FLAG_FUA != 0;

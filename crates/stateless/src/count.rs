@@ -181,6 +181,8 @@ impl Filter for Count {
                     .collect();
                 return Ok(ControlReply::Table(table));
             }
+            // A view of the layer below would bypass the counting.
+            Control::Connection => return Err(strata_core::refuse(&request)),
             // Verbs for the layers below (fail-member, grow…) are theirs to answer.
             other => return self.child.control(other).await,
         }

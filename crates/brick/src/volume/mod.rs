@@ -21,12 +21,14 @@
 //! (`tags`; docs/shared-volumes.md, "Versions").
 
 mod catalog;
+mod connection;
 mod locks;
 mod reach;
 mod resync;
 mod status;
 mod tags;
 
+use connection::ConnectionView;
 pub use locks::{LockOwner, RangeLock};
 use reach::Reach;
 pub use resync::Rebuilt;
@@ -108,6 +110,14 @@ pub struct SharedVolume {
     /// Follows the volume's record while the volume is open (`catalog`).
     catalog: Mutex<Option<AbortOnDrop>>,
     state: tokio::sync::Mutex<State>,
+    /// The stream of the volume's own callers (a layer above, a lock-aware program); each
+    /// NBD connection has its own (`ConnectionView`).
+    own: tokio::sync::Mutex<Stream>,
+    /// Streams whose connection ended with writes unflushed: the volume's next flush takes
+    /// them into its own stream and commits them.
+    left: Mutex<Vec<Stream>>,
+    /// This volume, for the connection views it hands out.
+    me: std::sync::Weak<SharedVolume>,
 }
 
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
@@ -118,19 +128,29 @@ impl Drop for AbortOnDrop {
     }
 }
 
-struct State {
+/// One stream of intervals: the writes of one opener (an NBD connection, or the host's own
+/// callers) since its last flush, each flush committing them as one interval. Streams are
+/// independent: one's flush does not commit another's writes, and one's reads see its own
+/// writes and the committed ones, not another's pending.
+#[derive(Default)]
+pub(super) struct Stream {
     /// Written since the last interval, in order: a later write wins where they overlap.
     pending: Vec<(u64, Bytes)>,
     pending_bytes: u64,
+    /// The segment claims the pending writes stand on, held until they are committed.
+    pins: Vec<Pin>,
+    pinned: BTreeSet<u32>,
+}
+
+/// What the host's streams share: intervals are numbered, decided and delivered one at a
+/// time, in the order their commits take this.
+struct State {
     next_seq: u64,
     /// Intervals ended on every brick since the bricks were last told to forget.
     ended_since_forget: u64,
     /// Decisions a brick has not acknowledged, with each interval's tag: delivered before
     /// anything else goes to it, and the brick is not read from until they are.
     owed: BTreeMap<usize, Vec<(IntervalId, Decision, u64)>>,
-    /// The segment claims the pending writes stand on, held until they are committed.
-    pins: Vec<Pin>,
-    pinned: BTreeSet<u32>,
     /// The tag of the last interval of client writes committed.
     last_tag: u64,
 }
@@ -232,7 +252,7 @@ impl SharedVolume {
         // Before the first write: every interval of this host comes after the versions
         // announced before it opened.
         let announced = coord.version(volume).await?;
-        let shared = Arc::new(SharedVolume {
+        let shared = Arc::new_cyclic(|me| SharedVolume {
             name: volume.to_string(),
             coord: coord.clone(),
             brick_names: Mutex::new(brick_names),
@@ -262,15 +282,14 @@ impl SharedVolume {
             versions: Mutex::new(None),
             catalog: Mutex::new(None),
             state: tokio::sync::Mutex::new(State {
-                pending: Vec::new(),
-                pending_bytes: 0,
                 next_seq: 1,
                 ended_since_forget: 0,
                 owed: BTreeMap::new(),
-                pins: Vec::new(),
-                pinned: BTreeSet::new(),
                 last_tag: 0,
             }),
+            own: tokio::sync::Mutex::new(Stream::default()),
+            left: Mutex::new(Vec::new()),
+            me: me.clone(),
         });
         *shared.catalog.lock().unwrap() = Some(shared.follow_catalog());
         let follower = shared.follow_versions();
@@ -410,10 +429,16 @@ impl SharedVolume {
         id
     }
 
-    /// Commits what is pending as one interval on every brick that is up, or fails. A brick
-    /// that does not answer is taken down and the interval retried without it.
-    async fn commit(&self, state: &mut State) -> Result<()> {
-        let result = self.commit_pending(state).await;
+    /// Commits what `stream` has pending as one interval on every brick that is up, or
+    /// fails. A brick that does not answer is taken down and the interval retried without
+    /// it.
+    pub(super) async fn commit(&self, stream: &mut Stream) -> Result<()> {
+        if stream.pending.is_empty() {
+            return Ok(());
+        }
+        let mut state = self.state.lock().await;
+        let state = &mut *state;
+        let result = self.commit_pending(state, stream).await;
         // Claims are given back only once nothing is owed: a brick holding this host's
         // interval undecided must not take the next holder's writes first.
         self.claims.keep_all(!state.owed.is_empty());
@@ -433,13 +458,10 @@ impl SharedVolume {
         Ok(())
     }
 
-    async fn commit_pending(&self, state: &mut State) -> Result<()> {
-        if state.pending.is_empty() {
-            return Ok(());
-        }
+    async fn commit_pending(&self, state: &mut State, stream: &mut Stream) -> Result<()> {
         self.check_live()?;
         // Every segment written is pinned since its write; the bricks check these epochs.
-        let fences: Vec<(u32, i64)> = state
+        let fences: Vec<(u32, i64)> = stream
             .pins
             .iter()
             .flat_map(|pin| pin.fences().iter().copied())
@@ -472,7 +494,7 @@ impl SharedVolume {
             // raising what it reads: an interval tagged below an acknowledged version has
             // ended before the acknowledgement.
             let tag = self.tag();
-            let (writes, missed) = self.plan(&state.pending)?;
+            let (writes, missed) = self.plan(&stream.pending)?;
             for (brick, regions) in &missed {
                 self.coord
                     .mark_stale(&self.name, &self.brick_name(*brick), regions)
@@ -514,10 +536,7 @@ impl SharedVolume {
             match outcome.decision {
                 Decision::Commit => {
                     state.last_tag = tag;
-                    state.pending.clear();
-                    state.pending_bytes = 0;
-                    state.pins.clear();
-                    state.pinned.clear();
+                    *stream = Stream::default();
                     // Durable once one brick has recorded the commit: the others, if this
                     // host dies, find it when they resolve the interval. With none, a crash
                     // of them all would leave it prepared everywhere, and resolved as an
@@ -753,10 +772,50 @@ impl BlockDevice for SharedVolume {
     }
 
     async fn read(&self, offset: u64, len: usize) -> Result<BytesMut> {
+        self.read_in(&self.own, offset, len).await
+    }
+
+    async fn write(&self, offset: u64, data: Bytes, flags: WriteFlags) -> Result<()> {
+        self.write_in(&self.own, offset, data, flags).await
+    }
+
+    async fn flush(&self) -> Result<()> {
+        let mut own = self.own.lock().await;
+        for left in std::mem::take(&mut *self.left.lock().unwrap()) {
+            own.pending.extend(left.pending);
+            own.pending_bytes += left.pending_bytes;
+            own.pins.extend(left.pins);
+            own.pinned.extend(left.pinned);
+        }
+        self.commit(&mut own).await
+    }
+
+    async fn control(&self, request: Control) -> Result<ControlReply> {
+        match request {
+            Control::Describe => Ok(ControlReply::Describe(self.describe())),
+            Control::Connection => {
+                let volume = self.me.upgrade().ok_or(BlockError::Shutdown)?;
+                Ok(ControlReply::Device(Arc::new(ConnectionView::new(volume))))
+            }
+            other => Err(strata_core::refuse(&other)),
+        }
+    }
+}
+
+impl SharedVolume {
+    /// Reads through `stream`: the committed data, with the stream's own pending writes over
+    /// it.
+    async fn read_in(
+        &self,
+        stream: &tokio::sync::Mutex<Stream>,
+        offset: u64,
+        len: usize,
+    ) -> Result<BytesMut> {
         self.check(offset, len as u64)?;
-        let (pending, owed): (Vec<(u64, Bytes)>, Vec<usize>) = {
+        let pending = stream.lock().await.pending.clone();
+        let owed: Vec<usize> = {
             let state = self.state.lock().await;
-            (state.pending.clone(), state.owed.keys().copied().collect())
+            state.owed.keys().copied().collect()
         };
         let mut out = BytesMut::with_capacity(len);
         for (_, set, brick_offset, piece) in self.pieces(offset, len as u64) {
@@ -774,34 +833,28 @@ impl BlockDevice for SharedVolume {
         Ok(out)
     }
 
-    async fn write(&self, offset: u64, data: Bytes, flags: WriteFlags) -> Result<()> {
+    async fn write_in(
+        &self,
+        stream: &tokio::sync::Mutex<Stream>,
+        offset: u64,
+        data: Bytes,
+        flags: WriteFlags,
+    ) -> Result<()> {
         self.check(offset, data.len() as u64)?;
         // The segments written are this host's from now until the interval that carries the
         // write has ended (usually already held: a claim lingers after its last use).
         let segments = self.claims.segments_of(offset, data.len() as u64);
         let pin = self.pin(&segments, self.timeout).await?;
-        let mut state = self.state.lock().await;
-        if !segments.is_subset(&state.pinned) {
-            state.pinned.extend(segments);
-            state.pins.push(pin);
+        let mut stream = stream.lock().await;
+        if !segments.is_subset(&stream.pinned) {
+            stream.pinned.extend(segments);
+            stream.pins.push(pin);
         }
-        state.pending_bytes += data.len() as u64;
-        state.pending.push((offset, data));
-        if flags.fua || state.pending_bytes > MAX_PENDING {
-            self.commit(&mut state).await?;
+        stream.pending_bytes += data.len() as u64;
+        stream.pending.push((offset, data));
+        if flags.fua || stream.pending_bytes > MAX_PENDING {
+            self.commit(&mut stream).await?;
         }
         Ok(())
-    }
-
-    async fn flush(&self) -> Result<()> {
-        let mut state = self.state.lock().await;
-        self.commit(&mut state).await
-    }
-
-    async fn control(&self, request: Control) -> Result<ControlReply> {
-        match request {
-            Control::Describe => Ok(ControlReply::Describe(self.describe())),
-            other => Err(strata_core::refuse(&other)),
-        }
     }
 }

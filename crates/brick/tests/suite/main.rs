@@ -2,6 +2,7 @@
 
 mod behaviour;
 mod common;
+mod connections;
 mod crash;
 // The coordination crate's etcd harness; this suite uses only part of it.
 #[allow(dead_code)]
