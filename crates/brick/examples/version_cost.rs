@@ -10,8 +10,13 @@
 //! 2. **Roll-back.** One brick with a 1 TiB share (a sparse file): version 1 is taken, `GIB`
 //!    GiB of 64 KiB random writes land after it, and the brick rolls back to version 1.
 //!
-//! `cargo run --release -p strata-brick --example version_cost -- [DIR] [SECONDS] [EVERY] [GIB]`
-//! (defaults: /var/tmp, 60, 30, 2).
+//! `cargo run --release -p strata-brick --example version_cost -- [DIR] [SECONDS] [EVERY] [GIB]
+//! [preallocate]` (defaults: /var/tmp, 60, 30, 2). With `preallocate`, the brick files of the
+//! write-cost runs are allocated whole before they are formatted (6 GiB of staging rather
+//! than 16, to fit), and the roll-back is skipped: this tells apart what versions cost the
+//! brick from what a sparse file costs when kept units push writes into parts never written.
+//! Allocated is not written: the file system still marks each extent written at its first
+//! write.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -36,18 +41,21 @@ async fn main() {
     let seconds: u64 = args.next().map_or(60, |a| a.parse().expect("SECONDS"));
     let every: u64 = args.next().map_or(30, |a| a.parse().expect("EVERY"));
     let gib: u64 = args.next().map_or(2, |a| a.parse().expect("GIB"));
+    let preallocate = args.next().is_some_and(|a| a == "preallocate");
+    let spare = if preallocate { 6 * GIB } else { 16 * GIB };
 
-    println!("## 64 KiB random writes, {DEPTH} outstanding, two bricks, {seconds} s per run");
+    let files = if preallocate { "allocated" } else { "sparse" };
+    println!("## 64 KiB random writes, {DEPTH} outstanding, two bricks in {files} files, {seconds} s per run");
     println!("| run | MiB/s | versions taken | kept by versions |");
     println!("|---|---:|---:|---:|");
     let share = 4 * GIB;
     let plain = {
-        let stores = bricks(&dir, "plain", share, 16 * GIB).await;
+        let stores = bricks(&dir, "plain", share, spare, preallocate).await;
         write_for(&stores, share, seconds, None).await
     };
     println!("| without versions | {:.1} | 0 | 0 |", plain.mib_per_s);
     let versioned = {
-        let stores = bricks(&dir, "versioned", share, 16 * GIB).await;
+        let stores = bricks(&dir, "versioned", share, spare, preallocate).await;
         write_for(&stores, share, seconds, Some(every)).await
     };
     println!(
@@ -61,9 +69,13 @@ async fn main() {
         (plain.mib_per_s / versioned.mib_per_s - 1.0) * 100.0
     );
 
+    if preallocate {
+        remove_files(&dir);
+        return;
+    }
     println!("## Roll-back of a 1 TiB share after {gib} GiB of 64 KiB random writes");
     let share = 1 << 40;
-    let stores = bricks(&dir, "rollback", share, 2 * gib * GIB + 4 * GIB).await;
+    let stores = bricks(&dir, "rollback", share, 2 * gib * GIB + 4 * GIB, false).await;
     let store = &stores[0];
     let before = store.read(0, WRITE as usize).await.unwrap();
     store.seal_version(1).await.unwrap();
@@ -86,9 +98,13 @@ async fn main() {
         took.as_secs_f64(),
         (kept / 4096) as f64 / took.as_secs_f64()
     );
+    remove_files(&dir);
+}
+
+fn remove_files(dir: &Path) {
     for name in ["plain", "versioned", "rollback"] {
         for i in 0..2 {
-            let _ = std::fs::remove_file(path(&dir, name, i));
+            let _ = std::fs::remove_file(path(dir, name, i));
         }
     }
 }
@@ -97,15 +113,28 @@ fn path(dir: &Path, name: &str, i: usize) -> PathBuf {
     dir.join(format!("version-cost-{name}-b{i}.img"))
 }
 
-/// Two bricks in sparse files: a share of `share` bytes and `spare` bytes of staging.
-async fn bricks(dir: &Path, name: &str, share: u64, spare: u64) -> Vec<Arc<BrickStore>> {
+/// Two bricks in files (sparse, or allocated whole): a share of `share` bytes and `spare`
+/// bytes of staging.
+async fn bricks(
+    dir: &Path,
+    name: &str,
+    share: u64,
+    spare: u64,
+    preallocate: bool,
+) -> Vec<Arc<BrickStore>> {
     let mut stores = Vec::new();
     for i in 0..2 {
         let path = path(dir, name, i);
         let _ = std::fs::remove_file(&path);
         let meta = 512 * MIB;
+        let size = meta + share + spare + MIB;
         let mut options = FileOptions::new(&path);
-        options.size = Some(meta + share + spare + MIB);
+        options.size = Some(size);
+        if preallocate {
+            let file = std::fs::File::create(&path).expect("brick file");
+            rustix::fs::fallocate(&file, rustix::fs::FallocateFlags::empty(), 0, size)
+                .expect("allocating the brick file");
+        }
         let device: DeviceRef =
             Arc::new(FileDevice::open(options, TokioRuntime::current()).expect("brick file"));
         let layout = BrickOptions {
