@@ -352,6 +352,23 @@ def test_each_nbd_connection_is_a_stream_of_intervals_its_flush_commits_only_its
     assert_replicas_equal(bricks)
 
 
+def test_brick_format_allocates_a_new_file_whole_unless_told_sparse(workdir):
+    for name, extra in [("whole", []), ("sparse", ["--sparse"])]:
+        image = workdir / f"{name}.img"
+        run([str(STRATA_BIN), "brick", "format", str(image), "--size", "64M", "--home", "32M",
+             "--meta", "4M", *extra])
+        assert image.stat().st_size == 64 * MiB
+        allocated = image.stat().st_blocks * 512
+        if extra:
+            assert allocated < 16 * MiB, allocated
+        else:
+            assert allocated >= 64 * MiB, allocated
+    # An existing file is formatted as it is: nothing allocated behind the operator's back.
+    refused = run([str(STRATA_BIN), "brick", "format", str(workdir / "whole.img"), "--home",
+                   "32M", "--meta", "4M"], check=False)
+    assert refused.returncode != 0 and "refusing to format a brick over it" in refused.stderr
+
+
 def cluster_cmd(etcd: Etcd, *args: str, check: bool = True) -> subprocess.CompletedProcess:
     return run([str(STRATA_BIN), "cluster", *args, "--etcd", etcd.endpoint, "--cluster",
                 CLUSTER], check=check)

@@ -39,10 +39,15 @@ impl EtcdArgs {
 
 #[derive(clap::Subcommand)]
 pub enum BrickCommand {
-    /// Lay a new, empty brick on a file (created sparse when missing) or block device.
-    /// Refused over a device that holds Strata metadata, unless --force.
+    /// Lay a new, empty brick on a file (created, and allocated whole, when missing) or
+    /// block device. Refused over a device that holds Strata metadata, unless --force.
     Format {
         path: PathBuf,
+        /// Leave a new file sparse. Versions then cost more: the old data they keep pushes
+        /// new writes into parts of the file never written, and the file system allocates
+        /// at each (docs/shared-volumes.md, "Measured: what versions cost").
+        #[arg(long)]
+        sparse: bool,
         /// The share of a volume the brick holds (its home region).
         #[arg(long)]
         home: String,
@@ -330,11 +335,27 @@ fn open_file(path: &Path, size: Option<u64>) -> anyhow::Result<DeviceRef> {
     Ok(Arc::new(device))
 }
 
+/// Allocates a new brick file whole. Where the file system cannot (no fallocate), the file
+/// stays sparse, which costs speed, not safety: said, not refused.
+fn allocate(path: &Path, bytes: u64) {
+    let allocated = std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .and_then(|file| {
+            rustix::fs::fallocate(&file, rustix::fs::FallocateFlags::KEEP_SIZE, 0, bytes)
+                .map_err(std::io::Error::from)
+        });
+    if let Err(error) = allocated {
+        tracing::warn!(path = %path.display(), %error, "the brick file could not be allocated whole; it stays sparse");
+    }
+}
+
 pub fn run_brick(command: BrickCommand) -> anyhow::Result<()> {
     runtime()?.block_on(async move {
         match command {
             BrickCommand::Format {
                 path,
+                sparse,
                 home,
                 size: file_size,
                 meta,
@@ -346,7 +367,12 @@ pub fn run_brick(command: BrickCommand) -> anyhow::Result<()> {
                         path.display()
                     );
                 }
-                let device = open_file(&path, file_size.as_deref().map(size).transpose()?)?;
+                let new_file = !path.exists();
+                let file_size = file_size.as_deref().map(size).transpose()?;
+                let device = open_file(&path, file_size)?;
+                if let (true, false, Some(bytes)) = (new_file, sparse, file_size) {
+                    allocate(&path, bytes);
+                }
                 let options = BrickOptions {
                     meta_bytes: size(&meta)?,
                     home_bytes: size(&home)?,
