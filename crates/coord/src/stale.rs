@@ -105,6 +105,41 @@ impl Coord {
             .collect()
     }
 
+    /// Deletes the stale records of bricks no longer in `volume`: a host that still wrote by
+    /// the record before a replacement marks the old brick, which nothing reads any more.
+    /// Returns their names.
+    pub async fn forget_stale_of_departed(&self, volume: &str) -> Result<Vec<String>, CoordError> {
+        let stored = self.volume(volume).await?;
+        let mut gone = Vec::new();
+        for name in self.stale(volume).await?.into_keys() {
+            if stored.record.bricks().any(|b| *b == name) {
+                continue;
+            }
+            let txn = Txn::new()
+                .when([Compare::mod_revision(
+                    self.keys.volume(volume),
+                    CompareOp::Equal,
+                    stored.revision,
+                )])
+                .and_then([TxnOp::delete(
+                    format!("{}{name}", self.keys.stale(volume)),
+                    None,
+                )]);
+            let mut client = self.client.clone();
+            if !(self
+                .call("forgetting a stale record", client.txn(txn))
+                .await?)
+                .succeeded()
+            {
+                return Err(CoordError::CatalogChanged {
+                    volume: volume.to_string(),
+                });
+            }
+            gone.push(name);
+        }
+        Ok(gone)
+    }
+
     /// Adds `regions` to what `brick` of `volume` misses.
     pub async fn mark_stale(
         &self,

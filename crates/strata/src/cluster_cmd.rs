@@ -302,6 +302,13 @@ async fn rebuild(coord: &Coord, volume: &str, stall: Duration) -> anyhow::Result
         .await;
     bar.finish_and_clear();
     let rebuilt = rebuilt?;
+    let departed = coord.forget_stale_of_departed(volume).await?;
+    if !departed.is_empty() {
+        outln!(
+            "volume {volume}: removed the stale records of bricks no longer in it: {}",
+            departed.join(", ")
+        );
+    }
     outln!(
         "volume {volume}: rebuilt in {:.1} s; none missing: {} regions copied here, {} by hosts' flushes",
         started.elapsed().as_secs_f64(),

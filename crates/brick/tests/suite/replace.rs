@@ -155,6 +155,20 @@ async fn a_failed_brick_is_replaced_and_rebuilt_while_a_host_writes() {
         !stale.contains_key("b1"),
         "the old brick's record goes: {stale:?}"
     );
+    // A host still writing by the old record marks the old brick; the rebuild's end clears
+    // such records, and leaves the new brick's.
+    (cluster.coord.mark_stale("v", "b1", &[1].into()))
+        .await
+        .unwrap();
+    assert_eq!(
+        cluster.coord.forget_stale_of_departed("v").await.unwrap(),
+        vec!["b1".to_string()]
+    );
+    let stale = cluster.coord.stale("v").await.unwrap();
+    assert!(
+        !stale.contains_key("b1") && stale.contains_key("b2"),
+        "{stale:?}"
+    );
 
     // The rebuild, as `strata cluster rebuild` runs it: a host of its own.
     let tool = host(&cluster, "rebuild").await;
