@@ -109,8 +109,11 @@ pub async fn serve_service(
     );
     tonic::transport::Server::builder()
         .add_service(service)
+        // Without TCP_NODELAY a reply's small frames wait for the client's delayed ACK
+        // (40 ms on Linux) behind a 1 MiB request: measured as 44 to 48 ms medians per prepare
+        // and commit at 4 outstanding intervals (`commit_overhead`).
         .serve_with_incoming_shutdown(
-            tokio_stream::wrappers::TcpListenerStream::new(listener),
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
             shutdown,
         )
         .await
