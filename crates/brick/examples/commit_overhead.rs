@@ -68,7 +68,9 @@ async fn main() {
     let mut seq = 0;
     for depth in [1u64, 2, 4, 8, 16] {
         let before = written_bytes();
+        let direct_cpu = cpu_seconds();
         let direct = run(&clients, total, depth, None).await;
+        let direct_cpu = cpu_seconds() - direct_cpu;
         let between = written_bytes();
         seq += 1;
         let counters = stores[0].metadata_counters();
@@ -77,7 +79,7 @@ async fn main() {
         let after = written_bytes();
         let now = stores[0].metadata_counters();
         eprintln!(
-            "depth {depth}: {:.2} CPU s; brick 0 made {} metadata commits for {total} intervals, {:.1} ms each, {} checkpoints",
+            "depth {depth}: {direct_cpu:.2} CPU s without intervals, {:.2} with; brick 0 made {} metadata commits for {total} intervals, {:.1} ms each, {} checkpoints",
             cpu_seconds() - cpu,
             now.commits - counters.commits,
             (now.commit_seconds_total - counters.commit_seconds_total) * 1000.0

@@ -94,6 +94,10 @@ pub enum Control {
     /// against the declaration ([`crate::layer::Verb::arguments`]). Answered with
     /// [`ControlReply::Table`]. A layer that does not know the verb answers `Unsupported`.
     Call { verb: String, args: toml::Table },
+    /// Lock a byte range for a holder, answered with [`ControlReply::Lock`] (`crate::lock`):
+    /// a device that holds locks takes it; a layer with a fixed map of its range to its
+    /// children's passes it down; others refuse with `Unsupported("lock")`.
+    Lock(crate::lock::LockRequest),
 }
 
 impl Control {
@@ -118,6 +122,7 @@ impl Control {
             Control::Stop => "stop",
             Control::Connection => "connection",
             Control::Call { .. } => "call",
+            Control::Lock(_) => "lock",
         }
     }
 }
@@ -125,7 +130,6 @@ impl Control {
 /// The answer to a [`Control`] call.
 // Control calls are rare (status, reconfiguration), so the size of a reply does not matter.
 #[allow(clippy::large_enum_variant)]
-#[derive(Clone)]
 #[non_exhaustive]
 pub enum ControlReply {
     Describe(NodeStatus),
@@ -142,6 +146,8 @@ pub enum ControlReply {
     /// What a [`Control::Call`] answers: any table (an empty one when there is nothing to
     /// say), shown by `strata call` as text or JSON.
     Table(toml::Table),
+    /// A lock taken ([`Control::Lock`]).
+    Lock(crate::lock::HeldLock),
 }
 
 /// The space of a node whose devices are made by verbs, and each device's share.
@@ -177,6 +183,7 @@ impl std::fmt::Debug for ControlReply {
             ControlReply::Handle(_) => f.write_str("Handle"),
             ControlReply::Space(space) => f.debug_tuple("Space").field(space).finish(),
             ControlReply::Table(table) => f.debug_tuple("Table").field(table).finish(),
+            ControlReply::Lock(lock) => f.debug_tuple("Lock").field(lock).finish(),
         }
     }
 }

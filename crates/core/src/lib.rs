@@ -13,6 +13,7 @@ mod geometry;
 pub mod layer;
 mod layer_config;
 pub mod lifecycle;
+pub mod lock;
 pub mod metric_family;
 pub mod pages;
 pub mod planted;

@@ -27,6 +27,7 @@
 
 use std::sync::{Arc, PoisonError, RwLock};
 use strata_core::layer::verbs;
+use strata_core::lock;
 
 use crate::combined::{
     describe_children, lcm, merge_extents, shared_capabilities, shared_geometry, Take,
@@ -352,6 +353,20 @@ impl BlockDevice for Concat {
             Control::AddMember(member) => {
                 self.add_member(member)?;
                 Ok(ControlReply::Done)
+            }
+            Control::Lock(request) => {
+                let layout = self.layout();
+                layout.geometry.check_range(request.offset, request.len)?;
+                let pieces = split(&layout.starts, request.offset, request.len)
+                    .into_iter()
+                    .map(|p| {
+                        let child: &dyn BlockDevice = layout.devices[p.child].as_ref();
+                        (child, p.child_offset..p.child_offset + p.len)
+                    })
+                    .collect();
+                Ok(ControlReply::Lock(
+                    lock::lock_children(&request, pieces).await?,
+                ))
             }
             _ => Err(BlockError::Unsupported("concat: control")),
         }

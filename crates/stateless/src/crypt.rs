@@ -50,6 +50,7 @@ use xts_mode::{get_tweak_default, Xts128};
 
 use serde::{Deserialize, Serialize};
 use strata_core::layer::{self, ChildCount, LayerArgs, LayerKind};
+use strata_core::lock;
 use strata_core::ByteSize;
 
 pub static KIND: LayerKind =
@@ -333,6 +334,13 @@ impl BlockDevice for Crypt {
     async fn control(&self, request: Control) -> Result<ControlReply> {
         match request {
             Control::Describe => Ok(ControlReply::Describe(self.describe().await?)),
+            // Each sector is encrypted in place: the child's range is the same.
+            Control::Lock(request) => {
+                self.geometry.check_range(request.offset, request.len)?;
+                let range = request.offset..request.offset + request.len;
+                let held = lock::lock_children(&request, vec![(self.child.as_ref(), range)]);
+                Ok(ControlReply::Lock(held.await?))
+            }
             _ => Err(BlockError::Unsupported("crypt: control")),
         }
     }

@@ -14,6 +14,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use strata_core::layer::verbs;
+use strata_core::lock;
 
 use bytes::{Bytes, BytesMut};
 use strata_core::{
@@ -179,6 +180,13 @@ impl BlockDevice for Slice {
                 Ok(ControlReply::Describe(node))
             }
             Control::Grow { size } => self.grow(size).map(|()| ControlReply::Done),
+            Control::Lock(request) => {
+                self.geometry().check_range(request.offset, request.len)?;
+                let start = self.offset + request.offset;
+                let range = start..start + request.len;
+                let held = lock::lock_children(&request, vec![(self.child.as_ref(), range)]);
+                Ok(ControlReply::Lock(held.await?))
+            }
             _ => Err(BlockError::Unsupported("slice: control")),
         }
     }

@@ -37,6 +37,7 @@ use crate::combined::{
 };
 use serde::{Deserialize, Serialize};
 use strata_core::layer::{self, ChildCount, LayerArgs, LayerKind};
+use strata_core::lock;
 use strata_core::ByteSize;
 
 pub static KIND: LayerKind =
@@ -409,6 +410,21 @@ impl BlockDevice for Stripe {
     async fn control(&self, request: Control) -> Result<ControlReply> {
         match request {
             Control::Describe => Ok(ControlReply::Describe(self.describe().await?)),
+            Control::Lock(request) => {
+                // Each member's run is contiguous on it: one lock per member.
+                let mut runs = self.plan(request.offset, request.len)?;
+                runs.sort_by_key(|run| run.child);
+                let pieces = runs
+                    .iter()
+                    .map(|run| {
+                        let child: &dyn BlockDevice = self.children[run.child].as_ref();
+                        (child, run.child_offset..run.child_offset + run.len)
+                    })
+                    .collect();
+                Ok(ControlReply::Lock(
+                    lock::lock_children(&request, pieces).await?,
+                ))
+            }
             _ => Err(BlockError::Unsupported("stripe: control")),
         }
     }

@@ -48,6 +48,8 @@ pub enum AdminRequest {
     Volume(VolumeRequest),
     /// `strata call …`: a verb a layer declares and handles itself.
     Call(Call),
+    /// Lock verbs: the connection becomes a lock session (`lock_session`).
+    LockSession,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -106,6 +108,11 @@ async fn answer(stream: tokio::net::UnixStream, state: &AdminState) -> anyhow::R
         tokio::io::BufReader::new(tokio::io::AsyncReadExt::take(reader, MAX_REQUEST_BYTES));
     reader.read_line(&mut line).await?;
     let reply = match serde_json::from_str::<AdminRequest>(&line) {
+        Ok(AdminRequest::LockSession) => {
+            // Each of the session's lines has its own limit.
+            reader.get_mut().set_limit(u64::MAX);
+            return crate::lock_session::run(reader, writer, state).await;
+        }
         Ok(AdminRequest::Status) => serde_json::to_string(&status(state).await)?,
         Ok(AdminRequest::Metrics) => {
             let mut text = String::new();

@@ -4,6 +4,8 @@ mod admin;
 mod brick_status;
 mod cluster_cmd;
 mod kinds;
+mod lock_cmd;
+mod lock_session;
 mod metrics_http;
 mod migrate_metrics;
 mod pool_metrics;
@@ -129,6 +131,14 @@ enum Command {
     },
     /// List the layer kinds, their options and the online verbs each declares.
     Kinds,
+    /// Run a command while holding a byte-range lock of an export (lock verbs for NBD
+    /// clients: the lock reaches the shared volumes under the export through its stack).
+    Lock {
+        #[command(flatten)]
+        target: AdminTarget,
+        #[command(flatten)]
+        args: lock_cmd::LockArgs,
+    },
     /// Print a running server's metrics in Prometheus text format.
     Metrics {
         #[command(flatten)]
@@ -222,6 +232,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Serve(_) | Command::Brick(_) | Command::Cluster(_) | Command::Check { .. } => {
             unreachable!("handled above")
         }
+        Command::Lock { target, args } => return lock_cmd::run(&target.socket(), args),
         Command::Kinds => {
             out!("{}", kinds::render());
             Ok(())

@@ -112,3 +112,85 @@ impl SharedVolume {
         committed
     }
 }
+
+/// A lock a holder took through a stack (`Control::Lock`): given back by its `unlock`.
+struct StackLock {
+    volume: Arc<SharedVolume>,
+    holder: LockHolder,
+    lock: RangeLock,
+    exclusive: bool,
+}
+
+#[strata_core::async_trait]
+impl LockPart for StackLock {
+    async fn unlock(self: Box<Self>) -> Result<()> {
+        let StackLock {
+            volume,
+            holder,
+            lock,
+            ..
+        } = *self;
+        let released = volume.unlock(lock).await;
+        let mut holders = volume.holders.lock().unwrap();
+        if let Some((_, held)) = holders.get_mut(&holder) {
+            *held -= 1;
+            if *held == 0 {
+                holders.remove(&holder);
+            }
+        }
+        released
+    }
+
+    fn describe(&self) -> String {
+        let range = self.lock.range();
+        format!(
+            "volume {}: [{}, {}) {}",
+            self.volume.name,
+            range.start,
+            range.end,
+            if self.exclusive {
+                "exclusive"
+            } else {
+                "shared"
+            }
+        )
+    }
+}
+
+impl SharedVolume {
+    /// Takes `request` for its holder: each holder is one owner in this host's lock table,
+    /// so two holders exclude each other and one holder's locks may overlap.
+    pub(super) async fn lock_for(self: Arc<Self>, request: LockRequest) -> Result<HeldLock> {
+        let owner = {
+            let mut holders = self.holders.lock().unwrap();
+            let entry = holders
+                .entry(request.holder)
+                .or_insert_with(|| (self.lock_owner(), 0));
+            entry.1 += 1;
+            entry.0
+        };
+        let mode = if request.exclusive {
+            Mode::Exclusive
+        } else {
+            Mode::Shared
+        };
+        match self.lock(owner, request.offset, request.len, mode).await {
+            Ok(lock) => Ok(HeldLock::new(Box::new(StackLock {
+                volume: self,
+                holder: request.holder,
+                lock,
+                exclusive: request.exclusive,
+            }))),
+            Err(error) => {
+                let mut holders = self.holders.lock().unwrap();
+                if let Some((_, held)) = holders.get_mut(&request.holder) {
+                    *held -= 1;
+                    if *held == 0 {
+                        holders.remove(&request.holder);
+                    }
+                }
+                Err(error)
+            }
+        }
+    }
+}

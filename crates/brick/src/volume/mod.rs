@@ -35,7 +35,7 @@ pub use resync::Rebuilt;
 use status::VolumeCounters;
 use tags::Tags;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -48,6 +48,7 @@ use strata_cluster::locks::{Mode, RangeLocks};
 use strata_cluster::rain::Rain10;
 use strata_coord::session::{Heartbeat, MemberRecord, Session};
 use strata_coord::Coord;
+use strata_core::lock::{HeldLock, LockHolder, LockPart, LockRequest};
 use strata_core::{
     async_trait, Activity, BlockDevice, BlockError, Capabilities, Control, ControlReply, Geometry,
     Health, NodeStatus, Result, WriteFlags,
@@ -95,6 +96,9 @@ pub struct SharedVolume {
     /// Byte-range locks of this host's lock holders, and a wake-up for their waiters.
     locks: Mutex<RangeLocks>,
     unlocked: tokio::sync::Notify,
+    /// The lock table's owner for each holder locking through a stack (`Control::Lock`),
+    /// with the number of locks it holds here; dropped at its last unlock.
+    holders: Mutex<HashMap<LockHolder, (LockOwner, usize)>>,
     /// Per brick: whether it answers, as far as this host knows. A brick that did not answer
     /// is probed in the background until it does; until then no flush sends it anything (no
     /// owed decision, no probe, no copy back), so a brick that is unreachable without
@@ -275,6 +279,7 @@ impl SharedVolume {
             timeout,
             locks: Mutex::new(RangeLocks::new(LOCAL_LEASE_MS)),
             unlocked: tokio::sync::Notify::new(),
+            holders: Mutex::new(HashMap::new()),
             reach,
             resyncing: Mutex::new(None),
             counters: VolumeCounters::default(),
@@ -796,6 +801,10 @@ impl BlockDevice for SharedVolume {
             Control::Connection => {
                 let volume = self.me.upgrade().ok_or(BlockError::Shutdown)?;
                 Ok(ControlReply::Device(Arc::new(ConnectionView::new(volume))))
+            }
+            Control::Lock(request) => {
+                let volume = self.me.upgrade().ok_or(BlockError::Shutdown)?;
+                Ok(ControlReply::Lock(volume.lock_for(request).await?))
             }
             other => Err(strata_core::refuse(&other)),
         }

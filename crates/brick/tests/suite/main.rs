@@ -12,5 +12,6 @@ mod observe;
 mod replace;
 mod rpc;
 mod shared;
+mod stack_locks;
 mod store_versions;
 mod versions;

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use strata_core::layer;
+use strata_core::lock::{self, HeldLock, LockRequest};
 use strata_core::ByteSize;
 use strata_core::{
     BlockError, Control, ControlReply, DeviceRef, Health, Member, NodeStatus, Result, WriteFlags,
@@ -40,8 +41,30 @@ impl Inner {
                 self.mark_faulty(index, "failed by the operator").await?;
                 Ok(ControlReply::Done)
             }
+            Control::Lock(request) => Ok(ControlReply::Lock(self.lock(request).await?)),
             _ => Err(BlockError::Unsupported("mirror: control")),
         }
+    }
+
+    /// Locks the range on every member that is written to (in sync or resyncing), past their
+    /// metadata region; a faulty member is written nothing, so it holds nothing to lock.
+    async fn lock(&self, request: LockRequest) -> Result<HeldLock> {
+        self.geometry.check_range(request.offset, request.len)?;
+        let start = self.data_offset + request.offset;
+        let members: Vec<DeviceRef> = self
+            .slots_read()?
+            .iter()
+            .filter(|slot| slot.state != MemberState::Faulty)
+            .filter_map(|slot| slot.device.clone())
+            .collect();
+        let pieces = members
+            .iter()
+            .map(|device| {
+                let device: &dyn strata_core::BlockDevice = device.as_ref();
+                (device, start..start + request.len)
+            })
+            .collect();
+        lock::lock_children(&request, pieces).await
     }
 
     /// Refuses to fail the last in-sync member (md does the same): that would fail the mirror.

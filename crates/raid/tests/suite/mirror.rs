@@ -415,3 +415,56 @@ async fn resync_heals_a_latent_error_on_its_source() {
     let refs: Vec<&CrashDisk> = disks.iter().collect();
     assert!(data_area_equal(&refs), "members differ after the resync");
 }
+
+/// A lock through a mirror (`Control::Lock`) is taken on every member written to, past
+/// their metadata region, and not on a failed member.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_reaches_every_member_written_to_past_the_metadata() {
+    use strata_core::lock::{self, LockHolder, LockRecorder, LockRequest};
+    let group = CrashGroup::new();
+    let geometry = sector_disk(META + DATA);
+    let disks: Vec<CrashDisk> = (0..2).map(|_| group.disk(geometry)).collect();
+    let log = Arc::default();
+    let members: Vec<Option<strata_core::DeviceRef>> = disks
+        .iter()
+        .enumerate()
+        .map(|(i, disk)| {
+            Some(Arc::new(LockRecorder {
+                name: format!("d{i}"),
+                next: Arc::new(disk.clone()),
+                log: Arc::clone(&log),
+                refuse: false,
+            }) as strata_core::DeviceRef)
+        })
+        .collect();
+    let mirror = open_mirror(members, options()).await.expect("open");
+    let request = LockRequest {
+        holder: LockHolder::new(),
+        offset: 8192,
+        len: 4096,
+        exclusive: false,
+    };
+    let held = lock::lock(&mirror, request.clone()).await.unwrap();
+    let ranges = |log: &Arc<std::sync::Mutex<Vec<lock::LockEvent>>>| {
+        log.lock()
+            .unwrap()
+            .iter()
+            .filter(|e| e.taken)
+            .map(|e| (e.device.clone(), e.range.clone(), e.exclusive))
+            .collect::<Vec<_>>()
+    };
+    let at = META + 8192..META + 12288;
+    assert_eq!(
+        ranges(&log),
+        vec![
+            ("d0".to_string(), at.clone(), false),
+            ("d1".to_string(), at.clone(), false)
+        ]
+    );
+    held.unlock().await.unwrap();
+    fail_member(&mirror, 1).await.unwrap();
+    log.lock().unwrap().clear();
+    let held = lock::lock(&mirror, request).await.unwrap();
+    assert_eq!(ranges(&log), vec![("d0".to_string(), at, false)]);
+    held.unlock().await.unwrap();
+}

@@ -10,4 +10,5 @@ mod crypt;
 mod delay;
 mod fault;
 mod hdd;
+mod locks;
 mod stripe;
