@@ -10,13 +10,14 @@ import json
 import re
 import signal
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from harness import MiB, STRATA_BIN, Disk, Export, ServerSpec, free_port, nbd_handle, run
+from harness import MiB, STRATA_BIN, Disk, Export, Layer, ServerSpec, free_port, nbd_handle, run
 from test_nbd_tools import fio_job
 
 META = 4 * MiB
@@ -644,3 +645,132 @@ def test_a_brick_reports_its_calls_space_versions_and_roll_back_in_metrics_and_s
     status = b0.status()
     assert "last: roll-back to version 1, ended, 256 of 256 entries" in status, status
     print(status)
+
+
+# A lock-aware client: reads the counter at OFFSET of the export at URI, adds one, writes it
+# back and flushes (its NBD connection's writes are committed by its flush, before `strata
+# lock` unlocks).
+INCREMENT = """
+import sys, nbd
+uri, offset, tag = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+h = nbd.NBD()
+h.connect_uri(uri)
+count = int.from_bytes(h.pread(512, offset)[:8], "little")
+record = (count + 1).to_bytes(8, "little") + tag.encode()
+h.pwrite(record.ljust(512, b"\\0"), offset)
+h.flush()
+h.shutdown()
+"""
+
+SLICE_AT = 2 * MiB
+# The hierarchy label the stack keeps at the start of a layer's member (hierarchy.rs).
+LABEL = 64 * 1024
+
+
+def locking_spec(etcd: Etcd, member: str) -> ServerSpec:
+    """The shared volume under a slice (its range moved by SLICE_AT on the way down), and a
+    plain file disk beside it that holds no locks."""
+    shared = Disk(name="sv", size=48 * MiB, shared="v", etcd=[etcd.endpoint], cluster=CLUSTER,
+                  member=member, timeout="10s", lease=LEASE)
+    plain = Disk(name="plain", size=8 * MiB)
+    part = Layer(name="part", kind="slice", children=["sv"],
+                 options={"offset": "2MiB", "length": "32MiB"})
+    return ServerSpec(disks=[shared, plain], layers=[part],
+                      exports=[Export(name="vol", device="part"), Export(name="plain", device="plain")])
+
+
+def strata_lock(srv, export: str, offset: int, length: int, *command: str,
+                check: bool = True) -> subprocess.CompletedProcess:
+    return run([str(STRATA_BIN), "lock", "--admin", srv.admin_sock, export, str(offset),
+                str(length), "--", *command], check=check)
+
+
+def test_lock_aware_clients_on_two_hosts_increment_counters_through_a_slice_and_lose_none(
+        cluster, server_factory):
+    """Lock verbs for NBD clients (`strata lock`, a lock session on the admin socket): on
+    each of two hosts, two libnbd clients increment two counters, each under an exclusive
+    lock taken through the slice over the shared volume. Every increment is there."""
+    import threading
+
+    etcd, bricks = cluster
+    hosts = [server_factory(locking_spec(etcd, f"h{i}")) for i in range(2)]
+    # On the volume, below the slice (2 MiB) and the label (64 KiB): one counter in lock
+    # segment 0 (4 MiB each), one whose 1 MiB lock reaches from 11.6 MiB over the boundary
+    # of segments 2 and 3, so the lock claims both.
+    counters = [MiB, 9 * MiB + 512 * 1024]
+    rounds = 6
+    failures: list[str] = []
+
+    def worker(h: int, w: int) -> None:
+        srv = hosts[h]
+        for r in range(rounds):
+            for c in range(len(counters)):
+                at = counters[(c + w) % len(counters)]
+                done = strata_lock(srv, "vol", at, MiB, sys.executable, "-c", INCREMENT,
+                                   srv.uri("vol"), str(at), f"h{h} w{w} r{r}", check=False)
+                if done.returncode != 0:
+                    failures.append(f"h{h} w{w} r{r}: {done.stderr[-2000:]}")
+                    return
+
+    threads = [threading.Thread(target=worker, args=(h, w)) for h in range(2) for w in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures, failures
+    total = 2 * 2 * rounds
+    for at in counters:
+        for srv in hosts:
+            with nbd_handle(srv, export="vol") as vol:
+                count = int.from_bytes(vol.pread(512, at)[:8], "little")
+            assert count == total, f"counter at {at} of the slice reads {count} on {srv.workdir}"
+        # On the bricks: below the slice, the volume starts with the hierarchy's 64 KiB label
+        # (the stack slices it off too, and locks are moved past it alike); the volume's
+        # 1 MiB stripe units alternate over the two mirror sets.
+        unit, within = divmod(LABEL + SLICE_AT + at, MiB)
+        home_at = (unit // 2) * MiB + within
+        held = bricks[2 * (unit % 2)].home()[home_at:home_at + 8]
+        assert int.from_bytes(held, "little") == total, (at, home_at)
+    assert_replicas_equal(bricks)
+
+
+def test_strata_lock_refuses_what_holds_no_locks_and_a_dead_clients_lock_is_released(
+        cluster, server_factory):
+    etcd, _ = cluster
+    srv = server_factory(locking_spec(etcd, "h0"))
+    # A plain file disk holds no locks: refused, naming what does, and the command not run.
+    marker = srv.workdir / "ran"
+    refused = strata_lock(srv, "plain", 0, 4096, "touch", str(marker), check=False)
+    assert refused.returncode != 0
+    assert "does not carry range locks" in refused.stderr, refused.stderr
+    assert not marker.exists(), "the command ran without its lock"
+    unknown = strata_lock(srv, "nosuch", 0, 4096, "true", check=False)
+    assert unknown.returncode != 0 and "no export" in unknown.stderr, unknown.stderr
+    past = strata_lock(srv, "vol", 32 * MiB - 512, 4096, "true", check=False)
+    assert past.returncode != 0 and "past the end" in past.stderr, past.stderr
+    # The command's exit status is strata lock's.
+    assert strata_lock(srv, "vol", 0, 4096, "sh", "-c", "exit 7", check=False).returncode == 7
+    # A holder killed while it holds its lock: its session's connection closes and the server
+    # releases the lock, so the next holder gets it at once.
+    holder = subprocess.Popen([str(STRATA_BIN), "lock", "--admin", srv.admin_sock, "vol", "0",
+                               "4096", "--", "sleep", "60"], start_new_session=True)
+    try:
+        time.sleep(1.0)
+        assert holder.poll() is None, "the first holder did not get its lock"
+        waiting = subprocess.Popen([str(STRATA_BIN), "lock", "--admin", srv.admin_sock, "vol",
+                                    "2048", "512", "--", "true"],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        time.sleep(1.0)
+        assert waiting.poll() is None, "a second holder was granted a range held exclusively"
+        import os
+        os.killpg(holder.pid, signal.SIGKILL)
+        holder.wait()
+        started = time.monotonic()
+        out, err = waiting.communicate(timeout=8)
+        assert waiting.returncode == 0, err
+        print(f"lock granted {time.monotonic() - started:.2f} s after its holder was killed")
+    finally:
+        if holder.poll() is None:
+            import os
+            os.killpg(holder.pid, signal.SIGKILL)
+            holder.wait()
