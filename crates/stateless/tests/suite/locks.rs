@@ -23,6 +23,21 @@ fn recorder(name: &str, size: u64, log: &Log, refuse: bool) -> DeviceRef {
     })
 }
 
+/// A concat of `a` (8 KiB) and `b` (16 KiB); `b` refuses locks if `b_refuses`.
+fn concat_of(log: &Log, b_refuses: bool) -> Concat {
+    let members = vec![
+        Member {
+            name: "a".into(),
+            device: recorder("a", 8192, log, false),
+        },
+        Member {
+            name: "b".into(),
+            device: recorder("b", 16384, log, b_refuses),
+        },
+    ];
+    Concat::new("c".into(), members).unwrap()
+}
+
 fn request(holder: LockHolder, offset: u64, len: u64) -> LockRequest {
     LockRequest {
         holder,
@@ -86,17 +101,7 @@ async fn a_slice_shifts_the_range_by_its_offset_and_refuses_one_past_its_end() {
 #[tokio::test]
 async fn a_concat_cuts_the_range_at_its_children_and_an_unlock_releases_every_part() {
     let log = Log::default();
-    let members = vec![
-        Member {
-            name: "a".into(),
-            device: recorder("a", 8192, &log, false),
-        },
-        Member {
-            name: "b".into(),
-            device: recorder("b", 16384, &log, false),
-        },
-    ];
-    let concat = Concat::new("c".into(), members).unwrap();
+    let concat = concat_of(&log, false);
     let held = lock::lock(&concat, request(LockHolder::new(), 4096, 8192))
         .await
         .unwrap();
@@ -156,17 +161,7 @@ async fn crypt_locks_the_same_range_below() {
 #[tokio::test]
 async fn a_part_refused_below_releases_the_parts_already_taken() {
     let log = Log::default();
-    let members = vec![
-        Member {
-            name: "a".into(),
-            device: recorder("a", 8192, &log, false),
-        },
-        Member {
-            name: "b".into(),
-            device: recorder("b", 8192, &log, true),
-        },
-    ];
-    let concat = Concat::new("c".into(), members).unwrap();
+    let concat = concat_of(&log, true);
     let refused = lock::lock(&concat, request(LockHolder::new(), 4096, 8192)).await;
     assert!(
         matches!(&refused, Err(BlockError::InvalidArgument(why)) if why.contains("b refuses")),
