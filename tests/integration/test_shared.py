@@ -242,7 +242,11 @@ def test_a_brick_away_is_written_around_and_only_what_it_missed_is_copied_back(
     out = qemu_io(srv, "write -P 0x22 0 1M", "flush", "read -P 0x22 0 1M").stdout
     assert "Pattern verification failed" not in out, out
     assert "brick down: going on without it" in srv.stderr_text()
-    assert "brick b1 is stale: 1 regions to copy back" in cluster_status(etcd)
+    status = cluster_status(etcd)
+    assert "brick b1 is stale: 1 regions to copy back" in status
+    # The cluster's status asks each brick: b1 does not answer, b0 does.
+    assert re.search(r"  b1 at \S+, \d+ bytes: not answering", status), status
+    assert re.search(r"  b0 at \S+, \d+ bytes: up, \d+ of \d+ units used", status), status
     assert bricks[0].home()[:MiB] == b"\x22" * MiB
     assert bricks[1].home()[:MiB] == b"\x11" * MiB
     node = shared_node(srv)
@@ -266,7 +270,9 @@ def test_a_brick_away_is_written_around_and_only_what_it_missed_is_copied_back(
     qemu_io(srv, "write -P 0x33 1M 64k", "flush")
     log = srv.stderr_text()
     assert "copied=1 of=1" in log, log[-3000:]
-    assert "is stale" not in cluster_status(etcd)
+    status = cluster_status(etcd)
+    assert "is stale" not in status
+    assert "not answering" not in status, status
     assert_replicas_equal(bricks)
     node = shared_node(srv)
     assert node["health"] == "ok", node

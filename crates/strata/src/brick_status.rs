@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use anyhow::Context;
-use strata_brick::rpc::BrickClient;
-use strata_brick::{BrickSummary, StepKind};
+use strata_brick::rpc::{BrickClient, RpcError};
+use strata_brick::{BrickSummary, StepKind, StepProgress};
 use strata_core::outln;
 
 pub async fn show(address: &str, timeout: Duration) -> anyhow::Result<()> {
@@ -64,31 +64,72 @@ fn render(address: &str, s: &BrickSummary) -> Vec<String> {
     ));
     lines.push(format!("  intervals in doubt: {}", s.in_doubt));
     if let Some(step) = s.step {
-        let what = match step.kind {
-            StepKind::Rollback => "roll-back to version",
-            StepKind::Delete => "deletion of version",
-        };
-        let (done, total) = (step.done_entries, step.total_entries);
         lines.push(if step.running {
-            let percent = (done * 100).checked_div(total).unwrap_or(100);
-            format!(
-                "  in progress: {what} {}, {done} of {total} entries done ({percent} %)",
-                step.version
-            )
+            format!("  in progress: {}", step_progress(&step))
         } else {
             format!(
-                "  last: {what} {}, ended, {done} of {total} entries",
-                step.version
+                "  last: {} {}, ended, {} of {} entries",
+                step_name(step.kind),
+                step.version,
+                step.done_entries,
+                step.total_entries
             )
         });
     }
     lines
 }
 
+fn step_name(kind: StepKind) -> &'static str {
+    match kind {
+        StepKind::Rollback => "roll-back to version",
+        StepKind::Delete => "deletion of version",
+    }
+}
+
+/// "roll-back to version 1, 3 of 6 entries done (50 %)"
+fn step_progress(step: &StepProgress) -> String {
+    let (done, total) = (step.done_entries, step.total_entries);
+    let percent = (done * 100).checked_div(total).unwrap_or(100);
+    format!(
+        "{} {}, {done} of {total} entries done ({percent} %)",
+        step_name(step.kind),
+        step.version
+    )
+}
+
+/// What `strata cluster status` says of a brick, after its catalog record: what it answered
+/// to `Describe`, on one line, or why it did not answer.
+pub fn brief(answer: &Result<BrickSummary, RpcError>) -> String {
+    let s = match answer {
+        Ok(summary) => summary,
+        Err(RpcError::Unreachable { why, .. }) => return format!("not answering: {why}"),
+        Err(RpcError::Refused { why, .. }) => return format!("refused to describe itself: {why}"),
+    };
+    let units = &s.units;
+    let mut parts = vec![format!(
+        "up, {} of {} units used ({} kept by versions, {} staged)",
+        units.used(),
+        units.total,
+        units.kept,
+        units.staged
+    )];
+    if s.in_doubt > 0 {
+        parts.push(format!("{} intervals in doubt", s.in_doubt));
+    }
+    if !s.versions.is_empty() {
+        let numbers: Vec<String> = s.versions.iter().map(|v| v.number.to_string()).collect();
+        parts.push(format!("versions {}", numbers.join(", ")));
+    }
+    if let Some(step) = s.step.filter(|step| step.running) {
+        parts.push(step_progress(&step));
+    }
+    parts.join("; ")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use strata_brick::{StepProgress, Units, VersionInfo};
+    use strata_brick::{Units, VersionInfo};
 
     #[test]
     fn shows_space_versions_and_a_step_in_progress() {
@@ -156,5 +197,48 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains("in progress"), "{text}");
+    }
+
+    #[test]
+    fn one_line_per_brick_for_the_cluster_status() {
+        let summary = BrickSummary {
+            format: 2,
+            share_bytes: 1 << 20,
+            unit_bytes: 4096,
+            units: Units {
+                total: 512,
+                free: 400,
+                kept: 6,
+                staged: 2,
+                away: 9,
+            },
+            versions: vec![VersionInfo {
+                number: 3,
+                held_bytes: 8192,
+            }],
+            newest_version: 3,
+            sealed_version: 3,
+            in_doubt: 2,
+            step: Some(StepProgress {
+                kind: StepKind::Delete,
+                version: 2,
+                done_entries: 1,
+                total_entries: 4,
+                running: true,
+            }),
+        };
+        assert_eq!(
+            brief(&Ok(summary)),
+            "up, 112 of 512 units used (6 kept by versions, 2 staged); 2 intervals in doubt; \
+             versions 3; deletion of version 2, 1 of 4 entries done (25 %)"
+        );
+        let failed = RpcError::Unreachable {
+            address: "b:1".into(),
+            why: "the brick's disk failed (EIO)".into(),
+        };
+        assert_eq!(
+            brief(&Err(failed)),
+            "not answering: the brick's disk failed (EIO)"
+        );
     }
 }

@@ -644,6 +644,9 @@ async fn resolve_forever(coord: Coord, name: String, store: Arc<BrickStore>) {
 }
 
 /// This brick's index in its volume, and a client of every other brick of it.
+/// How long `cluster status` waits for a brick to say what it holds.
+const DESCRIBE_TIMEOUT: Duration = Duration::from_secs(2);
+
 async fn peers_of(coord: &Coord, name: &str) -> anyhow::Result<(u64, BTreeMap<u64, BrickClient>)> {
     let volume = coord
         .volumes()
@@ -689,9 +692,27 @@ pub fn run_cluster(command: ClusterCommand) -> anyhow::Result<()> {
                     );
                 }
                 outln!("bricks:");
-                for brick in coord.bricks().await? {
+                let bricks = coord.bricks().await?;
+                // Each brick is asked what it holds, all at once, each for at most
+                // DESCRIBE_TIMEOUT: a brick down costs the status that long, not more.
+                let answers = futures_util::future::join_all(bricks.iter().map(|brick| async {
+                    let client = BrickClient::new(&brick.record.address, DESCRIBE_TIMEOUT)
+                        .map_err(|e| strata_brick::rpc::RpcError::Unreachable {
+                            address: brick.record.address.clone(),
+                            why: e.to_string(),
+                        })?;
+                    client.describe().await
+                }))
+                .await;
+                for (brick, answer) in bricks.iter().zip(&answers) {
                     let r = &brick.record;
-                    outln!("  {} at {}, {} bytes", r.name, r.address, r.size_bytes);
+                    outln!(
+                        "  {} at {}, {} bytes: {}",
+                        r.name,
+                        r.address,
+                        r.size_bytes,
+                        crate::brick_status::brief(answer)
+                    );
                 }
                 outln!("volumes:");
                 for volume in coord.volumes().await? {
