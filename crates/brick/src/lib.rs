@@ -39,4 +39,4 @@ pub use store::{
     BrickOptions, BrickSettings, BrickStore, BrickSummary, OpenReport, PrepareRefusal, StepKind,
     StepProgress, Units, VersionInfo, Vote, OWNER, SECTOR,
 };
-pub use volume::{LockOwner, RangeLock, Rebuilt, SharedVolume};
+pub use volume::{Interval, LockOwner, RangeLock, Rebuilt, SharedVolume};

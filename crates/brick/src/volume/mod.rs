@@ -20,6 +20,7 @@
 //! the host acknowledges each version announced once nothing it tagged before is undecided
 //! (`tags`; docs/shared-volumes.md, "Versions").
 
+mod begin;
 mod catalog;
 mod connection;
 mod locks;
@@ -28,6 +29,7 @@ mod resync;
 mod status;
 mod tags;
 
+pub use begin::Interval;
 use connection::ConnectionView;
 pub use locks::{LockOwner, RangeLock};
 use reach::Reach;

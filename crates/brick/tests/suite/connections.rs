@@ -69,3 +69,51 @@ async fn a_connection_that_ends_unflushed_has_its_writes_committed() {
     }
     assert_replicas(&cluster, 2 * UNIT, &sector("left")).await;
 }
+
+/// Intervals begun and ended through the API (`SharedVolume::begin`), as client threads do:
+/// each sees its own writes; `end` commits all of one on both bricks; a dropped one leaves
+/// nothing; one cannot grow past what a prepare carries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interval_begun_by_the_api_commits_at_its_end_and_an_abort_leaves_nothing() {
+    let cluster = cluster().await;
+    let a = host(&cluster, "a").await;
+    let (mut kept, mut dropped) = (a.begin(), a.begin());
+    // Two writes in two segments: one interval, all or nothing.
+    kept.write(0, sector("kept")).await.unwrap();
+    kept.write(SEGMENT, sector("kept too")).await.unwrap();
+    dropped.write(2 * SEGMENT, sector("dropped")).await.unwrap();
+    assert_eq!(kept.read(0, 512).await.unwrap(), sector("kept"));
+    assert_eq!(kept.read(2 * SEGMENT, 512).await.unwrap(), zeros());
+    assert_eq!(dropped.read(0, 512).await.unwrap(), zeros());
+    assert_eq!(
+        a.read(0, 512).await.unwrap(),
+        zeros(),
+        "visible before its end"
+    );
+    kept.end().await.unwrap();
+    assert_replicas(&cluster, 0, &sector("kept")).await;
+    assert_replicas(&cluster, SEGMENT, &sector("kept too")).await;
+    dropped.abort();
+    // Whatever the volume commits later, the aborted write is not in it.
+    a.write(3 * SEGMENT, sector("later"), WriteFlags::default())
+        .await
+        .unwrap();
+    a.flush().await.unwrap();
+    assert_replicas(&cluster, 2 * SEGMENT, &zeros()).await;
+    assert_eq!(a.read(2 * SEGMENT, 512).await.unwrap(), zeros());
+    // Past what one prepare carries: refused, and what it held is still one interval.
+    let mut big = a.begin();
+    big.write(3 * SEGMENT + 4096, sector("big")).await.unwrap();
+    let past = big
+        .write(
+            0,
+            bytes::Bytes::from(vec![1u8; strata_brick::Interval::MAX_BYTES as usize]),
+        )
+        .await;
+    assert!(
+        matches!(&past, Err(strata_core::BlockError::InvalidArgument(why)) if why.contains("at most")),
+        "{past:?}"
+    );
+    big.end().await.unwrap();
+    assert_replicas(&cluster, 3 * SEGMENT + 4096, &sector("big")).await;
+}
