@@ -35,9 +35,11 @@ mod tests {
     use clap::CommandFactory;
 
     /// Commands that are not online changes of a layer (`call` sends any declared verb;
-    /// `brick` and `cluster` run on their own, not through a server).
-    const NOT_VERBS: [&str; 10] = [
+    /// `brick` and `cluster` run on their own, not through a server; `lock` is a lock session
+    /// that goes down the stack as `Control::Lock`).
+    const NOT_VERBS: [&str; 11] = [
         "serve", "status", "check", "metrics", "sim", "kinds", "help", "call", "brick", "cluster",
+        "lock",
     ];
     /// Changes of the exports, which the stack makes itself, and views (`raid5 watch` polls
     /// the status).
