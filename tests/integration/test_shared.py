@@ -399,8 +399,10 @@ def test_a_dead_brick_is_replaced_and_rebuilt_while_fio_verifies_and_the_copies_
         refused = cluster_cmd(etcd, "replace-brick", "v", *args, check=False)
         assert refused.returncode != 0 and why in refused.stderr, refused.stderr
     assert "brick b1 is stale" in cluster_status(etcd)
+    # Held to 8 MiB/s, so that its 4 s of writing overlap the replacement whatever the
+    # machine's speed.
     job = fio_job(workdir / "verify.fio", srv, "replace-verify", rw="randwrite", bs="64k",
-                  iodepth=4, size="32m", fsync=8, verify="crc32c", do_verify=1,
+                  iodepth=4, size="32m", fsync=8, rate="8m", verify="crc32c", do_verify=1,
                   verify_fatal=1, verify_dump=0)
     fio = subprocess.Popen(["fio", "--output-format=json", str(job)], cwd=workdir,
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -301,7 +301,11 @@ async fn rebuild(coord: &Coord, volume: &str, stall: Duration) -> anyhow::Result
         })
         .await;
     bar.finish_and_clear();
+    // Its claims go with it at once: a writing host may be waiting for the last segment it
+    // copied (it would wait out the lease otherwise, longer than a host's request timeout).
+    let closed = shared.close().await;
     let rebuilt = rebuilt?;
+    closed.context("leaving the cluster after the rebuild")?;
     let departed = coord.forget_stale_of_departed(volume).await?;
     if !departed.is_empty() {
         outln!(

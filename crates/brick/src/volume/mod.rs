@@ -309,6 +309,22 @@ impl SharedVolume {
         self.session.lease() as u64
     }
 
+    /// Leaves the cluster for good, for a host that is done with the volume (a rebuild run
+    /// from the command line): what it has pending is committed, then its lease is revoked,
+    /// so its segment claims go at once rather than at the lease's expiry, and the hosts
+    /// waiting for them get them now. The volume refuses to commit afterwards.
+    pub async fn close(&self) -> Result<()> {
+        let flushed = self.flush().await;
+        self.heartbeat.lock().unwrap().take();
+        let left = self
+            .session
+            .clone()
+            .close()
+            .await
+            .map_err(|e| io_error(format!("volume {}: leaving the cluster: {e}", self.name)));
+        flushed.and(left)
+    }
+
     /// Test-only: stops renewing the lease, as a host paused past it (SIGSTOP) would.
     #[doc(hidden)]
     pub fn stop_heartbeat(&self) {
