@@ -116,17 +116,28 @@ impl RangeLocks {
             .filter(|(_, &until)| until <= now)
             .map(|(&session, _)| session)
             .collect();
-        for session in &dead {
-            self.leases.remove(session);
-            for token in self.by_session.remove(session).unwrap_or_default() {
-                let grant = self
-                    .grants
-                    .remove(&token)
-                    .expect("a session's grant exists");
-                self.release(&grant);
-            }
+        for &session in &dead {
+            self.leave(session);
         }
         dead
+    }
+
+    /// Ends `session` now, as its lease's expiry would: its locks are released, and it is
+    /// fenced from then on. A holder that is done leaves, so the table does not keep it.
+    pub fn leave(&mut self, session: Session) {
+        self.leases.remove(&session);
+        for token in self.by_session.remove(&session).unwrap_or_default() {
+            let grant = self
+                .grants
+                .remove(&token)
+                .expect("a session's grant exists");
+            self.release(&grant);
+        }
+    }
+
+    /// Sessions live in the table.
+    pub fn sessions(&self) -> usize {
+        self.leases.len()
     }
 
     /// Locks `range` for `session` if no other session holds a conflicting lock.
@@ -305,6 +316,21 @@ mod tests {
     use super::*;
 
     const LEASE: u64 = 1000;
+
+    #[test]
+    fn a_session_that_leaves_releases_its_locks_and_is_fenced() {
+        let mut t = RangeLocks::new(LEASE);
+        let (done, next) = (t.join(0), t.join(0));
+        t.trylock(done, 0..4096, Mode::Exclusive, 1).unwrap();
+        assert!(t.trylock(next, 0..512, Mode::Shared, 1).is_err());
+        t.leave(done);
+        assert_eq!(t.sessions(), 1);
+        t.trylock(next, 0..512, Mode::Shared, 1).unwrap();
+        assert!(matches!(
+            t.trylock(done, 8192..8704, Mode::Shared, 1),
+            Err(LockError::Fenced(_))
+        ));
+    }
 
     #[test]
     fn readers_share_a_writer_excludes() {

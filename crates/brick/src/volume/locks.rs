@@ -131,13 +131,7 @@ impl LockPart for StackLock {
             ..
         } = *self;
         let released = volume.unlock(lock).await;
-        let mut holders = volume.holders.lock().unwrap();
-        if let Some((_, held)) = holders.get_mut(&holder) {
-            *held -= 1;
-            if *held == 0 {
-                holders.remove(&holder);
-            }
-        }
+        volume.holder_done(holder);
         released
     }
 
@@ -182,15 +176,30 @@ impl SharedVolume {
                 exclusive: request.exclusive,
             }))),
             Err(error) => {
-                let mut holders = self.holders.lock().unwrap();
-                if let Some((_, held)) = holders.get_mut(&request.holder) {
-                    *held -= 1;
-                    if *held == 0 {
-                        holders.remove(&request.holder);
-                    }
-                }
+                self.holder_done(request.holder);
                 Err(error)
             }
         }
+    }
+
+    /// One lock fewer for `holder`: at its last, it leaves this host's lock table, so lock
+    /// sessions that come and go (one per `strata lock`) leave nothing behind.
+    fn holder_done(&self, holder: LockHolder) {
+        let mut holders = self.holders.lock().unwrap();
+        let Some((owner, held)) = holders.get_mut(&holder) else {
+            return;
+        };
+        *held -= 1;
+        if *held == 0 {
+            let owner = *owner;
+            holders.remove(&holder);
+            self.locks.lock().unwrap().leave(owner.0);
+        }
+    }
+
+    /// Lock holders this host's table keeps (sessions of `lock_owner` and of holders
+    /// locking through a stack).
+    pub fn lock_sessions(&self) -> usize {
+        self.locks.lock().unwrap().sessions()
     }
 }
