@@ -129,13 +129,13 @@ pub async fn lock<D: BlockDevice + ?Sized>(device: &D, request: LockRequest) -> 
 /// parts already taken are released and the refusal returned. Layers cut a lock with this,
 /// always in their children's order, so two holders locking through the same stack take
 /// the parts in the same order and cannot deadlock on each other.
-pub async fn lock_children(
+pub async fn lock_children<'a>(
     request: &LockRequest,
-    pieces: Vec<(&dyn BlockDevice, Range<u64>)>,
+    pieces: impl IntoIterator<Item = (&'a crate::DeviceRef, Range<u64>)>,
 ) -> Result<HeldLock> {
-    let mut held = Vec::with_capacity(pieces.len());
+    let mut held = Vec::new();
     for (child, range) in pieces {
-        match lock(child, request.moved_to(range)).await {
+        match lock(child.as_ref(), request.moved_to(range)).await {
             Ok(lock) => held.push(lock),
             Err(error) => {
                 // The refusal is what the caller must see; a part that fails to release

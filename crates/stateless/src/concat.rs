@@ -360,13 +360,13 @@ impl BlockDevice for Concat {
                 let pieces = split(&layout.starts, request.offset, request.len)
                     .into_iter()
                     .map(|p| {
-                        let child: &dyn BlockDevice = layout.devices[p.child].as_ref();
-                        (child, p.child_offset..p.child_offset + p.len)
-                    })
-                    .collect();
-                Ok(ControlReply::Lock(
-                    lock::lock_children(&request, pieces).await?,
-                ))
+                        (
+                            &layout.devices[p.child],
+                            p.child_offset..p.child_offset + p.len,
+                        )
+                    });
+                let held = lock::lock_children(&request, pieces).await?;
+                Ok(ControlReply::Lock(held))
             }
             _ => Err(BlockError::Unsupported("concat: control")),
         }

@@ -338,8 +338,8 @@ impl BlockDevice for Crypt {
             Control::Lock(request) => {
                 self.geometry.check_range(request.offset, request.len)?;
                 let range = request.offset..request.offset + request.len;
-                let held = lock::lock_children(&request, vec![(self.child.as_ref(), range)]);
-                Ok(ControlReply::Lock(held.await?))
+                let held = lock::lock_children(&request, [(&self.child, range)]).await?;
+                Ok(ControlReply::Lock(held))
             }
             _ => Err(BlockError::Unsupported("crypt: control")),
         }

@@ -184,8 +184,8 @@ impl BlockDevice for Slice {
                 self.geometry().check_range(request.offset, request.len)?;
                 let start = self.offset + request.offset;
                 let range = start..start + request.len;
-                let held = lock::lock_children(&request, vec![(self.child.as_ref(), range)]);
-                Ok(ControlReply::Lock(held.await?))
+                let held = lock::lock_children(&request, [(&self.child, range)]).await?;
+                Ok(ControlReply::Lock(held))
             }
             _ => Err(BlockError::Unsupported("slice: control")),
         }

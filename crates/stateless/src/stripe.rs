@@ -414,16 +414,15 @@ impl BlockDevice for Stripe {
                 // Each member's run is contiguous on it: one lock per member.
                 let mut runs = self.plan(request.offset, request.len)?;
                 runs.sort_by_key(|run| run.child);
-                let pieces = runs
-                    .iter()
+                // Collected: handed over lazily, the closure trips async_trait's lifetime bounds.
+                let pieces: Vec<_> = (runs.iter())
                     .map(|run| {
-                        let child: &dyn BlockDevice = self.children[run.child].as_ref();
-                        (child, run.child_offset..run.child_offset + run.len)
+                        let range = run.child_offset..run.child_offset + run.len;
+                        (&self.children[run.child], range)
                     })
                     .collect();
-                Ok(ControlReply::Lock(
-                    lock::lock_children(&request, pieces).await?,
-                ))
+                let held = lock::lock_children(&request, pieces).await?;
+                Ok(ControlReply::Lock(held))
             }
             _ => Err(BlockError::Unsupported("stripe: control")),
         }

@@ -131,9 +131,9 @@ mod tests {
     use super::*;
     use strata_brick::{Units, VersionInfo};
 
-    #[test]
-    fn shows_space_versions_and_a_step_in_progress() {
-        let mut summary = BrickSummary {
+    /// A brick with 112 of its 512 units used (6 kept, 2 staged), `versions` and `step`.
+    fn summary(versions: Vec<VersionInfo>, step: StepProgress) -> BrickSummary {
+        BrickSummary {
             format: 2,
             share_bytes: 1 << 20,
             unit_bytes: 4096,
@@ -144,26 +144,37 @@ mod tests {
                 staged: 2,
                 away: 9,
             },
-            versions: vec![
-                VersionInfo {
-                    number: 1,
-                    held_bytes: 8192,
-                },
-                VersionInfo {
-                    number: 2,
-                    held_bytes: 16384,
-                },
-            ],
-            newest_version: 2,
+            newest_version: versions.last().map_or(0, |v| v.number),
+            versions,
+            sealed_version: 0,
+            in_doubt: 0,
+            step: Some(step),
+        }
+    }
+
+    #[test]
+    fn shows_space_versions_and_a_step_in_progress() {
+        let versions = vec![
+            VersionInfo {
+                number: 1,
+                held_bytes: 8192,
+            },
+            VersionInfo {
+                number: 2,
+                held_bytes: 16384,
+            },
+        ];
+        let rollback = StepProgress {
+            kind: StepKind::Rollback,
+            version: 1,
+            done_entries: 3,
+            total_entries: 6,
+            running: true,
+        };
+        let mut summary = BrickSummary {
             sealed_version: 1,
             in_doubt: 1,
-            step: Some(StepProgress {
-                kind: StepKind::Rollback,
-                version: 1,
-                done_entries: 3,
-                total_entries: 6,
-                running: true,
-            }),
+            ..summary(versions, rollback)
         };
         let text = render("b:1", &summary).join("\n");
         assert!(
@@ -201,31 +212,21 @@ mod tests {
 
     #[test]
     fn one_line_per_brick_for_the_cluster_status() {
+        let versions = vec![VersionInfo {
+            number: 3,
+            held_bytes: 8192,
+        }];
+        let deletion = StepProgress {
+            kind: StepKind::Delete,
+            version: 2,
+            done_entries: 1,
+            total_entries: 4,
+            running: true,
+        };
         let summary = BrickSummary {
-            format: 2,
-            share_bytes: 1 << 20,
-            unit_bytes: 4096,
-            units: Units {
-                total: 512,
-                free: 400,
-                kept: 6,
-                staged: 2,
-                away: 9,
-            },
-            versions: vec![VersionInfo {
-                number: 3,
-                held_bytes: 8192,
-            }],
-            newest_version: 3,
             sealed_version: 3,
             in_doubt: 2,
-            step: Some(StepProgress {
-                kind: StepKind::Delete,
-                version: 2,
-                done_entries: 1,
-                total_entries: 4,
-                running: true,
-            }),
+            ..summary(versions, deletion)
         };
         assert_eq!(
             brief(&Ok(summary)),

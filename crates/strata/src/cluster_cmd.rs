@@ -647,10 +647,10 @@ async fn resolve_forever(coord: Coord, name: String, store: Arc<BrickStore>) {
     }
 }
 
-/// This brick's index in its volume, and a client of every other brick of it.
 /// How long `cluster status` waits for a brick to say what it holds.
 const DESCRIBE_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// This brick's index in its volume, and a client of every other brick of it.
 async fn peers_of(coord: &Coord, name: &str) -> anyhow::Result<(u64, BTreeMap<u64, BrickClient>)> {
     let volume = coord
         .volumes()

@@ -57,13 +57,8 @@ impl Inner {
             .filter(|slot| slot.state != MemberState::Faulty)
             .filter_map(|slot| slot.device.clone())
             .collect();
-        let pieces = members
-            .iter()
-            .map(|device| {
-                let device: &dyn strata_core::BlockDevice = device.as_ref();
-                (device, start..start + request.len)
-            })
-            .collect();
+        let range = start..start + request.len;
+        let pieces: Vec<_> = members.iter().zip(std::iter::repeat(range)).collect();
         lock::lock_children(&request, pieces).await
     }
 
