@@ -27,6 +27,28 @@ pub struct ServerFaults {
     /// Decisions are taken in and never answered nor applied: a brick that voted, then died
     /// before it heard the decision.
     pub swallow_decisions: std::sync::atomic::AtomicBool,
+    /// Each prepare is held this many milliseconds before it is taken in: a slow brick, so
+    /// that a test sees which prepares are in progress at once.
+    pub prepare_delay_ms: std::sync::atomic::AtomicU64,
+    /// Prepares in progress now, and the most there have been at once.
+    pub prepares_open: std::sync::atomic::AtomicUsize,
+    pub prepares_most: std::sync::atomic::AtomicUsize,
+}
+
+impl ServerFaults {
+    /// Counts a prepare in progress until the returned guard is dropped.
+    fn prepare_open(&self) -> impl Drop + '_ {
+        use std::sync::atomic::Ordering::SeqCst;
+        let open = self.prepares_open.fetch_add(1, SeqCst) + 1;
+        self.prepares_most.fetch_max(open, SeqCst);
+        struct Open<'a>(&'a ServerFaults);
+        impl Drop for Open<'_> {
+            fn drop(&mut self) {
+                self.0.prepares_open.fetch_sub(1, SeqCst);
+            }
+        }
+        Open(self)
+    }
 }
 
 impl BrickService {
@@ -204,6 +226,11 @@ impl brick_server::Brick for BrickService {
         self.metered(RpcKind::Prepare, async {
             let request = request.into_inner();
             let id = interval(request.id)?;
+            let _open = self.faults.prepare_open();
+            let delay = (self.faults.prepare_delay_ms).load(std::sync::atomic::Ordering::SeqCst);
+            if delay > 0 {
+                tokio::time::sleep(std::time::Duration::from_millis(delay)).await;
+            }
             let bytes: usize = request.writes.iter().map(|w| w.data.len()).sum();
             let writes = request
                 .writes

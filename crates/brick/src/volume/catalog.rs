@@ -101,7 +101,9 @@ impl SharedVolume {
         }
         let catalog = self.coord.bricks().await.map_err(fail)?;
         let stale = self.coord.stale(&self.name).await.map_err(fail)?;
-        // No interval is planned meanwhile: each sees the old brick or the new, whole.
+        // No interval is planned or in flight meanwhile: each sees the old brick or the new,
+        // whole.
+        let _alone = self.gate.write().await;
         let mut state = self.state.lock().await;
         for (index, (was, now)) in self.brick_names().iter().zip(&names).enumerate() {
             if was == now {

@@ -23,6 +23,7 @@
 mod begin;
 mod catalog;
 mod connection;
+mod flights;
 mod locks;
 mod reach;
 mod resync;
@@ -31,6 +32,7 @@ mod tags;
 
 pub use begin::Interval;
 use connection::ConnectionView;
+use flights::Flights;
 pub use locks::{LockOwner, RangeLock};
 use reach::Reach;
 pub use resync::Rebuilt;
@@ -116,6 +118,12 @@ pub struct SharedVolume {
     /// Follows the volume's record while the volume is open (`catalog`).
     catalog: Mutex<Option<AbortOnDrop>>,
     state: tokio::sync::Mutex<State>,
+    /// Held shared by each interval of client writes from its planning to its outcome, and
+    /// alone by what must see no interval in flight: delivering owed decisions, copying back,
+    /// a brick replaced. Taken before `state`, never after.
+    gate: tokio::sync::RwLock<()>,
+    /// The footprints of the intervals in flight: overlapping ones go one after the other.
+    flights: Flights,
     /// The stream of the volume's own callers (a layer above, a lock-aware program); each
     /// NBD connection has its own (`ConnectionView`).
     own: tokio::sync::Mutex<Stream>,
@@ -148,10 +156,15 @@ pub(super) struct Stream {
     pinned: BTreeSet<u32>,
 }
 
-/// What the host's streams share: intervals are numbered, decided and delivered one at a
-/// time, in the order their commits take this.
+/// What the host's streams share: intervals are numbered and planned under this lock, run
+/// with it given up (many at once, `flights` keeping overlapping ones apart), and their
+/// outcomes taken in under it again.
 struct State {
     next_seq: u64,
+    /// The intervals of client writes planned and not yet taken in, by sequence number, with
+    /// their tags: no version below one of them is acknowledged, and no brick told to forget
+    /// from one of them on.
+    in_flight: BTreeMap<u64, u64>,
     /// Intervals ended on every brick since the bricks were last told to forget.
     ended_since_forget: u64,
     /// Decisions a brick has not acknowledged, with each interval's tag: delivered before
@@ -288,8 +301,11 @@ impl SharedVolume {
             tags: Tags::new(announced),
             versions: Mutex::new(None),
             catalog: Mutex::new(None),
+            gate: tokio::sync::RwLock::new(()),
+            flights: Flights::default(),
             state: tokio::sync::Mutex::new(State {
                 next_seq: 1,
+                in_flight: BTreeMap::new(),
                 ended_since_forget: 0,
                 owed: BTreeMap::new(),
                 last_tag: 0,
@@ -454,16 +470,16 @@ impl SharedVolume {
 
     /// Commits what `stream` has pending as one interval on every brick that is up, or
     /// fails. A brick that does not answer is taken down and the interval retried without
-    /// it.
+    /// it. Streams commit concurrently: only intervals that share a brick unit wait for each
+    /// other (`flights`).
     pub(super) async fn commit(&self, stream: &mut Stream) -> Result<()> {
         if stream.pending.is_empty() {
             return Ok(());
         }
-        let mut state = self.state.lock().await;
-        let state = &mut *state;
-        let result = self.commit_pending(state, stream).await;
+        let result = self.commit_pending(stream).await;
         // Claims are given back only once nothing is owed: a brick holding this host's
         // interval undecided must not take the next holder's writes first.
+        let state = self.state.lock().await;
         self.claims.keep_all(!state.owed.is_empty());
         result
     }
@@ -481,7 +497,36 @@ impl SharedVolume {
         Ok(())
     }
 
-    async fn commit_pending(&self, state: &mut State, stream: &mut Stream) -> Result<()> {
+    /// What an interval first brings up to date: which bricks other hosts found stale, the
+    /// decisions bricks are owed, and a few regions copied back to a brick that returned.
+    /// The last two need no interval in flight, so they hold the gate alone, and only when
+    /// there is something to do: a host whose bricks are all well lets its intervals by.
+    async fn upkeep(&self) {
+        self.refresh_stale().await;
+        if self.state.lock().await.owed.is_empty() && !self.resync_wanted() {
+            return;
+        }
+        let _alone = self.gate.write().await;
+        let mut state = self.state.lock().await;
+        self.settle(&mut state).await;
+        self.resync(&mut state).await;
+    }
+
+    /// Whether some brick misses regions and may be reached to copy them back.
+    fn resync_wanted(&self) -> bool {
+        let behind: Vec<(usize, bool)> = {
+            let rain = self.rain.lock().unwrap();
+            (0..self.brick_count())
+                .filter(|&brick| !rain.in_sync(brick))
+                .map(|brick| (brick, rain.is_down(brick)))
+                .collect()
+        };
+        behind
+            .into_iter()
+            .any(|(brick, down)| !down || self.answers(brick))
+    }
+
+    async fn commit_pending(&self, stream: &mut Stream) -> Result<()> {
         self.check_live()?;
         // Every segment written is pinned since its write; the bricks check these epochs.
         let fences: Vec<(u32, i64)> = stream
@@ -491,56 +536,22 @@ impl SharedVolume {
             .collect::<BTreeMap<u32, i64>>()
             .into_iter()
             .collect();
-        self.settle(state).await;
-        self.refresh_stale().await;
-        self.resync(state).await;
+        self.upkeep().await;
+        let _shared = self.gate.read().await;
+        let _boarded = self
+            .flights
+            .board(flights::footprint(&stream.pending))
+            .await;
         let deadline = Instant::now() + self.timeout;
         let mut pause = Duration::from_millis(5);
         let mut downs = 0;
         while downs <= self.brick_count() {
-            // A brick that owes an earlier decision cannot take a later interval: it would
-            // apply them out of order. It counts as down until it is paid.
-            for &brick in state.owed.keys() {
-                let mut rain = self.rain.lock().unwrap();
-                if !rain.is_down(brick) {
-                    rain.down(brick).map_err(|e| {
-                        io_error(format!(
-                            "volume {}: {e}; it owes an earlier decision",
-                            self.name
-                        ))
-                    })?;
-                    tracing::warn!(volume = %self.name, brick = %self.brick_name(brick), "brick owes a decision: going on without it");
-                }
-            }
-            let id = self.next_id(state);
-            // Read under the state lock, which an acknowledgement of a version takes after
-            // raising what it reads: an interval tagged below an acknowledged version has
-            // ended before the acknowledgement.
-            let tag = self.tag();
-            let (writes, missed) = self.plan(&stream.pending)?;
-            for (brick, regions) in &missed {
-                self.coord
-                    .mark_stale(&self.name, &self.brick_name(*brick), regions)
-                    .await
-                    .map_err(|e| {
-                        io_error(format!(
-                            "volume {}: brick {} is down and what it misses cannot be recorded: {e}",
-                            self.name, self.brick_name(*brick)
-                        ))
-                    })?;
-            }
+            let (id, tag, writes, touched) = self.plan_interval(stream).await?;
             let outcome_bricks = writes.len();
-            let touched: BTreeMap<usize, BTreeSet<u64>> = writes
-                .iter()
-                .map(|(&brick, list)| {
-                    let regions = list.iter().map(|(offset, _)| offset / self.unit).collect();
-                    (brick, regions)
-                })
-                .collect();
-            // Checked again here: what came before (etcd, bricks) may have taken long enough
-            // for the lease to lapse.
-            self.check_live()?;
             let outcome = run_interval(&self.brick_clients(), id, writes, &fences, tag).await;
+            let mut guard = self.state.lock().await;
+            let state = &mut *guard;
+            state.in_flight.remove(&id.seq);
             for &brick in outcome.unacked.iter().chain(&outcome.silent) {
                 self.unreachable(brick);
             }
@@ -558,7 +569,7 @@ impl SharedVolume {
             counter.fetch_add(1, Ordering::Relaxed);
             match outcome.decision {
                 Decision::Commit => {
-                    state.last_tag = tag;
+                    state.last_tag = state.last_tag.max(tag);
                     *stream = Stream::default();
                     // Durable once one brick has recorded the commit: the others, if this
                     // host dies, find it when they resolve the interval. With none, a crash
@@ -619,6 +630,7 @@ impl SharedVolume {
                         && Instant::now() < deadline =>
                 {
                     tracing::debug!(volume = %self.name, refusals = ?outcome.refusals, "waiting for an earlier interval to be settled");
+                    drop(guard);
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(Duration::from_millis(200));
                 }
@@ -655,6 +667,69 @@ impl SharedVolume {
             "volume {}: no interval committed",
             self.name
         )))
+    }
+
+    /// Plans one try at committing `stream`'s writes, under the state lock: its id, its tag,
+    /// each brick's writes and the regions each touches. The regions of bricks that are down
+    /// are recorded stale first. The interval is then in flight until its outcome is taken
+    /// in (`State::in_flight`).
+    #[allow(clippy::type_complexity)]
+    async fn plan_interval(
+        &self,
+        stream: &Stream,
+    ) -> Result<(
+        IntervalId,
+        u64,
+        BTreeMap<usize, Vec<(u64, Bytes)>>,
+        BTreeMap<usize, BTreeSet<u64>>,
+    )> {
+        let mut state = self.state.lock().await;
+        let state = &mut *state;
+        // A brick that owes an earlier decision cannot take a later interval: it would
+        // apply them out of order. It counts as down until it is paid.
+        for &brick in state.owed.keys() {
+            let mut rain = self.rain.lock().unwrap();
+            if !rain.is_down(brick) {
+                rain.down(brick).map_err(|e| {
+                    io_error(format!(
+                        "volume {}: {e}; it owes an earlier decision",
+                        self.name
+                    ))
+                })?;
+                tracing::warn!(volume = %self.name, brick = %self.brick_name(brick), "brick owes a decision: going on without it");
+            }
+        }
+        let (writes, missed) = self.plan(&stream.pending)?;
+        for (brick, regions) in &missed {
+            self.coord
+                .mark_stale(&self.name, &self.brick_name(*brick), regions)
+                .await
+                .map_err(|e| {
+                    io_error(format!(
+                        "volume {}: brick {} is down and what it misses cannot be recorded: {e}",
+                        self.name,
+                        self.brick_name(*brick)
+                    ))
+                })?;
+        }
+        let touched: BTreeMap<usize, BTreeSet<u64>> = writes
+            .iter()
+            .map(|(&brick, list)| {
+                let regions = list.iter().map(|(offset, _)| offset / self.unit).collect();
+                (brick, regions)
+            })
+            .collect();
+        // Checked again here: what came before (etcd, bricks) may have taken long enough
+        // for the lease to lapse.
+        self.check_live()?;
+        let id = self.next_id(state);
+        // Read under the state lock, and the interval put in flight under the same hold: an
+        // acknowledgement of a version raises what this reads, then takes the lock to look
+        // at what is in flight, so an interval tagged below an acknowledged version has
+        // ended before the acknowledgement.
+        let tag = self.tag();
+        state.in_flight.insert(id.seq, tag);
+        Ok((id, tag, writes, touched))
     }
 
     /// Each brick's writes for the pending writes, and the regions of bricks that are down
@@ -711,13 +786,15 @@ impl SharedVolume {
             return;
         }
         state.ended_since_forget = 0;
+        // Not from an interval still in flight on: its prepare may reach a brick after.
+        let below = (state.in_flight.keys().next().copied()).unwrap_or(state.next_seq);
         for (brick, client) in self.brick_clients().into_iter().enumerate() {
             if self.rain.lock().unwrap().is_down(brick) {
                 continue;
             }
             // In the background: a brick that is slow or stopped must not hold up the flush
             // that happened to end the 64th interval.
-            let (client, id, below) = (client.clone(), self.client_id(), state.next_seq);
+            let (client, id) = (client.clone(), self.client_id());
             tokio::spawn(async move {
                 if let Err(error) = client.forget(id, below).await {
                     tracing::debug!(brick, %error, "forget not delivered");

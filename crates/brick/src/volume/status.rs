@@ -65,9 +65,10 @@ impl SharedVolume {
         detail.push((
             "intervals".to_string(),
             format!(
-                "{} committed, {} aborted",
+                "{} committed, {} aborted, {} in flight",
                 counters.committed.load(Ordering::Relaxed),
-                counters.aborted.load(Ordering::Relaxed)
+                counters.aborted.load(Ordering::Relaxed),
+                self.flights.count()
             ),
         ));
         detail.push((

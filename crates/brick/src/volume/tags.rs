@@ -4,9 +4,9 @@
 //! Version `n` holds exactly the intervals tagged below `n`. A host tags an interval with the
 //! newest number it has seen announced, or more if one of its claims was taken under a newer
 //! counter (`SegmentClaims::version_floor`). Seeing `n` announced, it raises its tag first,
-//! then waits for the state lock: every commit that read the old tag holds that lock to its
-//! end, every later one reads the new. Once nothing it tagged below `n` is owed to a brick, it
-//! says so in etcd. Writers never wait for any of this.
+//! then takes the state lock to look: every interval that read the old tag was put in flight
+//! under that lock, every later one reads the new. Once nothing it tagged below `n` is in
+//! flight or owed to a brick, it says so in etcd. Writers never wait for any of this.
 
 use std::sync::atomic::AtomicBool;
 use std::sync::Weak;
@@ -43,6 +43,11 @@ impl Tags {
 /// Whether `state` still owes a brick the decision of an interval tagged below `number`.
 fn owes_before(state: &State, number: u64) -> bool {
     (state.owed.values().flatten()).any(|&(_, _, tag)| tag < number)
+}
+
+/// Whether an interval tagged below `number` is still in flight: its outcome is not known.
+fn flying_before(state: &State, number: u64) -> bool {
+    state.in_flight.values().any(|&tag| tag < number)
 }
 
 impl SharedVolume {
@@ -109,13 +114,16 @@ async fn acknowledge(volume: &Weak<SharedVolume>, number: u64) {
             return;
         }
         if !shared.tags.held.load(Ordering::SeqCst) {
-            let mut state = shared.state.lock().await;
-            if owes_before(&state, number) {
-                // An idle host has no flush to deliver what it owes: this does.
+            if owes_before(&*shared.state.lock().await, number) {
+                // An idle host has no flush to deliver what it owes: this does, with no
+                // interval in flight (the gate is taken before the state lock).
+                let _alone = shared.gate.write().await;
+                let mut state = shared.state.lock().await;
                 shared.settle(&mut state).await;
                 shared.claims.keep_all(!state.owed.is_empty());
             }
-            if !owes_before(&state, number) {
+            let state = shared.state.lock().await;
+            if !owes_before(&state, number) && !flying_before(&state, number) {
                 break;
             }
         }

@@ -3,6 +3,7 @@
 //! its own writes before they are committed and no other connection's, and writes a
 //! connection leaves unflushed are committed when it ends.
 
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use strata_core::{BlockDevice, Control, ControlReply, DeviceRef, WriteFlags};
@@ -116,4 +117,69 @@ async fn an_interval_begun_by_the_api_commits_at_its_end_and_an_abort_leaves_not
     );
     big.end().await.unwrap();
     assert_replicas(&cluster, 3 * SEGMENT + 4096, &sector("big")).await;
+}
+
+/// Flushes every connection at once and waits for them all.
+async fn flush_all(connections: &[DeviceRef]) {
+    let flushes = connections.iter().map(|c| c.flush());
+    for flushed in futures_util::future::join_all(flushes).await {
+        flushed.unwrap();
+    }
+}
+
+/// The most prepares each brick had in progress at once since the last look.
+fn most_at_once(cluster: &Cluster) -> Vec<usize> {
+    (cluster.faults.iter())
+        .map(|f| f.prepares_most.swap(0, Ordering::SeqCst))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_commit_at_once_when_apart_and_in_turn_when_they_share_a_unit() {
+    let cluster = cluster().await;
+    let a = host(&cluster, "a").await;
+    let mut connections = Vec::new();
+    for _ in 0..4 {
+        connections.push(connection(&a).await);
+    }
+    // Slow bricks: an interval's prepare takes 400 ms, so intervals that run at once are
+    // seen in progress together.
+    for fault in &cluster.faults {
+        fault.prepare_delay_ms.store(400, Ordering::SeqCst);
+    }
+    // Four connections, four 4 KiB units of one stripe unit: all four on both bricks at once.
+    for (i, c) in connections.iter().enumerate() {
+        let text = format!("apart {i}");
+        c.write(i as u64 * 4096, sector(&text), WriteFlags::default())
+            .await
+            .unwrap();
+    }
+    most_at_once(&cluster);
+    let started = Instant::now();
+    flush_all(&connections).await;
+    let took = started.elapsed();
+    assert_eq!(most_at_once(&cluster), vec![4, 4], "took {took:?}");
+    for i in 0..4 {
+        assert_replicas(&cluster, i * 4096, &sector(&format!("apart {i}"))).await;
+    }
+    // Three connections, three sectors of one 4 KiB unit: one interval at a time, or a
+    // brick could apply them in another order than its peer.
+    for (i, c) in connections.iter().take(3).enumerate() {
+        let text = format!("shared {i}");
+        c.write(UNIT + i as u64 * 512, sector(&text), WriteFlags::default())
+            .await
+            .unwrap();
+    }
+    flush_all(&connections[..3]).await;
+    assert_eq!(most_at_once(&cluster), vec![1, 1]);
+    for i in 0..3 {
+        assert_replicas(&cluster, UNIT + i * 512, &sector(&format!("shared {i}"))).await;
+    }
+    let ControlReply::Describe(status) = a.control(Control::Describe).await.unwrap() else {
+        panic!("a shared volume describes itself");
+    };
+    let intervals = (status.detail.iter())
+        .find(|(key, _)| key == "intervals")
+        .map(|(_, value)| value.as_str());
+    assert_eq!(intervals, Some("7 committed, 0 aborted, 0 in flight"));
 }
