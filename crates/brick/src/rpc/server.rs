@@ -30,6 +30,9 @@ pub struct ServerFaults {
     /// Each prepare is held this many milliseconds before it is taken in: a slow brick, so
     /// that a test sees which prepares are in progress at once.
     pub prepare_delay_ms: std::sync::atomic::AtomicU64,
+    /// Each decision is held a random time below this many milliseconds before it is taken
+    /// in.
+    pub decide_jitter_ms: std::sync::atomic::AtomicU64,
     /// Prepares in progress now, and the most there have been at once.
     pub prepares_open: std::sync::atomic::AtomicUsize,
     pub prepares_most: std::sync::atomic::AtomicUsize,
@@ -284,6 +287,16 @@ impl brick_server::Brick for BrickService {
             };
             if (self.faults.swallow_decisions).load(std::sync::atomic::Ordering::SeqCst) {
                 std::future::pending::<()>().await;
+            }
+            let jitter = (self.faults.decide_jitter_ms).load(std::sync::atomic::Ordering::SeqCst);
+            if jitter > 0 {
+                // Any spread will do: decisions sent at once then reach the bricks in
+                // different orders.
+                let nanos = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.subsec_nanos());
+                let wait = std::time::Duration::from_micros(u64::from(nanos) % (jitter * 1000));
+                tokio::time::sleep(wait).await;
             }
             let store = self.store.clone();
             let accepted = to_completion(async move {

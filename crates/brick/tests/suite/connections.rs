@@ -183,3 +183,50 @@ async fn connections_commit_at_once_when_apart_and_in_turn_when_they_share_a_uni
         .map(|(_, value)| value.as_str());
     assert_eq!(intervals, Some("7 committed, 0 aborted, 0 in flight"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_writing_over_each_other_at_once_leave_identical_replicas() {
+    let cluster = cluster().await;
+    let a = host(&cluster, "a").await;
+    // Decisions sent to both bricks at once reach them in different orders.
+    for fault in &cluster.faults {
+        fault.decide_jitter_ms.store(10, Ordering::SeqCst);
+    }
+    let mut writers = Vec::new();
+    for writer in 0..6u64 {
+        let c = connection(&a).await;
+        writers.push(tokio::spawn(async move {
+            let mut seed = writer;
+            for round in 0..40 {
+                for _ in 0..1 + splitmix(&mut seed) % 3 {
+                    // 32 sectors (four 4 KiB units) that every writer writes over.
+                    let at = splitmix(&mut seed) % 32 * 512;
+                    let text = format!("w{writer} r{round}");
+                    c.write(at, sector(&text), WriteFlags::default())
+                        .await
+                        .unwrap();
+                }
+                c.flush().await.unwrap();
+            }
+        }));
+    }
+    for writer in writers {
+        writer.await.unwrap();
+    }
+    let first = cluster.clients[0].read(0, 16384).await.unwrap();
+    let second = cluster.clients[1].read(0, 16384).await.unwrap();
+    let differ: Vec<u64> = (0..32u64)
+        .filter(|&s| first[s as usize * 512..][..512] != second[s as usize * 512..][..512])
+        .collect();
+    assert!(differ.is_empty(), "replicas differ at sectors {differ:?}");
+    assert_eq!(a.read(0, 16384).await.unwrap(), first);
+}
+
+/// SplitMix64: a seeded sequence of numbers, enough to scatter a test's writes.
+fn splitmix(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
