@@ -64,5 +64,5 @@ cargo build --release
 
 log "integration tests (tests/integration)"
 export STRATA_BIN="${STRATA_BIN:-$PWD/target/release/strata}"
-/usr/bin/python3 -m pytest -q -p no:cacheprovider tests/integration
+/usr/bin/python3 -m pytest -q -p no:cacheprovider --durations=25 tests/integration
 log "all checks passed"

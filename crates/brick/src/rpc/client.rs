@@ -47,7 +47,10 @@ impl BrickClient {
             })?
             .connect_timeout(timeout)
             .timeout(timeout)
-            .tcp_nodelay(true);
+            .tcp_nodelay(true)
+            .initial_stream_window_size(super::STREAM_WINDOW)
+            .initial_connection_window_size(super::CONNECTION_WINDOW)
+            .max_frame_size(super::MAX_FRAME);
         let inner = brick_client::BrickClient::new(endpoint.connect_lazy())
             .max_decoding_message_size(MAX_MESSAGE)
             .max_encoding_message_size(MAX_MESSAGE);
