@@ -28,6 +28,7 @@ have qemu-io      || need_pkgs+=(qemu-utils)
 have certtool     || need_pkgs+=(gnutls-bin)
 have psktool      || need_pkgs+=(gnutls-bin)
 have etcd         || need_pkgs+=(etcd-server)
+have mold         || need_pkgs+=(mold)
 [ -x /usr/bin/python3 ] || need_pkgs+=(python3)
 if [ -x /usr/bin/python3 ]; then
     /usr/bin/python3 -c 'import nbd' 2>/dev/null           || need_pkgs+=(python3-libnbd)
