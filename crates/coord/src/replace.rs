@@ -187,18 +187,20 @@ impl Coord {
     }
 }
 
-/// Changes to a volume's record; see [`Coord::watch_volume`].
-pub struct VolumeWatch {
+/// Changes to one key: a volume's record ([`Coord::watch_volume`]) or its stale mark
+/// ([`Coord::watch_stale`]).
+pub struct KeyWatch {
     stream: etcd_client::WatchStream,
+    what: &'static str,
 }
 
-impl VolumeWatch {
-    /// Waits for the record's next change. `None` once etcd closed the watch: the caller
-    /// watches again and reads the record, which may have changed meanwhile.
+impl KeyWatch {
+    /// Waits for the key's next change. `None` once etcd closed the watch: the caller
+    /// watches again and reads the key, which may have changed meanwhile.
     pub async fn changed(&mut self) -> Result<Option<()>, CoordError> {
         loop {
-            let Some(response) = (self.stream.message().await)
-                .map_err(|e| CoordError::from_etcd("watching a volume's record", e))?
+            let Some(response) =
+                (self.stream.message().await).map_err(|e| CoordError::from_etcd(self.what, e))?
             else {
                 return Ok(None);
             };
@@ -215,15 +217,29 @@ impl VolumeWatch {
 impl Coord {
     /// Watches `volume`'s record from now on (a brick replaced changes it). Read the record
     /// after the watch is set up to learn of a change made before.
-    pub async fn watch_volume(&self, volume: &str) -> Result<VolumeWatch, CoordError> {
+    pub async fn watch_volume(&self, volume: &str) -> Result<KeyWatch, CoordError> {
         check_name("volume", volume)?;
+        self.watch_key(self.keys.volume(volume), "watching a volume's record")
+            .await
+    }
+
+    /// Watches `volume`'s stale mark from now on: every `mark_stale` that records new
+    /// regions rewrites it. Read the stale records after the watch is set up to learn of a
+    /// mark made before.
+    pub async fn watch_stale(&self, volume: &str) -> Result<KeyWatch, CoordError> {
+        check_name("volume", volume)?;
+        self.watch_key(
+            self.keys.stale_mark(volume),
+            "watching a volume's stale mark",
+        )
+        .await
+    }
+
+    async fn watch_key(&self, key: String, what: &'static str) -> Result<KeyWatch, CoordError> {
         let mut client = self.client.clone();
         let stream = self
-            .call(
-                "watching a volume's record",
-                client.watch(self.keys.volume(volume), None::<etcd_client::WatchOptions>),
-            )
+            .call(what, client.watch(key, None::<etcd_client::WatchOptions>))
             .await?;
-        Ok(VolumeWatch { stream })
+        Ok(KeyWatch { stream, what })
     }
 }

@@ -84,6 +84,11 @@ pub enum Control {
     Resume,
     /// End background work and wait for it (server shutdown); I/O goes on being served.
     Stop,
+    /// The server's last word to a device, after its final flush: a device that is a member
+    /// of a cluster leaves it (a shared volume revokes its lease, so its lock segments go to
+    /// the hosts waiting for them at once, not at the lease's expiry). Answered with
+    /// [`ControlReply::Done`]; every other device refuses.
+    Leave,
     /// A view of this device for one client connection, answered with
     /// [`ControlReply::Device`] by a device that keeps a stream of writes per opener (a
     /// shared volume: that connection's flush commits that connection's writes, as one
@@ -120,6 +125,7 @@ impl Control {
             Control::Quiesce => "quiesce",
             Control::Resume => "resume",
             Control::Stop => "stop",
+            Control::Leave => "leave",
             Control::Connection => "connection",
             Control::Call { .. } => "call",
             Control::Lock(_) => "lock",

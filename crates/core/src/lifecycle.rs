@@ -238,6 +238,15 @@ pub async fn stop(device: &DeviceRef) -> Result<()> {
     }
 }
 
+/// Tells `device` the server is done with it (`Control::Leave`); a device that is in no
+/// cluster has nothing to do.
+pub async fn leave(device: &DeviceRef) -> Result<()> {
+    match device.control(Control::Leave).await {
+        Ok(_) | Err(BlockError::Unsupported(_)) => Ok(()),
+        Err(error) => Err(error),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::{AtomicU32, Ordering};

@@ -77,6 +77,15 @@ impl Node {
             }
         }
     }
+
+    /// The node's last step at shutdown, after its final flush (`Control::Leave`).
+    pub async fn leave(&self) -> strata_core::Result<()> {
+        match &self.kind {
+            NodeKind::Device(device) | NodeKind::Maker(device) => {
+                strata_core::lifecycle::leave(device).await
+            }
+        }
+    }
 }
 
 /// What the operator allowed at this start (`strata serve --format LAYER --degraded`).

@@ -266,6 +266,13 @@ pub async fn serve(loaded: Loaded, start: build::StartOptions) -> anyhow::Result
     if failed {
         bail!("some devices could not be flushed; see the log");
     }
+    // Only once everything is flushed: a layer's flush may still write to a shared volume
+    // below it, which refuses writes once it has left its cluster.
+    for node in &nodes {
+        if let Err(e) = node.leave().await {
+            warn!(device = %node.name, "leaving its cluster failed (its claims go at its lease's expiry): {e}");
+        }
+    }
     info!("all devices flushed; goodbye");
     Ok(())
 }

@@ -27,6 +27,7 @@ mod flights;
 mod locks;
 mod reach;
 mod resync;
+mod stale;
 mod status;
 mod tags;
 
@@ -36,6 +37,7 @@ use flights::Flights;
 pub use locks::{LockOwner, RangeLock};
 use reach::Reach;
 pub use resync::Rebuilt;
+use stale::StaleView;
 use status::VolumeCounters;
 use tags::Tags;
 
@@ -92,6 +94,8 @@ pub struct SharedVolume {
     rain: Mutex<Rain10>,
     session: Session,
     heartbeat: Mutex<Option<Heartbeat>>,
+    /// Set by `close`: the host has left the cluster.
+    closed: std::sync::atomic::AtomicBool,
     /// This host's claims on the volume's lock segments.
     claims: Arc<SegmentClaims>,
     _releaser: AbortOnDrop,
@@ -117,6 +121,9 @@ pub struct SharedVolume {
     versions: Mutex<Option<AbortOnDrop>>,
     /// Follows the volume's record while the volume is open (`catalog`).
     catalog: Mutex<Option<AbortOnDrop>>,
+    /// When the stale records in etcd must be read again (`stale`), and the watch that says.
+    stale: StaleView,
+    stale_follower: Mutex<Option<AbortOnDrop>>,
     state: tokio::sync::Mutex<State>,
     /// Held shared by each interval of client writes from its planning to its outcome, and
     /// alone by what must see no interval in flight: delivering owed decisions, copying back,
@@ -289,6 +296,7 @@ impl SharedVolume {
             bricks: Mutex::new(bricks),
             session,
             heartbeat: Mutex::new(Some(heartbeat)),
+            closed: Default::default(),
             claims,
             _releaser: releaser,
             timeout,
@@ -301,6 +309,8 @@ impl SharedVolume {
             tags: Tags::new(announced),
             versions: Mutex::new(None),
             catalog: Mutex::new(None),
+            stale: StaleView::default(),
+            stale_follower: Mutex::new(None),
             gate: tokio::sync::RwLock::new(()),
             flights: Flights::default(),
             state: tokio::sync::Mutex::new(State {
@@ -315,6 +325,7 @@ impl SharedVolume {
             me: me.clone(),
         });
         *shared.catalog.lock().unwrap() = Some(shared.follow_catalog());
+        *shared.stale_follower.lock().unwrap() = Some(shared.follow_stale());
         let follower = shared.follow_versions();
         *shared.versions.lock().unwrap() = Some(follower);
         Ok(shared)
@@ -328,8 +339,12 @@ impl SharedVolume {
     /// Leaves the cluster for good, for a host that is done with the volume (a rebuild run
     /// from the command line): what it has pending is committed, then its lease is revoked,
     /// so its segment claims go at once rather than at the lease's expiry, and the hosts
-    /// waiting for them get them now. The volume refuses to commit afterwards.
+    /// waiting for them get them now. The volume refuses to commit afterwards. Closing
+    /// again does nothing (a filter over the volume passes the server's `Leave` down too).
     pub async fn close(&self) -> Result<()> {
+        if self.closed.swap(true, Ordering::SeqCst) {
+            return Ok(());
+        }
         let flushed = self.flush().await;
         self.heartbeat.lock().unwrap().take();
         let left = self
@@ -424,35 +439,6 @@ impl SharedVolume {
         }
     }
 
-    /// Takes in what other hosts recorded as stale since this host last looked: it must not
-    /// read those regions from those bricks either.
-    async fn refresh_stale(&self) {
-        // No longer than the lease has left: an etcd that went silent must not keep the flush
-        // waiting past it, only for the lease check after to refuse the interval.
-        let left = self.session.time_left();
-        let Ok(read) = tokio::time::timeout(left, self.coord.stale(&self.name)).await else {
-            tracing::warn!(volume = %self.name, waited = ?left, "no answer from etcd about stale bricks before the lease's end");
-            return;
-        };
-        match read {
-            Ok(stale) => {
-                let mut rain = self.rain.lock().unwrap();
-                for (name, regions) in stale {
-                    let Some(brick) = self.brick_names().iter().position(|b| *b == name) else {
-                        continue;
-                    };
-                    if !rain.is_down(brick) && regions.iter().any(|&r| rain.is_current(brick, r)) {
-                        tracing::warn!(volume = %self.name, brick = %name, "another host recorded this brick stale");
-                        rain.restore(brick, regions);
-                    }
-                }
-            }
-            Err(error) => {
-                tracing::warn!(volume = %self.name, %error, "cannot read which bricks are stale")
-            }
-        }
-    }
-
     fn set_of(&self, brick: usize) -> usize {
         (self.sets.iter())
             .position(|set| set.contains(&brick))
@@ -497,12 +483,13 @@ impl SharedVolume {
         Ok(())
     }
 
-    /// What an interval first brings up to date: which bricks other hosts found stale, the
-    /// decisions bricks are owed, and a few regions copied back to a brick that returned.
-    /// The last two need no interval in flight, so they hold the gate alone, and only when
-    /// there is something to do: a host whose bricks are all well lets its intervals by.
+    /// What an interval first brings up to date: which bricks other hosts found stale (read
+    /// from etcd only when that may have changed, `stale`), the decisions bricks are owed,
+    /// and a few regions copied back to a brick that returned. The last two need no interval
+    /// in flight, so they hold the gate alone, and only when there is something to do: a
+    /// host whose bricks are all well lets its intervals by.
     async fn upkeep(&self) {
-        self.refresh_stale().await;
+        self.refresh_stale_if_needed().await;
         if self.state.lock().await.owed.is_empty() && !self.resync_wanted() {
             return;
         }
@@ -900,6 +887,10 @@ impl BlockDevice for SharedVolume {
             Control::Lock(request) => {
                 let volume = self.me.upgrade().ok_or(BlockError::Shutdown)?;
                 Ok(ControlReply::Lock(volume.lock_for(request).await?))
+            }
+            Control::Leave => {
+                self.close().await?;
+                Ok(ControlReply::Done)
             }
             other => Err(strata_core::refuse(&other)),
         }

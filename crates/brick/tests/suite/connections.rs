@@ -230,3 +230,65 @@ fn splitmix(state: &mut u64) -> u64 {
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     z ^ (z >> 31)
 }
+
+/// The bricks' states as `strata status` shows them, by brick name.
+async fn brick_states(volume: &strata_brick::SharedVolume) -> Vec<String> {
+    let ControlReply::Describe(status) = volume.control(Control::Describe).await.unwrap() else {
+        panic!("a shared volume describes itself");
+    };
+    (status.detail.into_iter())
+        .filter(|(key, _)| key.starts_with("brick "))
+        .map(|(key, value)| format!("{key}: {value}"))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn intervals_read_the_stale_records_only_after_a_mark_or_a_new_claim() {
+    let cluster = cluster().await;
+    let (a, b) = (host(&cluster, "a").await, host(&cluster, "b").await);
+    // The first write claims segment 0: its interval reads the records once.
+    a.write(0, sector("a0"), WriteFlags::default())
+        .await
+        .unwrap();
+    a.flush().await.unwrap();
+    let after_claim = a.stale_reads();
+    // Twenty more intervals in the segment it holds: nothing changed, nothing read.
+    for i in 0..20 {
+        a.write(512 * i, sector("again"), WriteFlags::default())
+            .await
+            .unwrap();
+        a.flush().await.unwrap();
+    }
+    assert_eq!(a.stale_reads(), after_claim);
+    // Another host records brick b1 stale in the second stripe unit, as a host that wrote
+    // there with b1 down does: both hosts take it in from the watch, without writing.
+    let regions = std::collections::BTreeSet::from([1]);
+    cluster.coord.mark_stale("v", "b1", &regions).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    for volume in [&a, &b] {
+        loop {
+            let states = brick_states(volume).await;
+            if states
+                .iter()
+                .any(|s| s.starts_with("brick b1: down, 1 regions"))
+            {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{states:?}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    assert!(a.stale_reads() > after_claim);
+    // A new claim is read after even with nothing marked: b takes segment 0 from a.
+    let before = b.stale_reads();
+    b.write(0, sector("b0"), WriteFlags::default())
+        .await
+        .unwrap();
+    b.flush().await.unwrap();
+    assert!(b.stale_reads() > before);
+    assert_replicas_read(&b, 0, &sector("b0")).await;
+}
+
+async fn assert_replicas_read(volume: &strata_brick::SharedVolume, at: u64, want: &bytes::Bytes) {
+    assert_eq!(volume.read(at, want.len()).await.unwrap(), *want);
+}
