@@ -38,15 +38,15 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use aes::cipher::KeyInit;
-use aes::Aes256;
+mod xts;
+
 use bytes::{Bytes, BytesMut};
 use futures_util::future::try_join_all;
 use strata_core::{
     async_trait, run_blocking, BlockDevice, BlockError, Capabilities, Control, ControlReply,
     DeviceRef, Geometry, NodeStatus, Result, Runtime, WriteFlags, ZeroFlags,
 };
-use xts_mode::{get_tweak_default, Xts128};
+pub use xts::XtsAes256;
 
 use serde::{Deserialize, Serialize};
 use strata_core::layer::{self, ChildCount, LayerArgs, LayerKind};
@@ -131,7 +131,7 @@ pub async fn read_key(name: &str, path: &Path, runtime: &dyn Runtime) -> Result<
 pub struct Crypt {
     name: String,
     child: DeviceRef,
-    xts: Arc<Xts128<Aes256>>,
+    xts: Arc<XtsAes256>,
     sector: u64,
     geometry: Geometry,
     capabilities: Capabilities,
@@ -195,12 +195,12 @@ impl Crypt {
             block_status: false,
             ..child.capabilities()
         };
-        let data_key = Aes256::new_from_slice(&key[..32]).expect("32-byte key");
-        let tweak_key = Aes256::new_from_slice(&key[32..]).expect("32-byte key");
+        let data_key = key[..32].try_into().expect("32-byte key");
+        let tweak_key = key[32..].try_into().expect("32-byte key");
         Ok(Crypt {
             name,
             child,
-            xts: Arc::new(Xts128::new(data_key, tweak_key)),
+            xts: Arc::new(XtsAes256::new(data_key, tweak_key)),
             sector,
             geometry,
             capabilities,
@@ -268,19 +268,17 @@ impl Crypt {
 /// through this layer (the child was zeros), and the device contract says it reads as zeros.
 /// A real ciphertext is all zeros with probability 2^-4096 (512-byte sectors), so no written
 /// sector is ever mistaken for one.
-pub fn apply(xts: &Xts128<Aes256>, buf: &mut [u8], offset: u64, sector: u64, encrypt: bool) {
+pub fn apply(xts: &XtsAes256, buf: &mut [u8], offset: u64, sector: u64, encrypt: bool) {
     assert!(offset.is_multiple_of(sector), "sector-aligned offset");
     assert!((buf.len() as u64).is_multiple_of(sector), "whole sectors");
     let first = u128::from(offset / sector);
-    if encrypt {
-        xts.encrypt_area(buf, sector as usize, first, get_tweak_default);
-        return;
-    }
     for (index, data) in buf.chunks_exact_mut(sector as usize).enumerate() {
-        if data.iter().all(|&byte| byte == 0) {
-            continue;
+        let number = first + index as u128;
+        if encrypt {
+            xts.encrypt_unit(data, number);
+        } else if data.iter().any(|&byte| byte != 0) {
+            xts.decrypt_unit(data, number);
         }
-        xts.decrypt_sector(data, get_tweak_default(first + index as u128));
     }
 }
 
@@ -360,11 +358,9 @@ mod tests {
             .collect()
     }
 
-    fn xts() -> Xts128<Aes256> {
+    fn xts() -> XtsAes256 {
         let key = hex(KEY);
-        let data_key = Aes256::new_from_slice(&key[..32]).unwrap();
-        let tweak_key = Aes256::new_from_slice(&key[32..]).unwrap();
-        Xts128::new(data_key, tweak_key)
+        XtsAes256::new(key[..32].try_into().unwrap(), key[32..].try_into().unwrap())
     }
 
     #[test]
