@@ -4,8 +4,10 @@
 //! at 1 to 16 outstanding writes. Issue 19's targets: intervals cost at most 10 % at 1 MiB,
 //! and throughput grows with outstanding writes up to 16.
 //!
-//! `cargo run --release -p strata-brick --example commit_overhead -- [DIR] [MiB per run]`
-//! (DIR holds the two brick files; /var/tmp when left out; `memory` keeps them in memory).
+//! `cargo run --release -p strata-brick --example commit_overhead -- [DIR] [MiB per run]
+//! [written]` (DIR holds the two brick files; /var/tmp when left out; `memory` keeps them in
+//! memory; `written` writes the files whole before formatting them, as a brick that has run
+//! for a while: every block allocated and written once).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -16,8 +18,8 @@ use bytes::Bytes;
 use strata_backend::{FileDevice, FileOptions, MemoryDevice};
 use strata_brick::commit::run_interval;
 use strata_brick::rpc::{serve, BrickClient};
-use strata_brick::{BrickOptions, BrickStore};
-use strata_cluster::interval::IntervalId;
+use strata_brick::{BrickOptions, BrickStore, Vote};
+use strata_cluster::interval::{Decision, IntervalId};
 use strata_core::{DeviceRef, TokioRuntime};
 
 const MIB: u64 = 1 << 20;
@@ -28,6 +30,7 @@ async fn main() {
     let dir = PathBuf::from(args.next().unwrap_or_else(|| "/var/tmp".into()));
     let total: u64 = args.next().map_or(256, |a| a.parse().expect("MiB per run"));
     let home = total * MIB;
+    let written = args.next().is_some_and(|a| a == "written");
     let mut clients = Vec::new();
     let mut stores = Vec::new();
     for i in 0..2 {
@@ -39,6 +42,9 @@ async fn main() {
         } else {
             let path = dir.join(format!("commit-overhead-b{i}.img"));
             let _ = std::fs::remove_file(&path);
+            if written {
+                write_whole(&path, size);
+            }
             let mut options = FileOptions::new(&path);
             options.size = Some(size);
             Arc::new(FileDevice::open(options, TokioRuntime::current()).expect("brick file"))
@@ -97,9 +103,71 @@ async fn main() {
             (after - between) as f64 / data,
         );
     }
+    phases(&clients, total, seq + 1).await;
     for i in 0..2 {
         let _ = std::fs::remove_file(dir.join(format!("commit-overhead-b{i}.img")));
     }
+}
+
+/// Where one outstanding interval's time goes: the prepare on both bricks, then the commit on
+/// both, each timed apart, against a direct write and its flush to both. Medians over
+/// `total` writes each, at the same offsets as the runs above (the units are allocated).
+async fn phases(clients: &Arc<Vec<BrickClient>>, total: u64, client: u64) {
+    let data = Bytes::from(vec![0x5a; MIB as usize]);
+    let (mut prepare, mut commit, mut direct) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..total {
+        let writes = vec![(i * MIB, data.clone())];
+        let id = IntervalId { client, seq: i + 1 };
+        let started = Instant::now();
+        let (a, b) = tokio::join!(
+            clients[0].prepare(id, vec![0, 1], writes.clone(), &[]),
+            clients[1].prepare(id, vec![0, 1], writes.clone(), &[])
+        );
+        assert_eq!((a.unwrap(), b.unwrap()), (Vote::Yes, Vote::Yes));
+        let prepared = Instant::now();
+        let (a, b) = tokio::join!(
+            clients[0].decide(id, Decision::Commit),
+            clients[1].decide(id, Decision::Commit)
+        );
+        assert!(a.unwrap() && b.unwrap());
+        prepare.push(prepared - started);
+        commit.push(prepared.elapsed());
+        let started = Instant::now();
+        let (a, b) = tokio::join!(
+            clients[0].write_direct(writes.clone()),
+            clients[1].write_direct(writes)
+        );
+        a.unwrap();
+        b.unwrap();
+        direct.push(started.elapsed());
+    }
+    let median = |times: &mut Vec<Duration>| {
+        times.sort();
+        times[times.len() / 2].as_secs_f64() * 1000.0
+    };
+    let (prepare, commit, direct) = (
+        median(&mut prepare),
+        median(&mut commit),
+        median(&mut direct),
+    );
+    println!(
+        "\none interval at a time, medians of {total}: prepare {prepare:.2} ms + commit {commit:.2} ms = {:.2} ms; a direct write and flush {direct:.2} ms",
+        prepare + commit
+    );
+}
+
+/// Writes zeros over the whole of a new file and syncs it: a brick file whose every block the
+/// file system has already allocated and marked written, as on a brick that has run for a
+/// while. A new file, sparse or allocated, makes the file system allocate or convert extents,
+/// and commit its own journal, at the first `fdatasync` after each first write.
+fn write_whole(path: &std::path::Path, size: u64) {
+    use std::io::Write;
+    let mut file = std::fs::File::create(path).expect("brick file");
+    let zeros = vec![0u8; MIB as usize];
+    for _ in 0..size / MIB {
+        file.write_all(&zeros).expect("zeros");
+    }
+    file.sync_all().expect("sync");
 }
 
 /// Bytes this process has had written to storage so far (`write_bytes` of /proc/self/io):

@@ -11,12 +11,13 @@
 //!    GiB of 64 KiB random writes land after it, and the brick rolls back to version 1.
 //!
 //! `cargo run --release -p strata-brick --example version_cost -- [DIR] [SECONDS] [EVERY] [GIB]
-//! [preallocate]` (defaults: /var/tmp, 60, 30, 2). With `preallocate`, the brick files of the
-//! write-cost runs are allocated whole before they are formatted (6 GiB of staging rather
-//! than 16, to fit), and the roll-back is skipped: this tells apart what versions cost the
-//! brick from what a sparse file costs when kept units push writes into parts never written.
-//! Allocated is not written: the file system still marks each extent written at its first
-//! write.
+//! [preallocate]` (defaults: /var/tmp, 60, 30, 2); `ROUNDS=n` runs the pair n times, which
+//! goes first alternating, and prints the cost of each round and their median. With
+//! `preallocate`, the brick files of the write-cost runs are allocated whole before they are
+//! formatted (6 GiB of staging rather than 16, to fit), and the roll-back is skipped: this
+//! tells apart what versions cost the brick from what a sparse file costs when kept units
+//! push writes into parts never written. Allocated is not written: the file system still
+//! marks each extent written at its first write.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -44,29 +45,47 @@ async fn main() {
     let preallocate = args.next().is_some_and(|a| a == "preallocate");
     let spare = if preallocate { 6 * GIB } else { 16 * GIB };
 
+    // Rounds of the pair, the order swapped every round: one pair is within the VM's noise.
+    let rounds: usize = std::env::var("ROUNDS").map_or(1, |r| r.parse().expect("ROUNDS"));
+
     let files = if preallocate { "allocated" } else { "sparse" };
     println!("## 64 KiB random writes, {DEPTH} outstanding, two bricks in {files} files, {seconds} s per run");
-    println!("| run | MiB/s | versions taken | kept by versions |");
-    println!("|---|---:|---:|---:|");
+    println!("| round | run | MiB/s | versions taken | kept by versions |");
+    println!("|---:|---|---:|---:|---:|");
     let share = 4 * GIB;
-    let plain = {
-        let stores = bricks(&dir, "plain", share, spare, preallocate).await;
-        write_for(&stores, share, seconds, None).await
-    };
-    println!("| without versions | {:.1} | 0 | 0 |", plain.mib_per_s);
-    let versioned = {
-        let stores = bricks(&dir, "versioned", share, spare, preallocate).await;
-        write_for(&stores, share, seconds, Some(every)).await
-    };
+    let mut costs = Vec::new();
+    for round in 1..=rounds {
+        let (mut plain, mut versioned) = (None, None);
+        for versions_first in [round % 2 == 0, round % 2 == 1] {
+            if versions_first {
+                let stores = bricks(&dir, "versioned", share, spare, preallocate).await;
+                let run = write_for(&stores, share, seconds, Some(every)).await;
+                println!(
+                    "| {round} | a version every {every} s | {:.1} | {} | {} MiB |",
+                    run.mib_per_s,
+                    run.versions,
+                    run.kept / MIB
+                );
+                versioned = Some(run);
+            } else {
+                let stores = bricks(&dir, "plain", share, spare, preallocate).await;
+                let run = write_for(&stores, share, seconds, None).await;
+                println!(
+                    "| {round} | without versions | {:.1} | 0 | 0 |",
+                    run.mib_per_s
+                );
+                plain = Some(run);
+            }
+        }
+        let (plain, versioned) = (plain.unwrap(), versioned.unwrap());
+        costs.push((plain.mib_per_s / versioned.mib_per_s - 1.0) * 100.0);
+    }
+    costs.sort_by(f64::total_cmp);
+    let listed: Vec<String> = costs.iter().map(|c| format!("{c:+.1} %")).collect();
     println!(
-        "| a version every {every} s | {:.1} | {} | {} MiB |",
-        versioned.mib_per_s,
-        versioned.versions,
-        versioned.kept / MIB
-    );
-    println!(
-        "\nversions cost {:+.1} % of the throughput\n",
-        (plain.mib_per_s / versioned.mib_per_s - 1.0) * 100.0
+        "\nversions cost {} of the throughput (median {:+.1} %, {rounds} rounds)\n",
+        listed.join(", "),
+        costs[costs.len() / 2]
     );
 
     if preallocate {
