@@ -82,10 +82,10 @@ async fn main() {
     }
     costs.sort_by(f64::total_cmp);
     let listed: Vec<String> = costs.iter().map(|c| format!("{c:+.1} %")).collect();
+    let median = (costs[(costs.len() - 1) / 2] + costs[costs.len() / 2]) / 2.0;
     println!(
-        "\nversions cost {} of the throughput (median {:+.1} %, {rounds} rounds)\n",
+        "\nversions cost {} of the throughput (median {median:+.1} %, {rounds} rounds)\n",
         listed.join(", "),
-        costs[costs.len() / 2]
     );
 
     if preallocate {
