@@ -573,6 +573,28 @@ impl SharedVolume {
                     // regions not yet home: no host may read them from it, this one dead
                     // or not, until they are copied back.
                     for &brick in &outcome.unacked {
+                        // This host stops reading those regions from it first, then records
+                        // them for the others. In that order the stale watch, which brings
+                        // this host's own mark back, finds the brick already down here, and
+                        // a mark that cannot be recorded still keeps this host's reads off it.
+                        {
+                            let mut rain = self.rain.lock().unwrap();
+                            if !rain.is_down(brick) {
+                                let regions = touched[&brick].iter().copied();
+                                let mut dirty: BTreeSet<u64> = regions.collect();
+                                // What it already missed stays missed.
+                                let brick_regions = self
+                                    .geometry
+                                    .size
+                                    .div_ceil(self.unit)
+                                    .div_ceil(self.sets.len() as u64);
+                                dirty.extend(
+                                    (0..brick_regions).filter(|&r| !rain.is_current(brick, r)),
+                                );
+                                rain.restore(brick, dirty);
+                                tracing::warn!(volume = %self.name, brick = %self.brick_name(brick), "brick did not acknowledge a commit: going on without it");
+                            }
+                        }
                         self.coord
                             .mark_stale(&self.name, &self.brick_name(brick), &touched[&brick])
                             .await
@@ -585,21 +607,6 @@ impl SharedVolume {
                                     self.brick_name(brick)
                                 ))
                             })?;
-                        let mut rain = self.rain.lock().unwrap();
-                        if !rain.is_down(brick) {
-                            let regions = touched[&brick].iter().copied();
-                            let mut dirty: BTreeSet<u64> = regions.collect();
-                            // What it already missed stays missed.
-                            let brick_regions = self
-                                .geometry
-                                .size
-                                .div_ceil(self.unit)
-                                .div_ceil(self.sets.len() as u64);
-                            dirty
-                                .extend((0..brick_regions).filter(|&r| !rain.is_current(brick, r)));
-                            rain.restore(brick, dirty);
-                            tracing::warn!(volume = %self.name, brick = %self.brick_name(brick), "brick did not acknowledge a commit: going on without it");
-                        }
                     }
                     if outcome.unacked.is_empty() && state.owed.is_empty() {
                         self.forget_ended(state);
