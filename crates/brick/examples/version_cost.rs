@@ -56,24 +56,24 @@ async fn main() {
     let mut costs = Vec::new();
     for round in 1..=rounds {
         let (mut plain, mut versioned) = (None, None);
-        for versions_first in [round % 2 == 0, round % 2 == 1] {
-            if versions_first {
-                let stores = bricks(&dir, "versioned", share, spare, preallocate).await;
-                let run = write_for(&stores, share, seconds, Some(every)).await;
-                println!(
-                    "| {round} | a version every {every} s | {:.1} | {} | {} MiB |",
-                    run.mib_per_s,
-                    run.versions,
-                    run.kept / MIB
-                );
+        for with_versions in [round % 2 == 0, round % 2 == 1] {
+            let name = if with_versions { "versioned" } else { "plain" };
+            let stores = bricks(&dir, name, share, spare, preallocate).await;
+            let run = write_for(&stores, share, seconds, with_versions.then_some(every)).await;
+            let label = if with_versions {
+                format!("a version every {every} s")
+            } else {
+                "without versions".to_string()
+            };
+            println!(
+                "| {round} | {label} | {:.1} | {} | {} MiB |",
+                run.mib_per_s,
+                run.versions,
+                run.kept / MIB
+            );
+            if with_versions {
                 versioned = Some(run);
             } else {
-                let stores = bricks(&dir, "plain", share, spare, preallocate).await;
-                let run = write_for(&stores, share, seconds, None).await;
-                println!(
-                    "| {round} | without versions | {:.1} | 0 | 0 |",
-                    run.mib_per_s
-                );
                 plain = Some(run);
             }
         }
