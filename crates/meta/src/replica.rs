@@ -132,18 +132,19 @@ impl<R: Replicas> BlockDevice for ReplicatedDevice<R> {
     }
 }
 
-/// Writes `data` at every offset of `offsets` at once, with FUA, and returns once all are
-/// durable (the first error, in offset order, if any failed). The second copy of a journal
-/// record costs one more concurrent write, not a second round trip, and an acknowledged
-/// record survives any fault that spares one copy.
+/// Writes `data` at every offset of `offsets` and returns once all are durable
+/// ([`BlockDevice::write_durable`]: at once, as FUA writes, or on a file as writes and one
+/// sync), with the first error in offset order if any failed. The second copy of a journal
+/// record costs one more write, not a second round trip, and an acknowledged record survives
+/// any fault that spares one copy.
 pub async fn write_copies(
     device: &dyn BlockDevice,
     offsets: impl IntoIterator<Item = u64>,
     data: Bytes,
 ) -> Result<()> {
-    let fua = WriteFlags { fua: true };
     let writes = offsets
         .into_iter()
-        .map(|offset| device.write(offset, data.clone(), fua));
-    join_all(writes).await.into_iter().collect()
+        .map(|offset| (offset, data.clone()))
+        .collect();
+    device.write_durable(writes).await
 }

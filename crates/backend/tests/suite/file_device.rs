@@ -140,6 +140,8 @@ async fn read_only_refuses_changes_with_eperm() {
         dev.write(0, Bytes::from(vec![0; 512]), WriteFlags::default())
             .await,
         dev.discard(0, 4096).await,
+        dev.write_durable(vec![(0, Bytes::from(vec![0; 512]))])
+            .await,
         dev.write_zeroes(
             0,
             4096,
@@ -385,4 +387,46 @@ async fn describe_reports_kind_path_and_mode() {
     };
     assert_eq!(detail("path"), Some(path.display().to_string()));
     assert_eq!(detail("direct"), Some("false".to_string()));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn durable_writes_land_together_and_a_bad_one_refuses_them_all() {
+    let dir = tempfile::tempdir().unwrap();
+    for direct in [false, true] {
+        let path = dir.path().join(format!("durable-{direct}.img"));
+        let dev = if direct {
+            let Some(dev) = open_direct(&path, MIB) else {
+                continue;
+            };
+            dev
+        } else {
+            create(&path, MIB)
+        };
+        let (first, second) = (pattern(3, 0, 4096), pattern(4, 0, 8192));
+        dev.write_durable(vec![
+            (8192, Bytes::from(first.clone())),
+            (MIB - 8192, Bytes::from(second.clone())),
+        ])
+        .await
+        .unwrap();
+        // Written through the file, not only cached in the device.
+        let on_disk = std::fs::read(&path).unwrap();
+        assert_eq!(&on_disk[8192..12288], &first[..], "direct: {direct}");
+        assert_eq!(
+            &on_disk[(MIB - 8192) as usize..],
+            &second[..],
+            "direct: {direct}"
+        );
+        let refused = dev
+            .write_durable(vec![
+                (0, Bytes::from(vec![9; 4096])),
+                (MIB, Bytes::from(vec![9; 4096])),
+            ])
+            .await;
+        assert!(
+            matches!(refused, Err(BlockError::OutOfRange { .. })),
+            "{refused:?}"
+        );
+        assert!(read(&dev, 0, 4096).await.unwrap().iter().all(|&b| b == 0));
+    }
 }
