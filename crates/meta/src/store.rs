@@ -160,6 +160,9 @@ impl Txn {
 struct Shared {
     state: State,
     pending: PendingBatch,
+    /// A transaction in `pending` points at data that only the commit's data barrier makes
+    /// durable (see [`MetaStore::transact_data_durable`]).
+    pending_needs_barrier: bool,
     next_txn: u64,
     /// Every transaction numbered below this is durable.
     durable_txn: u64,
@@ -298,6 +301,7 @@ impl MetaStore {
         let low_water_bytes = recovered.superblock.low_water_bytes;
         let shared = Shared {
             pending: PendingBatch::new(recovered.next_txn),
+            pending_needs_barrier: false,
             next_txn: recovered.next_txn,
             durable_txn: recovered.next_txn,
             state: recovered.state,
@@ -351,9 +355,34 @@ impl MetaStore {
     /// Runs a transaction: `build` looks at the state and stages changes, which are then
     /// applied all together, or not at all if `build` fails, an op is invalid or the result
     /// would not fit. Staged changes are not visible to `build` itself.
+    ///
+    /// The commit that makes it durable first flushes the data devices (the data barrier):
+    /// the transaction may point at data written just before it.
     pub fn transact<R>(
         &self,
         class: TxnClass,
+        build: impl FnOnce(&State, &mut Txn) -> Result<R>,
+    ) -> Result<R> {
+        self.transact_inner(class, true, build)
+    }
+
+    /// [`Self::transact`] for a transaction whose caller has already made durable every byte
+    /// it points at (or that points at no new data). A commit carrying only such
+    /// transactions skips the data barrier, and the caller's own flush ran outside the one
+    /// commit at a time: a brick's prepares flush their staged data side by side and then
+    /// share one journal write.
+    pub fn transact_data_durable<R>(
+        &self,
+        class: TxnClass,
+        build: impl FnOnce(&State, &mut Txn) -> Result<R>,
+    ) -> Result<R> {
+        self.transact_inner(class, false, build)
+    }
+
+    fn transact_inner<R>(
+        &self,
+        class: TxnClass,
+        needs_barrier: bool,
         build: impl FnOnce(&State, &mut Txn) -> Result<R>,
     ) -> Result<R> {
         let mut shared = self.write_shared();
@@ -379,6 +408,7 @@ impl MetaStore {
             error
         })?;
         shared.pending.push(&txn.ops);
+        shared.pending_needs_barrier |= needs_barrier;
         shared.next_txn += 1;
         self.counters.txn(txn.ops.len());
         self.watch_space(&mut shared);
@@ -451,7 +481,7 @@ impl MetaStore {
 
     async fn commit_locked(&self, committer: &mut Committer) -> Result<()> {
         let started = std::time::Instant::now();
-        let (batch, upto, checkpoint) = {
+        let (batch, upto, checkpoint, needs_barrier) = {
             let mut shared = self.write_shared();
             // A commit that failed took its batch with it: the pending batch no longer holds
             // those transactions, so "nothing pending" below would call them durable (and a
@@ -461,6 +491,7 @@ impl MetaStore {
             }
             let upto = shared.next_txn;
             let batch = std::mem::replace(&mut shared.pending, PendingBatch::new(upto));
+            let needs_barrier = std::mem::take(&mut shared.pending_needs_barrier);
             if batch.is_empty() {
                 shared.durable_txn = upto;
                 return Ok(());
@@ -472,10 +503,12 @@ impl MetaStore {
                 encode_checkpoint(&shared.state, &mut stream);
                 stream
             });
-            (batch, upto, checkpoint)
+            (batch, upto, checkpoint, needs_barrier)
         };
         let result = async {
-            self.data_barrier().await?;
+            if needs_barrier {
+                self.data_barrier().await?;
+            }
             match checkpoint {
                 // The batch's transactions are only in this checkpoint.
                 Some(stream) => self.write_checkpoint(committer, &stream, upto, true).await,
@@ -600,6 +633,7 @@ impl MetaStore {
             let mut shared = self.write_shared();
             let upto = shared.next_txn;
             shared.pending = PendingBatch::new(upto);
+            shared.pending_needs_barrier = false;
             let mut stream = Vec::new();
             encode_checkpoint(&shared.state, &mut stream);
             (stream, upto, upto > shared.durable_txn)

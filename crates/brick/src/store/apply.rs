@@ -21,7 +21,12 @@ impl BrickStore {
         record: &IntervalRecord,
     ) -> Result<()> {
         let (plan, unused) = map::commit_plan(&record.extents);
-        if let Err(error) = self.fill_in(&plan).await {
+        let filled = match self.fill_in(&plan).await {
+            Ok(true) => self.flush_data().await,
+            Ok(false) => Ok(()),
+            Err(error) => Err(error),
+        };
+        if let Err(error) = filled {
             self.apply_failed(id);
             return Err(error);
         }
@@ -43,9 +48,12 @@ impl BrickStore {
     /// Writes, around each partly covered unit's own piece, the unit's current data under the
     /// interval's earlier pieces. Only the interval's own staging units are written, so this
     /// is redone safely after a crash, from the same current data (the map changes only in
-    /// the transaction that follows).
-    async fn fill_in(&self, plan: &[UnitCommit]) -> Result<()> {
+    /// the transaction that follows). Whether it wrote anything: the caller then flushes it
+    /// before that transaction.
+    async fn fill_in(&self, plan: &[UnitCommit]) -> Result<bool> {
+        let mut wrote = false;
         for unit in plan.iter().filter(|unit| !unit.whole()) {
+            wrote = true;
             let offset = unit.home - self.layout.home_offset;
             let mut data = self.read_mapped(None, offset, UNIT as usize).await?;
             for piece in &unit.earlier {
@@ -65,7 +73,7 @@ impl BrickStore {
                     .await?;
             }
         }
-        Ok(())
+        Ok(wrote)
     }
 
     /// The commit's transaction: the map takes the targets, each replaced unit goes to the
@@ -91,39 +99,43 @@ impl BrickStore {
         let (map_table, home_offset) = (self.map_table, self.layout.home_offset);
         let versions_blob = self.versions_blob;
         let existing = mem.versions.clone();
-        let (tables, freed) = self.meta.transact(TxnClass::Reclaim, |state, txn| {
-            let mut tables = existing;
-            for &number in &created {
-                tables.insert(number, txn.create_table(&table_name(number), 8));
-            }
-            if !created.is_empty() {
-                txn.put_blob(versions_blob, blob_after.encode());
-            }
-            let map = state.table(map_table).expect("checked at open");
-            let mut freed = unused;
-            for unit in plan {
-                let index = (unit.home - home_offset) / UNIT;
-                let old = map.get(index).map_or(unit.home, u64_of);
-                let new = unit.target.unit;
-                if new == unit.home {
-                    txn.set(map_table, index, &[0; 8]);
-                } else {
-                    txn.set(map_table, index, &new.to_le_bytes());
-                }
-                // A table created in this transaction holds nothing yet.
-                let has_copy = |v: u64| {
-                    state
-                        .table(tables[&v])
-                        .is_some_and(|table| table.get(index).is_some())
-                };
-                match map::keeper(&numbers, tag, has_copy) {
-                    Some(version) => txn.set(tables[&version], index, &old.to_le_bytes()),
-                    None => freed.push(old),
-                }
-            }
-            txn.put_blob(blob, tombstone.encode());
-            Ok((tables, freed))
-        })?;
+        // Its staged units were flushed before the prepare's record, and fill-in's writes
+        // before this (`apply`).
+        let (tables, freed) =
+            self.meta
+                .transact_data_durable(TxnClass::Reclaim, |state, txn| {
+                    let mut tables = existing;
+                    for &number in &created {
+                        tables.insert(number, txn.create_table(&table_name(number), 8));
+                    }
+                    if !created.is_empty() {
+                        txn.put_blob(versions_blob, blob_after.encode());
+                    }
+                    let map = state.table(map_table).expect("checked at open");
+                    let mut freed = unused;
+                    for unit in plan {
+                        let index = (unit.home - home_offset) / UNIT;
+                        let old = map.get(index).map_or(unit.home, u64_of);
+                        let new = unit.target.unit;
+                        if new == unit.home {
+                            txn.set(map_table, index, &[0; 8]);
+                        } else {
+                            txn.set(map_table, index, &new.to_le_bytes());
+                        }
+                        // A table created in this transaction holds nothing yet.
+                        let has_copy = |v: u64| {
+                            state
+                                .table(tables[&v])
+                                .is_some_and(|table| table.get(index).is_some())
+                        };
+                        match map::keeper(&numbers, tag, has_copy) {
+                            Some(version) => txn.set(tables[&version], index, &old.to_le_bytes()),
+                            None => freed.push(old),
+                        }
+                    }
+                    txn.put_blob(blob, tombstone.encode());
+                    Ok((tables, freed))
+                })?;
         if !created.is_empty() {
             tracing::info!(
                 tag,

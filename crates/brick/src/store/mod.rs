@@ -235,6 +235,9 @@ pub struct BrickStore {
     disk: Arc<DiskHealth>,
     /// Prepares voted no since the open, by class.
     refusals: RefusalCounts,
+    /// Test-only ([`BrickSettings::unsafe_skip_data_barrier`]): records point at data
+    /// never flushed.
+    skip_data_flush: bool,
 }
 
 /// How a store runs (as opposed to how it is laid out, [`BrickOptions`]).
@@ -526,7 +529,10 @@ impl BrickStore {
             }
         };
         let extents = map::place(&writes, &runs, self.layout.home_offset);
-        let staged = self.stage(&writes, &extents).await;
+        let staged = match self.stage(&writes, &extents).await {
+            Ok(()) => self.flush_data().await,
+            failed => failed,
+        };
         let outcome = {
             let mut mem = self.lock();
             mem.preparing.remove(&id);
@@ -658,6 +664,18 @@ impl BrickStore {
         Admission::Record
     }
 
+    /// Makes the data written so far durable, before a transaction made with
+    /// `transact_data_durable` points at it. Each prepare flushes its own staged data, side by
+    /// side with other prepares and commits, rather than in the commit that carries its
+    /// record: the store writes one commit at a time, and a barrier inside it (1 ms for a
+    /// 1 MiB interval) held every other interval's record back for that long.
+    async fn flush_data(&self) -> Result<()> {
+        if self.skip_data_flush {
+            return Ok(());
+        }
+        self.device.flush().await
+    }
+
     /// Writes each write's bytes to its extents (`place` cut them in order).
     async fn stage(&self, writes: &[(u64, Bytes)], extents: &[StagedExtent]) -> Result<()> {
         let mut extents = extents.iter();
@@ -694,20 +712,22 @@ impl BrickStore {
         let name = blob_name(id);
         let encoded = record.encode();
         let epochs = self.epochs_table;
-        self.meta.transact(TxnClass::Normal, |state, txn| {
-            let blob = txn.create_blob(&name);
-            txn.put_blob(blob, encoded);
-            let table = state.table(epochs).expect("checked at open");
-            for &(segment, epoch) in fences {
-                let seen = table.get(u64::from(segment)).map_or(i64::MIN, |v| {
-                    u64::from_le_bytes(v.try_into().unwrap()) as i64
-                });
-                if epoch > seen {
-                    txn.set(epochs, u64::from(segment), &(epoch as u64).to_le_bytes());
+        // The staged data was flushed (`flush_data`) before this record is made.
+        self.meta
+            .transact_data_durable(TxnClass::Normal, |state, txn| {
+                let blob = txn.create_blob(&name);
+                txn.put_blob(blob, encoded);
+                let table = state.table(epochs).expect("checked at open");
+                for &(segment, epoch) in fences {
+                    let seen = table.get(u64::from(segment)).map_or(i64::MIN, |v| {
+                        u64::from_le_bytes(v.try_into().unwrap()) as i64
+                    });
+                    if epoch > seen {
+                        txn.set(epochs, u64::from(segment), &(epoch as u64).to_le_bytes());
+                    }
                 }
-            }
-            Ok(blob)
-        })
+                Ok(blob)
+            })
     }
 
     fn record_update(

@@ -256,6 +256,7 @@ impl BrickStore {
             },
             disk,
             refusals: Default::default(),
+            skip_data_flush: settings.unsafe_skip_data_barrier,
         };
         match pending {
             Some(Pending::Rollback(number)) => store.finish_rollback(number).await?,

@@ -365,21 +365,26 @@ async fn prepares_in_flight_at_once_share_metadata_commits() {
                 .unwrap()
         }
     };
-    // One at a time, each prepare ends in its own metadata commit, and every commit flushes
-    // the device once: the staged data, before the journal's FUA writes. (The metadata is on
-    // the data's own device: one flush covers both.)
-    let before = disk.stats().flushes;
+    // One at a time, each prepare flushes its own staged data and ends in its own journal
+    // batch, which needs no data barrier of its own: one flush per prepare.
+    let batches = || store.metadata_counters().batches;
+    let (flushes_before, batches_before) = (disk.stats().flushes, batches());
     for seq in 0..8 {
         assert_eq!(prepare(seq).await, Vote::Yes);
     }
-    let alone = disk.stats().flushes - before;
-    assert_eq!(alone, 8);
-    // At once, the records made while one commit is being written share the next.
-    let before = disk.stats().flushes;
+    assert_eq!(disk.stats().flushes - flushes_before, 8);
+    assert_eq!(batches() - batches_before, 8);
+    // At once, each still flushes its own data, side by side, and the records made while
+    // one batch is being written share the next.
+    let (flushes_before, batches_before) = (disk.stats().flushes, batches());
     let votes = futures_util::future::join_all((8..16).map(prepare)).await;
     assert!(votes.iter().all(|v| *v == Vote::Yes), "{votes:?}");
-    let together = disk.stats().flushes - before;
-    assert!(together <= 2, "{together} flushes for 8 prepares at once");
+    assert_eq!(disk.stats().flushes - flushes_before, 8);
+    let together = batches() - batches_before;
+    assert!(
+        together <= 2,
+        "{together} journal batches for 8 prepares at once"
+    );
     assert_eq!(store.in_doubt().await.len(), 16);
 }
 

@@ -229,3 +229,46 @@ async fn state_size_per_entry_is_what_the_docs_say() {
     assert_eq!(store.read(|s| s.table(sparse).unwrap().len()), 1000);
     assert_eq!(store.space().used_bytes - before, header + 1000 * (16 + 8));
 }
+
+#[tokio::test]
+async fn only_a_commit_carrying_a_transaction_whose_data_may_not_be_durable_flushes_the_data() {
+    let group = strata_crash::CrashGroup::new();
+    let data = group.disk(strata_crash::sector_disk(1 << 20));
+    let mut options = StoreOptions::new("t");
+    options.data_devices = vec![Arc::new(data.clone())];
+    let store = MetaStore::format(
+        device(8 << 20),
+        0,
+        1 << 20,
+        FormatOptions::new("t"),
+        options,
+    )
+    .await
+    .unwrap();
+    let map = create_map(&store);
+    store.commit().await.unwrap();
+    let flushes = || data.stats().flushes;
+    let durable_put = |index: u64| {
+        store.transact_data_durable(TxnClass::Normal, |_, txn| {
+            txn.set(map, index, &1u64.to_le_bytes());
+            Ok(())
+        })
+    };
+    // Only transactions whose callers made their data durable: no data barrier.
+    let before = flushes();
+    durable_put(1).unwrap();
+    durable_put(2).unwrap();
+    store.commit().await.unwrap();
+    assert_eq!(flushes(), before);
+    // One ordinary transaction among them: the batch gets its barrier.
+    durable_put(3).unwrap();
+    put(&store, map, 4, 1).unwrap();
+    durable_put(5).unwrap();
+    store.commit().await.unwrap();
+    assert_eq!(flushes(), before + 1);
+    // The flag went with that batch.
+    durable_put(6).unwrap();
+    store.commit().await.unwrap();
+    assert_eq!(flushes(), before + 1);
+    assert_eq!(store.uncommitted(), 0);
+}
