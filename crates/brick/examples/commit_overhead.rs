@@ -7,7 +7,8 @@
 //! `cargo run --release -p strata-brick --example commit_overhead -- [DIR] [MiB per run]
 //! [written]` (DIR holds the two brick files; /var/tmp when left out; `memory` keeps them in
 //! memory; `written` writes the files whole before formatting them, as a brick that has run
-//! for a while: every block allocated and written once).
+//! for a while: every block allocated and written once). `ROUNDS=n` runs each depth's pair
+//! n times, alternating which goes first, and prints the medians and the cost's range.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -31,6 +32,7 @@ async fn main() {
     let total: u64 = args.next().map_or(256, |a| a.parse().expect("MiB per run"));
     let home = total * MIB;
     let written = args.next().is_some_and(|a| a == "written");
+    let rounds: usize = std::env::var("ROUNDS").map_or(1, |r| r.parse().expect("ROUNDS"));
     let mut clients = Vec::new();
     let mut stores = Vec::new();
     for i in 0..2 {
@@ -68,45 +70,103 @@ async fn main() {
         dir.display()
     );
     println!(
-        "| outstanding | without intervals | with intervals | intervals cost | bytes written per byte, without / with |"
+        "| outstanding | without intervals | with intervals | intervals cost{} | bytes written per byte, without / with |",
+        if rounds > 1 {
+            format!(" (median of {rounds} rounds, and the range)")
+        } else {
+            String::new()
+        }
     );
     println!("|---:|---:|---:|---:|---:|");
     let mut seq = 0;
-    for depth in [1u64, 2, 4, 8, 16] {
-        let before = written_bytes();
-        let direct_cpu = cpu_seconds();
-        let direct = run(&clients, total, depth, None).await;
-        let direct_cpu = cpu_seconds() - direct_cpu;
-        let between = written_bytes();
-        seq += 1;
-        let counters = stores[0].metadata_counters();
-        let cpu = cpu_seconds();
-        let intervals = run(&clients, total, depth, Some(seq * 1000)).await;
-        let after = written_bytes();
-        let now = stores[0].metadata_counters();
-        eprintln!(
-            "depth {depth}: {direct_cpu:.2} CPU s without intervals, {:.2} with; brick 0 made {} metadata commits for {total} intervals, {:.1} ms each, {} checkpoints",
-            cpu_seconds() - cpu,
-            now.commits - counters.commits,
-            (now.commit_seconds_total - counters.commit_seconds_total) * 1000.0
-                / (now.commits - counters.commits).max(1) as f64,
-            now.checkpoints - counters.checkpoints
-        );
+    // DEPTHS="8 16" runs only those; PROFILE=direct or PROFILE=intervals only that variant,
+    // to profile it alone (the table then shows it against nothing).
+    let depths: Vec<u64> = std::env::var("DEPTHS").map_or(vec![1, 2, 4, 8, 16], |d| {
+        d.split_whitespace()
+            .map(|n| n.parse().expect("DEPTHS"))
+            .collect()
+    });
+    let only = std::env::var("PROFILE").ok();
+    for depth in depths {
+        // Each variant's MiB/s and bytes written per round; which runs first alternates, so
+        // neither always inherits the other's dirty pages or warm caches.
+        let (mut direct, mut intervals) = (Vec::new(), Vec::new());
+        let mut costs = Vec::new();
+        for round in 0..rounds {
+            let mut pair = [None, None];
+            for with_intervals in [round % 2 == 1, round % 2 == 0] {
+                let label = if with_intervals { "intervals" } else { "direct" };
+                if only.as_deref().is_some_and(|only| only != label) {
+                    pair[usize::from(with_intervals)] = Some((f64::NAN, 0));
+                    continue;
+                }
+                let before = written_bytes(&dir);
+                let counters = stores[0].metadata_counters();
+                let cpu = cpu_seconds();
+                let base = with_intervals.then(|| {
+                    seq += 1;
+                    seq * 1000
+                });
+                let speed = run(&clients, total, depth, base).await;
+                let cpu = cpu_seconds() - cpu;
+                let written = written_bytes(&dir) - before;
+                if with_intervals {
+                    let now = stores[0].metadata_counters();
+                    let commits = now.commits - counters.commits;
+                    eprintln!(
+                        "depth {depth}, round {}: intervals used {cpu:.2} CPU s; brick 0 made {commits} metadata commits for {total} intervals, {:.1} ms each, {} checkpoints",
+                        round + 1,
+                        (now.commit_seconds_total - counters.commit_seconds_total) * 1000.0
+                            / commits.max(1) as f64,
+                        now.checkpoints - counters.checkpoints
+                    );
+                } else {
+                    eprintln!(
+                        "depth {depth}, round {}: direct writes used {cpu:.2} CPU s",
+                        round + 1
+                    );
+                }
+                pair[usize::from(with_intervals)] = Some((speed, written));
+            }
+            let [Some(without), Some(with)] = pair else {
+                unreachable!("both variants ran")
+            };
+            costs.push(without.0 / with.0 - 1.0);
+            direct.push(without);
+            intervals.push(with);
+        }
         // Both bricks get every byte: the data is 2 × total.
         let data = (2 * total * MIB) as f64;
+        let per_byte = |runs: &[(f64, u64)]| {
+            runs.iter().map(|r| r.1 as f64).sum::<f64>() / runs.len() as f64 / data
+        };
+        let speeds = |runs: &[(f64, u64)]| median(runs.iter().map(|r| r.0).collect());
+        let spread = if rounds > 1 {
+            let low = costs.iter().copied().fold(f64::INFINITY, f64::min);
+            let high = costs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            format!(" ({:+.0} to {:+.0})", low * 100.0, high * 100.0)
+        } else {
+            String::new()
+        };
         println!(
-            "| {depth} | {:.0} MiB/s | {:.0} MiB/s | {:+.0} % | {:.2} / {:.2} |",
-            direct,
-            intervals,
-            (direct / intervals - 1.0) * 100.0,
-            (between - before) as f64 / data,
-            (after - between) as f64 / data,
+            "| {depth} | {:.0} MiB/s | {:.0} MiB/s | {:+.0} %{spread} | {:.2} / {:.2} |",
+            speeds(&direct),
+            speeds(&intervals),
+            median(costs) * 100.0,
+            per_byte(&direct),
+            per_byte(&intervals),
         );
     }
     phases(&clients, total, seq + 1).await;
     for i in 0..2 {
         let _ = std::fs::remove_file(dir.join(format!("commit-overhead-b{i}.img")));
     }
+}
+
+/// The middle value (the upper one of an even count).
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
 }
 
 /// Where one outstanding interval's time goes: the prepare on both bricks, then the commit on
@@ -130,6 +190,7 @@ async fn phases(clients: &Arc<Vec<BrickClient>>, total: u64, client: u64) {
             clients[1].decide(id, Decision::Commit)
         );
         assert!(a.unwrap() && b.unwrap());
+        forget_every_64(clients, id);
         prepare.push(prepared - started);
         commit.push(prepared.elapsed());
         let started = Instant::now();
@@ -156,6 +217,25 @@ async fn phases(clients: &Arc<Vec<BrickClient>>, total: u64, client: u64) {
     );
 }
 
+/// What a host does (`volume::forget_ended`): every 64 intervals that ended, it tells the
+/// bricks, in the background, to drop the tombstones of its intervals below the next one.
+/// Without it, tombstones pile up and every prepare's overlap check walks all of them: in
+/// the first version of this example the intervals' cost grew from round to round.
+fn forget_every_64(clients: &Arc<Vec<BrickClient>>, ended: IntervalId) {
+    if ended.seq % 64 != 0 {
+        return;
+    }
+    for client in clients.iter() {
+        let client = client.clone();
+        tokio::spawn(async move {
+            client
+                .forget(ended.client, ended.seq + 1)
+                .await
+                .expect("forget");
+        });
+    }
+}
+
 /// Writes zeros over the whole of a new file and syncs it: a brick file whose every block the
 /// file system has already allocated and marked written, as on a brick that has run for a
 /// while. A new file, sparse or allocated, makes the file system allocate or convert extents,
@@ -170,17 +250,31 @@ fn write_whole(path: &std::path::Path, size: u64) {
     file.sync_all().expect("sync");
 }
 
-/// Bytes this process has had written to storage so far (`write_bytes` of /proc/self/io):
-/// what the bricks cost the disk, data, staging, metadata and all.
-fn written_bytes() -> u64 {
-    std::fs::read_to_string("/proc/self/io")
+/// Bytes written so far to the block device that holds `dir` (sectors written, from
+/// /sys/dev/block): what the bricks cost the disk, data, staging, metadata and all, and
+/// anything else writing to that device meanwhile (a quiet machine is assumed). 0 for
+/// `memory`. (`write_bytes` of /proc/self/io, used before, counted 5 bytes per byte for
+/// intervals on files written whole first, where the device wrote no more than on sparse
+/// files: it counts pages dirtied, not bytes sent to the disk.)
+fn written_bytes(dir: &std::path::Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(meta) = std::fs::metadata(dir) else {
+        return 0;
+    };
+    let (major, minor) = (libc_major(meta.dev()), libc_minor(meta.dev()));
+    std::fs::read_to_string(format!("/sys/dev/block/{major}:{minor}/stat"))
         .ok()
-        .and_then(|io| {
-            io.lines()
-                .find_map(|line| line.strip_prefix("write_bytes: "))
-                .and_then(|n| n.trim().parse().ok())
-        })
-        .unwrap_or(0)
+        .and_then(|stat| stat.split_whitespace().nth(6)?.parse::<u64>().ok())
+        .map_or(0, |sectors| sectors * 512)
+}
+
+/// The major and minor numbers of a `dev_t`, as glibc's `major()` and `minor()` split it.
+fn libc_major(dev: u64) -> u64 {
+    ((dev >> 32) & 0xffff_f000) | ((dev >> 8) & 0xfff)
+}
+
+fn libc_minor(dev: u64) -> u64 {
+    ((dev >> 12) & 0xffff_ff00) | (dev & 0xff)
 }
 
 /// CPU time this process has used, user and system.
@@ -229,6 +323,7 @@ async fn run(
                             let by_brick = BTreeMap::from([(0, writes.clone()), (1, writes)]);
                             let outcome = run_interval(&clients, id, by_brick, &[], 0).await;
                             assert!(outcome.ended(), "{outcome:?}");
+                            forget_every_64(&clients, id);
                         }
                         None => {
                             let (a, b) = tokio::join!(
