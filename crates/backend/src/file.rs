@@ -80,7 +80,7 @@ pub struct FileDevice {
     /// Buffered and allowed to serve page-cache hits inline (see `FileOptions`).
     inline: bool,
     /// Admits large buffered writes to the blocking threads one at a time; see `WRITE_LANES`.
-    write_lanes: tokio::sync::Semaphore,
+    write_lanes: Arc<tokio::sync::Semaphore>,
 }
 
 impl FileDevice {
@@ -101,7 +101,7 @@ impl FileDevice {
             read_only: options.read_only,
             rotational: opened.rotational,
             inline: options.inline_cached_io && !options.direct,
-            write_lanes: tokio::sync::Semaphore::new(WRITE_LANES),
+            write_lanes: Arc::new(tokio::sync::Semaphore::new(WRITE_LANES)),
         })
     }
 
@@ -199,22 +199,31 @@ impl BlockDevice for FileDevice {
         self.blocking(|backing| backing.flush()).await
     }
 
-    /// Every write, then one `fdatasync`, on one blocking thread: one device cache flush for
-    /// all of them, where a write with FUA (RWF_DSYNC) pays one each.
+    /// Every write, then one `fdatasync`, on one blocking thread: one trip to that thread for
+    /// all of them, and one device cache flush, where a write with FUA (RWF_DSYNC) pays one
+    /// each. Large buffered writes hold the write lane only while they copy, not through the
+    /// sync: other writers' syncs must not queue behind this one's.
     async fn write_durable(&self, writes: Vec<(u64, Bytes)>) -> Result<()> {
         for (offset, data) in &writes {
             self.check_write(*offset, data.len() as u64)?;
         }
         let bytes: usize = writes.iter().map(|(_, data)| data.len()).sum();
-        let _lane = if self.direct || bytes <= INLINE_WRITE_MAX {
+        let lane = if self.direct || bytes <= INLINE_WRITE_MAX {
             None
         } else {
-            Some(self.write_lanes.acquire().await)
+            let lanes = Arc::clone(&self.write_lanes);
+            Some(
+                lanes
+                    .acquire_owned()
+                    .await
+                    .expect("the lanes are never closed"),
+            )
         };
         self.blocking(move |backing| {
             for (offset, data) in &writes {
                 backing.write_at(data, *offset, false)?;
             }
+            drop(lane);
             backing.flush()
         })
         .await

@@ -2,7 +2,7 @@
 //! and which version keeps an overwritten unit's old data. The store does the I/O and the
 //! transactions; these decide what they are, and are pinned by the tests below.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use bytes::Bytes;
 
@@ -94,7 +94,10 @@ impl UnitCommit {
 /// What a commit maps, unit by unit (ascending), and the staging units it leaves unused (an
 /// earlier write's, overwritten within the interval), to be freed.
 pub fn commit_plan(extents: &[StagedExtent]) -> (Vec<UnitCommit>, Vec<u64>) {
-    let mut units: BTreeMap<u64, Vec<Piece>> = BTreeMap::new();
+    // Every piece under its home unit, in one vector sorted by unit; the sort is stable, so
+    // a unit's pieces stay in write order. (A map of one vector per unit allocated 256 times
+    // for a 1 MiB interval: allocation was the largest CPU cost intervals added, perf.)
+    let mut pieces: Vec<(u64, Piece)> = Vec::new();
     for extent in extents {
         let end = extent.home + u64::from(extent.len);
         let mut at = extent.home;
@@ -102,31 +105,35 @@ pub fn commit_plan(extents: &[StagedExtent]) -> (Vec<UnitCommit>, Vec<u64>) {
             let home = at / UNIT * UNIT;
             let to = (home + UNIT).min(end);
             let staging = extent.staging + (at - extent.home);
-            units.entry(home).or_default().push(Piece {
-                from: at - home,
-                to: to - home,
-                unit: staging / UNIT * UNIT,
-            });
+            pieces.push((
+                home,
+                Piece {
+                    from: at - home,
+                    to: to - home,
+                    unit: staging / UNIT * UNIT,
+                },
+            ));
             at = to;
         }
     }
+    pieces.sort_by_key(|&(home, _)| home);
     let mut unused = BTreeSet::new();
-    let plan = units
-        .into_iter()
-        .map(|(home, mut pieces)| {
-            let target = pieces.pop().expect("a unit has a piece");
-            for piece in &pieces {
-                if piece.unit != target.unit {
-                    unused.insert(piece.unit);
-                }
+    let mut plan = Vec::new();
+    for unit in pieces.chunk_by(|a, b| a.0 == b.0) {
+        let (&(home, target), earlier) = unit.split_last().expect("a unit has a piece");
+        // Empty for a unit written once, as most are: no allocation.
+        let earlier: Vec<Piece> = earlier.iter().map(|&(_, piece)| piece).collect();
+        for piece in &earlier {
+            if piece.unit != target.unit {
+                unused.insert(piece.unit);
             }
-            UnitCommit {
-                home,
-                target,
-                earlier: pieces,
-            }
-        })
-        .collect::<Vec<_>>();
+        }
+        plan.push(UnitCommit {
+            home,
+            target,
+            earlier,
+        });
+    }
     // A unit the target of another home unit uses is not unused (cannot happen: a write's
     // units are its own, one per home unit), kept out for safety.
     for commit in &plan {
