@@ -16,6 +16,13 @@ disk (BENCH_DIR, /var/tmp by default), so flushes reach it. Medians of BENCH_ROU
 Targets: intervals cost at most 10 % against the mirror without them; throughput grows with
 the number of writers up to 16.
 
+A second table gives the CPU each server's processes used per GiB written (user and system,
+from /proc/PID/stat, medians over the rounds): qemu-nbd alone; the mirror's front and both
+backs; the shared volume's host, both bricks and etcd. On 2 cores, where the busiest rows
+keep both cores busy, that is what throughput follows. BENCH_CPU_DETAIL=1 also prints, for
+each run, every process's CPU seconds and the bytes it has handed to write calls so far (in
+the order: qemu-nbd; back 0, back 1, front; brick 0, brick 1, host, etcd).
+
 Run: bench/shared.sh.
 """
 
@@ -110,9 +117,27 @@ def start_qemu_nbd(workdir: Path) -> tuple[subprocess.Popen, str]:
     return proc, f"nbd+unix:///vol?socket={sock}"
 
 
-def fio(uri: str, jobs: int, workdir: Path) -> float:
+def cpu_seconds(pids: list[int]) -> float:
+    """User and system CPU seconds the processes `pids` have used so far."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / tick
+
+
+def wchar(pid: int) -> int:
+    """Bytes the process `pid` has handed to write calls so far (files and sockets)."""
+    for line in Path(f"/proc/{pid}/io").read_text().splitlines():
+        if line.startswith("wchar:"):
+            return int(line.split()[1])
+    return 0
+
+
+def fio(uri: str, jobs: int, workdir: Path) -> tuple[float, int]:
     """Bytes per second of `jobs` writers, each 1 MiB writes at depth 1 with a flush after
-    every write, over its own stretch of the device."""
+    every write, over its own stretch of the device; and the bytes written."""
     stretch = SIZE // jobs
     job = workdir / "job.fio"
     job.write_text(f"[global]\nioengine=nbd\nuri={uri}\nrw=write\nbs=1m\niodepth=1\nfsync=1\n"
@@ -122,7 +147,7 @@ def fio(uri: str, jobs: int, workdir: Path) -> float:
     result = json.loads(r.stdout[r.stdout.index("{"):])["jobs"][0]
     assert result["error"] == 0, result
     write = result["write"]
-    return write["io_bytes"] / (write["runtime"] / 1000)
+    return write["io_bytes"] / (write["runtime"] / 1000), write["io_bytes"]
 
 
 def main() -> None:
@@ -160,12 +185,27 @@ def main() -> None:
         servers.append(shared.start())
         uris = {"qemu-nbd, raw file": raw_uri, "mirror of 2 NBD bricks": mirror.uri("vol"),
                 "shared volume, 2 bricks": shared.uri("vol")}
+        pids = {"qemu-nbd, raw file": [qemu.pid],
+                "mirror of 2 NBD bricks": [srv.proc.pid for srv in (*backs, mirror)],
+                "shared volume, 2 bricks": [p.pid for p in procs[1:]] + [shared.proc.pid,
+                                                                          etcd.proc.pid]}
         results: dict[tuple[int, str], list[float]] = {}
+        cpu: dict[tuple[int, str], list[float]] = {}
         for _ in range(ROUNDS):
             for jobs in JOBS:
                 for name, uri in uris.items():
-                    results.setdefault((jobs, name), []).append(fio(uri, jobs, workdir))
-        report(results, list(uris))
+                    before = cpu_seconds(pids[name])
+                    each = [cpu_seconds([p]) for p in pids[name]]
+                    rate, written = fio(uri, jobs, workdir)
+                    used = cpu_seconds(pids[name]) - before
+                    if os.environ.get("BENCH_CPU_DETAIL"):
+                        detail = [f"{cpu_seconds([p]) - e:.2f} s, {wchar(p) // MiB} MiB so far"
+                                  for p, e in zip(pids[name], each)]
+                        print(f"{name}, {jobs} writers, {written // MiB} MiB written: "
+                              + "; ".join(detail), file=sys.stderr)
+                    results.setdefault((jobs, name), []).append(rate)
+                    cpu.setdefault((jobs, name), []).append(used / (written / (1024 * MiB)))
+        report(results, cpu, list(uris))
     finally:
         # The front first: it holds the backs' connections.
         for srv in reversed(servers):
@@ -184,7 +224,8 @@ def main() -> None:
             shutil.rmtree(workdir, ignore_errors=True)
 
 
-def report(results: dict[tuple[int, str], list[float]], names: list[str]) -> None:
+def report(results: dict[tuple[int, str], list[float]], cpu: dict[tuple[int, str], list[float]],
+           names: list[str]) -> None:
     print(f"\n1 MiB sequential writes, a flush after each, fio's nbd engine, files in {BASE} "
           f"(median of {ROUNDS} x {SECONDS} s; MiB/s)\n")
     print("| writers (connections) | " + " | ".join(names) + " | intervals cost |")
@@ -193,6 +234,13 @@ def report(results: dict[tuple[int, str], list[float]], names: list[str]) -> Non
         med = [statistics.median(results[(jobs, n)]) / MiB for n in names]
         cost = (med[1] / med[2] - 1) * 100
         print(f"| {jobs} | " + " | ".join(f"{m:.0f}" for m in med) + f" | {cost:+.0f} % |")
+    print("\nCPU seconds the servers used per GiB written (median over the rounds)\n")
+    print("| writers (connections) | " + " | ".join(names) + " | shared / mirror |")
+    print("|---:|" + "---:|" * (len(names) + 1))
+    for jobs in JOBS:
+        med = [statistics.median(cpu[(jobs, n)]) for n in names]
+        print(f"| {jobs} | " + " | ".join(f"{m:.2f}" for m in med)
+              + f" | {med[2] / med[1]:.2f} |")
 
 
 if __name__ == "__main__":

@@ -392,6 +392,9 @@ def test_a_dead_brick_is_replaced_and_rebuilt_while_fio_verifies_and_the_copies_
     bricks[1].kill()
     qemu_io(srv, "write -P 0x62 0 1M", "flush")
     spare = BrickProc(workdir, "b4", etcd).start()
+    # The fixture stops the bricks in its list: without this, b4 outlived the test (found
+    # still serving, and retrying etcd, long after a CI run).
+    bricks.append(spare)
     # Mistakes are refused, naming why, and change nothing.
     for args, why in [(("b1", "b2"), 'already serves volume "v"'),
                       (("b0", "b4"), 'current only on "b0"'),
