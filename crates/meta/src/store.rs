@@ -368,9 +368,9 @@ impl MetaStore {
 
     /// [`Self::transact`] for a transaction whose caller has already made durable every byte
     /// it points at (or that points at no new data). A commit carrying only such
-    /// transactions skips the data barrier, and the caller's own flush ran outside the one
-    /// commit at a time: a brick's prepares flush their staged data side by side and then
-    /// share one journal write.
+    /// transactions skips the data barrier, and the caller's own sync ran outside the one
+    /// commit at a time: a brick's prepares make their staged data durable side by side and
+    /// then share one journal write.
     pub fn transact_data_durable<R>(
         &self,
         class: TxnClass,

@@ -99,7 +99,7 @@ impl BrickStore {
         let (map_table, home_offset) = (self.map_table, self.layout.home_offset);
         let versions_blob = self.versions_blob;
         let existing = mem.versions.clone();
-        // Its staged units were flushed before the prepare's record, and fill-in's writes
+        // Its staged units were made durable before the prepare's record, and fill-in's writes
         // before this (`apply`).
         let (tables, freed) =
             self.meta

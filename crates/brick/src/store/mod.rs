@@ -678,7 +678,6 @@ impl BrickStore {
     /// time, and a data barrier inside it (1 ms for a 1 MiB interval) held every other
     /// interval's record back for that long.
     async fn stage(&self, writes: &[(u64, Bytes)], extents: &[StagedExtent]) -> Result<()> {
-        let max = self.device.geometry().max_io as usize;
         let mut pieces = Vec::new();
         let mut extents = extents.iter();
         for (_, bytes) in writes {
@@ -686,13 +685,7 @@ impl BrickStore {
             while used < bytes.len() {
                 let extent = extents.next().expect("the extents cover the writes");
                 let end = used + extent.len as usize;
-                let mut at = used;
-                while at < end {
-                    let piece_end = (at + max).min(end);
-                    let offset = extent.staging + (at - used) as u64;
-                    pieces.push((offset, bytes.slice(at..piece_end)));
-                    at = piece_end;
-                }
+                self.cut(&mut pieces, extent.staging, bytes.slice(used..end));
                 used = end;
             }
         }
@@ -728,7 +721,7 @@ impl BrickStore {
         let name = blob_name(id);
         let encoded = record.encode();
         let epochs = self.epochs_table;
-        // The staged data was flushed (`flush_data`) before this record is made.
+        // The staged data was made durable (`stage`) before this record is made.
         self.meta
             .transact_data_durable(TxnClass::Normal, |state, txn| {
                 let blob = txn.create_blob(&name);
@@ -1021,18 +1014,12 @@ impl BrickStore {
         }
         // Made durable in one call, as a prepare's staged data is (`stage`): the baseline
         // intervals are measured against gets the same single trip and sync.
-        let max = self.device.geometry().max_io as u64;
         let mut pieces = Vec::new();
         for (offset, data) in writes {
             let mut done = 0;
             for (device, len) in self.locate(None, offset, data.len() as u64) {
-                let mut at = 0;
-                while at < len {
-                    let n = (len - at).min(max);
-                    let from = (done + at) as usize;
-                    pieces.push((device + at, data.slice(from..from + n as usize)));
-                    at += n;
-                }
+                let len = len as usize;
+                self.cut(&mut pieces, device, data.slice(done..done + len));
                 done += len;
             }
         }
@@ -1105,20 +1092,26 @@ impl BrickStore {
     }
 
     async fn write_all(&self, offset: u64, data: Bytes) -> Result<()> {
+        let mut pieces = Vec::new();
+        self.cut(&mut pieces, offset, data);
+        for (offset, piece) in pieces {
+            self.device
+                .write(offset, piece, WriteFlags::default())
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Appends `data`, to be written at `offset`, to `pieces` as writes of at most the
+    /// device's `max_io`.
+    fn cut(&self, pieces: &mut Vec<(u64, Bytes)>, offset: u64, data: Bytes) {
         let max = self.device.geometry().max_io as usize;
         let mut at = 0;
         while at < data.len() {
             let end = (at + max).min(data.len());
-            self.device
-                .write(
-                    offset + at as u64,
-                    data.slice(at..end),
-                    WriteFlags::default(),
-                )
-                .await?;
+            pieces.push((offset + at as u64, data.slice(at..end)));
             at = end;
         }
-        Ok(())
     }
 
     async fn read_all(&self, offset: u64, len: usize) -> Result<BytesMut> {
