@@ -1,6 +1,7 @@
 //! The transaction channel beside NBD: the brick service (gRPC) and its client.
 
 mod client;
+mod codec;
 mod server;
 mod wire;
 
