@@ -8,7 +8,11 @@ use tonic::transport::{Channel, Endpoint};
 use tonic::Code;
 
 use super::proto::{self, brick_client};
-use super::{wire, MAX_MESSAGE};
+use super::{by_reference, wire, MAX_MESSAGE};
+
+/// The paths of the calls sent through `by_reference`, as `proto/brick.proto` names them.
+const PREPARE: &str = "/strata.brick.v1.Brick/Prepare";
+const WRITE_DIRECT: &str = "/strata.brick.v1.Brick/WriteDirect";
 use crate::store::{BrickSummary, VersionInfo, Vote};
 
 /// Why a call to a brick did not get its answer.
@@ -26,6 +30,8 @@ pub enum RpcError {
 #[derive(Clone)]
 pub struct BrickClient {
     inner: brick_client::BrickClient<Channel>,
+    /// The same connection, for the calls that send block data by reference.
+    channel: Channel,
     address: String,
 }
 
@@ -51,17 +57,27 @@ impl BrickClient {
             .initial_stream_window_size(super::STREAM_WINDOW)
             .initial_connection_window_size(super::CONNECTION_WINDOW)
             .max_frame_size(super::MAX_FRAME);
-        let inner = brick_client::BrickClient::new(endpoint.connect_lazy())
+        let channel = endpoint.connect_lazy();
+        let inner = brick_client::BrickClient::new(channel.clone())
             .max_decoding_message_size(MAX_MESSAGE)
             .max_encoding_message_size(MAX_MESSAGE);
         Ok(BrickClient {
             inner,
+            channel,
             address: address.to_string(),
         })
     }
 
     pub fn address(&self) -> &str {
         &self.address
+    }
+
+    /// A request this side will not send (too large for the brick to accept).
+    fn refused(&self, why: String) -> RpcError {
+        RpcError::Refused {
+            address: self.address.clone(),
+            why,
+        }
     }
 
     fn error(&self, status: tonic::Status) -> RpcError {
@@ -99,22 +115,17 @@ impl BrickClient {
             tag,
             id: Some(id(interval)),
             bricks,
-            writes: writes
-                .into_iter()
-                .map(|(offset, data)| proto::Write { offset, data })
-                .collect(),
+            writes: vec![],
             fences: fences
                 .iter()
                 .map(|&(segment, epoch)| proto::Fence { segment, epoch })
                 .collect(),
         };
-        let reply = self
-            .inner
-            .clone()
-            .prepare(request)
-            .await
-            .map_err(|s| self.error(s))?
-            .into_inner();
+        let body = by_reference::prepare(request, writes).map_err(|why| self.refused(why))?;
+        let reply: proto::PrepareReply =
+            by_reference::call(&mut self.channel.clone(), PREPARE, body)
+                .await
+                .map_err(|s| self.error(s))?;
         Ok(if reply.yes {
             Vote::Yes
         } else {
@@ -235,15 +246,8 @@ impl BrickClient {
 
     /// Writes home outside any interval (the benchmark's baseline; see the proto).
     pub async fn write_direct(&self, writes: Vec<(u64, Bytes)>) -> Result<(), RpcError> {
-        let request = proto::WriteDirectRequest {
-            writes: writes
-                .into_iter()
-                .map(|(offset, data)| proto::Write { offset, data })
-                .collect(),
-        };
-        self.inner
-            .clone()
-            .write_direct(request)
+        let body = by_reference::write_direct(writes).map_err(|why| self.refused(why))?;
+        let _: proto::Empty = by_reference::call(&mut self.channel.clone(), WRITE_DIRECT, body)
             .await
             .map_err(|s| self.error(s))?;
         Ok(())

@@ -122,6 +122,12 @@ impl<T: WireMessage> Encoder for WireEncoder<T> {
 #[derive(Debug)]
 pub struct WireDecoder<U>(PhantomData<U>);
 
+impl<U> Default for WireDecoder<U> {
+    fn default() -> Self {
+        Self(PhantomData)
+    }
+}
+
 impl<U: WireMessage> Decoder for WireDecoder<U> {
     type Item = U;
     type Error = Status;
