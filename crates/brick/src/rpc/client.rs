@@ -7,12 +7,9 @@ use strata_cluster::interval::{Decision, IntervalId, Status as IntervalStatus};
 use tonic::transport::{Channel, Endpoint};
 use tonic::Code;
 
+use super::by_reference::{self, PREPARE, WRITE_DIRECT};
 use super::proto::{self, brick_client};
-use super::{by_reference, wire, MAX_MESSAGE};
-
-/// The paths of the calls sent through `by_reference`, as `proto/brick.proto` names them.
-const PREPARE: &str = "/strata.brick.v1.Brick/Prepare";
-const WRITE_DIRECT: &str = "/strata.brick.v1.Brick/WriteDirect";
+use super::{wire, MAX_MESSAGE};
 use crate::store::{BrickSummary, VersionInfo, Vote};
 
 /// Why a call to a brick did not get its answer.

@@ -10,7 +10,7 @@ use tokio::net::TcpListener;
 use tonic::{Request, Response, Status};
 
 use super::proto::{self, brick_server};
-use super::{wire, MAX_MESSAGE};
+use super::{by_reference, wire, MAX_MESSAGE};
 use crate::metrics::{BrickMetrics, RpcKind};
 use crate::store::{BrickStore, Vote};
 
@@ -118,9 +118,11 @@ pub async fn serve_service(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
     let disk = service.store.clone();
-    let service = brick_server::BrickServer::new(service)
-        .max_decoding_message_size(MAX_MESSAGE)
-        .max_encoding_message_size(MAX_MESSAGE);
+    let service = by_reference::ReceiveByReference(
+        brick_server::BrickServer::new(service)
+            .max_decoding_message_size(MAX_MESSAGE)
+            .max_encoding_message_size(MAX_MESSAGE),
+    );
     // A brick whose disk failed answers as one that is down, to every request: hosts take it
     // down and go on with its peers (`failstop`).
     let service = tonic::service::interceptor::InterceptedService::new(
@@ -230,7 +232,7 @@ impl brick_server::Brick for BrickService {
         request: Request<proto::PrepareRequest>,
     ) -> Result<Response<proto::PrepareReply>, Status> {
         self.metered(RpcKind::Prepare, async {
-            let request = request.into_inner();
+            let request = by_reference::received(request);
             let id = interval(request.id)?;
             let _open = self.faults.prepare_open();
             let delay = (self.faults.prepare_delay_ms).load(std::sync::atomic::Ordering::SeqCst);
@@ -403,8 +405,7 @@ impl brick_server::Brick for BrickService {
         request: Request<proto::WriteDirectRequest>,
     ) -> Result<Response<proto::Empty>, Status> {
         self.metered(RpcKind::WriteDirect, async {
-            let writes = request
-                .into_inner()
+            let writes = by_reference::received(request)
                 .writes
                 .into_iter()
                 .map(|w| (w.offset, w.data))
