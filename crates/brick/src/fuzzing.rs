@@ -1,4 +1,5 @@
-//! Entry points for `fuzz/` (cargo fuzz): the decoders of what a brick reads from its disk.
+//! Entry points for `fuzz/` (cargo fuzz): the decoders of what a brick reads from its disk,
+//! and of the requests it takes from the network by reference.
 
 use crate::layout::BrickLayout;
 use crate::record::{IntervalRecord, RECORD_VERSION};
@@ -25,4 +26,36 @@ pub fn records(data: &[u8]) {
     if let Ok(layout) = BrickLayout::decode(data, u64::MAX) {
         assert_eq!(layout.encode(), data, "a layout re-encodes to its bytes");
     }
+}
+
+/// A prepare's or a direct write's body from the network (`rpc::by_reference`), cut into
+/// frames where the first byte says: refused, or a message prost re-encodes and decodes to
+/// itself, and exactly as prost itself decodes the same bytes; never a panic.
+pub fn requests(data: &[u8]) {
+    use crate::rpc::by_reference::{decode_message, Received};
+    use crate::rpc::proto;
+    use bytes::Bytes;
+    use prost::Message;
+
+    fn check<M: Message + Default + PartialEq + std::fmt::Debug>(data: &[u8]) {
+        let Some((&step, wire)) = data.split_first() else {
+            return;
+        };
+        let step = usize::from(step).max(1);
+        let mut frames = Received::default();
+        for frame in wire.chunks(step) {
+            frames.push(Bytes::copy_from_slice(frame));
+        }
+        let by_reference = decode_message::<M>(frames);
+        let by_prost = (wire.len() >= 5 && wire[0] == 0)
+            .then(|| M::decode(&wire[5..]))
+            .and_then(Result::ok);
+        if let Ok(message) = &by_reference {
+            assert_eq!(Some(message), by_prost.as_ref(), "decodes as prost does");
+            let again = M::decode(message.encode_to_vec().as_slice()).expect("re-encoded");
+            assert_eq!(&again, message, "re-encodes to itself");
+        }
+    }
+    check::<proto::PrepareRequest>(data);
+    check::<proto::WriteDirectRequest>(data);
 }

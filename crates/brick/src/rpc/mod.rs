@@ -1,6 +1,6 @@
 //! The transaction channel beside NBD: the brick service (gRPC) and its client.
 
-mod by_reference;
+pub(crate) mod by_reference;
 mod client;
 mod codec;
 mod server;
