@@ -45,7 +45,7 @@ const DIRECT_WRITES: u32 = 1;
 const WRITE_DATA: u32 = 2;
 
 /// A message's encoding as chunks: the framing, and each write's data as it was given.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub(crate) struct Chunks {
     chunks: VecDeque<Bytes>,
     len: u64,

@@ -77,6 +77,24 @@ impl BrickClient {
         }
     }
 
+    /// Makes a call, and makes it once more if the first try never left this host: tonic's
+    /// channel can hand a request to a connection that has just closed (a brick that
+    /// restarted), and hyper gives it back unsent, as canceled. That is not a brick down, and
+    /// a host that took it for one would mark the brick stale and copy its regions back.
+    async fn call<T, F, Fut>(&self, mut call: F) -> Result<tonic::Response<T>, RpcError>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        match call().await {
+            Err(status) if never_sent(&status) => {
+                tracing::debug!(address = %self.address, %status, "a call never sent; sent again");
+                call().await.map_err(|s| self.error(s))
+            }
+            answer => answer.map_err(|s| self.error(s)),
+        }
+    }
+
     fn error(&self, status: tonic::Status) -> RpcError {
         let why = status.message().to_string();
         let address = self.address.clone();
@@ -119,10 +137,14 @@ impl BrickClient {
                 .collect(),
         };
         let body = by_reference::prepare(request, writes).map_err(|why| self.refused(why))?;
-        let reply: proto::PrepareReply =
-            by_reference::call(&mut self.channel.clone(), PREPARE, body)
-                .await
-                .map_err(|s| self.error(s))?;
+        let reply: proto::PrepareReply = self
+            .call(|| async {
+                by_reference::call(&mut self.channel.clone(), PREPARE, body.clone())
+                    .await
+                    .map(tonic::Response::new)
+            })
+            .await?
+            .into_inner();
         Ok(if reply.yes {
             Vote::Yes
         } else {
@@ -160,21 +182,22 @@ impl BrickClient {
             resolution,
         };
         let reply = self
-            .inner
-            .clone()
-            .decide(request)
-            .await
-            .map_err(|s| self.error(s))?;
+            .call(|| {
+                let mut brick = self.inner.clone();
+                async move { brick.decide(request).await }
+            })
+            .await?;
         Ok(reply.into_inner().accepted)
     }
 
     pub async fn status(&self, interval: IntervalId) -> Result<Option<IntervalStatus>, RpcError> {
         let reply = self
-            .inner
-            .clone()
-            .status(id(interval))
-            .await
-            .map_err(|s| self.error(s))?
+            .call(|| {
+                let mut brick = self.inner.clone();
+                let request = id(interval);
+                async move { brick.status(request).await }
+            })
+            .await?
             .into_inner();
         match proto::State::try_from(reply.state) {
             Ok(proto::State::Unknown) => Ok(None),
@@ -199,11 +222,12 @@ impl BrickClient {
     /// [`Self::in_doubt`], with each interval's version tag.
     pub async fn in_doubt_tagged(&self) -> Result<Vec<(IntervalId, Vec<u64>, u64)>, RpcError> {
         let reply = self
-            .inner
-            .clone()
-            .in_doubt(proto::Empty {})
-            .await
-            .map_err(|s| self.error(s))?
+            .call(|| {
+                let mut brick = self.inner.clone();
+                let request = proto::Empty {};
+                async move { brick.in_doubt(request).await }
+            })
+            .await?
             .into_inner();
         Ok(reply
             .intervals
@@ -224,39 +248,49 @@ impl BrickClient {
 
     /// Fences `client` on this brick before its intervals are resolved (see the proto).
     pub async fn fence_client(&self, client: u64) -> Result<(), RpcError> {
-        self.inner
-            .clone()
-            .fence_client(proto::FenceClientRequest { client })
-            .await
-            .map_err(|s| self.error(s))?;
+        self.call(|| {
+            let mut brick = self.inner.clone();
+            let request = proto::FenceClientRequest { client };
+            async move { brick.fence_client(request).await }
+        })
+        .await?;
         Ok(())
     }
 
     pub async fn forget(&self, client: u64, below: u64) -> Result<(), RpcError> {
-        self.inner
-            .clone()
-            .forget(proto::ForgetRequest { client, below })
-            .await
-            .map_err(|s| self.error(s))?;
+        self.call(|| {
+            let mut brick = self.inner.clone();
+            let request = proto::ForgetRequest { client, below };
+            async move { brick.forget(request).await }
+        })
+        .await?;
         Ok(())
     }
 
     /// Writes home outside any interval (the benchmark's baseline; see the proto).
     pub async fn write_direct(&self, writes: Vec<(u64, Bytes)>) -> Result<(), RpcError> {
         let body = by_reference::write_direct(writes).map_err(|why| self.refused(why))?;
-        let _: proto::Empty = by_reference::call(&mut self.channel.clone(), WRITE_DIRECT, body)
+        self.call(|| async {
+            by_reference::call::<proto::Empty>(
+                &mut self.channel.clone(),
+                WRITE_DIRECT,
+                body.clone(),
+            )
             .await
-            .map_err(|s| self.error(s))?;
+            .map(tonic::Response::new)
+        })
+        .await?;
         Ok(())
     }
 
     pub async fn versions(&self) -> Result<Vec<VersionInfo>, RpcError> {
         let reply = self
-            .inner
-            .clone()
-            .versions(proto::Empty {})
-            .await
-            .map_err(|s| self.error(s))?;
+            .call(|| {
+                let mut brick = self.inner.clone();
+                let request = proto::Empty {};
+                async move { brick.versions(request).await }
+            })
+            .await?;
         Ok((reply.into_inner().versions.into_iter())
             .map(Into::into)
             .collect())
@@ -265,11 +299,12 @@ impl BrickClient {
     /// What the brick holds now (`BrickStore::summary`).
     pub async fn describe(&self) -> Result<BrickSummary, RpcError> {
         let reply = self
-            .inner
-            .clone()
-            .describe(proto::Empty {})
-            .await
-            .map_err(|s| self.error(s))?;
+            .call(|| {
+                let mut brick = self.inner.clone();
+                let request = proto::Empty {};
+                async move { brick.describe(request).await }
+            })
+            .await?;
         wire::from_reply(reply.into_inner()).ok_or_else(|| RpcError::Refused {
             address: self.address.clone(),
             why: "its summary names a brick format past 255: not a brick of this kind".into(),
@@ -277,31 +312,34 @@ impl BrickClient {
     }
 
     pub async fn seal_version(&self, number: u64) -> Result<(), RpcError> {
-        self.inner
-            .clone()
-            .seal_version(proto::VersionRequest { number })
-            .await
-            .map_err(|s| self.error(s))?;
+        self.call(|| {
+            let mut brick = self.inner.clone();
+            let request = proto::VersionRequest { number };
+            async move { brick.seal_version(request).await }
+        })
+        .await?;
         Ok(())
     }
 
     /// `Ok(false)`: the brick had no such version.
     pub async fn delete_version(&self, number: u64) -> Result<bool, RpcError> {
         let reply = self
-            .inner
-            .clone()
-            .delete_version(proto::VersionRequest { number })
-            .await
-            .map_err(|s| self.error(s))?;
+            .call(|| {
+                let mut brick = self.inner.clone();
+                let request = proto::VersionRequest { number };
+                async move { brick.delete_version(request).await }
+            })
+            .await?;
         Ok(reply.into_inner().deleted)
     }
 
     pub async fn rollback(&self, number: u64, spent: u64) -> Result<(), RpcError> {
-        self.inner
-            .clone()
-            .rollback(proto::RollbackRequest { number, spent })
-            .await
-            .map_err(|s| self.error(s))?;
+        self.call(|| {
+            let mut brick = self.inner.clone();
+            let request = proto::RollbackRequest { number, spent };
+            async move { brick.rollback(request).await }
+        })
+        .await?;
         Ok(())
     }
 
@@ -312,25 +350,79 @@ impl BrickClient {
         len: u32,
     ) -> Result<Bytes, RpcError> {
         let reply = self
-            .inner
-            .clone()
-            .read_version(proto::ReadVersionRequest {
-                number,
-                offset,
-                len,
+            .call(|| {
+                let mut brick = self.inner.clone();
+                let request = proto::ReadVersionRequest {
+                    number,
+                    offset,
+                    len,
+                };
+                async move { brick.read_version(request).await }
             })
-            .await
-            .map_err(|s| self.error(s))?;
+            .await?;
         Ok(reply.into_inner().data)
     }
 
     pub async fn read(&self, offset: u64, len: u32) -> Result<Bytes, RpcError> {
         let reply = self
-            .inner
-            .clone()
-            .read(proto::ReadRequest { offset, len })
-            .await
-            .map_err(|s| self.error(s))?;
+            .call(|| {
+                let mut brick = self.inner.clone();
+                let request = proto::ReadRequest { offset, len };
+                async move { brick.read(request).await }
+            })
+            .await?;
         Ok(reply.into_inner().data)
+    }
+}
+
+/// Whether a call failed before its request left this host: hyper's "canceled", found among
+/// the causes tonic keeps. A deadline that passed is tonic's own error, not this.
+fn never_sent(status: &tonic::Status) -> bool {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(status);
+    while let Some(error) = cause {
+        if let Some(hyper) = error.downcast_ref::<hyper::Error>() {
+            return hyper.is_canceled();
+        }
+        cause = error.source();
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A real "canceled" from hyper: a request handed to an HTTP/2 connection that has closed.
+    async fn canceled_by_hyper() -> hyper::Error {
+        let (ours, theirs) = tokio::io::duplex(1 << 16);
+        let (mut sender, connection) = hyper::client::conn::http2::handshake(
+            hyper_util::rt::TokioExecutor::new(),
+            hyper_util::rt::TokioIo::new(ours),
+        )
+        .await
+        .expect("the handshake needs no answer to start");
+        drop(theirs);
+        connection.await.ok();
+        let request = http::Request::new(http_body_util::Empty::<Bytes>::new());
+        sender
+            .send_request(request)
+            .await
+            .expect_err("the connection is closed")
+    }
+
+    #[tokio::test]
+    async fn only_a_call_hyper_never_sent_is_sent_again() {
+        let canceled = canceled_by_hyper().await;
+        assert!(canceled.is_canceled(), "{canceled:?}");
+        let unsent = tonic::Status::from_error(Box::new(canceled));
+        assert!(never_sent(&unsent), "{unsent:?}");
+        // A deadline that passed, a brick's own answer and a plain status are not retried.
+        let timeout = tonic::Status::cancelled("Timeout expired");
+        assert!(!never_sent(&timeout));
+        assert!(!never_sent(&tonic::Status::unavailable(
+            "the brick's disk failed"
+        )));
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset");
+        assert!(!never_sent(&tonic::Status::from_error(Box::new(io))));
     }
 }
