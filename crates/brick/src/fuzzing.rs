@@ -32,7 +32,7 @@ pub fn records(data: &[u8]) {
 /// frames where the first byte says: refused, or a message prost re-encodes and decodes to
 /// itself, and exactly as prost itself decodes the same bytes; never a panic.
 pub fn requests(data: &[u8]) {
-    use crate::rpc::by_reference::{decode_message, Received};
+    use crate::rpc::by_reference::{decode_message, Chunks};
     use crate::rpc::proto;
     use bytes::Bytes;
     use prost::Message;
@@ -42,7 +42,7 @@ pub fn requests(data: &[u8]) {
             return;
         };
         let step = usize::from(step).max(1);
-        let mut frames = Received::default();
+        let mut frames = Chunks::default();
         for frame in wire.chunks(step) {
             frames.push(Bytes::copy_from_slice(frame));
         }

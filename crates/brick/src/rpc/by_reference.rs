@@ -27,7 +27,7 @@ use std::task::{Context, Poll};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
-use prost::encoding::{encode_key, encode_varint, encoded_len_varint, WireType};
+use prost::encoding::{encode_key, encode_varint, WireType};
 use prost::Message;
 
 use super::codec::{WireDecoder, WireMessage};
@@ -44,17 +44,20 @@ const PREPARE_WRITES: u32 = 3;
 const DIRECT_WRITES: u32 = 1;
 const WRITE_DATA: u32 = 2;
 
-/// A message's encoding as chunks: the framing, and each write's data as it was given.
+/// A message's bytes as a list of chunks, either way: built here to be sent (the framing, and
+/// each write's data as it was given), or received as HTTP/2's frames and read as one buffer,
+/// where a read of a run of bytes within one chunk (`copy_to_bytes`, which prost uses for
+/// `bytes` fields) is a slice of it.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Chunks {
     chunks: VecDeque<Bytes>,
-    len: u64,
+    len: usize,
 }
 
 impl Chunks {
-    fn push(&mut self, chunk: Bytes) {
+    pub(crate) fn push(&mut self, chunk: Bytes) {
         if !chunk.is_empty() {
-            self.len += chunk.len() as u64;
+            self.len += chunk.len();
             self.chunks.push_back(chunk);
         }
     }
@@ -67,11 +70,7 @@ impl Chunks {
 
 /// `rest` (a message without its writes) and then `writes` as the repeated field `field`,
 /// framed as one gRPC message. Errs if the message would be larger than either end accepts.
-pub(crate) fn framed(
-    rest: &impl Message,
-    field: u32,
-    writes: Vec<(u64, Bytes)>,
-) -> Result<Chunks, String> {
+fn framed(rest: &impl Message, field: u32, writes: Vec<(u64, Bytes)>) -> Result<Chunks, String> {
     let mut head = BytesMut::with_capacity(rest.encoded_len() + 32);
     rest.encode(&mut head)
         .expect("a BytesMut grows to hold any message");
@@ -81,10 +80,11 @@ pub(crate) fn framed(
             offset,
             data: Bytes::new(),
         };
+        // proto3 leaves an empty `bytes` field out, as prost does.
         let data_part = if data.is_empty() {
             0
         } else {
-            1 + encoded_len_varint(data.len() as u64) + data.len()
+            prost::encoding::bytes::encoded_len(WRITE_DATA, &data)
         };
         let write_len = offset_part.encoded_len() + data_part;
         encode_key(field, WireType::LengthDelimited, &mut head);
@@ -101,7 +101,7 @@ pub(crate) fn framed(
     }
     out.push(head.freeze());
     let message = out.len;
-    if message > MAX_MESSAGE as u64 {
+    if message > MAX_MESSAGE {
         return Err(format!(
             "a message of {message} bytes is over the limit of {MAX_MESSAGE}"
         ));
@@ -110,7 +110,7 @@ pub(crate) fn framed(
     let mut prefix = BytesMut::with_capacity(tonic::codec::HEADER_SIZE);
     prefix.put_u8(0);
     prefix.put_u32(message as u32);
-    out.len += prefix.len() as u64;
+    out.len += prefix.len();
     out.chunks.push_front(prefix.freeze());
     Ok(out)
 }
@@ -131,14 +131,14 @@ pub(crate) fn write_direct(writes: Vec<(u64, Bytes)>) -> Result<Chunks, String> 
 
 impl Body for Chunks {
     type Data = Bytes;
-    type Error = std::convert::Infallible;
+    type Error = Infallible;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         _: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         Poll::Ready(self.chunks.pop_front().map(|chunk| {
-            self.len -= chunk.len() as u64;
+            self.len -= chunk.len();
             Ok(Frame::data(chunk))
         }))
     }
@@ -148,7 +148,7 @@ impl Body for Chunks {
     }
 
     fn size_hint(&self) -> SizeHint {
-        SizeHint::with_exact(self.len)
+        SizeHint::with_exact(self.len as u64)
     }
 }
 
@@ -198,26 +198,9 @@ pub(crate) async fn call<R: WireMessage + Sync>(
     Ok(message)
 }
 
-/// Frames as they arrived, read as one buffer. A read of a run of bytes within one frame
-/// (`copy_to_bytes`, which prost uses for `bytes` fields) is a slice of it.
-#[derive(Debug, Default)]
-pub(crate) struct Received {
-    chunks: VecDeque<Bytes>,
-    remaining: usize,
-}
-
-impl Received {
-    pub(crate) fn push(&mut self, chunk: Bytes) {
-        if !chunk.is_empty() {
-            self.remaining += chunk.len();
-            self.chunks.push_back(chunk);
-        }
-    }
-}
-
-impl Buf for Received {
+impl Buf for Chunks {
     fn remaining(&self) -> usize {
-        self.remaining
+        self.len
     }
 
     fn chunk(&self) -> &[u8] {
@@ -225,8 +208,8 @@ impl Buf for Received {
     }
 
     fn advance(&mut self, mut n: usize) {
-        assert!(n <= self.remaining, "advance past the end");
-        self.remaining -= n;
+        assert!(n <= self.len, "advance past the end");
+        self.len -= n;
         while n > 0 {
             let front = self
                 .chunks
@@ -242,10 +225,10 @@ impl Buf for Received {
     }
 
     fn copy_to_bytes(&mut self, len: usize) -> Bytes {
-        assert!(len <= self.remaining, "copy_to_bytes past the end");
+        assert!(len <= self.len, "copy_to_bytes past the end");
         match self.chunks.front_mut() {
             Some(front) if len <= front.len() => {
-                self.remaining -= len;
+                self.len -= len;
                 let out = front.split_to(len);
                 if front.is_empty() {
                     self.chunks.pop_front();
@@ -263,7 +246,7 @@ impl Buf for Received {
 
 /// One gRPC message from a request body's frames: its 5-byte prefix checked, the message
 /// decoded with its `bytes` fields sliced from the frames. Exactly one message, uncompressed.
-pub(crate) fn decode_message<M: Message + Default>(mut frames: Received) -> Result<M, String> {
+pub(crate) fn decode_message<M: Message + Default>(mut frames: Chunks) -> Result<M, String> {
     if frames.remaining() < tonic::codec::HEADER_SIZE {
         return Err(format!(
             "a request of {} bytes is shorter than gRPC's prefix",
@@ -358,7 +341,7 @@ type Taken = Pin<Box<dyn Future<Output = Result<HttpRequest, tonic::Status>> + S
 fn take<M: Message + Default + Clone + Send + Sync + 'static>(request: HttpRequest) -> Taken {
     Box::pin(async move {
         let (mut parts, mut body) = request.into_parts();
-        let mut frames = Received::default();
+        let mut frames = Chunks::default();
         while let Some(frame) = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await
         {
             let frame = frame?;
@@ -373,10 +356,8 @@ fn take<M: Message + Default + Clone + Send + Sync + 'static>(request: HttpReque
         }
         let message: M = decode_message(frames).map_err(tonic::Status::invalid_argument)?;
         parts.extensions.insert(Decoded(message));
-        let empty = Chunks {
-            chunks: VecDeque::from([Bytes::from_static(&EMPTY_MESSAGE)]),
-            len: EMPTY_MESSAGE.len() as u64,
-        };
+        let mut empty = Chunks::default();
+        empty.push(Bytes::from_static(&EMPTY_MESSAGE));
         Ok(http::Request::from_parts(
             parts,
             tonic::body::Body::new(empty),
@@ -476,8 +457,8 @@ mod tests {
         assert!(err.contains("over the limit"), "{err}");
     }
 
-    fn received_in(wire: &[u8], cuts: &[usize]) -> Received {
-        let mut frames = Received::default();
+    fn received_in(wire: &[u8], cuts: &[usize]) -> Chunks {
+        let mut frames = Chunks::default();
         let mut at = 0;
         for &cut in cuts {
             let cut = cut.min(wire.len()).max(at);
@@ -522,7 +503,7 @@ mod tests {
             vec![(4096, data.clone())],
         )
         .unwrap();
-        let mut frames = Received::default();
+        let mut frames = Chunks::default();
         for chunk in &sent.chunks {
             frames.push(chunk.clone());
         }
