@@ -636,7 +636,7 @@ def test_a_brick_reports_its_calls_space_versions_and_roll_back_in_metrics_and_s
                for b in bricks[:2])
     assert read >= MiB, read
     status = b0.status()
-    assert f"format 2, share {HOME} bytes" in status, status
+    assert f"format 3, share {HOME} bytes" in status, status
     assert "versions: none;" in status and "intervals in doubt: 0" in status, status
     print(status)
 

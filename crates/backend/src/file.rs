@@ -127,6 +127,33 @@ impl FileDevice {
         }
         Ok(())
     }
+
+    /// The writes, then one sync of the file, on one blocking thread.
+    async fn write_and_sync(&self, writes: Vec<(u64, Bytes)>) -> Result<()> {
+        for (offset, data) in &writes {
+            self.check_write(*offset, data.len() as u64)?;
+        }
+        let bytes: usize = writes.iter().map(|(_, data)| data.len()).sum();
+        let lane = if self.direct || bytes <= INLINE_WRITE_MAX {
+            None
+        } else {
+            let lanes = Arc::clone(&self.write_lanes);
+            Some(
+                lanes
+                    .acquire_owned()
+                    .await
+                    .expect("the lanes are never closed"),
+            )
+        };
+        self.blocking(move |backing| {
+            for (offset, data) in &writes {
+                backing.write_at(data, *offset, false)?;
+            }
+            drop(lane);
+            backing.flush()
+        })
+        .await
+    }
 }
 
 /// Hands a filled vector over as a `BytesMut` without copying (the vector is unique).
@@ -204,29 +231,12 @@ impl BlockDevice for FileDevice {
     /// each. Large buffered writes hold the write lane only while they copy, not through the
     /// sync: other writers' syncs must not queue behind this one's.
     async fn write_durable(&self, writes: Vec<(u64, Bytes)>) -> Result<()> {
-        for (offset, data) in &writes {
-            self.check_write(*offset, data.len() as u64)?;
-        }
-        let bytes: usize = writes.iter().map(|(_, data)| data.len()).sum();
-        let lane = if self.direct || bytes <= INLINE_WRITE_MAX {
-            None
-        } else {
-            let lanes = Arc::clone(&self.write_lanes);
-            Some(
-                lanes
-                    .acquire_owned()
-                    .await
-                    .expect("the lanes are never closed"),
-            )
-        };
-        self.blocking(move |backing| {
-            for (offset, data) in &writes {
-                backing.write_at(data, *offset, false)?;
-            }
-            drop(lane);
-            backing.flush()
-        })
-        .await
+        self.write_and_sync(writes).await
+    }
+
+    /// The same as `write_durable`: its one sync covers the whole file, earlier writes too.
+    async fn write_and_flush(&self, writes: Vec<(u64, Bytes)>) -> Result<()> {
+        self.write_and_sync(writes).await
     }
 
     async fn discard(&self, offset: u64, len: u64) -> Result<()> {

@@ -15,13 +15,18 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use bytes::{Bytes, BytesMut};
 use strata_backend::{FileDevice, FileOptions, MemoryDevice};
 use strata_brick::commit::run_interval;
 use strata_brick::rpc::{serve, BrickClient};
 use strata_brick::{BrickOptions, BrickStore, Vote};
 use strata_cluster::interval::{Decision, IntervalId};
-use strata_core::{DeviceRef, TokioRuntime};
+use strata_core::{
+    async_trait, BlockDevice, Capabilities, Control, ControlReply, DeviceRef, Extent, Geometry,
+    TokioRuntime, WriteFlags, ZeroFlags,
+};
 
 const MIB: u64 = 1 << 20;
 
@@ -35,6 +40,7 @@ async fn main() {
     let rounds: usize = std::env::var("ROUNDS").map_or(1, |r| r.parse().expect("ROUNDS"));
     let mut clients = Vec::new();
     let mut stores = Vec::new();
+    let mut syncs = Vec::new();
     for i in 0..2 {
         let size = 64 * MIB + home + 64 * MIB;
         // "memory" measures the protocol and the store alone, without a file system's
@@ -51,6 +57,12 @@ async fn main() {
             options.size = Some(size);
             Arc::new(FileDevice::open(options, TokioRuntime::current()).expect("brick file"))
         };
+        let counted = Arc::new(SyncCounter {
+            inner: device,
+            syncs: AtomicU64::new(0),
+        });
+        syncs.push(counted.clone());
+        let device: DeviceRef = counted;
         let layout = BrickOptions {
             meta_bytes: 64 * MIB,
             home_bytes: home,
@@ -105,6 +117,7 @@ async fn main() {
                     continue;
                 }
                 let before = written_bytes(&dir);
+                let syncs_before = syncs[0].syncs.load(Relaxed);
                 let counters = stores[0].metadata_counters();
                 let cpu = cpu_seconds();
                 let base = with_intervals.then(|| {
@@ -114,6 +127,11 @@ async fn main() {
                 let speed = run(&clients, total, depth, base).await;
                 let cpu = cpu_seconds() - cpu;
                 let written = written_bytes(&dir) - before;
+                let per_write = (syncs[0].syncs.load(Relaxed) - syncs_before) as f64 / total as f64;
+                eprintln!(
+                    "depth {depth}, round {}: brick 0 made {per_write:.2} syncs per write",
+                    round + 1
+                );
                 if with_intervals {
                     let now = stores[0].metadata_counters();
                     let commits = now.commits - counters.commits;
@@ -347,4 +365,69 @@ async fn run(
         task.await.unwrap();
     }
     (per_task * depth) as f64 / started.elapsed().as_secs_f64()
+}
+
+/// A brick's device, counting the calls that make something durable: a flush, a FUA write,
+/// and each set of writes made durable together (one `fdatasync` each on a file).
+struct SyncCounter {
+    inner: DeviceRef,
+    syncs: AtomicU64,
+}
+
+#[async_trait]
+impl BlockDevice for SyncCounter {
+    fn geometry(&self) -> Geometry {
+        self.inner.geometry()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+
+    async fn read(&self, offset: u64, len: usize) -> strata_core::Result<BytesMut> {
+        self.inner.read(offset, len).await
+    }
+
+    async fn write(&self, offset: u64, data: Bytes, flags: WriteFlags) -> strata_core::Result<()> {
+        if flags.fua {
+            self.syncs.fetch_add(1, Relaxed);
+        }
+        self.inner.write(offset, data, flags).await
+    }
+
+    async fn flush(&self) -> strata_core::Result<()> {
+        self.syncs.fetch_add(1, Relaxed);
+        self.inner.flush().await
+    }
+
+    async fn write_durable(&self, writes: Vec<(u64, Bytes)>) -> strata_core::Result<()> {
+        self.syncs.fetch_add(1, Relaxed);
+        self.inner.write_durable(writes).await
+    }
+
+    async fn write_and_flush(&self, writes: Vec<(u64, Bytes)>) -> strata_core::Result<()> {
+        self.syncs.fetch_add(1, Relaxed);
+        self.inner.write_and_flush(writes).await
+    }
+
+    async fn discard(&self, offset: u64, len: u64) -> strata_core::Result<()> {
+        self.inner.discard(offset, len).await
+    }
+
+    async fn write_zeroes(
+        &self,
+        offset: u64,
+        len: u64,
+        flags: ZeroFlags,
+    ) -> strata_core::Result<()> {
+        self.inner.write_zeroes(offset, len, flags).await
+    }
+
+    async fn block_status(&self, offset: u64, len: u64) -> strata_core::Result<Vec<Extent>> {
+        self.inner.block_status(offset, len).await
+    }
+
+    async fn control(&self, request: Control) -> strata_core::Result<ControlReply> {
+        self.inner.control(request).await
+    }
 }

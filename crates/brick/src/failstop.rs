@@ -101,6 +101,13 @@ impl Filter for FailStop {
         self.health.check(self.next.write_durable(writes).await)
     }
 
+    async fn write_and_flush(&self, writes: Vec<(u64, Bytes)>) -> Result<()> {
+        if let Some(refused) = self.health.refusal() {
+            return Err(refused);
+        }
+        self.health.check(self.next.write_and_flush(writes).await)
+    }
+
     async fn discard(&self, offset: u64, len: u64) -> Result<()> {
         if let Some(refused) = self.health.refusal() {
             return Err(refused);

@@ -5,7 +5,7 @@
 
 /// The brick format this build writes: 2 maps each unit of the share to where it lives. It
 /// also opens format 1 (the share at home, in place), and upgrades it.
-pub const LAYOUT_VERSION: u8 = 2;
+pub const LAYOUT_VERSION: u8 = 3;
 const ENCODED_LEN: usize = 1 + 8 * 5;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -85,7 +85,7 @@ impl BrickLayout {
         }
     }
 
-    /// Decodes a layout of format 1 or 2, with its format.
+    /// Decodes a layout of format 1, 2 or 3, with its format.
     pub fn decode_any(bytes: &[u8], device_bytes: u64) -> Result<(BrickLayout, u8), String> {
         if bytes.len() != ENCODED_LEN {
             return Err(format!(
@@ -93,9 +93,9 @@ impl BrickLayout {
                 bytes.len()
             ));
         }
-        if bytes[0] != LAYOUT_VERSION && bytes[0] != 1 {
+        if !(1..=LAYOUT_VERSION).contains(&bytes[0]) {
             return Err(format!(
-                "layout version {} (this build knows 1 and {LAYOUT_VERSION})",
+                "layout version {} (this build knows 1 to {LAYOUT_VERSION})",
                 bytes[0]
             ));
         }
@@ -140,13 +140,18 @@ mod tests {
         assert!(small.contains("0 bytes of staging"), "{small}");
         assert!(BrickLayout::plan(64 << 20, 8 << 20, 1000, 0).is_err());
         let mut future = layout.encode();
-        future[0] = 3;
+        future[0] = 4;
         assert!(BrickLayout::decode(&future, 64 << 20)
             .unwrap_err()
-            .contains("version 3"));
-        let mut old = layout.encode();
-        old[0] = 1;
-        assert_eq!(BrickLayout::decode_any(&old, 64 << 20), Ok((layout, 1)));
-        assert!(BrickLayout::decode(&old, 64 << 20).is_err());
+            .contains("layout version 4 (this build knows 1 to 3)"));
+        for format in [1, 2] {
+            let mut old = layout.encode();
+            old[0] = format;
+            assert_eq!(
+                BrickLayout::decode_any(&old, 64 << 20),
+                Ok((layout, format))
+            );
+            assert!(BrickLayout::decode(&old, 64 << 20).is_err());
+        }
     }
 }

@@ -33,7 +33,7 @@ pub mod versions;
 mod volume;
 
 pub use layout::{BrickLayout, LAYOUT_VERSION};
-pub use record::{IntervalRecord, RecordState, StagedExtent, RECORD_VERSION};
+pub use record::{blob_name, IntervalRecord, RecordState, StagedExtent, RECORD_VERSION};
 pub use space::FreeSpace;
 pub use store::{
     BrickOptions, BrickSettings, BrickStore, BrickSummary, OpenReport, PrepareRefusal, StepKind,

@@ -3,9 +3,10 @@
 use strata_cluster::interval::{Decision, IntervalId, Status};
 use strata_core::Fields;
 
-/// The version of interval records this build writes. It also reads version 1 (no tag) to
-/// upgrade a brick of format 1.
-pub const RECORD_VERSION: u8 = 2;
+/// The version of interval records this build writes. It also reads version 2 (no
+/// checksums: its prepares made their data durable before the record) and version 1 (no tag)
+/// to upgrade a brick of format 1.
+pub const RECORD_VERSION: u8 = 3;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RecordState {
@@ -62,6 +63,10 @@ pub struct StagedExtent {
     pub home: u64,
     pub staging: u64,
     pub len: u32,
+    /// CRC-32C of the staged bytes. A record and its data reach the medium under one sync,
+    /// so after a crash the record may be there without them: this tells. `None` only in
+    /// records of version 2 and older, whose data was durable before the record was made.
+    pub crc: Option<u32>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -74,7 +79,9 @@ pub struct IntervalRecord {
     pub extents: Vec<StagedExtent>,
 }
 
-const EXTENT_BYTES: usize = 8 + 8 + 4;
+/// An extent's bytes in version 2, and in version 3 (with its checksum).
+const EXTENT_BYTES_V2: usize = 8 + 8 + 4;
+const EXTENT_BYTES: usize = EXTENT_BYTES_V2 + 4;
 
 impl IntervalRecord {
     pub fn tombstone(state: RecordState, bricks: Vec<u64>) -> IntervalRecord {
@@ -87,10 +94,18 @@ impl IntervalRecord {
         }
     }
 
+    /// Encodes in this build's version; a record read from version 2 (its extents carry no
+    /// checksums) is encoded as it was.
     pub fn encode(&self) -> Vec<u8> {
+        let version = if self.extents.iter().all(|e| e.crc.is_some()) {
+            RECORD_VERSION
+        } else {
+            debug_assert!(self.extents.iter().all(|e| e.crc.is_none()));
+            2
+        };
         let mut out =
             Vec::with_capacity(18 + 8 * self.bricks.len() + EXTENT_BYTES * self.extents.len());
-        out.push(RECORD_VERSION);
+        out.push(version);
         out.push(self.state.code());
         out.extend_from_slice(&self.tag.to_le_bytes());
         out.extend_from_slice(&(self.bricks.len() as u32).to_le_bytes());
@@ -102,6 +117,9 @@ impl IntervalRecord {
             out.extend_from_slice(&extent.home.to_le_bytes());
             out.extend_from_slice(&extent.staging.to_le_bytes());
             out.extend_from_slice(&extent.len.to_le_bytes());
+            if version == RECORD_VERSION {
+                out.extend_from_slice(&extent.crc.unwrap_or_default().to_le_bytes());
+            }
         }
         out
     }
@@ -110,26 +128,37 @@ impl IntervalRecord {
     pub fn decode(bytes: &[u8]) -> Result<IntervalRecord, String> {
         let mut input = Fields::new(bytes, "record");
         let version = input.u8()?;
-        if version != RECORD_VERSION && version != 1 {
+        if !(1..=RECORD_VERSION).contains(&version) {
             return Err(format!(
-                "record version {version} (this build knows 1 and {RECORD_VERSION})"
+                "record version {version} (this build knows 1 to {RECORD_VERSION})"
             ));
         }
         let code = input.u8()?;
         let state = RecordState::from_code(code).ok_or(format!("unknown state {code}"))?;
-        if version == RECORD_VERSION && state == RecordState::Committed {
+        if version >= 2 && state == RecordState::Committed {
             return Err("a committed record in format 2, which commits in one step".into());
         }
         let tag = if version == 1 { 0 } else { input.u64()? };
         let bricks = (0..input.count(8)?)
             .map(|_| input.u64())
             .collect::<Result<Vec<_>, _>>()?;
-        let extents = (0..input.count(EXTENT_BYTES)?)
+        let checksummed = version == RECORD_VERSION;
+        let extent_bytes = if checksummed {
+            EXTENT_BYTES
+        } else {
+            EXTENT_BYTES_V2
+        };
+        let extents = (0..input.count(extent_bytes)?)
             .map(|_| {
                 Ok(StagedExtent {
                     home: input.u64()?,
                     staging: input.u64()?,
                     len: input.u32()?,
+                    crc: if checksummed {
+                        Some(input.u32()?)
+                    } else {
+                        None
+                    },
                 })
             })
             .collect::<Result<Vec<_>, String>>()?;
@@ -181,11 +210,13 @@ mod tests {
                     home: 4096,
                     staging: 1 << 30,
                     len: 512,
+                    crc: Some(0xdead_beef),
                 },
                 StagedExtent {
                     home: 0,
                     staging: (1 << 30) + 4096,
                     len: 65536,
+                    crc: Some(7),
                 },
             ],
         }
@@ -244,6 +275,30 @@ mod tests {
     }
 
     #[test]
+    fn version_two_records_are_read_without_checksums_and_written_back_as_they_were() {
+        let mut record = prepared();
+        for extent in &mut record.extents {
+            extent.crc = None;
+        }
+        let v2 = record.encode();
+        assert_eq!(v2[0], 2);
+        assert_eq!(v2.len(), record.encode().len());
+        assert_eq!(prepared().encode().len(), v2.len() + 4 * 2);
+        assert_eq!(IntervalRecord::decode(&v2), Ok(record));
+        // A version-3 record's extents are longer: read as version 2, bytes are left over.
+        let mut relabelled = prepared().encode();
+        relabelled[0] = 2;
+        assert!(IntervalRecord::decode(&relabelled)
+            .unwrap_err()
+            .contains("after the record"));
+        let mut future = prepared().encode();
+        future[0] = 4;
+        assert!(IntervalRecord::decode(&future)
+            .unwrap_err()
+            .contains("record version 4 (this build knows 1 to 3)"));
+    }
+
+    #[test]
     fn format_one_records_are_read_with_tag_zero() {
         // Version 1, committed, one brick (5), one extent: what a format-1 brick left.
         let mut v1 = vec![1u8, 2];
@@ -267,7 +322,9 @@ mod tests {
         #[test]
         fn any_bytes_decode_or_are_refused(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
             if let Ok(record) = IntervalRecord::decode(&bytes) {
-                if bytes[0] == RECORD_VERSION {
+                // Versions 2 and 3 read back byte for byte, except a version-2 record with no
+                // extents, which this build writes as version 3.
+                if bytes[0] == RECORD_VERSION || (bytes[0] == 2 && !record.extents.is_empty()) {
                     prop_assert_eq!(record.encode(), bytes);
                 } else if record.state != RecordState::Committed {
                     prop_assert_eq!(IntervalRecord::decode(&record.encode()), Ok(record));

@@ -305,6 +305,19 @@ pub trait BlockDevice: Send + Sync {
         write_each_durable(self, writes).await
     }
 
+    /// Writes every `(offset, data)`, then flushes: on return these writes, and every write
+    /// completed before the call, are durable. A crash before it returns may keep any of
+    /// them, and any earlier unflushed write, whole, torn or not at all, in any order. For a
+    /// record that reaches the medium under the same sync as the data it points at, where
+    /// recovery can tell whether the data landed (a brick's prepare carries checksums).
+    ///
+    /// Default: the writes at once, then a flush. A file overrides it: its `write_durable`
+    /// already ends with one sync of the whole file.
+    async fn write_and_flush(&self, writes: Vec<(u64, Bytes)>) -> Result<()> {
+        write_all(self, writes).await?;
+        self.flush().await
+    }
+
     /// Tells the device the range is no longer needed. Afterwards the range reads as zeros or
     /// as its old contents; callers that need zeros use `write_zeroes`.
     ///
@@ -378,6 +391,21 @@ pub async fn write_each_durable<D: BlockDevice + ?Sized>(
     let writes = writes
         .into_iter()
         .map(|(offset, data)| device.write(offset, data, fua));
+    // Every write is awaited, so none is still in flight when the caller hears of a failure.
+    futures_util::future::join_all(writes)
+        .await
+        .into_iter()
+        .collect()
+}
+
+/// Every `(offset, data)` as an ordinary write, all at once: none is durable on return.
+pub async fn write_all<D: BlockDevice + ?Sized>(
+    device: &D,
+    writes: Vec<(u64, Bytes)>,
+) -> Result<()> {
+    let writes = writes
+        .into_iter()
+        .map(|(offset, data)| device.write(offset, data, WriteFlags::default()));
     // Every write is awaited, so none is still in flight when the caller hears of a failure.
     futures_util::future::join_all(writes)
         .await
@@ -556,8 +584,39 @@ mod tests {
             Ok(())
         }
         async fn flush(&self) -> Result<()> {
+            self.writes.lock().unwrap().push(FLUSH);
             Ok(())
         }
+    }
+
+    /// How `Minimal` records a flush among its writes.
+    const FLUSH: (u64, usize, bool, bool) = (u64::MAX, 0, false, false);
+
+    /// The default `write_and_flush` writes (not FUA), and only then flushes: what makes the
+    /// earlier writes durable with them. The default `write_durable` is FUA writes alone.
+    #[tokio::test]
+    async fn write_and_flush_defaults_to_the_writes_then_one_flush() {
+        let device = Minimal::new(512, 1 << 20);
+        let writes = vec![
+            (0, Bytes::from(vec![1; 4096])),
+            (8192, Bytes::from(vec![2; 512])),
+        ];
+        device.write_and_flush(writes.clone()).await.unwrap();
+        assert_eq!(
+            device.writes.lock().unwrap().clone(),
+            vec![(0, 4096, false, false), (8192, 512, false, false), FLUSH]
+        );
+        let durable = Minimal::new(512, 1 << 20);
+        durable.write_durable(writes).await.unwrap();
+        assert_eq!(
+            durable.writes.lock().unwrap().clone(),
+            vec![(0, 4096, true, false), (8192, 512, true, false)]
+        );
+        // A write out of range is refused, and nothing is flushed.
+        let refused = Minimal::new(512, 1 << 20);
+        let beyond = vec![(16 << 20, Bytes::from(vec![1; 512]))];
+        assert!(refused.write_and_flush(beyond).await.is_err());
+        assert!(!refused.writes.lock().unwrap().contains(&FLUSH));
     }
 
     #[tokio::test]

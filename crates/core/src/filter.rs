@@ -73,6 +73,16 @@ pub trait Filter: Send + Sync {
         crate::write_each_durable(self, writes).await
     }
 
+    /// Not forwarded by default, for the same reason: the writes through this filter's own
+    /// `write`, then its `flush`.
+    async fn write_and_flush(&self, writes: Vec<(u64, Bytes)>) -> Result<()>
+    where
+        Self: Sized,
+    {
+        crate::write_all(self, writes).await?;
+        Filter::flush(self).await
+    }
+
     async fn discard(&self, offset: u64, len: u64) -> Result<()> {
         self.next().discard(offset, len).await
     }
@@ -119,6 +129,13 @@ impl<F: Filter> BlockDevice for F {
             Filter::geometry(self).check_range(*offset, data.len() as u64)?;
         }
         Filter::write_durable(self, writes).await
+    }
+
+    async fn write_and_flush(&self, writes: Vec<(u64, Bytes)>) -> Result<()> {
+        for (offset, data) in &writes {
+            Filter::geometry(self).check_range(*offset, data.len() as u64)?;
+        }
+        Filter::write_and_flush(self, writes).await
     }
 
     async fn discard(&self, offset: u64, len: u64) -> Result<()> {

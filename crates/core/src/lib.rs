@@ -25,9 +25,9 @@ mod stats;
 mod striped;
 
 pub use device::{
-    all_data, describe, refuse, write_each_durable, write_zeroes_by_writing, Activity, BlockDevice,
-    Control, ControlReply, DeviceRef, DeviceShare, Health, Member, NodeStatus, SpaceReport,
-    WriteFlags, ZeroFlags, ZERO_PIECE,
+    all_data, describe, refuse, write_all, write_each_durable, write_zeroes_by_writing, Activity,
+    BlockDevice, Control, ControlReply, DeviceRef, DeviceShare, Health, Member, NodeStatus,
+    SpaceReport, WriteFlags, ZeroFlags, ZERO_PIECE,
 };
 pub use error::{errno, BlockError, Result};
 pub use extent::{push_extent, Extent, ExtentState};

@@ -76,8 +76,10 @@ pub struct StoreOptions {
     pub name: String,
     /// Devices that hold data the metadata points to; flushed before every commit.
     pub data_devices: Vec<DeviceRef>,
-    /// Test-only: skip the data flush before a commit. This plants the ordering bug (data
-    /// committed after its metadata) the crash harness must catch.
+    /// Test-only: skip the data flush before a commit, and the one after a batch whose data
+    /// it covers (its copies then go as `write_durable`, which need not make earlier writes
+    /// durable). This plants the ordering bug (data committed after its metadata) the crash
+    /// harness must catch.
     #[doc(hidden)]
     pub unsafe_skip_data_barrier: bool,
 }
@@ -157,12 +159,26 @@ impl Txn {
     }
 }
 
+/// What a transaction's commit must do for the data it points at.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum DataRule {
+    /// Flush the data devices before the journal write.
+    Barrier,
+    /// Nothing: the caller made it durable.
+    Durable,
+    /// Flush the store's own device after the journal write.
+    Covered,
+}
+
 struct Shared {
     state: State,
     pending: PendingBatch,
     /// A transaction in `pending` points at data that only the commit's data barrier makes
     /// durable (see [`MetaStore::transact_data_durable`]).
     pending_needs_barrier: bool,
+    /// A transaction in `pending` points at data on the store's own device that the commit's
+    /// own sync makes durable (see [`MetaStore::transact_data_covered`]).
+    pending_covered: bool,
     next_txn: u64,
     /// Every transaction numbered below this is durable.
     durable_txn: u64,
@@ -302,6 +318,7 @@ impl MetaStore {
         let shared = Shared {
             pending: PendingBatch::new(recovered.next_txn),
             pending_needs_barrier: false,
+            pending_covered: false,
             next_txn: recovered.next_txn,
             durable_txn: recovered.next_txn,
             state: recovered.state,
@@ -363,7 +380,7 @@ impl MetaStore {
         class: TxnClass,
         build: impl FnOnce(&State, &mut Txn) -> Result<R>,
     ) -> Result<R> {
-        self.transact_inner(class, true, build)
+        self.transact_inner(class, DataRule::Barrier, build)
     }
 
     /// [`Self::transact`] for a transaction whose caller has already made durable every byte
@@ -376,13 +393,28 @@ impl MetaStore {
         class: TxnClass,
         build: impl FnOnce(&State, &mut Txn) -> Result<R>,
     ) -> Result<R> {
-        self.transact_inner(class, false, build)
+        self.transact_inner(class, DataRule::Durable, build)
+    }
+
+    /// [`Self::transact`] for a transaction that points at data its caller wrote to the
+    /// store's own device and did not make durable. The commit that carries it writes its
+    /// journal batch and then flushes the device once: the data and the record become
+    /// durable under one sync, instead of a barrier's sync and then the journal's. A crash
+    /// before that flush may keep the record without the data, so only a caller that can
+    /// tell at recovery whether its data landed may use this (a brick's prepare: the record
+    /// carries checksums of its staged data, and was not acknowledged before the flush).
+    pub fn transact_data_covered<R>(
+        &self,
+        class: TxnClass,
+        build: impl FnOnce(&State, &mut Txn) -> Result<R>,
+    ) -> Result<R> {
+        self.transact_inner(class, DataRule::Covered, build)
     }
 
     fn transact_inner<R>(
         &self,
         class: TxnClass,
-        needs_barrier: bool,
+        rule: DataRule,
         build: impl FnOnce(&State, &mut Txn) -> Result<R>,
     ) -> Result<R> {
         let mut shared = self.write_shared();
@@ -408,7 +440,8 @@ impl MetaStore {
             error
         })?;
         shared.pending.push(&txn.ops);
-        shared.pending_needs_barrier |= needs_barrier;
+        shared.pending_needs_barrier |= rule == DataRule::Barrier;
+        shared.pending_covered |= rule == DataRule::Covered;
         shared.next_txn += 1;
         self.counters.txn(txn.ops.len());
         self.watch_space(&mut shared);
@@ -481,7 +514,7 @@ impl MetaStore {
 
     async fn commit_locked(&self, committer: &mut Committer) -> Result<()> {
         let started = std::time::Instant::now();
-        let (batch, upto, checkpoint, needs_barrier) = {
+        let (batch, upto, checkpoint, needs_barrier, covered) = {
             let mut shared = self.write_shared();
             // A commit that failed took its batch with it: the pending batch no longer holds
             // those transactions, so "nothing pending" below would call them durable (and a
@@ -492,6 +525,7 @@ impl MetaStore {
             let upto = shared.next_txn;
             let batch = std::mem::replace(&mut shared.pending, PendingBatch::new(upto));
             let needs_barrier = std::mem::take(&mut shared.pending_needs_barrier);
+            let covered = std::mem::take(&mut shared.pending_covered);
             if batch.is_empty() {
                 shared.durable_txn = upto;
                 return Ok(());
@@ -503,16 +537,20 @@ impl MetaStore {
                 encode_checkpoint(&shared.state, &mut stream);
                 stream
             });
-            (batch, upto, checkpoint, needs_barrier)
+            (batch, upto, checkpoint, needs_barrier, covered)
         };
         let result = async {
-            if needs_barrier {
+            // A checkpoint is written in several steps: data it covers is made durable first.
+            if needs_barrier || (covered && checkpoint.is_some()) {
                 self.data_barrier().await?;
             }
             match checkpoint {
                 // The batch's transactions are only in this checkpoint.
                 Some(stream) => self.write_checkpoint(committer, &stream, upto, true).await,
-                None => self.write_batch(committer, &batch).await,
+                None => {
+                    let flush_after = covered && !needs_barrier;
+                    self.write_batch(committer, &batch, flush_after).await
+                }
             }
         }
         .await;
@@ -542,7 +580,15 @@ impl MetaStore {
         self.device.flush().await
     }
 
-    async fn write_batch(&self, committer: &mut Committer, batch: &PendingBatch) -> Result<()> {
+    /// `flush_after`: the batch carries transactions whose data is not durable yet
+    /// ([`Self::transact_data_covered`]); the copies are written and the device flushed, which
+    /// makes that data durable with them.
+    async fn write_batch(
+        &self,
+        committer: &mut Committer,
+        batch: &PendingBatch,
+        flush_after: bool,
+    ) -> Result<()> {
         let superblock = &committer.superblock;
         let epoch = superblock.generation;
         let unit = block::encode_unit(
@@ -559,7 +605,12 @@ impl MetaStore {
         // batch with one valid copy as "completed, then damaged or torn", never as lost.
         let offsets = (0..superblock.journal_copies())
             .map(|copy| superblock.journal_copy_offset(copy, committer.journal_block));
-        crate::write_copies(&*self.device, offsets, unit).await?;
+        if flush_after && !self.options.unsafe_skip_data_barrier {
+            let writes = offsets.map(|offset| (offset, unit.clone())).collect();
+            self.device.write_and_flush(writes).await?;
+        } else {
+            crate::write_copies(&*self.device, offsets, unit).await?;
+        }
         committer.journal_block += blocks;
         committer.batch_seq += 1;
         self.counters.batch(blocks);
@@ -620,7 +671,7 @@ impl MetaStore {
         committer.batch_seq = 0;
         self.counters.checkpoint(stream.len() as u64);
         if carries_new {
-            self.write_batch(committer, &PendingBatch::new(upto))
+            self.write_batch(committer, &PendingBatch::new(upto), false)
                 .await?;
         }
         Ok(())
@@ -634,6 +685,7 @@ impl MetaStore {
             let upto = shared.next_txn;
             shared.pending = PendingBatch::new(upto);
             shared.pending_needs_barrier = false;
+            shared.pending_covered = false;
             let mut stream = Vec::new();
             encode_checkpoint(&shared.state, &mut stream);
             (stream, upto, upto > shared.durable_txn)

@@ -43,6 +43,7 @@ pub fn place(writes: &[(u64, Bytes)], runs: &[(u64, u64)], home_offset: u64) -> 
                     home: at,
                     staging,
                     len,
+                    crc: None,
                 });
             }
             at = piece_end;
@@ -204,17 +205,20 @@ mod tests {
                 StagedExtent {
                     home: HOME + 3584,
                     staging: POOL + 3584,
-                    len: 512
+                    len: 512,
+                    crc: None,
                 },
                 StagedExtent {
                     home: HOME + 4096,
                     staging: POOL + 5 * UNIT,
-                    len: 512
+                    len: 512,
+                    crc: None,
                 },
                 StagedExtent {
                     home: HOME + 8192,
                     staging: POOL + 10 * UNIT,
-                    len: 8192
+                    len: 8192,
+                    crc: None,
                 },
             ]
         );

@@ -124,7 +124,10 @@ pub struct OpenReport {
     pub redone: usize,
     /// Decided intervals kept to answer peers.
     pub tombstones: usize,
-    /// A format-1 brick was upgraded to format 2.
+    /// Prepares whose record was found without all of its staged data (the power failed
+    /// before the flush that acknowledges a prepare), aborted at the open.
+    pub unlanded: usize,
+    /// A brick of an older format was upgraded to this build's.
     pub upgraded: bool,
     /// A roll-back or a version's deletion a crash interrupted, finished.
     pub finished: Option<String>,
@@ -235,18 +238,23 @@ pub struct BrickStore {
     disk: Arc<DiskHealth>,
     /// Prepares voted no since the open, by class.
     refusals: RefusalCounts,
-    /// Test-only ([`BrickSettings::unsafe_skip_data_barrier`]): records point at data
-    /// never flushed.
+    /// Test-only ([`BrickSettings::unsafe_skip_data_barrier`]): filled-in units are not
+    /// flushed before the commit's map points at them.
     skip_data_flush: bool,
 }
 
 /// How a store runs (as opposed to how it is laid out, [`BrickOptions`]).
 #[derive(Clone, Debug, Default)]
 pub struct BrickSettings {
-    /// Test-only: commit records without first flushing the staged data they point to. This
-    /// plants the ordering bug the crash harness must catch.
+    /// Test-only: commit records without making the staged data they point to durable with
+    /// them. This plants the ordering bug the crash harness must catch.
     #[doc(hidden)]
     pub unsafe_skip_data_barrier: bool,
+    /// Test-only: at open, trust every prepared record without checking its data against
+    /// its checksums. This plants the bug the checksums are there for: a prepare whose record
+    /// landed without its data is served as prepared.
+    #[doc(hidden)]
+    pub unsafe_skip_checksums: bool,
     /// Test-only: entries a roll-back or a deletion moves per transaction (0: the default),
     /// small so that the crash harness cuts power between its transactions.
     #[doc(hidden)]
@@ -528,8 +536,8 @@ impl BrickStore {
                 Admitted::Answer(no) => return Ok(no),
             }
         };
-        let extents = map::place(&writes, &runs, self.layout.home_offset);
-        let staged = self.stage(&writes, &extents).await;
+        let mut extents = map::place(&writes, &runs, self.layout.home_offset);
+        let staged = self.stage(&writes, &mut extents).await;
         let outcome = {
             let mut mem = self.lock();
             mem.preparing.remove(&id);
@@ -662,7 +670,7 @@ impl BrickStore {
     }
 
     /// Makes the data written so far durable, before a transaction made with
-    /// `transact_data_durable` points at it (see `stage`).
+    /// `transact_data_durable` points at it (a commit's filled-in units).
     async fn flush_data(&self) -> Result<()> {
         if self.skip_data_flush {
             return Ok(());
@@ -670,35 +678,28 @@ impl BrickStore {
         self.device.flush().await
     }
 
-    /// Writes each write's bytes to its extents (`place` cut them in order) and makes them
-    /// durable, before the record that points at them is made (`transact_data_durable`): in
-    /// one call, which a file serves with one trip to a blocking thread and one sync. Each
-    /// prepare makes its own data durable, side by side with other prepares and commits,
-    /// rather than in the commit that carries its record: the store writes one commit at a
-    /// time, and a data barrier inside it (1 ms for a 1 MiB interval) held every other
-    /// interval's record back for that long.
-    async fn stage(&self, writes: &[(u64, Bytes)], extents: &[StagedExtent]) -> Result<()> {
+    /// Writes each write's bytes to its extents (`place` cut them in order) and sets each
+    /// extent's checksum. Nothing is made durable here: the metadata commit that carries the
+    /// record writes it and then flushes the device once (`transact_data_covered`), which
+    /// makes this data durable with it. Each prepare used to sync its own data first, a second
+    /// sync in a row at one outstanding. A crash before that flush may keep the record without
+    /// its data; such a prepare was never acknowledged, and the checksums let the open find it
+    /// and abort it (`open::drop_unlanded`).
+    async fn stage(&self, writes: &[(u64, Bytes)], extents: &mut [StagedExtent]) -> Result<()> {
         let mut pieces = Vec::new();
-        let mut extents = extents.iter();
+        let mut extents = extents.iter_mut();
         for (_, bytes) in writes {
             let mut used = 0;
             while used < bytes.len() {
                 let extent = extents.next().expect("the extents cover the writes");
                 let end = used + extent.len as usize;
-                self.cut(&mut pieces, extent.staging, bytes.slice(used..end));
+                let piece = bytes.slice(used..end);
+                extent.crc = Some(crc32c::crc32c(&piece));
+                self.cut(&mut pieces, extent.staging, piece);
                 used = end;
             }
         }
-        if self.skip_data_flush {
-            // The planted bug: the data is written but not made durable before its record.
-            for (offset, data) in pieces {
-                self.device
-                    .write(offset, data, WriteFlags::default())
-                    .await?;
-            }
-            return Ok(());
-        }
-        self.device.write_durable(pieces).await
+        strata_core::write_all(&*self.device, pieces).await
     }
 
     fn record_new(&self, id: IntervalId, record: &IntervalRecord) -> Result<ObjectId> {
@@ -721,9 +722,9 @@ impl BrickStore {
         let name = blob_name(id);
         let encoded = record.encode();
         let epochs = self.epochs_table;
-        // The staged data was made durable (`stage`) before this record is made.
+        // The staged data is written, not yet durable: the commit's flush covers both (`stage`).
         self.meta
-            .transact_data_durable(TxnClass::Normal, |state, txn| {
+            .transact_data_covered(TxnClass::Normal, |state, txn| {
                 let blob = txn.create_blob(&name);
                 txn.put_blob(blob, encoded);
                 let table = state.table(epochs).expect("checked at open");

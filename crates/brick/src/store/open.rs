@@ -14,8 +14,8 @@ use super::{
     FENCED_TABLE, FORGOTTEN_TABLE, LAYOUT_BLOB, MAP_TABLE,
 };
 use crate::failstop::DiskHealth;
-use crate::layout::BrickLayout;
-use crate::record::{blob_name, parse_blob_name, IntervalRecord, RecordState};
+use crate::layout::{BrickLayout, LAYOUT_VERSION};
+use crate::record::{blob_name, parse_blob_name, IntervalRecord, RecordState, StagedExtent};
 use crate::space::{FreeSpace, UNIT};
 
 /// What the metadata says, read in one look.
@@ -147,10 +147,15 @@ impl BrickStore {
             let id = state.id(LAYOUT_BLOB).ok_or_else(|| corrupt("no layout"))?;
             BrickLayout::decode_any(state.blob(id).unwrap_or_default(), size).map_err(corrupt)
         })?;
-        if format == 1 {
-            upgrade_format_one(&device, &meta, &layout, &mut report).await?;
+        match format {
+            1 => upgrade_format_one(&device, &meta, &layout, &mut report).await?,
+            2 => upgrade_format_two(&meta, &layout, &mut report).await?,
+            _ => {}
         }
-        let found = meta.read(read_found)?;
+        let mut found = meta.read(read_found)?;
+        if !settings.unsafe_skip_checksums {
+            report.unlanded = abort_unlanded(&device, &meta, &mut found.records).await?;
+        }
         let home_units = layout.home_bytes / UNIT;
         let mut claims = Claims {
             space: FreeSpace::new(layout.home_offset, layout.data_end() - layout.home_offset),
@@ -337,7 +342,105 @@ async fn upgrade_format_one(
     report.upgraded = true;
     tracing::info!(
         redone = report.redone,
-        "brick upgraded from format 1 to format 2"
+        "brick upgraded from format 1 to format {LAYOUT_VERSION}"
     );
     Ok(())
+}
+
+/// Format 3 differs from format 2 only in its prepared records, which carry checksums of
+/// their staged data: format 2's records are read as they are. The layout's version is raised
+/// so that a build of format 2 refuses the brick by its layout rather than by its first new
+/// record.
+async fn upgrade_format_two(
+    meta: &Arc<MetaStore>,
+    layout: &BrickLayout,
+    report: &mut OpenReport,
+) -> Result<()> {
+    let encoded_layout = layout.encode();
+    meta.transact(TxnClass::Reclaim, |state, txn| {
+        let layout_id = state.id(LAYOUT_BLOB).expect("read above");
+        txn.put_blob(layout_id, encoded_layout);
+        Ok(())
+    })?;
+    meta.commit().await?;
+    report.upgraded = true;
+    tracing::info!("brick upgraded from format 2 to format {LAYOUT_VERSION}");
+    Ok(())
+}
+
+/// A prepare's record and its staged data reach the medium under one sync (`stage`), and a
+/// power failure before that sync may keep the record without all of the data. Such a
+/// prepare was never acknowledged, so no host can have committed its interval: it becomes an
+/// aborted tombstone, durable before the brick serves (a duplicate of the prepare arriving
+/// late is refused, as after any abort), and its units are free. Served as prepared, a
+/// repeated prepare would have voted yes for data that is not there.
+///
+/// Records of format 2 carry no checksums; their data was durable before them.
+async fn abort_unlanded(
+    device: &DeviceRef,
+    meta: &Arc<MetaStore>,
+    records: &mut [(IntervalId, ObjectId, IntervalRecord)],
+) -> Result<usize> {
+    let mut unlanded = Vec::new();
+    for (index, (_, _, record)) in records.iter().enumerate() {
+        if record.state != RecordState::Prepared {
+            continue;
+        }
+        for extent in &record.extents {
+            if !extent_landed(device, extent).await? {
+                unlanded.push(index);
+                break;
+            }
+        }
+    }
+    if unlanded.is_empty() {
+        return Ok(0);
+    }
+    let tombstones: Vec<(ObjectId, IntervalRecord)> = unlanded
+        .iter()
+        .map(|&index| {
+            let (_, blob, record) = &records[index];
+            let tombstone = IntervalRecord::tombstone(RecordState::Aborted, record.bricks.clone());
+            (*blob, tombstone)
+        })
+        .collect();
+    meta.transact(TxnClass::Reclaim, |_, txn| {
+        for (blob, tombstone) in &tombstones {
+            txn.put_blob(*blob, tombstone.encode());
+        }
+        Ok(())
+    })?;
+    meta.commit().await?;
+    for (&index, (_, tombstone)) in unlanded.iter().zip(tombstones) {
+        let (id, _, record) = &mut records[index];
+        tracing::warn!(
+            interval = ?id,
+            "a prepare's record was found without all of its data (the power failed before \
+             it was acknowledged): the interval is aborted here"
+        );
+        *record = tombstone;
+    }
+    Ok(unlanded.len())
+}
+
+/// Whether an extent's staged bytes match its checksum. One outside the device is left to the
+/// open's checks, which refuse the brick naming the record.
+async fn extent_landed(device: &DeviceRef, extent: &StagedExtent) -> Result<bool> {
+    let Some(expected) = extent.crc else {
+        return Ok(true);
+    };
+    let end = extent.staging.checked_add(u64::from(extent.len));
+    if end.is_none_or(|end| end > device.geometry().size) {
+        return Ok(true);
+    }
+    let max = device.geometry().max_io as u64;
+    let mut crc = 0;
+    let mut at = 0;
+    while at < u64::from(extent.len) {
+        let len = (u64::from(extent.len) - at).min(max);
+        let data = device.read(extent.staging + at, len as usize).await?;
+        crc = crc32c::crc32c_append(crc, &data);
+        at += len;
+    }
+    Ok(crc == expected)
 }

@@ -185,7 +185,7 @@ async fn a_served_brick_counts_its_calls_and_reports_its_store() {
     // Describe carries the store's summary whole.
     let described = client.describe().await.unwrap();
     assert_eq!(described, store.summary());
-    assert_eq!(described.format, 2);
+    assert_eq!(described.format, 3);
     assert_eq!(described.share_bytes, HOME);
     assert_eq!(described.units.away, 2);
     assert_eq!(described.step, None);

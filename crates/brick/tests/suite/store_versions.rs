@@ -336,6 +336,7 @@ async fn a_format_one_brick_is_upgraded_and_its_committed_intervals_redone() {
             home: layout.home_offset + 1024,
             staging: layout.staging_offset + 512,
             len: 1024,
+            crc: None,
         }],
     };
     as_format_one(
@@ -349,7 +350,7 @@ async fn a_format_one_brick_is_upgraded_and_its_committed_intervals_redone() {
     assert_eq!(report.redone, 1);
     assert_eq!(store.read(1024, 1024).await.unwrap(), data(a, 0, 1024));
     assert_no_space_lost(&store).await;
-    // And it is format 2 now: versions work.
+    // And it is format 3 now: versions work.
     store.seal_version(1).await.unwrap();
     let b = id(1, 2);
     commit(&store, b, 1, vec![(0, data(b, 0, UNIT))]).await;
@@ -376,6 +377,7 @@ async fn a_format_one_brick_with_intervals_in_doubt_is_refused_not_guessed() {
             home: layout.home_offset,
             staging: layout.staging_offset + 512,
             len: 512,
+            crc: None,
         }],
     };
     as_format_one(&device, vec![(id(1, 1), record)], Vec::new()).await;
@@ -446,4 +448,118 @@ async fn a_sealed_version_is_final_stragglers_after_it_are_refused() {
     );
     let listed = store.try_in_doubt_tagged().await.unwrap();
     assert!(listed.is_empty());
+}
+
+/// Opens the brick's metadata store by itself, to read or forge what a brick left.
+async fn meta_of(device: &DeviceRef) -> Arc<MetaStore> {
+    let recovered = strata_meta::recover(device.as_ref(), 0).await.unwrap();
+    let (meta, _) =
+        MetaStore::open_recovered(device.clone(), recovered, StoreOptions::new("inspecting"))
+            .await
+            .unwrap();
+    meta
+}
+
+fn record_of(meta: &MetaStore, id: IntervalId) -> (strata_meta::ObjectId, IntervalRecord) {
+    meta.read(|state| {
+        let blob = state.id(&strata_brick::blob_name(id)).unwrap();
+        let record = IntervalRecord::decode(state.blob(blob).unwrap()).unwrap();
+        (blob, record)
+    })
+}
+
+/// A prepare's record and its data share one sync, so a power cut can keep the record
+/// without the data. The open finds it by its checksums and aborts the interval: never served
+/// as prepared, a late duplicate of the prepare refused, its units free. Another interval in
+/// doubt, whole, stays in doubt.
+#[tokio::test]
+async fn a_prepare_whose_data_did_not_land_is_aborted_at_the_open() {
+    let group = CrashGroup::new();
+    let (device, store) = fresh(&group).await;
+    let (torn, whole) = (id(1, 1), id(2, 1));
+    prepare(&store, torn, 0, vec![(0, data(torn, 0, 2 * UNIT))]).await;
+    prepare(
+        &store,
+        whole,
+        0,
+        vec![(4 * UNIT as u64, data(whole, 0, UNIT))],
+    )
+    .await;
+    drop(store);
+    let (_, record) = record_of(&*meta_of(&device).await, torn);
+    assert!(record.extents.iter().all(|e| e.crc.is_some()), "{record:?}");
+    // The second unit of its data never reached the medium: what was there before stays.
+    let second = record.extents.last().unwrap();
+    let at = second.staging + u64::from(second.len) - 512;
+    device
+        .write(at, Bytes::from(vec![0u8; 512]), WriteFlags::default())
+        .await
+        .unwrap();
+    let (store, report) = BrickStore::open(device.clone()).await.unwrap();
+    assert_eq!((report.unlanded, report.in_doubt), (1, 1), "{report:?}");
+    assert_eq!(
+        store.status(torn).await,
+        Some(strata_cluster::interval::Status::Decided(Decision::Abort))
+    );
+    let again = store
+        .prepare(torn, vec![0], vec![(0, data(torn, 0, 2 * UNIT))], &[])
+        .await
+        .unwrap();
+    assert!(
+        matches!(&again, Vote::No(why) if why.contains("already decided")),
+        "{again:?}"
+    );
+    assert_eq!(store.read(0, 2 * UNIT).await.unwrap(), vec![0u8; 2 * UNIT]);
+    assert!(store.decide(whole, Decision::Commit).await.unwrap());
+    assert_eq!(
+        store.read(4 * UNIT as u64, UNIT).await.unwrap(),
+        data(whole, 0, UNIT)
+    );
+    assert_no_space_lost(&store).await;
+    // The abort is durable: the next open finds nothing to do.
+    drop(store);
+    let (_, report) = BrickStore::open(device).await.unwrap();
+    assert_eq!((report.unlanded, report.in_doubt), (0, 0), "{report:?}");
+}
+
+/// Format 2 made a prepare's data durable before its record, which carries no checksums. Such
+/// a brick is upgraded to format 3 at its next open, and its intervals in doubt are kept as
+/// they are and can be committed.
+#[tokio::test]
+async fn a_format_two_brick_is_upgraded_and_its_prepares_kept_without_checksums() {
+    let group = CrashGroup::new();
+    let (device, store) = fresh(&group).await;
+    let a = id(1, 1);
+    prepare(&store, a, 0, vec![(UNIT as u64, data(a, 0, UNIT))]).await;
+    drop(store);
+    let meta = meta_of(&device).await;
+    let (blob, mut record) = record_of(&meta, a);
+    for extent in &mut record.extents {
+        extent.crc = None;
+    }
+    meta.transact(TxnClass::Normal, |state, txn| {
+        let layout = state.id("layout").unwrap();
+        let mut bytes = state.blob(layout).unwrap().to_vec();
+        bytes[0] = 2;
+        txn.put_blob(layout, bytes);
+        let encoded = record.encode();
+        assert_eq!(encoded[0], 2);
+        txn.put_blob(blob, encoded);
+        Ok(())
+    })
+    .unwrap();
+    meta.commit().await.unwrap();
+    drop(meta);
+    let (store, report) = BrickStore::open(device.clone()).await.unwrap();
+    assert!(report.upgraded);
+    assert_eq!((report.in_doubt, report.unlanded), (1, 0), "{report:?}");
+    assert_eq!(store.summary().format, 3);
+    assert!(store.decide(a, Decision::Commit).await.unwrap());
+    assert_eq!(
+        store.read(UNIT as u64, UNIT).await.unwrap(),
+        data(a, 0, UNIT)
+    );
+    drop(store);
+    let (_, report) = BrickStore::open(device).await.unwrap();
+    assert!(!report.upgraded, "upgraded once");
 }

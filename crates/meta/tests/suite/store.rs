@@ -272,3 +272,57 @@ async fn only_a_commit_carrying_a_transaction_whose_data_may_not_be_durable_flus
     assert_eq!(flushes(), before + 1);
     assert_eq!(store.uncommitted(), 0);
 }
+
+/// A transaction whose data is not durable yet (`transact_data_covered`): its commit writes
+/// the journal batch and then flushes once, which leaves the data durable with it. With the
+/// planted bug the copies go as FUA writes only, and the data is not durable.
+#[tokio::test]
+async fn a_covered_transaction_and_its_data_become_durable_under_one_flush() {
+    for planted in [false, true] {
+        let group = strata_crash::CrashGroup::new();
+        let disk = group.disk(strata_crash::sector_disk(8 << 20));
+        let mut options = StoreOptions::new("t");
+        options.unsafe_skip_data_barrier = planted;
+        let store = MetaStore::format(
+            Arc::new(disk.clone()),
+            0,
+            1 << 20,
+            FormatOptions::new("t"),
+            options,
+        )
+        .await
+        .unwrap();
+        let map = create_map(&store);
+        store.commit().await.unwrap();
+        let data = bytes::Bytes::from(vec![0x5a; 4096]);
+        strata_core::BlockDevice::write(&disk, 4 << 20, data.clone(), Default::default())
+            .await
+            .unwrap();
+        let before = disk.stats().flushes;
+        store
+            .transact_data_covered(TxnClass::Normal, |_, txn| {
+                txn.set(map, 1, &1u64.to_le_bytes());
+                Ok(())
+            })
+            .unwrap();
+        store.commit().await.unwrap();
+        let durable = disk.durable_image().read(4 << 20, 4096);
+        if planted {
+            assert_eq!(disk.stats().flushes, before);
+            assert_ne!(durable, data[..], "the planted bug left the data durable");
+        } else {
+            assert_eq!(disk.stats().flushes, before + 1);
+            assert_eq!(durable, data[..]);
+        }
+        // A later batch of ordinary durable-data transactions does not flush again.
+        store
+            .transact_data_durable(TxnClass::Normal, |_, txn| {
+                txn.set(map, 2, &1u64.to_le_bytes());
+                Ok(())
+            })
+            .unwrap();
+        let before = disk.stats().flushes;
+        store.commit().await.unwrap();
+        assert_eq!(disk.stats().flushes, before);
+    }
+}
