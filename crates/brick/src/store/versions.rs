@@ -109,6 +109,12 @@ impl VersionsBlob {
             ));
         }
         let pending = match kind {
+            // This build writes a zero there; anything else is damage, not a step.
+            0 if number != 0 => {
+                return Err(format!(
+                    "no step in the versions blob, but version {number} named for one"
+                ))
+            }
             0 => None,
             1 => Some(Pending::Rollback(number)),
             2 => Some(Pending::Delete(number)),
@@ -495,6 +501,13 @@ mod tests {
             .unwrap_err()
             .contains("unknown step 7"));
         assert!(VersionsBlob::decode(&bad[..5]).is_err());
+        // Found by fuzzing (`brick_records`): a version named with no step decoded, and
+        // re-encoded without it.
+        let mut stray = VersionsBlob::default().encode();
+        stray[25] = 255;
+        assert!(VersionsBlob::decode(&stray)
+            .unwrap_err()
+            .contains("no step in the versions blob, but version"));
         let mut ahead = VersionsBlob::default().encode();
         ahead[9] = 1;
         assert!(VersionsBlob::decode(&ahead)
