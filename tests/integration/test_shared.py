@@ -614,7 +614,7 @@ def test_a_brick_reports_its_calls_space_versions_and_roll_back_in_metrics_and_s
     etcd, bricks = cluster
     b0 = bricks[0]
     before = b0.metrics()
-    assert before["strata_brick_format"] == 2
+    assert before["strata_brick_format"] == 3
     assert before["strata_brick_share_bytes"] == HOME
     assert before["strata_brick_units_kept"] == 0
     assert 'strata_brick_rpcs_total{kind="prepare"}' not in before, before
