@@ -684,7 +684,7 @@ impl BrickStore {
     /// makes this data durable with it. Each prepare used to sync its own data first, a second
     /// sync in a row at one outstanding. A crash before that flush may keep the record without
     /// its data; such a prepare was never acknowledged, and the checksums let the open find it
-    /// and abort it (`open::drop_unlanded`).
+    /// and abort it (`open::abort_unlanded`).
     async fn stage(&self, writes: &[(u64, Bytes)], extents: &mut [StagedExtent]) -> Result<()> {
         let mut pieces = Vec::new();
         let mut extents = extents.iter_mut();
