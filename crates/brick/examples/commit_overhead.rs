@@ -17,16 +17,13 @@ use std::time::{Duration, Instant};
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use strata_backend::{FileDevice, FileOptions, MemoryDevice};
 use strata_brick::commit::run_interval;
 use strata_brick::rpc::{serve, BrickClient};
 use strata_brick::{BrickOptions, BrickStore, Vote};
 use strata_cluster::interval::{Decision, IntervalId};
-use strata_core::{
-    async_trait, BlockDevice, Capabilities, Control, ControlReply, DeviceRef, Extent, Geometry,
-    TokioRuntime, WriteFlags, ZeroFlags,
-};
+use strata_core::{async_trait, DeviceRef, Filter, TokioRuntime, WriteFlags};
 
 const MIB: u64 = 1 << 20;
 
@@ -375,17 +372,9 @@ struct SyncCounter {
 }
 
 #[async_trait]
-impl BlockDevice for SyncCounter {
-    fn geometry(&self) -> Geometry {
-        self.inner.geometry()
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-
-    async fn read(&self, offset: u64, len: usize) -> strata_core::Result<BytesMut> {
-        self.inner.read(offset, len).await
+impl Filter for SyncCounter {
+    fn next(&self) -> &DeviceRef {
+        &self.inner
     }
 
     async fn write(&self, offset: u64, data: Bytes, flags: WriteFlags) -> strata_core::Result<()> {
@@ -408,26 +397,5 @@ impl BlockDevice for SyncCounter {
     async fn write_and_flush(&self, writes: Vec<(u64, Bytes)>) -> strata_core::Result<()> {
         self.syncs.fetch_add(1, Relaxed);
         self.inner.write_and_flush(writes).await
-    }
-
-    async fn discard(&self, offset: u64, len: u64) -> strata_core::Result<()> {
-        self.inner.discard(offset, len).await
-    }
-
-    async fn write_zeroes(
-        &self,
-        offset: u64,
-        len: u64,
-        flags: ZeroFlags,
-    ) -> strata_core::Result<()> {
-        self.inner.write_zeroes(offset, len, flags).await
-    }
-
-    async fn block_status(&self, offset: u64, len: u64) -> strata_core::Result<Vec<Extent>> {
-        self.inner.block_status(offset, len).await
-    }
-
-    async fn control(&self, request: Control) -> strata_core::Result<ControlReply> {
-        self.inner.control(request).await
     }
 }

@@ -387,15 +387,7 @@ pub async fn write_each_durable<D: BlockDevice + ?Sized>(
     device: &D,
     writes: Vec<(u64, Bytes)>,
 ) -> Result<()> {
-    let fua = WriteFlags { fua: true };
-    let writes = writes
-        .into_iter()
-        .map(|(offset, data)| device.write(offset, data, fua));
-    // Every write is awaited, so none is still in flight when the caller hears of a failure.
-    futures_util::future::join_all(writes)
-        .await
-        .into_iter()
-        .collect()
+    write_each(device, writes, WriteFlags { fua: true }).await
 }
 
 /// Every `(offset, data)` as an ordinary write, all at once: none is durable on return.
@@ -403,9 +395,17 @@ pub async fn write_all<D: BlockDevice + ?Sized>(
     device: &D,
     writes: Vec<(u64, Bytes)>,
 ) -> Result<()> {
+    write_each(device, writes, WriteFlags::default()).await
+}
+
+async fn write_each<D: BlockDevice + ?Sized>(
+    device: &D,
+    writes: Vec<(u64, Bytes)>,
+    flags: WriteFlags,
+) -> Result<()> {
     let writes = writes
         .into_iter()
-        .map(|(offset, data)| device.write(offset, data, WriteFlags::default()));
+        .map(|(offset, data)| device.write(offset, data, flags));
     // Every write is awaited, so none is still in flight when the caller hears of a failure.
     futures_util::future::join_all(writes)
         .await
