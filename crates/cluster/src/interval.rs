@@ -6,20 +6,26 @@
 //! 1. At `end`, the client sends each brick the interval touches a **prepare** with that
 //!    brick's writes and the list of every brick involved. A brick records the prepare
 //!    durably in its log before it votes yes; nothing of it is visible yet.
-//! 2. Once every brick voted yes, the client sends **commit** to each. A brick records the
-//!    decision durably and makes the writes visible. The client reports the interval ended
-//!    once every commit is acknowledged. Any refusal or silence before that: the client sends
-//!    **abort**, and the interval is gone everywhere.
+//! 2. **The interval is committed once every brick has voted yes**, unless an abort is
+//!    durable on one of them (Sinfonia's rule, Aguilera et al., SOSP 2007). The client
+//!    reports it ended then, and sends **commit** to each brick after, off the interval's
+//!    path: a brick records the decision durably and makes the writes visible. Any refusal
+//!    or silence before every yes: the client sends **abort**, and reports the interval
+//!    aborted only once a brick has acknowledged that abort (made it durable). Until then the
+//!    interval may still land whole: a brick that voted yes in a reply the client never got
+//!    holds it prepared, and if every brick does, it is committed.
 //! 3. **In doubt.** A brick holding a prepare with no decision (the client died, or went
-//!    silent) may decide it only once the client is fenced (its lease ran out, so no commit of
-//!    it can arrive any more). It asks the other bricks of the interval ([`resolve`]): one
-//!    that committed means commit; one that aborted, or never prepared, means abort (the
-//!    client cannot have sent a commit); all prepared and none decided means the client never
-//!    sent a commit that landed, and never reported the interval ended: abort.
+//!    silent) may decide it only once the client is fenced (its lease ran out, so no message
+//!    of it is taken any more, prepares included). It asks the other bricks of the interval
+//!    ([`resolve`]): one that aborted, or never prepared, means abort (no brick can prepare
+//!    it any more, so the client never had every yes); every one prepared or committed means
+//!    commit (the client may have had every yes, and reported it ended).
 //!
-//! Unlike RIBD, a brick acknowledges a commit only once the decision is durable, so an
-//! interval the client was told is ended survives any crash (RIBD acknowledged before the data
-//! reached the disk, to save time in the commit).
+//! Unlike RIBD, a brick votes yes only once its prepare is durable, and acknowledges an abort
+//! only once it is durable, so what the client reports survives any crash (RIBD acknowledged
+//! before the data reached the disk, to save time in the commit). RIBD kept the commit on the
+//! interval's path; Sinfonia's rule takes it off, so an interval costs one round trip and one
+//! durable write per brick.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -197,12 +203,16 @@ pub fn resolve(entries: &[Option<&Entry>]) -> Decision {
 /// gets them. Every brick of the interval must have answered: a brick that did not answer is
 /// not a brick that never prepared.
 pub fn resolve_statuses(statuses: &[Option<Status>]) -> Decision {
-    if statuses.contains(&Some(Status::Decided(Decision::Commit))) {
+    let committed = statuses.contains(&Some(Status::Decided(Decision::Commit)));
+    let aborted = (statuses.iter())
+        .any(|status| matches!(status, None | Some(Status::Decided(Decision::Abort))));
+    if committed || !aborted {
+        // A brick committed it, or every brick holds it prepared: the client may have had
+        // every yes and reported the interval ended.
         Decision::Commit
     } else {
-        // Someone aborted or never prepared (no commit can have been sent), or every brick
-        // prepared and none committed (the client never sent a commit that landed, so it
-        // never reported the interval ended).
+        // Someone aborted, or never prepared and now never will (the client is fenced): the
+        // client never had every yes, so it never reported the interval ended.
         Decision::Abort
     }
 }
@@ -257,11 +267,21 @@ impl Coordinator {
         self.decision
     }
 
-    /// A brick acknowledged the decision. Returns true once every brick has: the interval is
-    /// ended (reported to the client's caller only then, for a commit).
+    /// A brick acknowledged the decision. Returns true once every brick has: nothing of the
+    /// interval is owed any more, and the bricks may be told to forget it.
     pub fn acked(&mut self, brick: Brick) -> bool {
         self.acks.insert(brick);
         self.writes.keys().all(|b| self.acks.contains(b))
+    }
+
+    /// What the client may report of the interval so far: committed as soon as every brick
+    /// voted yes (before any commit is sent); aborted only once a brick has acknowledged the
+    /// abort, which makes it durable there (before that, every brick may hold it prepared).
+    pub fn reportable(&self) -> Option<Decision> {
+        match self.decision? {
+            Decision::Commit => Some(Decision::Commit),
+            Decision::Abort => (!self.acks.is_empty()).then_some(Decision::Abort),
+        }
     }
 }
 
@@ -289,7 +309,7 @@ mod tests {
     }
 
     #[test]
-    fn an_in_doubt_interval_commits_only_if_a_brick_committed() {
+    fn an_in_doubt_interval_commits_unless_a_brick_aborted_or_never_prepared() {
         let prepared = Entry::Prepared {
             writes: vec![],
             bricks: vec![0, 1],
@@ -300,11 +320,36 @@ mod tests {
             resolve(&[Some(&prepared), Some(&committed)]),
             Decision::Commit
         );
+        // Every brick prepared: the client may have had every yes and reported it ended.
         assert_eq!(
             resolve(&[Some(&prepared), Some(&prepared)]),
-            Decision::Abort
+            Decision::Commit
         );
         assert_eq!(resolve(&[Some(&prepared), None]), Decision::Abort);
         assert_eq!(resolve(&[Some(&prepared), Some(&aborted)]), Decision::Abort);
+    }
+
+    #[test]
+    fn a_commit_is_reportable_at_the_last_yes_and_an_abort_at_its_first_ack() {
+        let writes = BTreeMap::from([(0, vec![]), (1, vec![])]);
+        let mut commit = Coordinator::new(id(1), writes.clone());
+        assert_eq!(commit.vote(0, true), None);
+        assert_eq!(commit.reportable(), None);
+        assert_eq!(commit.vote(1, true), Some(Decision::Commit));
+        assert_eq!(
+            commit.reportable(),
+            Some(Decision::Commit),
+            "before any commit is sent"
+        );
+        let mut abort = Coordinator::new(id(2), writes);
+        assert_eq!(abort.vote(0, true), None);
+        assert_eq!(abort.give_up(), Decision::Abort);
+        assert_eq!(
+            abort.reportable(),
+            None,
+            "brick 1 may have voted yes unheard"
+        );
+        assert!(!abort.acked(0));
+        assert_eq!(abort.reportable(), Some(Decision::Abort));
     }
 }

@@ -4,9 +4,12 @@
 //! are fenced (their messages still in flight are refused), and every brick resolves what it
 //! holds in doubt by asking the interval's other bricks.
 //!
+//! A client reports an interval committed at its last yes vote, before it sends any commit
+//! (Sinfonia's rule), and aborted at the first brick's acknowledgement of the abort.
+//!
 //! Must hold after every schedule: each interval is visible on all its bricks or on none; an
-//! interval its client reported ended with a commit is visible everywhere; one it reported
-//! aborted is visible nowhere; nothing is left in doubt.
+//! interval its client reported committed is visible everywhere; one it reported aborted is
+//! visible nowhere; nothing is left in doubt.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -58,6 +61,7 @@ impl World {
             Msg::Vote(_, b, yes) if client_alive => {
                 let before = self.runs[i].decision();
                 if let (None, Some(d)) = (before, self.runs[i].vote(b, yes)) {
+                    self.report(i);
                     self.send_decision(i, d);
                 }
             }
@@ -67,13 +71,19 @@ impl World {
                 }
             }
             Msg::Ack(_, b) if client_alive => {
-                if self.runs[i].acked(b) {
-                    let d = self.runs[i].decision().expect("acked a decision");
-                    self.reported.insert(i, d);
-                }
+                self.runs[i].acked(b);
+                self.report(i);
             }
             // To a dead client: lost.
             Msg::Vote(..) | Msg::Ack(..) => {}
+        }
+    }
+
+    /// The client reports what it may of interval `i`, once.
+    fn report(&mut self, i: usize) {
+        if let Some(d) = self.runs[i].reportable() {
+            let first = *self.reported.entry(i).or_insert(d);
+            assert_eq!(first, d, "interval {i} reported two ways");
         }
     }
 

@@ -2,8 +2,8 @@
 //! in virtual time (issue 19).
 //!
 //! Strata's own code runs here, unchanged: each brick is a `BrickStore` on a crash-harness
-//! disk, clients run `commit::run_interval`, and every brick runs `resolve::resolve_in_doubt`
-//! on a timer. Only the network is simulated ([`Participant`] over [`Link`]s): a request or
+//! disk, clients run `commit::prepare_interval` and `decide_interval`, and every brick runs
+//! `resolve::resolve_in_doubt` on a timer. Only the network is simulated ([`Participant`] over [`Link`]s): a request or
 //! its reply is lost (the caller waits out its timeout, not knowing whether it was applied),
 //! messages are delayed, bricks lose power (their disk's cache kept in part, torn or
 //! reordered) and come back, and clients die inside an interval or pause past their lease and
@@ -27,8 +27,9 @@
 //! - nothing is left in doubt, and no staging space is lost: free staging plus the bytes the
 //!   versions hold is the whole staging area;
 //! - **atomicity**: each interval is committed on every brick it wrote to, or on none;
-//! - what a client saw committed (acknowledged by at least one brick) is committed; what it
-//!   saw aborted is not;
+//! - what a client reported committed (every brick voted yes; it reports before it sends a
+//!   commit, and may die right after) is committed; what it reported aborted (a brick
+//!   acknowledged the abort) is not;
 //! - **per-client order and replica equality**: every brick's home is exactly the model's,
 //!   each client's committed intervals applied in the order it ran them (clients write
 //!   disjoint ranges), so the two copies of each mirror set are byte-identical;
@@ -54,7 +55,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use strata_brick::commit::{run_interval, Outcome};
+use strata_brick::commit::{decide_interval, prepare_interval, Outcome};
 use strata_brick::participant::Participant;
 use strata_brick::resolve::resolve_in_doubt;
 use strata_brick::rpc::RpcError;
@@ -341,11 +342,21 @@ struct Log {
     writes: BTreeMap<IntervalId, Vec<(usize, u64, Bytes)>>,
     /// How each ended, as its client saw it (none: it died inside).
     outcomes: BTreeMap<IntervalId, Outcome>,
+    /// What each client reported of its intervals: committed at the last yes vote, aborted
+    /// once a brick acknowledged the abort (none: neither, or it died first).
+    reported: BTreeMap<IntervalId, Decision>,
     /// The version tag of each interval begun.
     tags: BTreeMap<IntervalId, u64>,
 }
 
 impl World {
+    /// The client was dropped mid-interval: whatever it sent stays sent.
+    fn client_died(&self, client: u64) {
+        self.dead.lock().unwrap().insert(client);
+        self.running.lock().unwrap().remove(&client);
+        self.stats.lock().unwrap().client_deaths += 1;
+    }
+
     fn draw(&self, chance: f64) -> bool {
         self.net.faulty.load(Ordering::SeqCst) && self.rng.lock().unwrap().random_bool(chance)
     }
@@ -495,23 +506,40 @@ async fn client(world: Arc<World>, client: u64, intervals: u64) {
             let nanos = world.rng.lock().unwrap().random_range(0..30_000_000u64);
             Duration::from_nanos(nanos)
         });
-        let run = run_interval(&links, id, by_brick, &[], tag);
-        let outcome = match dies_at {
-            None => run.await,
-            Some(after) => {
-                let death = world.runtime.sleep(after);
-                match futures_util::future::select(Box::pin(run), death).await {
-                    futures_util::future::Either::Left((outcome, _)) => outcome,
-                    futures_util::future::Either::Right(_) => {
-                        // Dropped mid-interval: whatever it sent stays sent.
-                        world.dead.lock().unwrap().insert(client);
-                        world.running.lock().unwrap().remove(&client);
-                        world.stats.lock().unwrap().client_deaths += 1;
-                        return;
-                    }
-                }
+        // The client reports the interval committed at its last yes vote, before it sends a
+        // commit (Sinfonia's rule); it may die at any point of either phase.
+        let mut death = Box::pin(async {
+            match dies_at {
+                Some(after) => world.runtime.sleep(after).await,
+                None => std::future::pending().await,
             }
+        });
+        let prepare = Box::pin(prepare_interval(&links, id, by_brick, &[], tag));
+        let votes = match futures_util::future::select(prepare, &mut death).await {
+            futures_util::future::Either::Left((votes, _)) => votes,
+            futures_util::future::Either::Right(_) => return world.client_died(client),
         };
+        if votes.committed() {
+            world
+                .log
+                .lock()
+                .unwrap()
+                .reported
+                .insert(id, Decision::Commit);
+        }
+        let decide = Box::pin(decide_interval(&links, votes));
+        let outcome = match futures_util::future::select(decide, &mut death).await {
+            futures_util::future::Either::Left((outcome, _)) => outcome,
+            futures_util::future::Either::Right(_) => return world.client_died(client),
+        };
+        if outcome.reported() == Some(Decision::Abort) {
+            world
+                .log
+                .lock()
+                .unwrap()
+                .reported
+                .insert(id, Decision::Abort);
+        }
         // A brick owed this decision gets it before anything else of this client.
         for &brick in &outcome.unacked {
             loop {
@@ -845,9 +873,15 @@ async fn check(world: &Arc<World>, roll_back: bool) -> Result<(), String> {
             return Err(format!("brick {b} still holds in doubt: {left:?}"));
         }
     }
-    let (all_writes, outcomes, tags) = {
+    let (all_writes, outcomes, reported, tags) = {
         let log = world.log.lock().unwrap();
-        (log.writes.clone(), log.outcomes.clone(), log.tags.clone())
+        let reported = log.reported.clone();
+        (
+            log.writes.clone(),
+            log.outcomes.clone(),
+            reported,
+            log.tags.clone(),
+        )
     };
     // Log order is (client, seq): each client's intervals in the order it ran them.
     let mut committed_ids = Vec::new();
@@ -870,18 +904,19 @@ async fn check(world: &Arc<World>, roll_back: bool) -> Result<(), String> {
                 "interval {id:?} is half committed: bricks {bricks:?} say {statuses:?}"
             ));
         }
-        if let Some(outcome) = outcomes.get(&id) {
-            let acked = outcome.unacked.len() < bricks.len();
-            if outcome.decision == Decision::Commit && acked && !committed {
+        match reported.get(&id) {
+            Some(Decision::Commit) if !committed => {
                 return Err(format!(
-                    "interval {id:?}: its client saw it committed, the bricks say {statuses:?}"
+                    "interval {id:?}: its client saw every yes and reported it committed, the \
+                     bricks say {statuses:?}"
                 ));
             }
-            if outcome.decision == Decision::Abort && committed {
+            Some(Decision::Abort) if committed => {
                 return Err(format!(
-                    "interval {id:?}: its client saw it aborted, yet it is committed"
+                    "interval {id:?}: its client saw a brick take the abort, yet it is committed"
                 ));
             }
+            _ => {}
         }
         if committed {
             committed_ids.push((id, tags[&id]));

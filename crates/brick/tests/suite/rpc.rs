@@ -186,15 +186,22 @@ async fn a_crashed_clients_intervals_are_resolved_by_the_bricks() {
             .map(|b| (b, clients[b as usize].clone()))
             .collect()
     };
-    // The client prepared on both and committed on brick 0 only, then died.
-    let committed = id(5, 1);
-    // Another it prepared on both and never decided.
-    let undecided = id(5, 2);
-    for iv in [committed, undecided] {
-        for (brick, client) in clients.iter().enumerate() {
+    // The client prepared three intervals, then died: the first it committed on brick 0
+    // only; the second had every yes (it may have been reported ended) and no commit sent;
+    // the third reached brick 1 only.
+    let (committed, all_yes, half) = (id(5, 1), id(5, 2), id(5, 3));
+    for (iv, on) in [
+        (committed, vec![0, 1]),
+        (all_yes, vec![0, 1]),
+        (half, vec![1]),
+    ] {
+        for brick in on {
             let write = vec![(iv.seq * 4096, data(iv, brick, 4096))];
             assert_eq!(
-                client.prepare(iv, vec![0, 1], write, &[]).await.unwrap(),
+                clients[brick]
+                    .prepare(iv, vec![0, 1], write, &[])
+                    .await
+                    .unwrap(),
                 Vote::Yes
             );
         }
@@ -207,9 +214,9 @@ async fn a_crashed_clients_intervals_are_resolved_by_the_bricks() {
     // While the client may still be alive, nothing is decided for it.
     let none = resolve_in_doubt(bricks[1].store(), 1, &peers(1), |_| async { false }).await;
     assert!(none.unwrap().is_empty());
-    assert_eq!(bricks[1].store().in_doubt().await.len(), 2);
+    assert_eq!(bricks[1].store().in_doubt().await.len(), 3);
 
-    // Fenced: the one brick 0 committed commits, the other aborts, on both bricks.
+    // Fenced: the ones every brick prepared commit, the other aborts, on both bricks.
     let decided = resolve_in_doubt(bricks[1].store(), 1, &peers(1), |client| async move {
         client == 5
     })
@@ -217,30 +224,40 @@ async fn a_crashed_clients_intervals_are_resolved_by_the_bricks() {
     .unwrap();
     assert_eq!(
         decided,
-        vec![(committed, Decision::Commit), (undecided, Decision::Abort)]
+        vec![
+            (committed, Decision::Commit),
+            (all_yes, Decision::Commit),
+            (half, Decision::Abort)
+        ]
     );
+    for iv in [committed, all_yes] {
+        for (brick, client) in clients.iter().enumerate() {
+            assert_eq!(
+                client.read(iv.seq * 4096, 4096).await.unwrap(),
+                data(iv, brick, 4096)
+            );
+        }
+    }
     assert_eq!(
-        clients[1].read(4096, 4096).await.unwrap(),
-        data(committed, 1, 4096)
-    );
-    assert_eq!(
-        &clients[1].read(8192, 4096).await.unwrap()[..],
+        &clients[1].read(half.seq * 4096, 4096).await.unwrap()[..],
         &[0u8; 4096][..]
     );
-    // Brick 0 was told the abort: nothing is in doubt anywhere.
+    // Brick 0 was told every resolution: nothing is in doubt anywhere.
     assert!(bricks[0].store().in_doubt().await.is_empty());
     assert_eq!(
-        clients[0].status(undecided).await.unwrap(),
+        clients[0].status(half).await.unwrap(),
         Some(Status::Decided(Decision::Abort))
     );
 }
 
-/// The race a lease alone does not close: a client paused after its votes, past its lease,
-/// wakes up and sends its commit while the bricks resolve the interval. The resolver fences the
-/// client on every brick before reading any state, so the late commit lands nowhere, and both
-/// copies end alike; a commit that landed before the fence is found and carried everywhere.
+/// The race a lease alone does not close: a client paused inside its interval, past its
+/// lease, wakes up and sends what it had not sent while the bricks resolve the interval. The
+/// resolver fences the client on every brick before reading any state, so nothing late lands,
+/// and both copies end alike: a late prepare cannot turn an abort into every yes, a late
+/// abort cannot undo an interval every brick prepared, and a commit that landed before the
+/// fence is carried everywhere.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_paused_clients_late_commit_lands_nowhere_once_the_bricks_fence_it() {
+async fn a_paused_clients_late_messages_land_nowhere_once_the_bricks_fence_it() {
     let (_group, mut bricks, clients) = bricks(2).await;
     let peers = |me: u64| -> BTreeMap<u64, BrickClient> {
         (0..2u64)
@@ -248,41 +265,55 @@ async fn a_paused_clients_late_commit_lands_nowhere_once_the_bricks_fence_it() {
             .map(|b| (b, clients[b as usize].clone()))
             .collect()
     };
-    let (late, early) = (id(6, 1), id(6, 2));
-    for iv in [late, early] {
-        for client in &clients {
+    // `late`'s prepare reached brick 0 only before the pause; `all_yes` and `early` every
+    // brick; `early`'s commit reached brick 0 before anything was fenced.
+    let (late, all_yes, early) = (id(6, 1), id(6, 2), id(6, 3));
+    for (iv, on) in [(late, vec![0]), (all_yes, vec![0, 1]), (early, vec![0, 1])] {
+        for brick in on {
             let write = vec![(iv.seq * 4096, data(iv, 0, 4096))];
-            let vote = client.prepare(iv, vec![0, 1], write, &[]).await.unwrap();
-            assert_eq!(vote, Vote::Yes);
+            let vote = clients[brick].prepare(iv, vec![0, 1], write, &[]).await;
+            assert_eq!(vote.unwrap(), Vote::Yes);
         }
     }
-    // `early`'s commit reached brick 0 before anything was fenced.
     assert!(clients[0].decide(early, Decision::Commit).await.unwrap());
     // Brick 0's resolver has begun: its first step fences the client on its peer (here
     // brick 1), durably, before it reads brick 1's state.
     clients[1].fence_client(6).await.unwrap();
     bricks[1].stop().await;
     bricks[1].restart().await;
-    // The client wakes up: its commit of `late` and any new prepare are refused there.
-    assert!(!clients[1].decide(late, Decision::Commit).await.unwrap());
+    // The client wakes up: its prepare of `late`, its abort of `all_yes` (it had given up
+    // waiting) and any new prepare are refused there.
     let refused = clients[1]
-        .prepare(id(6, 3), vec![1], vec![(0, data(id(6, 3), 0, 512))], &[])
+        .prepare(late, vec![0, 1], vec![(4096, data(late, 0, 4096))], &[])
         .await
         .unwrap();
     assert!(
         matches!(&refused, Vote::No(why) if why.contains("fenced")),
         "{refused:?}"
     );
+    assert!(!clients[1].decide(all_yes, Decision::Abort).await.unwrap());
+    let refused = clients[1]
+        .prepare(id(6, 4), vec![1], vec![(0, data(id(6, 4), 0, 512))], &[])
+        .await
+        .unwrap();
+    assert!(
+        matches!(&refused, Vote::No(why) if why.contains("fenced")),
+        "{refused:?}"
+    );
+    assert_eq!(clients[1].status(late).await.unwrap(), None);
     assert_eq!(
-        clients[1].status(late).await.unwrap(),
+        clients[1].status(all_yes).await.unwrap(),
         Some(Status::Prepared)
     );
-    // The resolution: `late` was committed nowhere, so it is aborted on both; `early` was
-    // committed on brick 0, so it commits on brick 1 too.
+    // The resolution: `late` never reached brick 1, so it is aborted on both; `all_yes` was
+    // prepared on both, and `early` committed on brick 0: both commit everywhere.
     let decided = resolve_in_doubt(bricks[0].store(), 0, &peers(0), |c| async move { c == 6 })
         .await
         .unwrap();
-    assert_eq!(decided, vec![(late, Decision::Abort)]);
+    assert_eq!(
+        decided,
+        vec![(late, Decision::Abort), (all_yes, Decision::Commit)]
+    );
     let decided = resolve_in_doubt(bricks[1].store(), 1, &peers(1), |c| async move { c == 6 })
         .await
         .unwrap();
@@ -296,7 +327,14 @@ async fn a_paused_clients_late_commit_lands_nowhere_once_the_bricks_fence_it() {
             &client.read(4096, 4096).await.unwrap()[..],
             &[0u8; 4096][..]
         );
-        assert_eq!(client.read(8192, 4096).await.unwrap(), data(early, 0, 4096));
+        assert_eq!(
+            client.read(8192, 4096).await.unwrap(),
+            data(all_yes, 0, 4096)
+        );
+        assert_eq!(
+            client.read(12288, 4096).await.unwrap(),
+            data(early, 0, 4096)
+        );
     }
 }
 

@@ -298,15 +298,29 @@ async fn a_host_whose_lease_ran_out_is_refused_by_itself_and_by_the_bricks() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_host_dead_inside_a_commit_holds_up_the_next_writer_until_resolved_never_after() {
+    // A's prepare reached brick 0 only: A never had every yes, so the interval is aborted.
+    dead_inside_a_commit(&[0], Decision::Abort).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_dead_after_every_yes_has_its_interval_committed_before_the_next_writer() {
+    // Both bricks voted yes: A may have reported the interval ended before it sent a commit,
+    // so the bricks commit it, and B's write lands over it.
+    dead_inside_a_commit(&[0, 1], Decision::Commit).await;
+}
+
+/// Host A prepares an interval over sector 0 on `prepared_on` and dies before sending a
+/// decision; host B then writes the same sector. B waits until the bricks resolve A's
+/// interval as `resolved`, and its write lands after A's, never before.
+async fn dead_inside_a_commit(prepared_on: &[usize], resolved: Decision) {
     let cluster = cluster().await;
     let (a, a_fences) = host_a_wrote_segment_0(&cluster).await;
-    // A prepares its next interval on both bricks and dies before deciding it.
     let doomed = IntervalId {
         client: a.client_id(),
         seq: 500,
     };
-    for client in &cluster.clients {
-        let vote = client
+    for &brick in prepared_on {
+        let vote = cluster.clients[brick]
             .prepare(doomed, vec![0, 1], vec![(0, sector("a2"))], &a_fences)
             .await
             .unwrap();
@@ -350,19 +364,23 @@ async fn a_host_dead_inside_a_commit_holds_up_the_next_writer_until_resolved_nev
                 .unwrap(),
         );
     }
-    assert_eq!(decided, vec![(doomed, Decision::Abort)]);
+    assert_eq!(decided, vec![(doomed, resolved)]);
     tokio::time::timeout(Duration::from_secs(10), writer)
         .await
         .expect("B commits once A's interval is resolved")
         .unwrap()
         .unwrap();
 
-    // A's commit, had it been sent late, lands nowhere: the interval was aborted.
+    // A's decisions, had they been sent late, change nothing: the bricks fenced A.
     for client in &cluster.clients {
-        assert!(!client.decide(doomed, Decision::Commit).await.unwrap());
+        let contrary = match resolved {
+            Decision::Commit => Decision::Abort,
+            Decision::Abort => Decision::Commit,
+        };
+        assert!(!client.decide(doomed, contrary).await.unwrap());
         assert_eq!(
             client.status(doomed).await.unwrap(),
-            Some(Status::Decided(Decision::Abort))
+            Some(Status::Decided(resolved))
         );
     }
     assert_replicas(&cluster, 0, &sector("b1")).await;
