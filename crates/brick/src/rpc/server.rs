@@ -2,7 +2,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use strata_cluster::interval::{Decision, IntervalId, Status as IntervalStatus};
 use strata_core::BlockError;
@@ -149,6 +149,12 @@ pub async fn serve_service(
         .await
 }
 
+/// How long a read waits for an undecided interval over its bytes (`BrickStore::until_decided`)
+/// before it is refused: a commit on its way takes milliseconds; an interval whose client died
+/// waits for its lease to run out, seconds, and a host's read must not wait out its own
+/// deadline (it would take the brick for unreachable).
+const UNDECIDED_READ_WAIT: Duration = Duration::from_millis(500);
+
 /// A store error as the gRPC status a client can act on, logged: a bad request is the
 /// client's to fix, damage and I/O errors the operator's.
 fn refuse(what: &str, error: BlockError) -> Status {
@@ -237,7 +243,7 @@ impl brick_server::Brick for BrickService {
             let _open = self.faults.prepare_open();
             let delay = (self.faults.prepare_delay_ms).load(std::sync::atomic::Ordering::SeqCst);
             if delay > 0 {
-                tokio::time::sleep(std::time::Duration::from_millis(delay)).await;
+                tokio::time::sleep(Duration::from_millis(delay)).await;
             }
             let bytes: usize = request.writes.iter().map(|w| w.data.len()).sum();
             let writes = request
@@ -426,6 +432,25 @@ impl brick_server::Brick for BrickService {
         self.metered(RpcKind::Read, async {
             let request = request.into_inner();
             check_read_len("read", request.len)?;
+            let (offset, len) = (request.offset, u64::from(request.len));
+            if (tokio::time::timeout(UNDECIDED_READ_WAIT, self.store.until_decided(offset, len)))
+                .await
+                .is_err()
+            {
+                let held = self.store.undecided_over(offset, len);
+                tracing::warn!(
+                    offset,
+                    len,
+                    ?held,
+                    "read refused: an undecided interval holds it"
+                );
+                return Err(Status::failed_precondition(format!(
+                    "read refused: bytes {offset}..{} are held by interval {held:?}, prepared here \
+                     and undecided after {UNDECIDED_READ_WAIT:?}: its client's decision, or the \
+                     bricks' resolution once its lease ran out, frees them",
+                    offset + len
+                )));
+            }
             let data = self
                 .store
                 .read(request.offset, request.len as usize)

@@ -792,6 +792,9 @@ impl BrickStore {
                     for unit in units {
                         mem.space.release(unit, UNIT);
                     }
+                    drop(mem);
+                    // Reads held back by the interval (`until_decided`) go on.
+                    self.changed.notify_waiters();
                     return Ok(true);
                 }
                 Step::Apply(blob, record) => {
@@ -1029,10 +1032,41 @@ impl BrickStore {
         written
     }
 
-    /// Reads the share (offsets within it): what committed intervals wrote.
+    /// Reads the share (offsets within it): what committed intervals wrote, once no interval
+    /// over these bytes is undecided here ([`Self::until_decided`]).
     pub async fn read(&self, offset: u64, len: usize) -> Result<BytesMut> {
         self.check_home(offset, len as u64)?;
+        self.until_decided(offset, len as u64).await;
         self.read_mapped(None, offset, len).await
+    }
+
+    /// Waits until no interval prepared here over these bytes is undecided. Such an interval
+    /// is committed once every brick holds it prepared, before any commit reaches this one
+    /// (its client reported it ended at its last yes vote), so the bytes' data here may be
+    /// old. They are served once the commit lands, or the abort, or the bricks resolve it
+    /// (which needs its client fenced: a lease's length). The server bounds the wait.
+    pub async fn until_decided(&self, offset: u64, len: u64) {
+        loop {
+            let changed = self.changed.notified();
+            if self.undecided_over(offset, len).is_none() {
+                return;
+            }
+            changed.await;
+        }
+    }
+
+    /// The first interval prepared here and undecided over these bytes (share offsets).
+    pub fn undecided_over(&self, offset: u64, len: u64) -> Option<IntervalId> {
+        let (start, end) = (
+            self.layout.home_offset + offset,
+            self.layout.home_offset + offset + len,
+        );
+        self.lock().intervals.iter().find_map(|(&id, live)| {
+            (live.record.state == RecordState::Prepared
+                && (live.record.extents.iter())
+                    .any(|e| e.home < end && start < e.home + u64::from(e.len)))
+            .then_some(id)
+        })
     }
 
     /// Reads the share as it is now (`None`) or as version `n` keeps it.

@@ -89,6 +89,28 @@ impl Flights {
         }
     }
 
+    /// Waits until nothing in flight overlaps `range`: an interval reported ended whose
+    /// commits are still on their way is not readable from the bricks yet. Later intervals
+    /// may take off meanwhile; what was in flight when this looked is all it waits for.
+    pub(super) async fn clear_of(&self, range: Range<u64>) {
+        let footprint = std::slice::from_ref(&range);
+        loop {
+            let landed = self.landed.notified();
+            let waiting: Vec<u64> = (self.flying.lock().unwrap().iter())
+                .filter(|(_, other)| overlap(other, footprint))
+                .map(|(ticket, _)| *ticket)
+                .collect();
+            if waiting.is_empty() {
+                return;
+            }
+            landed.await;
+            let flying = self.flying.lock().unwrap();
+            if !flying.iter().any(|(ticket, _)| waiting.contains(ticket)) {
+                return;
+            }
+        }
+    }
+
     /// How many intervals are in flight now.
     pub(super) fn count(&self) -> usize {
         self.flying.lock().unwrap().len()
@@ -160,5 +182,26 @@ mod tests {
             .expect("boards once the overlapping interval landed")
             .unwrap();
         assert_eq!(flights.count(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_read_waits_for_the_intervals_over_it_in_flight_when_it_came() {
+        let flights = Arc::new(Flights::default());
+        let first = flights.board(footprint(&[write(0, 8192)])).await;
+        // Apart: does not wait.
+        flights.clear_of(8192..16384).await;
+        let reader = {
+            let flights = flights.clone();
+            tokio::spawn(async move { flights.clear_of(4096..4097).await })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!reader.is_finished(), "read over an interval in flight");
+        drop(first);
+        // One that takes off over the same bytes after the read came is not waited for.
+        let _later = flights.board(footprint(&[write(0, 8192)])).await;
+        tokio::time::timeout(Duration::from_secs(5), reader)
+            .await
+            .expect("reads once the interval it came after landed")
+            .unwrap();
     }
 }

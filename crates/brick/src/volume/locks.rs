@@ -94,12 +94,15 @@ impl SharedVolume {
         }
     }
 
-    /// Gives a lock back. What this host has pending is committed first: a range passes to
-    /// the next holder, here or on another host, only with its writes in place. If that
+    /// Gives a lock back. What this host has pending is committed first, and the commits of
+    /// its intervals over the range land: a range passes to the next holder, here or on
+    /// another host, only with its writes in place. If that
     /// commit fails, its error is returned and the lock is released all the same; the
     /// segments under the uncommitted writes stay this host's until they are committed.
     pub async fn unlock(&self, lock: RangeLock) -> Result<()> {
         let committed = self.flush().await;
+        // A range passes on only once the commits of the intervals over it have landed.
+        self.flights.clear_of(lock.range()).await;
         let RangeLock {
             owner, token, pin, ..
         } = lock;

@@ -60,7 +60,7 @@ use strata_core::{
     Health, NodeStatus, Result, WriteFlags,
 };
 
-use crate::commit::{run_interval, OVERLAP_REFUSAL};
+use crate::commit::{decide_interval, prepare_interval, Outcome, Votes, OVERLAP_REFUSAL};
 use crate::rpc::{BrickClient, RpcError, MAX_MESSAGE};
 use crate::segments::{Pin, SegmentClaims};
 
@@ -139,6 +139,19 @@ pub struct SharedVolume {
     left: Mutex<Vec<Stream>>,
     /// This volume, for the connection views it hands out.
     me: std::sync::Weak<SharedVolume>,
+}
+
+/// Where a flush learns how its interval went: `Ok` once every brick voted yes, or the error
+/// with the stream given back.
+type Report = tokio::sync::oneshot::Sender<std::result::Result<(), (BlockError, Stream)>>;
+
+/// An interval every brick voted yes on, its commits not yet sent: still in flight.
+struct Voted<'a> {
+    votes: Votes,
+    tag: u64,
+    touched: BTreeMap<usize, BTreeSet<u64>>,
+    gate: tokio::sync::RwLockReadGuard<'a, ()>,
+    boarded: flights::Boarding<'a>,
 }
 
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
@@ -346,6 +359,8 @@ impl SharedVolume {
             return Ok(());
         }
         let flushed = self.flush().await;
+        // The commits of what it reported ended land before the lease goes.
+        self.landed().await;
         self.heartbeat.lock().unwrap().take();
         let left = self
             .session
@@ -354,6 +369,13 @@ impl SharedVolume {
             .await
             .map_err(|e| io_error(format!("volume {}: leaving the cluster: {e}", self.name)));
         flushed.and(left)
+    }
+
+    /// Waits until the commits of every interval reported ended so far have landed: each
+    /// brick has acknowledged its commit, or is owed it. What the bricks hold is then what
+    /// this host's reads see.
+    pub async fn landed(&self) {
+        self.flights.clear_of(0..u64::MAX).await;
     }
 
     /// Test-only: stops renewing the lease, as a host paused past it (SIGSTOP) would.
@@ -458,16 +480,33 @@ impl SharedVolume {
     /// fails. A brick that does not answer is taken down and the interval retried without
     /// it. Streams commit concurrently: only intervals that share a brick unit wait for each
     /// other (`flights`).
+    ///
+    /// Returns once every brick voted yes: the interval is committed then (Sinfonia's rule,
+    /// `strata_cluster::interval`), and its commits go to the bricks in the background. Until
+    /// they are acknowledged it stays in flight: reads of its units here, unlocks of its
+    /// ranges, overlapping intervals and the release of its segments wait for it. On failure
+    /// the writes stay pending in `stream`, for the next flush.
     pub(super) async fn commit(&self, stream: &mut Stream) -> Result<()> {
         if stream.pending.is_empty() {
             return Ok(());
         }
-        let result = self.commit_pending(stream).await;
-        // Claims are given back only once nothing is owed: a brick holding this host's
-        // interval undecided must not take the next holder's writes first.
-        let state = self.state.lock().await;
-        self.claims.keep_all(!state.owed.is_empty());
-        result
+        let volume = self.me.upgrade().ok_or(BlockError::Shutdown)?;
+        let taken = std::mem::take(stream);
+        let (report, reported) = tokio::sync::oneshot::channel();
+        // A task of its own: the commits outlive the flush that reported the interval, and a
+        // flush given up by its caller does not cut an interval short.
+        tokio::spawn(async move { volume.commit_pending(taken, report).await });
+        match reported.await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err((error, back))) => {
+                *stream = back;
+                Err(error)
+            }
+            Err(_) => Err(io_error(format!(
+                "volume {}: the interval's task ended without an outcome",
+                self.name
+            ))),
+        }
     }
 
     /// Refuses to commit once this host's lease may have run out: its segment claims may be
@@ -513,7 +552,47 @@ impl SharedVolume {
             .any(|(brick, down)| !down || self.answers(brick))
     }
 
-    async fn commit_pending(&self, stream: &mut Stream) -> Result<()> {
+    /// Runs `stream`'s interval: reports it on `report` once every brick voted yes (or with
+    /// the stream given back, once it failed), then sends the commits and takes in how they
+    /// went, all the while in flight.
+    async fn commit_pending(&self, stream: Stream, report: Report) {
+        let outcome = self.vote_pending(&stream).await;
+        match outcome {
+            Err(error) => {
+                self.release_claims().await;
+                if let Err(Err((_, stream))) = report.send(Err((error, stream))) {
+                    // The flush was given up: its writes, acknowledged, wait for the next.
+                    self.left.lock().unwrap().push(stream);
+                }
+            }
+            Ok(Voted {
+                votes,
+                tag,
+                touched,
+                gate,
+                boarded,
+            }) => {
+                // Committed: the flush may return now.
+                let _ = report.send(Ok(()));
+                let id = votes.id;
+                let outcome = decide_interval(&self.brick_clients(), votes).await;
+                self.take_in_commit(id, tag, outcome, &touched).await;
+                drop((boarded, gate, stream));
+                self.release_claims().await;
+            }
+        }
+    }
+
+    /// Claims are given back only once nothing is owed: a brick holding this host's
+    /// interval undecided must not take the next holder's writes first.
+    async fn release_claims(&self) {
+        let state = self.state.lock().await;
+        self.claims.keep_all(!state.owed.is_empty());
+    }
+
+    /// Prepares `stream`'s writes as one interval until every brick votes yes, retrying
+    /// without bricks that do not answer and after intervals of other hosts in the way.
+    async fn vote_pending(&self, stream: &Stream) -> Result<Voted<'_>> {
         self.check_live()?;
         // Every segment written is pinned since its write; the bricks check these epochs.
         let fences: Vec<(u32, i64)> = stream
@@ -524,8 +603,8 @@ impl SharedVolume {
             .into_iter()
             .collect();
         self.upkeep().await;
-        let _shared = self.gate.read().await;
-        let _boarded = self
+        let gate = self.gate.read().await;
+        let boarded = self
             .flights
             .board(flights::footprint(&stream.pending))
             .await;
@@ -534,8 +613,19 @@ impl SharedVolume {
         let mut downs = 0;
         while downs <= self.brick_count() {
             let (id, tag, writes, touched) = self.plan_interval(stream).await?;
-            let outcome_bricks = writes.len();
-            let outcome = run_interval(&self.brick_clients(), id, writes, &fences, tag).await;
+            let votes = prepare_interval(&self.brick_clients(), id, writes, &fences, tag).await;
+            if votes.committed() {
+                let mut state = self.state.lock().await;
+                state.last_tag = state.last_tag.max(tag);
+                return Ok(Voted {
+                    votes,
+                    tag,
+                    touched,
+                    gate,
+                    boarded,
+                });
+            }
+            let outcome = decide_interval(&self.brick_clients(), votes).await;
             let mut guard = self.state.lock().await;
             let state = &mut *guard;
             state.in_flight.remove(&id.seq);
@@ -549,86 +639,22 @@ impl SharedVolume {
                     .or_default()
                     .push((id, outcome.decision, tag));
             }
-            let counter = match outcome.decision {
-                Decision::Commit => &self.counters.committed,
-                Decision::Abort => &self.counters.aborted,
-            };
-            counter.fetch_add(1, Ordering::Relaxed);
-            match outcome.decision {
-                Decision::Commit => {
-                    state.last_tag = state.last_tag.max(tag);
-                    *stream = Stream::default();
-                    // Durable once one brick has recorded the commit: the others, if this
-                    // host dies, find it when they resolve the interval. With none, a crash
-                    // of them all would leave it prepared everywhere, and resolved as an
-                    // abort: the write must not be reported done. It stays owed to them.
-                    if outcome.unacked.len() == outcome_bricks {
-                        return Err(io_error(format!(
-                            "volume {}: interval {} is committed but no brick acknowledged it; \
-                             it becomes visible when they return",
-                            self.name, id.seq
-                        )));
-                    }
-                    // A brick that did not acknowledge holds the interval undecided, its
-                    // regions not yet home: no host may read them from it, this one dead
-                    // or not, until they are copied back.
-                    for &brick in &outcome.unacked {
-                        // This host stops reading those regions from it first, then records
-                        // them for the others. In that order the stale watch, which brings
-                        // this host's own mark back, finds the brick already down here, and
-                        // a mark that cannot be recorded still keeps this host's reads off it.
-                        {
-                            let mut rain = self.rain.lock().unwrap();
-                            if !rain.is_down(brick) {
-                                let regions = touched[&brick].iter().copied();
-                                let mut dirty: BTreeSet<u64> = regions.collect();
-                                // What it already missed stays missed.
-                                let brick_regions = self
-                                    .geometry
-                                    .size
-                                    .div_ceil(self.unit)
-                                    .div_ceil(self.sets.len() as u64);
-                                dirty.extend(
-                                    (0..brick_regions).filter(|&r| !rain.is_current(brick, r)),
-                                );
-                                rain.restore(brick, dirty);
-                                tracing::warn!(volume = %self.name, brick = %self.brick_name(brick), "brick did not acknowledge a commit: going on without it");
-                            }
-                        }
-                        self.coord
-                            .mark_stale(&self.name, &self.brick_name(brick), &touched[&brick])
-                            .await
-                            .map_err(|e| {
-                                io_error(format!(
-                                    "volume {}: interval {} committed, but brick {} did not \
-                                     acknowledge it and that cannot be recorded: {e}",
-                                    self.name,
-                                    id.seq,
-                                    self.brick_name(brick)
-                                ))
-                            })?;
-                    }
-                    if outcome.unacked.is_empty() && state.owed.is_empty() {
-                        self.forget_ended(state);
-                    }
-                    return Ok(());
-                }
+            self.counters.aborted.fetch_add(1, Ordering::Relaxed);
+            match outcome {
                 // A brick still holds another client's interval over these writes undecided
                 // (a host that died or paused mid-commit, or one owing it a decision): this
                 // one must wait until that is settled, or it could land first.
-                Decision::Abort
-                    if !outcome.refusals.is_empty()
-                        && outcome.silent.is_empty()
-                        && (outcome.refusals.iter())
-                            .all(|(_, why)| why.contains(OVERLAP_REFUSAL))
-                        && Instant::now() < deadline =>
+                _ if !outcome.refusals.is_empty()
+                    && outcome.silent.is_empty()
+                    && (outcome.refusals.iter()).all(|(_, why)| why.contains(OVERLAP_REFUSAL))
+                    && Instant::now() < deadline =>
                 {
                     tracing::debug!(volume = %self.name, refusals = ?outcome.refusals, "waiting for an earlier interval to be settled");
                     drop(guard);
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(Duration::from_millis(200));
                 }
-                Decision::Abort if outcome.refusals.is_empty() && !outcome.silent.is_empty() => {
+                _ if outcome.refusals.is_empty() && !outcome.silent.is_empty() => {
                     downs += 1;
                     let mut rain = self.rain.lock().unwrap();
                     for &brick in &outcome.silent {
@@ -642,9 +668,17 @@ impl SharedVolume {
                     }
                 }
                 // The writes stay pending (and readable here): the next flush tries again.
-                Decision::Abort => {
+                // Until a brick has taken the abort, every brick may hold the interval
+                // prepared, and then it is committed all the same: the failure is "unknown".
+                _ => {
+                    let what = match outcome.reported() {
+                        Some(_) => "aborted",
+                        None => {
+                            "failed, and no brick took its abort yet, so it may still land whole"
+                        }
+                    };
                     return Err(io_error(format!(
-                        "volume {}: interval {} aborted (refused: {:?}; unanswered: {:?})",
+                        "volume {}: interval {} {what} (refused: {:?}; unanswered: {:?})",
                         self.name,
                         id.seq,
                         outcome.refusals,
@@ -653,7 +687,7 @@ impl SharedVolume {
                             .iter()
                             .map(|&b| self.brick(b).address().to_string())
                             .collect::<Vec<_>>()
-                    )))
+                    )));
                 }
             }
         }
@@ -661,6 +695,69 @@ impl SharedVolume {
             "volume {}: no interval committed",
             self.name
         )))
+    }
+
+    /// Takes in how the commits of interval `id` went, every brick having voted yes. A brick
+    /// that did not acknowledge its commit is owed it, and holds the interval undecided, its
+    /// regions not yet home: no host may read them from it until they are copied back.
+    async fn take_in_commit(
+        &self,
+        id: IntervalId,
+        tag: u64,
+        outcome: Outcome,
+        touched: &BTreeMap<usize, BTreeSet<u64>>,
+    ) {
+        let mut guard = self.state.lock().await;
+        let state = &mut *guard;
+        state.in_flight.remove(&id.seq);
+        for &brick in &outcome.unacked {
+            self.unreachable(brick);
+            state
+                .owed
+                .entry(brick)
+                .or_default()
+                .push((id, Decision::Commit, tag));
+        }
+        self.counters.committed.fetch_add(1, Ordering::Relaxed);
+        if outcome.unacked.len() == outcome.bricks {
+            // Every brick holds it prepared: it lands when they are paid what they are owed,
+            // or when they resolve it, whichever comes first. None is read from meanwhile.
+            tracing::warn!(volume = %self.name, interval = id.seq, "interval committed, but no brick acknowledged its commit yet");
+            return;
+        }
+        for &brick in &outcome.unacked {
+            // This host stops reading those regions from it first, then records them for the
+            // others. In that order the stale watch, which brings this host's own mark back,
+            // finds the brick already down here, and a mark that cannot be recorded still
+            // keeps this host's reads off it.
+            {
+                let mut rain = self.rain.lock().unwrap();
+                if !rain.is_down(brick) {
+                    let mut dirty: BTreeSet<u64> = touched[&brick].iter().copied().collect();
+                    // What it already missed stays missed.
+                    let brick_regions = self
+                        .geometry
+                        .size
+                        .div_ceil(self.unit)
+                        .div_ceil(self.sets.len() as u64);
+                    dirty.extend((0..brick_regions).filter(|&r| !rain.is_current(brick, r)));
+                    rain.restore(brick, dirty);
+                    tracing::warn!(volume = %self.name, brick = %self.brick_name(brick), "brick did not acknowledge a commit: going on without it");
+                }
+            }
+            // Not recorded: another host may read the brick's old data of these regions
+            // until it is paid. The brick itself holds the interval undecided, and holds
+            // reads of its units back until it is decided (`BrickStore::read`).
+            if let Err(error) = (self.coord)
+                .mark_stale(&self.name, &self.brick_name(brick), &touched[&brick])
+                .await
+            {
+                tracing::error!(volume = %self.name, interval = id.seq, brick = %self.brick_name(brick), %error, "interval committed, but the brick did not acknowledge it and that cannot be recorded");
+            }
+        }
+        if outcome.unacked.is_empty() && state.owed.is_empty() {
+            self.forget_ended(state);
+        }
     }
 
     /// Plans one try at committing `stream`'s writes, under the state lock: its id, its tag,
@@ -915,6 +1012,10 @@ impl SharedVolume {
     ) -> Result<BytesMut> {
         self.check(offset, len as u64)?;
         let pending = stream.lock().await.pending.clone();
+        // After the intervals over it whose commits are still on their way: the bricks do
+        // not show them yet, and may owe this host their decision when they land.
+        let end = offset + len as u64;
+        self.flights.clear_of(offset..end).await;
         let owed: Vec<usize> = {
             let state = self.state.lock().await;
             state.owed.keys().copied().collect()
@@ -924,7 +1025,6 @@ impl SharedVolume {
             out.extend_from_slice(&self.read_piece(set, brick_offset, piece, &owed).await?);
         }
         // This host's writes not yet committed, in order.
-        let end = offset + len as u64;
         for (at, data) in &pending {
             let (from, to) = ((*at).max(offset), (at + data.len() as u64).min(end));
             if from < to {

@@ -2,6 +2,7 @@
 //! and rebuilding a replaced brick whole (`SharedVolume::rebuild`).
 
 use super::*;
+use crate::commit::run_interval;
 use crate::segments::ClaimError;
 
 /// Regions a flush copies back, at most, before its own interval: a brick that missed much

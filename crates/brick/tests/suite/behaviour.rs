@@ -1,4 +1,5 @@
 use std::sync::Arc;
+use std::time::Duration;
 
 use strata_brick::commit::OVERLAP_REFUSAL;
 use strata_brick::{BrickStore, OpenReport, Vote};
@@ -12,6 +13,7 @@ use crate::common::*;
 async fn a_commit_shows_the_prepared_writes_and_an_abort_never_does() {
     let group = CrashGroup::new();
     let (device, store) = fresh(&group).await;
+    let store = Arc::new(store);
     let free = store.staging_free().await;
     let one = id(1, 1);
     let writes = vec![(0, data(one, 0, 4096)), (65536, data(one, 1, 1024))];
@@ -21,9 +23,21 @@ async fn a_commit_shows_the_prepared_writes_and_an_abort_never_does() {
     );
     assert_eq!(store.status(one).await, Some(Status::Prepared));
     assert!(store.staging_free().await < free);
-    // Prepared is not visible.
-    assert_eq!(&store.read(0, 4096).await.unwrap()[..], &[0u8; 4096][..]);
+    // Prepared is not visible, nor is the old data served under it: the interval may be
+    // committed already (every brick voted yes), so a read waits for its decision. Bytes
+    // beside it are served at once.
+    assert_eq!(store.undecided_over(0, 4096), Some(one));
+    assert_eq!(store.undecided_over(4096, 4096), None);
+    assert_eq!(&store.read(4096, 4096).await.unwrap()[..], &[0u8; 4096][..]);
+    let held = {
+        let store = store.clone();
+        tokio::spawn(async move { store.read(0, 4096).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!held.is_finished(), "read under an undecided interval");
     assert!(store.decide(one, Decision::Commit).await.unwrap());
+    let read = tokio::time::timeout(Duration::from_secs(5), held).await;
+    assert_eq!(read.unwrap().unwrap().unwrap(), data(one, 0, 4096));
     assert_eq!(store.read(0, 4096).await.unwrap(), data(one, 0, 4096));
     assert_eq!(store.read(65536, 1024).await.unwrap(), data(one, 1, 1024));
     assert_eq!(
@@ -37,7 +51,15 @@ async fn a_commit_shows_the_prepared_writes_and_an_abort_never_does() {
         .prepare(two, vec![0], vec![(0, data(two, 0, 512))], &[])
         .await;
     assert_eq!(vote.unwrap(), Vote::Yes);
+    let held = {
+        let store = store.clone();
+        tokio::spawn(async move { store.read(0, 4096).await })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!held.is_finished(), "read under an undecided interval");
     assert!(store.decide(two, Decision::Abort).await.unwrap());
+    let read = tokio::time::timeout(Duration::from_secs(5), held).await;
+    assert_eq!(read.unwrap().unwrap().unwrap(), data(one, 0, 4096));
     assert_eq!(store.read(0, 4096).await.unwrap(), data(one, 0, 4096));
 
     // The rules: a late prepare of a decided interval is refused, a commit never prepared

@@ -46,11 +46,15 @@ async fn a_brick_whose_disk_fails_is_left_and_the_volume_goes_on_with_its_peer()
     write(&a, &mut model, 0, fill(1, 4096)).await;
     write(&a, &mut model, 128 << 10, fill(2, 4096)).await;
     a.flush().await.unwrap();
+    // Pulled once both bricks have the commit (a flush returns before it is sent).
+    a.landed().await;
 
     cluster.pulled[1].store(true, Ordering::SeqCst);
     write(&a, &mut model, 512, fill(3, 1024)).await;
     write(&a, &mut model, 192 << 10, fill(4, 8192)).await;
     a.flush().await.expect("the flush goes on with the peer");
+    // What the host records of its commits it does once they land.
+    a.landed().await;
 
     let failure = cluster.stores[1].disk_failure().expect("b1's disk failed");
     assert!(failure.contains("pulled test disk"), "{failure}");

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use strata_brick::commit::run_interval;
 use strata_brick::resolve::resolve_in_doubt;
-use strata_brick::rpc::{serve_with_faults, BrickClient, ServerFaults};
+use strata_brick::rpc::{serve_with_faults, BrickClient, RpcError, ServerFaults};
 use strata_brick::{BrickStore, SharedVolume, Vote};
 use strata_cluster::interval::{Decision, IntervalId, Status};
 use strata_cluster::locks::Mode;
@@ -445,13 +445,13 @@ async fn a_lock_waits_for_its_holder_here_and_gives_up_on_another_host_naming_it
     b.unlock(lock).await.unwrap();
 }
 
-/// The rule the global-failure test once caught being broken, pinned deterministically: a
-/// commit no brick acknowledged is not reported done. Both bricks vote yes and then never
-/// hear the decision (as if they died first); if they all went down now, they would find the
-/// interval prepared everywhere and resolve it as aborted, so the flush must fail. The commit
-/// stays owed, and lands once they answer again.
+/// A commit no brick acknowledged, pinned deterministically. Both bricks vote yes and then
+/// never hear the decision (as if they died first): the interval is committed all the same
+/// (every brick holds it prepared, so a crash of them all resolves it as committed), and the
+/// flush reports it. The commit stays owed; meanwhile neither brick serves the old data under
+/// it, to this host or to another; it lands once they answer again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_commit_no_brick_acknowledged_is_not_reported_done_and_lands_later() {
+async fn a_commit_no_brick_acknowledged_is_reported_and_lands_later_never_old_data_before() {
     let cluster = cluster().await;
     let a = host_waiting(&cluster, "a", Duration::from_secs(1)).await;
     for fault in &cluster.faults {
@@ -460,11 +460,8 @@ async fn a_commit_no_brick_acknowledged_is_not_reported_done_and_lands_later() {
     a.write(0, sector("unacked"), WriteFlags::default())
         .await
         .unwrap();
-    let flushed = a.flush().await;
-    let message = flushed
-        .expect_err("a commit no brick acknowledged")
-        .to_string();
-    assert!(message.contains("no brick acknowledged"), "{message}");
+    a.flush().await.expect("every brick voted yes: committed");
+    a.landed().await;
     let mut held = Vec::new();
     for store in &cluster.stores {
         let doubt = store.in_doubt().await;
@@ -472,6 +469,17 @@ async fn a_commit_no_brick_acknowledged_is_not_reported_done_and_lands_later() {
         held.push(doubt[0].0);
     }
     assert_eq!(held[0], held[1]);
+    // Not served as old data: the host reads from no brick it owes a decision, and a brick
+    // refuses to read bytes an undecided interval holds.
+    let read = a.read(0, 512).await;
+    assert!(read.is_err(), "read under an owed commit: {read:?}");
+    for client in &cluster.clients {
+        let refused = client.read(0, 512).await;
+        assert!(
+            matches!(&refused, Err(RpcError::Refused { why, .. }) if why.contains("undecided")),
+            "{refused:?}"
+        );
+    }
     // The bricks answer again: the host's probes see it, and its next flush first delivers
     // the commit it owes them.
     for fault in &cluster.faults {

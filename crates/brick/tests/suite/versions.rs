@@ -368,7 +368,8 @@ async fn a_host_owing_a_decision_from_before_the_cut_holds_it_up_until_it_is_del
         .unwrap();
     a.flush()
         .await
-        .expect_err("no brick acknowledged the commit");
+        .expect("every brick voted yes: committed, its commit owed");
+    a.landed().await;
     let admin = admin(&cluster).await;
     match admin.create(Duration::from_millis(2500)).await {
         Err(VersionError::Failed {
