@@ -7,7 +7,7 @@
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 
@@ -61,9 +61,10 @@ pub(super) struct Flights {
     landed: tokio::sync::Notify,
 }
 
-/// An interval's place among the ones in flight, given up when dropped.
-pub(super) struct Boarding<'a> {
-    flights: &'a Flights,
+/// An interval's place among the ones in flight, given up when dropped (by the task that
+/// lands its commits, after the flush that reported it returned).
+pub(super) struct Boarding {
+    flights: Arc<Flights>,
     ticket: u64,
 }
 
@@ -71,7 +72,7 @@ impl Flights {
     /// Waits until nothing in flight overlaps `footprint`, then takes off with it. Every
     /// waiter looks again at each landing; of two waiting on one unit, either may go first,
     /// as NBD leaves the order of two connections' unflushed writes open.
-    pub(super) async fn board(&self, footprint: Vec<Range<u64>>) -> Boarding<'_> {
+    pub(super) async fn board(self: &Arc<Self>, footprint: Vec<Range<u64>>) -> Boarding {
         let ticket = self.next_ticket.fetch_add(1, Ordering::Relaxed);
         loop {
             let landed = self.landed.notified();
@@ -80,7 +81,7 @@ impl Flights {
                 if !flying.iter().any(|(_, other)| overlap(other, &footprint)) {
                     flying.push((ticket, footprint));
                     return Boarding {
-                        flights: self,
+                        flights: self.clone(),
                         ticket,
                     };
                 }
@@ -117,7 +118,7 @@ impl Flights {
     }
 }
 
-impl Drop for Boarding<'_> {
+impl Drop for Boarding {
     fn drop(&mut self) {
         self.flights
             .flying
@@ -131,7 +132,6 @@ impl Drop for Boarding<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
     use std::time::Duration;
 
     fn write(offset: u64, len: usize) -> (u64, Bytes) {

@@ -128,9 +128,9 @@ pub struct SharedVolume {
     /// Held shared by each interval of client writes from its planning to its outcome, and
     /// alone by what must see no interval in flight: delivering owed decisions, copying back,
     /// a brick replaced. Taken before `state`, never after.
-    gate: tokio::sync::RwLock<()>,
+    gate: Arc<tokio::sync::RwLock<()>>,
     /// The footprints of the intervals in flight: overlapping ones go one after the other.
-    flights: Flights,
+    flights: Arc<Flights>,
     /// The stream of the volume's own callers (a layer above, a lock-aware program); each
     /// NBD connection has its own (`ConnectionView`).
     own: tokio::sync::Mutex<Stream>,
@@ -141,17 +141,13 @@ pub struct SharedVolume {
     me: std::sync::Weak<SharedVolume>,
 }
 
-/// Where a flush learns how its interval went: `Ok` once every brick voted yes, or the error
-/// with the stream given back.
-type Report = tokio::sync::oneshot::Sender<std::result::Result<(), (BlockError, Stream)>>;
-
 /// An interval every brick voted yes on, its commits not yet sent: still in flight.
-struct Voted<'a> {
+struct Voted {
     votes: Votes,
     tag: u64,
     touched: BTreeMap<usize, BTreeSet<u64>>,
-    gate: tokio::sync::RwLockReadGuard<'a, ()>,
-    boarded: flights::Boarding<'a>,
+    gate: tokio::sync::OwnedRwLockReadGuard<()>,
+    boarded: flights::Boarding,
 }
 
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
@@ -324,8 +320,8 @@ impl SharedVolume {
             catalog: Mutex::new(None),
             stale: StaleView::default(),
             stale_follower: Mutex::new(None),
-            gate: tokio::sync::RwLock::new(()),
-            flights: Flights::default(),
+            gate: Arc::new(tokio::sync::RwLock::new(())),
+            flights: Arc::new(Flights::default()),
             state: tokio::sync::Mutex::new(State {
                 next_seq: 1,
                 in_flight: BTreeMap::new(),
@@ -491,21 +487,17 @@ impl SharedVolume {
             return Ok(());
         }
         let volume = self.me.upgrade().ok_or(BlockError::Shutdown)?;
-        let taken = std::mem::take(stream);
-        let (report, reported) = tokio::sync::oneshot::channel();
-        // A task of its own: the commits outlive the flush that reported the interval, and a
-        // flush given up by its caller does not cut an interval short.
-        tokio::spawn(async move { volume.commit_pending(taken, report).await });
-        match reported.await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err((error, back))) => {
-                *stream = back;
+        match self.vote_pending(stream).await {
+            Err(error) => {
+                self.release_claims().await;
                 Err(error)
             }
-            Err(_) => Err(io_error(format!(
-                "volume {}: the interval's task ended without an outcome",
-                self.name
-            ))),
+            Ok(voted) => {
+                // Committed: the commits go in a task of their own, and the flush returns.
+                let stream = std::mem::take(stream);
+                tokio::spawn(async move { volume.land(voted, stream).await });
+                Ok(())
+            }
         }
     }
 
@@ -552,35 +544,21 @@ impl SharedVolume {
             .any(|(brick, down)| !down || self.answers(brick))
     }
 
-    /// Runs `stream`'s interval: reports it on `report` once every brick voted yes (or with
-    /// the stream given back, once it failed), then sends the commits and takes in how they
-    /// went, all the while in flight.
-    async fn commit_pending(&self, stream: Stream, report: Report) {
-        let outcome = self.vote_pending(&stream).await;
-        match outcome {
-            Err(error) => {
-                self.release_claims().await;
-                if let Err(Err((_, stream))) = report.send(Err((error, stream))) {
-                    // The flush was given up: its writes, acknowledged, wait for the next.
-                    self.left.lock().unwrap().push(stream);
-                }
-            }
-            Ok(Voted {
-                votes,
-                tag,
-                touched,
-                gate,
-                boarded,
-            }) => {
-                // Committed: the flush may return now.
-                let _ = report.send(Ok(()));
-                let id = votes.id;
-                let outcome = decide_interval(&self.brick_clients(), votes).await;
-                self.take_in_commit(id, tag, outcome, &touched).await;
-                drop((boarded, gate, stream));
-                self.release_claims().await;
-            }
-        }
+    /// Sends the commits of an interval every brick voted yes on, and takes in how they went.
+    /// Until then the interval stays in flight, and its stream's segments stay pinned.
+    async fn land(&self, voted: Voted, stream: Stream) {
+        let Voted {
+            votes,
+            tag,
+            touched,
+            gate,
+            boarded,
+        } = voted;
+        let id = votes.id;
+        let outcome = decide_interval(&self.brick_clients(), votes).await;
+        self.take_in_commit(id, tag, outcome, &touched).await;
+        drop((boarded, gate, stream));
+        self.release_claims().await;
     }
 
     /// Claims are given back only once nothing is owed: a brick holding this host's
@@ -592,7 +570,7 @@ impl SharedVolume {
 
     /// Prepares `stream`'s writes as one interval until every brick votes yes, retrying
     /// without bricks that do not answer and after intervals of other hosts in the way.
-    async fn vote_pending(&self, stream: &Stream) -> Result<Voted<'_>> {
+    async fn vote_pending(&self, stream: &Stream) -> Result<Voted> {
         self.check_live()?;
         // Every segment written is pinned since its write; the bricks check these epochs.
         let fences: Vec<(u32, i64)> = stream
@@ -603,7 +581,7 @@ impl SharedVolume {
             .into_iter()
             .collect();
         self.upkeep().await;
-        let gate = self.gate.read().await;
+        let gate = self.gate.clone().read_owned().await;
         let boarded = self
             .flights
             .board(flights::footprint(&stream.pending))
