@@ -3,12 +3,12 @@
 //!
 //! Strata's own code runs here, unchanged: each brick is a `BrickStore` on a crash-harness
 //! disk, clients run `commit::prepare_interval` and `decide_interval`, and every brick runs
-//! `resolve::resolve_in_doubt` on a timer. Only the network is simulated ([`Participant`] over [`Link`]s): a request or
-//! its reply is lost (the caller waits out its timeout, not knowing whether it was applied),
-//! messages are delayed, bricks lose power (their disk's cache kept in part, torn or
-//! reordered) and come back, and clients die inside an interval or pause past their lease and
-//! wake up to send the decision they had taken. A brick runs a request to its end whatever
-//! becomes of the caller, as its server does.
+//! `resolve::resolve_in_doubt` on a timer. Only the network is simulated ([`Participant`]
+//! over [`Link`]s): a request or its reply is lost (the caller waits out its timeout, not
+//! knowing whether it was applied), messages are delayed, bricks lose power (their disk's
+//! cache kept in part, torn or reordered) and come back, and clients die inside an interval
+//! or pause past their lease and wake up to send the decision they had taken. A brick runs a
+//! request to its end whatever becomes of the caller, as its server does.
 //!
 //! **Versions.** While the clients run, a task announces versions: the volume's counter goes
 //! up by one every 20 to 80 ms of virtual time. Each client tags each interval with the
@@ -875,11 +875,10 @@ async fn check(world: &Arc<World>, roll_back: bool) -> Result<(), String> {
     }
     let (all_writes, outcomes, reported, tags) = {
         let log = world.log.lock().unwrap();
-        let reported = log.reported.clone();
         (
             log.writes.clone(),
             log.outcomes.clone(),
-            reported,
+            log.reported.clone(),
             log.tags.clone(),
         )
     };
