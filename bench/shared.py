@@ -11,7 +11,10 @@
 Rows: 1, 4 and 16 fio jobs, each its own NBD connection at queue depth 1 (one write, then its
 flush): for the shared volume, 1, 4 and 16 streams of intervals. Every file is on the VM's
 disk (BENCH_DIR, /var/tmp by default), so flushes reach it. Medians of BENCH_ROUNDS (default
-3) runs of BENCH_SECONDS (default 10).
+3) runs of BENCH_SECONDS (default 10); BENCH_JOBS (default 1,4,16) picks the rows.
+BENCH_AB_BIN=path adds a second shared volume served by that Strata binary, measured in the
+same rounds, and prints the two volumes' ratio round by round: the way to compare two builds
+on a VM whose speed drifts between runs.
 
 Targets: intervals cost at most 10 % against the mirror without them; throughput grows with
 the number of writers up to 16.
@@ -28,6 +31,7 @@ Run: bench/shared.sh.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -40,14 +44,29 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests/integration"))
+import harness  # noqa: E402
 from harness import MiB, STRATA_BIN, Disk, Export, Layer, Server, ServerSpec, free_port  # noqa: E402
 
 SECONDS = int(os.environ.get("BENCH_SECONDS", "10"))
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
 BASE = Path(os.environ.get("BENCH_DIR", "/var/tmp"))
 SIZE = 1024 * MiB
-JOBS = [1, 4, 16]
+JOBS = [int(n) for n in os.environ.get("BENCH_JOBS", "1,4,16").split(",")]
 CLUSTER = "bench"
+# A second Strata binary (BENCH_AB_BIN) adds a column: its own shared volume, measured in the
+# same rounds as the first, so that the VM's drift between runs falls on both alike.
+AB_BIN = Path(os.environ["BENCH_AB_BIN"]) if os.environ.get("BENCH_AB_BIN") else None
+
+
+@contextlib.contextmanager
+def strata_binary(binary: Path):
+    """The harness starts servers from its STRATA_BIN: this one, for the `with` block."""
+    saved = harness.STRATA_BIN
+    harness.STRATA_BIN = binary
+    try:
+        yield
+    finally:
+        harness.STRATA_BIN = saved
 
 
 def run(argv: list[str], **kw) -> subprocess.CompletedProcess:
@@ -75,26 +94,27 @@ class Etcd:
                 sys.exit("etcd did not start")
             time.sleep(0.2)
 
-    def status(self) -> subprocess.CompletedProcess:
+    def status(self, cluster: str = CLUSTER) -> subprocess.CompletedProcess:
         return subprocess.run([str(STRATA_BIN), "cluster", "status", "--etcd", self.endpoint,
-                               "--cluster", CLUSTER], capture_output=True, text=True)
+                               "--cluster", cluster], capture_output=True, text=True)
 
     def stop(self) -> None:
         self.proc.kill()
         self.proc.wait()
 
 
-def start_brick(workdir: Path, name: str, etcd: Etcd) -> subprocess.Popen:
+def start_brick(workdir: Path, name: str, etcd: Etcd, binary: Path = STRATA_BIN,
+                cluster: str = CLUSTER) -> subprocess.Popen:
     image = workdir / f"{name}.img"
-    run([str(STRATA_BIN), "brick", "format", str(image), "--size", "1216M", "--home", "1G",
+    run([str(binary), "brick", "format", str(image), "--size", "1216M", "--home", "1G",
          "--meta", "64M"])
     log = open(workdir / f"{name}.log", "wb")
     proc = subprocess.Popen(
-        [str(STRATA_BIN), "brick", "serve", str(image), "--listen", f"127.0.0.1:{free_port()}",
-         "--etcd", etcd.endpoint, "--cluster", CLUSTER],
+        [str(binary), "brick", "serve", str(image), "--listen", f"127.0.0.1:{free_port()}",
+         "--etcd", etcd.endpoint, "--cluster", cluster],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log)
     deadline = time.monotonic() + 40
-    while f"  {name} (brick)" not in etcd.status().stdout.split("bricks:")[0]:
+    while f"  {name} (brick)" not in etcd.status(cluster).stdout.split("bricks:")[0]:
         if proc.poll() is not None or time.monotonic() > deadline:
             sys.exit(f"brick {name} did not join:\n{(workdir / f'{name}.log').read_text()}")
         time.sleep(0.1)
@@ -176,24 +196,36 @@ def main() -> None:
         servers.append(mirror.start())
         # The shared volume: etcd, two bricks, one mirror set.
         etcd = Etcd(workdir)
-        procs += [start_brick(workdir, f"b{i}", etcd) for i in range(2)]
-        run([str(STRATA_BIN), "cluster", "create-volume", "--etcd", etcd.endpoint, "--cluster",
-             CLUSTER, "v", "--size", "960M", "--mirror", "b0,b1"])
-        shared = Server(workdir / "host", ServerSpec(disks=[Disk(
-            name="sv", size=960 * MiB, shared="v", etcd=[etcd.endpoint], cluster=CLUSTER,
-            timeout="30s")], exports=[Export("vol", "sv")]), name="host")
-        servers.append(shared.start())
-        uris = {"qemu-nbd, raw file": raw_uri, "mirror of 2 NBD bricks": mirror.uri("vol"),
-                "shared volume, 2 bricks": shared.uri("vol")}
+        uris = {"qemu-nbd, raw file": raw_uri, "mirror of 2 NBD bricks": mirror.uri("vol")}
         pids = {"qemu-nbd, raw file": [qemu.pid],
-                "mirror of 2 NBD bricks": [srv.proc.pid for srv in (*backs, mirror)],
-                "shared volume, 2 bricks": [p.pid for p in procs[1:]] + [shared.proc.pid,
-                                                                          etcd.proc.pid]}
+                "mirror of 2 NBD bricks": [srv.proc.pid for srv in (*backs, mirror)]}
+        volumes = [("shared volume, 2 bricks", STRATA_BIN, CLUSTER, "")]
+        if AB_BIN is not None:
+            volumes.append((f"shared volume, {AB_BIN.name}", AB_BIN, f"{CLUSTER}-b", "-b"))
+        for name, binary, cluster, suffix in volumes:
+            bricks = [start_brick(workdir, f"b{i}{suffix}", etcd, binary, cluster)
+                      for i in range(2)]
+            procs += bricks
+            run([str(binary), "cluster", "create-volume", "--etcd", etcd.endpoint, "--cluster",
+                 cluster, "v", "--size", "960M", "--mirror", f"b0{suffix},b1{suffix}"])
+            shared = Server(workdir / f"host{suffix}", ServerSpec(disks=[Disk(
+                name="sv", size=960 * MiB, shared="v", etcd=[etcd.endpoint], cluster=cluster,
+                timeout="30s")], exports=[Export("vol", "sv")]), name=f"host{suffix}")
+            with strata_binary(binary):
+                servers.append(shared.start())
+            uris[name] = shared.uri("vol")
+            pids[name] = [p.pid for p in bricks] + [shared.proc.pid, etcd.proc.pid]
         results: dict[tuple[int, str], list[float]] = {}
         cpu: dict[tuple[int, str], list[float]] = {}
-        for _ in range(ROUNDS):
+        for round in range(ROUNDS):
+            # The two shared volumes take turns going first: the VM's state after one run
+            # (its page cache, its host's) falls on each alike.
+            order = list(uris)
+            if round % 2:
+                order[2:] = reversed(order[2:])
             for jobs in JOBS:
-                for name, uri in uris.items():
+                for name in order:
+                    uri = uris[name]
                     before = cpu_seconds(pids[name])
                     each = [cpu_seconds([p]) for p in pids[name]]
                     rate, written = fio(uri, jobs, workdir)
@@ -226,21 +258,32 @@ def main() -> None:
 
 def report(results: dict[tuple[int, str], list[float]], cpu: dict[tuple[int, str], list[float]],
            names: list[str]) -> None:
+    shared = names[2:]
+    costs = "intervals cost" if len(shared) == 1 else " | ".join(
+        f"cost: {n.removeprefix('shared volume, ')}" for n in shared)
     print(f"\n1 MiB sequential writes, a flush after each, fio's nbd engine, files in {BASE} "
           f"(median of {ROUNDS} x {SECONDS} s; MiB/s)\n")
-    print("| writers (connections) | " + " | ".join(names) + " | intervals cost |")
-    print("|---:|" + "---:|" * (len(names) + 1))
+    print("| writers (connections) | " + " | ".join(names) + f" | {costs} |")
+    print("|---:|" + "---:|" * (len(names) + len(shared)))
     for jobs in JOBS:
         med = [statistics.median(results[(jobs, n)]) / MiB for n in names]
-        cost = (med[1] / med[2] - 1) * 100
-        print(f"| {jobs} | " + " | ".join(f"{m:.0f}" for m in med) + f" | {cost:+.0f} % |")
+        cost = " | ".join(f"{(med[1] / m - 1) * 100:+.0f} %" for m in med[2:])
+        print(f"| {jobs} | " + " | ".join(f"{m:.0f}" for m in med) + f" | {cost} |")
+    if len(shared) == 2:
+        # Paired by round: each round ran both volumes back to back.
+        print(f"\n{shared[1]} over {shared[0]}, per round (MiB/s ratio):")
+        for jobs in JOBS:
+            ratios = [b / a for a, b in zip(results[(jobs, shared[0])],
+                                            results[(jobs, shared[1])])]
+            print(f"  {jobs} writers: " + ", ".join(f"{r:.2f}" for r in ratios)
+                  + f" (median {statistics.median(ratios):.2f})")
     print("\nCPU seconds the servers used per GiB written (median over the rounds)\n")
     print("| writers (connections) | " + " | ".join(names) + " | shared / mirror |")
     print("|---:|" + "---:|" * (len(names) + 1))
     for jobs in JOBS:
         med = [statistics.median(cpu[(jobs, n)]) for n in names]
         print(f"| {jobs} | " + " | ".join(f"{m:.2f}" for m in med)
-              + f" | {med[2] / med[1]:.2f} |")
+              + " | " + ", ".join(f"{m / med[1]:.2f}" for m in med[2:]) + " |")
 
 
 if __name__ == "__main__":
