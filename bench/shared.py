@@ -31,7 +31,6 @@ Run: bench/shared.sh.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -44,7 +43,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests/integration"))
-import harness  # noqa: E402
 from harness import MiB, STRATA_BIN, Disk, Export, Layer, Server, ServerSpec, free_port  # noqa: E402
 
 SECONDS = int(os.environ.get("BENCH_SECONDS", "10"))
@@ -56,17 +54,6 @@ CLUSTER = "bench"
 # A second Strata binary (BENCH_AB_BIN) adds a column: its own shared volume, measured in the
 # same rounds as the first, so that the VM's drift between runs falls on both alike.
 AB_BIN = Path(os.environ["BENCH_AB_BIN"]) if os.environ.get("BENCH_AB_BIN") else None
-
-
-@contextlib.contextmanager
-def strata_binary(binary: Path):
-    """The harness starts servers from its STRATA_BIN: this one, for the `with` block."""
-    saved = harness.STRATA_BIN
-    harness.STRATA_BIN = binary
-    try:
-        yield
-    finally:
-        harness.STRATA_BIN = saved
 
 
 def run(argv: list[str], **kw) -> subprocess.CompletedProcess:
@@ -210,18 +197,18 @@ def main() -> None:
                  cluster, "v", "--size", "960M", "--mirror", f"b0{suffix},b1{suffix}"])
             shared = Server(workdir / f"host{suffix}", ServerSpec(disks=[Disk(
                 name="sv", size=960 * MiB, shared="v", etcd=[etcd.endpoint], cluster=cluster,
-                timeout="30s")], exports=[Export("vol", "sv")]), name=f"host{suffix}")
-            with strata_binary(binary):
-                servers.append(shared.start())
+                timeout="30s")], exports=[Export("vol", "sv")]), name=f"host{suffix}",
+                binary=binary)
+            servers.append(shared.start())
             uris[name] = shared.uri("vol")
             pids[name] = [p.pid for p in bricks] + [shared.proc.pid, etcd.proc.pid]
         results: dict[tuple[int, str], list[float]] = {}
         cpu: dict[tuple[int, str], list[float]] = {}
-        for round in range(ROUNDS):
+        for done in range(ROUNDS):
             # The two shared volumes take turns going first: the VM's state after one run
             # (its page cache, its host's) falls on each alike.
             order = list(uris)
-            if round % 2:
+            if done % 2:
                 order[2:] = reversed(order[2:])
             for jobs in JOBS:
                 for name in order:

@@ -181,8 +181,10 @@ def pid_rss_kib(pid: int) -> int:
 class Server:
     """A running NBD server (strata, or qemu-nbd when developing the harness)."""
 
-    def __init__(self, workdir: Path, spec: ServerSpec, name: str = "srv"):
+    def __init__(self, workdir: Path, spec: ServerSpec, name: str = "srv",
+                 binary: Path | None = None):
         self.spec = spec
+        self.binary = binary or STRATA_BIN  # a benchmark may serve from another build
         self.workdir = workdir
         self.data_dir = workdir / "data"
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -327,10 +329,10 @@ class Server:
         self.stopped = False
         if self.stderr_path.exists():
             self.history.append(self.stderr_path.read_text(errors="replace"))
-        if not STRATA_BIN.exists():
-            pytest.fail(f"strata binary not found at {STRATA_BIN} (run cargo build --release or set STRATA_BIN)")
+        if not self.binary.exists():
+            pytest.fail(f"strata binary not found at {self.binary} (run cargo build --release or set STRATA_BIN)")
         self.write_config()
-        self._popen([str(STRATA_BIN), "serve", "--config", str(self.config_path)])
+        self._popen([str(self.binary), "serve", "--config", str(self.config_path)])
 
     def crash(self) -> int:
         """SIGKILL the server (if something else has not already) and reap it: no shutdown
@@ -352,11 +354,11 @@ class Server:
                 setattr(self, name, None)
 
     def _start_strata(self) -> None:
-        if not STRATA_BIN.exists():
-            pytest.fail(f"strata binary not found at {STRATA_BIN} (run cargo build --release or set STRATA_BIN)")
+        if not self.binary.exists():
+            pytest.fail(f"strata binary not found at {self.binary} (run cargo build --release or set STRATA_BIN)")
         self.write_config()
         inside = ["ip", "netns", "exec", self.spec.netns] if self.spec.netns else []
-        self._popen([*inside, str(STRATA_BIN), "serve", "--config", str(self.config_path)])
+        self._popen([*inside, str(self.binary), "serve", "--config", str(self.config_path)])
         deadline = time.monotonic() + READY_TIMEOUT
         while time.monotonic() < deadline:
             out = self.stdout_path.read_text(errors="replace")
@@ -471,7 +473,7 @@ class Server:
     def status(self, *args: str, json_out: bool = True):
         import json
 
-        argv = [str(STRATA_BIN), "status", *args]
+        argv = [str(self.binary), "status", *args]
         if not args:
             argv += ["--data-dir", str(self.data_dir)]
         if json_out:
