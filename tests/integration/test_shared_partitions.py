@@ -24,7 +24,7 @@ import pytest
 
 from harness import MiB, STRATA_BIN, Disk, Export, ServerSpec, block_device, mounted, \
     assert_fsck_clean, nbd_handle, run
-from netns import hosts
+from netns import address_lock, hosts
 from test_ext4 import _can_do_block_devices
 from test_shared import CLUSTER, LEASE, BrickProc, Etcd, assert_replicas_equal, \
     cluster, cluster_status, qemu_io  # noqa: F401 (cluster is a fixture)
@@ -39,12 +39,13 @@ def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
 @contextlib.contextmanager
 def root_address():
     """An address of the root namespace that the namespaces reach through their veths."""
-    taken = ip("-o", "addr", "show").stdout
-    for _ in range(50):
-        addr = f"10.78.{random.randrange(1, 250)}.1"
-        if f"{addr}/" not in taken:
-            break
-    ip("addr", "add", f"{addr}/32", "dev", "lo")
+    with address_lock():
+        taken = ip("-o", "addr", "show").stdout
+        for _ in range(50):
+            addr = f"10.78.{random.randrange(1, 250)}.1"
+            if f"{addr}/" not in taken:
+                break
+        ip("addr", "add", f"{addr}/32", "dev", "lo")
     try:
         yield addr
     finally:
