@@ -19,7 +19,10 @@ on a VM whose speed drifts between runs.
 Targets: intervals cost at most 10 % against the mirror without them; throughput grows with
 the number of writers up to 16.
 
-A second table gives the CPU each server's processes used per GiB written (user and system,
+A second table gives the mean time of one write and of one flush as fio saw them: where a
+writer's time goes (a shared volume answers a write at once and sends it with the flush's
+interval; the mirror sends a write to its backs before answering it). A third gives the CPU
+each server's processes used per GiB written (user and system,
 from /proc/PID/stat, medians over the rounds): qemu-nbd alone; the mirror's front and both
 backs; the shared volume's host, both bricks and etcd. On 2 cores, where the busiest rows
 keep both cores busy, that is what throughput follows. BENCH_CPU_DETAIL=1 also prints, for
@@ -142,9 +145,11 @@ def wchar(pid: int) -> int:
     return 0
 
 
-def fio(uri: str, jobs: int, workdir: Path) -> tuple[float, int]:
+def fio(uri: str, jobs: int, workdir: Path) -> tuple[float, int, float, float]:
     """Bytes per second of `jobs` writers, each 1 MiB writes at depth 1 with a flush after
-    every write, over its own stretch of the device; and the bytes written."""
+    every write, over its own stretch of the device; the bytes written; and the mean time a
+    write and a flush took, in ms (fio's completion latency of the writes, its latency of
+    the flushes)."""
     stretch = SIZE // jobs
     job = workdir / "job.fio"
     job.write_text(f"[global]\nioengine=nbd\nuri={uri}\nrw=write\nbs=1m\niodepth=1\nfsync=1\n"
@@ -154,7 +159,8 @@ def fio(uri: str, jobs: int, workdir: Path) -> tuple[float, int]:
     result = json.loads(r.stdout[r.stdout.index("{"):])["jobs"][0]
     assert result["error"] == 0, result
     write = result["write"]
-    return write["io_bytes"] / (write["runtime"] / 1000), write["io_bytes"]
+    return (write["io_bytes"] / (write["runtime"] / 1000), write["io_bytes"],
+            write["clat_ns"]["mean"] / 1e6, result["sync"]["lat_ns"]["mean"] / 1e6)
 
 
 def main() -> None:
@@ -204,6 +210,7 @@ def main() -> None:
             pids[name] = [p.pid for p in bricks] + [shared.proc.pid, etcd.proc.pid]
         results: dict[tuple[int, str], list[float]] = {}
         cpu: dict[tuple[int, str], list[float]] = {}
+        latency: dict[tuple[int, str], list[tuple[float, float]]] = {}
         for done in range(ROUNDS):
             # The two shared volumes take turns going first: the VM's state after one run
             # (its page cache, its host's) falls on each alike.
@@ -215,7 +222,7 @@ def main() -> None:
                     uri = uris[name]
                     before = cpu_seconds(pids[name])
                     each = [cpu_seconds([p]) for p in pids[name]]
-                    rate, written = fio(uri, jobs, workdir)
+                    rate, written, write_ms, flush_ms = fio(uri, jobs, workdir)
                     used = cpu_seconds(pids[name]) - before
                     if os.environ.get("BENCH_CPU_DETAIL"):
                         detail = [f"{cpu_seconds([p]) - e:.2f} s, {wchar(p) // MiB} MiB so far"
@@ -223,8 +230,9 @@ def main() -> None:
                         print(f"{name}, {jobs} writers, {written // MiB} MiB written: "
                               + "; ".join(detail), file=sys.stderr)
                     results.setdefault((jobs, name), []).append(rate)
+                    latency.setdefault((jobs, name), []).append((write_ms, flush_ms))
                     cpu.setdefault((jobs, name), []).append(used / (written / (1024 * MiB)))
-        report(results, cpu, list(uris))
+        report(results, cpu, latency, list(uris))
     finally:
         # The front first: it holds the backs' connections.
         for srv in reversed(servers):
@@ -244,7 +252,7 @@ def main() -> None:
 
 
 def report(results: dict[tuple[int, str], list[float]], cpu: dict[tuple[int, str], list[float]],
-           names: list[str]) -> None:
+           latency: dict[tuple[int, str], list[tuple[float, float]]], names: list[str]) -> None:
     shared = names[2:]
     costs = "intervals cost" if len(shared) == 1 else " | ".join(
         f"cost: {n.removeprefix('shared volume, ')}" for n in shared)
@@ -264,6 +272,19 @@ def report(results: dict[tuple[int, str], list[float]], cpu: dict[tuple[int, str
                                             results[(jobs, shared[1])])]
             print(f"  {jobs} writers: " + ", ".join(f"{r:.2f}" for r in ratios)
                   + f" (median {statistics.median(ratios):.2f})")
+    # Where a writer's time goes: a shared volume answers a write at once and commits it at
+    # the flush; the mirror sends the write to its backs before answering, and its flush
+    # only syncs them.
+    print("\nMean time of one write / one flush as fio saw it, ms (median over the rounds)\n")
+    print("| writers (connections) | " + " | ".join(names) + " |")
+    print("|---:|" + "---:|" * len(names))
+    for jobs in JOBS:
+        cells = []
+        for n in names:
+            write_ms = statistics.median(w for w, _ in latency[(jobs, n)])
+            flush_ms = statistics.median(f for _, f in latency[(jobs, n)])
+            cells.append(f"{write_ms:.2f} / {flush_ms:.2f}")
+        print(f"| {jobs} | " + " | ".join(cells) + " |")
     print("\nCPU seconds the servers used per GiB written (median over the rounds)\n")
     print("| writers (connections) | " + " | ".join(names) + " | shared / mirror |")
     print("|---:|" + "---:|" * (len(names) + 1))
