@@ -11,7 +11,9 @@
 Rows: 1, 4 and 16 fio jobs, each its own NBD connection at queue depth 1 (one write, then its
 flush): for the shared volume, 1, 4 and 16 streams of intervals. Every file is on the VM's
 disk (BENCH_DIR, /var/tmp by default), so flushes reach it. Medians of BENCH_ROUNDS (default
-3) runs of BENCH_SECONDS (default 10); BENCH_JOBS (default 1,4,16) picks the rows.
+3) runs of BENCH_SECONDS (default 10); BENCH_JOBS (default 1,4,16) picks the rows. Before the
+rounds every device is written whole once (4 writers; BENCH_FILL=0 skips it), so that each is
+measured in its steady state; what that first fill took is printed apart.
 BENCH_AB_BIN=path adds a second shared volume served by that Strata binary, measured in the
 same rounds, and prints the two volumes' ratio round by round: the way to compare two builds
 on a VM whose speed drifts between runs.
@@ -57,6 +59,8 @@ CLUSTER = "bench"
 # A second Strata binary (BENCH_AB_BIN) adds a column: its own shared volume, measured in the
 # same rounds as the first, so that the VM's drift between runs falls on both alike.
 AB_BIN = Path(os.environ["BENCH_AB_BIN"]) if os.environ.get("BENCH_AB_BIN") else None
+# BENCH_FILL=0 skips writing every device whole before the rounds.
+FILL = os.environ.get("BENCH_FILL", "1") != "0"
 
 
 def run(argv: list[str], **kw) -> subprocess.CompletedProcess:
@@ -145,16 +149,18 @@ def wchar(pid: int) -> int:
     return 0
 
 
-def fio(uri: str, jobs: int, workdir: Path) -> tuple[float, int, float, float]:
+def fio(uri: str, jobs: int, workdir: Path,
+        fill: bool = False) -> tuple[float, int, float, float]:
     """Bytes per second of `jobs` writers, each 1 MiB writes at depth 1 with a flush after
     every write, over its own stretch of the device; the bytes written; and the mean time a
     write and a flush took, in ms (fio's completion latency of the writes, its latency of
-    the flushes)."""
+    the flushes). With `fill`, each writer writes its stretch once, however long it takes."""
     stretch = SIZE // jobs
+    timing = "" if fill else f"runtime={SECONDS}\ntime_based=1\n"
     job = workdir / "job.fio"
     job.write_text(f"[global]\nioengine=nbd\nuri={uri}\nrw=write\nbs=1m\niodepth=1\nfsync=1\n"
                    f"numjobs={jobs}\nsize={stretch}\noffset_increment={stretch}\n"
-                   f"runtime={SECONDS}\ntime_based=1\ngroup_reporting=1\n[w]\n")
+                   f"{timing}group_reporting=1\n[w]\n")
     r = run(["fio", "--output-format=json", str(job)])
     result = json.loads(r.stdout[r.stdout.index("{"):])["jobs"][0]
     assert result["error"] == 0, result
@@ -208,6 +214,14 @@ def main() -> None:
             servers.append(shared.start())
             uris[name] = shared.uri("vol")
             pids[name] = [p.pid for p in bricks] + [shared.proc.pid, etcd.proc.pid]
+        # Every device written whole once before the rounds, 4 writers: a fresh shared
+        # volume's bricks spent about twice the CPU per byte on its first pass that they
+        # spent later (docs/benchmarks.md, run J), and without this the first round measured
+        # a first pass on that side only. What the fill took is reported apart.
+        fills: dict[str, float] = {}
+        if FILL:
+            for name, uri in uris.items():
+                fills[name] = fio(uri, 4, workdir, fill=True)[0]
         results: dict[tuple[int, str], list[float]] = {}
         cpu: dict[tuple[int, str], list[float]] = {}
         latency: dict[tuple[int, str], list[tuple[float, float]]] = {}
@@ -232,7 +246,7 @@ def main() -> None:
                     results.setdefault((jobs, name), []).append(rate)
                     latency.setdefault((jobs, name), []).append((write_ms, flush_ms))
                     cpu.setdefault((jobs, name), []).append(used / (written / (1024 * MiB)))
-        report(results, cpu, latency, list(uris))
+        report(results, cpu, latency, fills, list(uris))
     finally:
         # The front first: it holds the backs' connections.
         for srv in reversed(servers):
@@ -252,7 +266,8 @@ def main() -> None:
 
 
 def report(results: dict[tuple[int, str], list[float]], cpu: dict[tuple[int, str], list[float]],
-           latency: dict[tuple[int, str], list[tuple[float, float]]], names: list[str]) -> None:
+           latency: dict[tuple[int, str], list[tuple[float, float]]], fills: dict[str, float],
+           names: list[str]) -> None:
     shared = names[2:]
     costs = "intervals cost" if len(shared) == 1 else " | ".join(
         f"cost: {n.removeprefix('shared volume, ')}" for n in shared)
@@ -275,6 +290,11 @@ def report(results: dict[tuple[int, str], list[float]], cpu: dict[tuple[int, str
     # Where a writer's time goes: a shared volume answers a write at once and commits it at
     # the flush; the mirror sends the write to its backs before answering, and its flush
     # only syncs them.
+    if fills:
+        print("\nFirst fill, before the rounds: each device written whole once, 4 writers (MiB/s)\n")
+        print("| " + " | ".join(names) + " |")
+        print("|" + "---:|" * len(names))
+        print("| " + " | ".join(f"{fills[n] / MiB:.0f}" for n in names) + " |")
     print("\nMean time of one write / one flush as fio saw it, ms (median over the rounds)\n")
     print("| writers (connections) | " + " | ".join(names) + " |")
     print("|---:|" + "---:|" * len(names))
