@@ -287,14 +287,14 @@ def report(results: dict[tuple[int, str], list[float]], cpu: dict[tuple[int, str
                                             results[(jobs, shared[1])])]
             print(f"  {jobs} writers: " + ", ".join(f"{r:.2f}" for r in ratios)
                   + f" (median {statistics.median(ratios):.2f})")
-    # Where a writer's time goes: a shared volume answers a write at once and commits it at
-    # the flush; the mirror sends the write to its backs before answering, and its flush
-    # only syncs them.
     if fills:
         print("\nFirst fill, before the rounds: each device written whole once, 4 writers (MiB/s)\n")
         print("| " + " | ".join(names) + " |")
         print("|" + "---:|" * len(names))
         print("| " + " | ".join(f"{fills[n] / MiB:.0f}" for n in names) + " |")
+    # Where a writer's time goes: a shared volume answers a write at once and commits it at
+    # the flush; the mirror sends the write to its backs before answering, and its flush
+    # only syncs them.
     print("\nMean time of one write / one flush as fio saw it, ms (median over the rounds)\n")
     print("| writers (connections) | " + " | ".join(names) + " |")
     print("|---:|" + "---:|" * len(names))
