@@ -53,7 +53,7 @@ use strata_cluster::interval::{Decision, IntervalId};
 use strata_cluster::locks::{Mode, RangeLocks};
 use strata_cluster::rain::Rain10;
 use strata_coord::session::{Heartbeat, MemberRecord, Session};
-use strata_coord::Coord;
+use strata_coord::{Coord, CoordError};
 use strata_core::lock::{HeldLock, LockHolder, LockPart, LockRequest};
 use strata_core::{
     async_trait, Activity, BlockDevice, BlockError, Capabilities, Control, ControlReply, Geometry,
@@ -212,7 +212,7 @@ impl SharedVolume {
         let stored = coord.volume(volume).await?;
         let record = &stored.record;
         if let Some(to) = coord.rollback_pending(volume).await? {
-            return Err(strata_coord::CoordError::RollingBack {
+            return Err(CoordError::RollingBack {
                 volume: volume.to_string(),
                 version: to,
             }
@@ -514,6 +514,25 @@ impl SharedVolume {
         Ok(())
     }
 
+    /// Runs an etcd call an interval waits on, for no longer than this host's lease has
+    /// left: an etcd gone silent must not hold a flush past the lease, only for the lease
+    /// check after it to refuse the interval anyway. A call cut short may still land in etcd;
+    /// each caller only ever adds to what is recorded stale, or drops what was copied back.
+    async fn within_lease<T>(
+        &self,
+        what: &str,
+        call: impl std::future::Future<Output = std::result::Result<T, CoordError>>,
+    ) -> std::result::Result<T, CoordError> {
+        let left = self.session.time_left();
+        match tokio::time::timeout(left, call).await {
+            Ok(answer) => answer,
+            Err(_) => Err(CoordError::Unavailable {
+                what: what.to_string(),
+                why: format!("no answer within the {left:?} this host's lease had left"),
+            }),
+        }
+    }
+
     /// What an interval first brings up to date: which bricks other hosts found stale (read
     /// from etcd only when that may have changed, `stale`), the decisions bricks are owed,
     /// and a few regions copied back to a brick that returned. The last two need no interval
@@ -726,10 +745,9 @@ impl SharedVolume {
             // Not recorded: another host may read the brick's old data of these regions
             // until it is paid. The brick itself holds the interval undecided, and holds
             // reads of its units back until it is decided (`BrickStore::read`).
-            if let Err(error) = (self.coord)
-                .mark_stale(&self.name, &self.brick_name(brick), &touched[&brick])
-                .await
-            {
+            let name = self.brick_name(brick);
+            let mark = (self.coord).mark_stale(&self.name, &name, &touched[&brick]);
+            if let Err(error) = self.within_lease("recording a stale brick", mark).await {
                 tracing::error!(volume = %self.name, interval = id.seq, brick = %self.brick_name(brick), %error, "interval committed, but the brick did not acknowledge it and that cannot be recorded");
             }
         }
@@ -769,9 +787,14 @@ impl SharedVolume {
             }
         }
         let (writes, missed) = self.plan(&stream.pending)?;
+        if !missed.is_empty() {
+            // A host whose lease may have run out could not commit after the marking anyway.
+            self.check_live()?;
+        }
         for (brick, regions) in &missed {
-            self.coord
-                .mark_stale(&self.name, &self.brick_name(*brick), regions)
+            let name = self.brick_name(*brick);
+            let mark = (self.coord).mark_stale(&self.name, &name, regions);
+            self.within_lease("recording a stale brick", mark)
                 .await
                 .map_err(|e| {
                     io_error(format!(

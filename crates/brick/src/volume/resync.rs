@@ -228,7 +228,8 @@ impl SharedVolume {
                 }
             }
             *self.resyncing.lock().unwrap() = None;
-            if let Err(error) = self.coord.clear_stale(&self.name, name, &copied).await {
+            let clear = self.coord.clear_stale(&self.name, name, &copied);
+            if let Err(error) = self.within_lease("clearing copied regions", clear).await {
                 // Harmless but for the next opener: it copies these again.
                 tracing::warn!(volume = %self.name, %error, "copied regions not cleared in etcd");
             }

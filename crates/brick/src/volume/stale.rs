@@ -59,18 +59,11 @@ impl SharedVolume {
         let claimed = self.claims.counters().claimed.load(Ordering::SeqCst);
         self.stale.moved.store(false, Ordering::SeqCst);
         self.stale.reads.fetch_add(1, Ordering::SeqCst);
-        // No longer than the lease has left: an etcd that went silent must not keep the flush
-        // waiting past it, only for the lease check after to refuse the interval.
-        let left = self.session.time_left();
-        let read = match tokio::time::timeout(left, self.coord.stale(&self.name)).await {
-            Ok(read) => read,
-            Err(_) => {
-                tracing::warn!(volume = %self.name, waited = ?left, "no answer from etcd about stale bricks before the lease's end");
-                self.stale.moved.store(true, Ordering::SeqCst);
-                return false;
-            }
-        };
-        match read {
+        let read = self.coord.stale(&self.name);
+        match self
+            .within_lease("reading which bricks are stale", read)
+            .await
+        {
             Ok(stale) => {
                 let mut rain = self.rain.lock().unwrap();
                 for (name, regions) in stale {

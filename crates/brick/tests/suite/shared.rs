@@ -1,8 +1,9 @@
 //! Shared volumes written by several hosts at once: two `SharedVolume`s (two hosts, each its
 //! own etcd session) over the same mirror set of two bricks, with a real etcd. Lock safety
 //! (no increment lost under range locks), fencing of a host whose lease ran out (by itself and
-//! by the bricks), and a host that died inside a commit holding up the next writer until its
-//! interval is resolved, never landing after it.
+//! by the bricks), a host that died inside a commit holding up the next writer until its
+//! interval is resolved, never landing after it, and an etcd gone silent holding no flush
+//! past the host's lease.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -443,6 +444,50 @@ async fn a_lock_waits_for_its_holder_here_and_gives_up_on_another_host_naming_it
         a.claimed_segments()
     );
     b.unlock(lock).await.unwrap();
+}
+
+/// etcd goes silent just as a brick fails to acknowledge a commit: recording that brick
+/// stale cannot be done, and the next flush, which must record it too before it commits
+/// around the brick, fails within the host's lease and the brick's timeout, not after etcd's
+/// timeout twice over (the CI run of 2026-12-02 waited 13 s on a 3 s lease).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_etcd_holds_no_flush_past_the_lease() {
+    let cluster = cluster().await; // etcd calls wait up to 5 s
+    let brick_timeout = Duration::from_secs(1);
+    let a = host_waiting(&cluster, "a", brick_timeout).await;
+    a.write(0, sector("a1"), WriteFlags::default())
+        .await
+        .unwrap();
+    a.flush().await.unwrap();
+    a.landed().await;
+    cluster.faults[0]
+        .swallow_decisions
+        .store(true, Ordering::SeqCst);
+    cluster.etcd.pause(0);
+    a.write(0, sector("a2"), WriteFlags::default())
+        .await
+        .unwrap();
+    // Both bricks vote yes: committed, though b0 never acknowledges the commit.
+    a.flush().await.expect("committed");
+    let started = Instant::now();
+    a.write(4096, sector("a3"), WriteFlags::default())
+        .await
+        .unwrap();
+    // The commit's landing takes in b0's silence (and fails to record it) before the flush.
+    a.landed().await;
+    let refused = a.flush().await;
+    let took = started.elapsed();
+    cluster.etcd.resume(0);
+    let message = refused
+        .expect_err("a flush with etcd silent past the lease")
+        .to_string();
+    assert!(
+        message.contains("lease") || message.contains("stale"),
+        "{message}"
+    );
+    let bound = LEASE + brick_timeout + Duration::from_millis(1500);
+    assert!(took < bound, "the flush failed after {took:?}: {message}");
+    a.landed().await;
 }
 
 /// A commit no brick acknowledged, pinned deterministically. Both bricks vote yes and then

@@ -98,6 +98,29 @@ impl Etcd {
         child.wait().unwrap();
     }
 
+    /// SIGSTOP: the node keeps its connections open and answers nothing, as a hung server
+    /// or a black-holed network does. `resume` lets it go on. (The brick suite's tests use
+    /// these two.)
+    #[allow(dead_code)]
+    pub fn pause(&self, node: usize) {
+        self.signal(node, "-STOP");
+    }
+
+    #[allow(dead_code)]
+    pub fn resume(&self, node: usize) {
+        self.signal(node, "-CONT");
+    }
+
+    #[allow(dead_code)]
+    fn signal(&self, node: usize, signal: &str) {
+        let child = self.children[node].as_ref().expect("node is running");
+        let status = Command::new("kill")
+            .args([signal, &child.id().to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(status.success(), "kill {signal} node {node}: {status}");
+    }
+
     pub fn endpoints(&self) -> Vec<String> {
         self.client_urls.clone()
     }
