@@ -616,20 +616,45 @@ def block_device(srv: "Server", workdir: Path, tag: str, export: str | None = No
         log.close()
 
 
-@contextlib.contextmanager
-def mounted(dev: str, mnt: Path, options: str | None = None):
-    """`dev` mounted as ext4 at `mnt` (made if missing) with mount `options` ("ro", …).
-    Unmounted on the way out unless the body did it; a failing unmount fails the test, since
-    a test that goes on to fsck or detach the device would otherwise check a mounted one."""
+def mount(dev: str, mnt: Path, options: str | None = None) -> None:
+    """`dev` mounted as ext4 at `mnt` (made if missing), over a shared bind mount of `mnt`
+    itself; `unmount` takes both away.
+
+    Why the bind: a mount namespace made while the file system is mounted (`ip netns exec`,
+    run by a test beside this one) holds a copy of every mount. Under a private mount, as a
+    container's are, that copy keeps the file system alive after it is unmounted here, and the
+    next mount of the device fails with EBUSY ("already mounted or mount point busy": CI,
+    2026-12-02). Under a shared mount the namespace's copy is a slave (`ip netns exec` makes it
+    one), and goes when it is unmounted here."""
     mnt.mkdir(exist_ok=True)
-    run(["mount", "-t", "ext4", *(["-o", options] if options else []), dev, mnt])
+    run(["mount", "--bind", mnt, mnt])
     try:
-        yield mnt
+        run(["mount", "--make-shared", mnt])
+        run(["mount", "-t", "ext4", *(["-o", options] if options else []), dev, mnt])
     except BaseException:
         subprocess.run(["umount", str(mnt)], check=False)
         raise
+
+
+def unmount(mnt: Path, check: bool = True) -> None:
+    """Unmounts what `mount` mounted at `mnt`: the file system, then the bind under it."""
+    run(["umount", mnt], check=check)
+    run(["umount", mnt], check=check)
+
+
+@contextlib.contextmanager
+def mounted(dev: str, mnt: Path, options: str | None = None):
+    """`dev` mounted as ext4 at `mnt` (`mount`) with mount `options` ("ro", …). Unmounted on
+    the way out unless the body did it (`unmount`); a failing unmount fails the test, since a
+    test that goes on to fsck or detach the device would otherwise check a mounted one."""
+    mount(dev, mnt, options)
+    try:
+        yield mnt
+    except BaseException:
+        unmount(mnt, check=False)
+        raise
     if os.path.ismount(mnt):
-        run(["umount", mnt])
+        unmount(mnt)
 
 
 def assert_fsck_clean(dev: str, what: str) -> None:

@@ -7,11 +7,12 @@ import os
 import random
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
-from harness import MiB, Disk, Export, ServerSpec, block_device, run
+from harness import MiB, Disk, Export, ServerSpec, block_device, mount, run, unmount
 
 
 def _can_do_block_devices() -> str | None:
@@ -57,6 +58,35 @@ def tree_digests(root: Path) -> dict[str, str]:
     return out
 
 
+def test_a_namespace_made_while_mounted_does_not_keep_the_file_system(workdir):
+    """A process started by `ip netns exec` while an ext4 is mounted (as tests running beside
+    each other do) holds a copy of the mount in its own mount namespace; once unmounted here,
+    the file system mounts again at once. Over a private mount it would not (EBUSY) until the
+    process ended: harness.mount's shared bind is what lets it go."""
+    from netns import hosts
+
+    image = workdir / "small.img"
+    with open(image, "wb") as f:
+        f.truncate(32 * MiB)
+    run(["mkfs.ext4", "-q", "-F", image])
+    loop = run(["losetup", "-f", "--show", image]).stdout.strip()
+    try:
+        with hosts(1) as [(ns, _)]:
+            mnt = workdir / "mnt"
+            mount(loop, mnt)
+            inside = subprocess.Popen(["ip", "netns", "exec", ns, "sleep", "60"])
+            try:
+                time.sleep(0.5)  # the namespace's process is up, with its copy of the mount
+                unmount(mnt)
+                mount(loop, mnt, "ro")
+                unmount(mnt)
+            finally:
+                inside.kill()
+                inside.wait()
+    finally:
+        run(["losetup", "-d", loop], check=False)
+
+
 def test_ext4_on_export(server_factory, workdir):
     srv = server_factory(ServerSpec(disks=[Disk("d0", 512 * MiB)], exports=[Export("vol", "d0")]))
     src = workdir / "src"
@@ -74,22 +104,22 @@ def test_ext4_on_export(server_factory, workdir):
         mounted = False
         try:
             run(["mkfs.ext4", "-q", "-F", loop], timeout=120)
-            run(["mount", "-t", "ext4", loop, mnt])
+            mount(loop, mnt)
             mounted = True
             shutil.copytree(src, mnt / "tree")
             run(["sync"])
-            run(["umount", mnt])
+            unmount(mnt)
             mounted = False
             run(["blockdev", "--flushbufs", loop], check=False)
             r = run(["e2fsck", "-fn", loop], check=False, timeout=120)
             assert r.returncode == 0, f"e2fsck found problems:\n{r.stdout}\n{r.stderr}"
-            run(["mount", "-t", "ext4", "-o", "ro", loop, mnt])
+            mount(loop, mnt, "ro")
             mounted = True
             got = tree_digests(mnt / "tree")
             assert got == want
         finally:
             if mounted:
-                subprocess.run(["umount", str(mnt)], check=False)
+                unmount(mnt, check=False)
     assert srv.alive()
     # the filesystem really lives in strata's backing file
     with open(srv.disk_file(), "rb") as f:

@@ -20,14 +20,13 @@ import contextlib
 import os
 import random
 import shutil
-import subprocess
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from harness import MiB, GiB, Disk, Export, Layer, ServerSpec, Volume, block_device, run
+from harness import MiB, GiB, Disk, Export, Layer, ServerSpec, Volume, block_device, mount, run, unmount
 from test_ext4 import _can_do_block_devices, make_tree, tree_digests
 
 pytestmark = pytest.mark.skipif(_can_do_block_devices() is not None, reason=str(_can_do_block_devices()))
@@ -69,12 +68,12 @@ def fs_used_blocks(mnt: Path) -> int:
 
 @contextlib.contextmanager
 def mounted(loop: str, mnt: Path, options: str = "rw"):
-    mnt.mkdir(exist_ok=True)
-    run(["mount", "-t", "ext4", "-o", f"{options},minixdf", loop, mnt])
+    mount(loop, mnt, f"{options},minixdf")
     try:
         yield mnt
     finally:
-        subprocess.run(["umount", str(mnt)], check=False)
+        if os.path.ismount(mnt):
+            unmount(mnt, check=False)
 
 
 def settle(loop: str) -> None:
@@ -274,7 +273,7 @@ def test_two_ext4_filesystems_on_one_overcommitted_pool(server_factory, workdir)
         data = sum(p.stat().st_size for name in mounts for p in (workdir / f"src-{name}").rglob("*") if p.is_file())
         assert used * EXTENT >= data, "the files of both filesystems are on allocated extents"
         for mnt in mounts.values():
-            run(["umount", mnt])
+            unmount(mnt)
         for name, loop in loops.items():
             settle(loop)
             r = run(["e2fsck", "-fn", loop], check=False, timeout=180)

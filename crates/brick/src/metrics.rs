@@ -220,7 +220,7 @@ impl Collector for StoreCollector {
         let units = summary.units;
         use Kind::{Counter, Gauge};
         #[rustfmt::skip]
-        let families: [Family; 18] = [
+        let families: [Family; 21] = [
             ("strata_brick_format", "The brick format on the device", Gauge, one(f64::from(summary.format))),
             ("strata_brick_disk_failed", "1 once the brick's disk failed: the brick answers nothing until restarted or replaced", Gauge, one(f64::from(u8::from(self.store.disk_failure().is_some())))),
             ("strata_brick_share_bytes", "The share of the volume the brick holds (its home region)", Gauge, one(summary.share_bytes as f64)),
@@ -238,6 +238,9 @@ impl Collector for StoreCollector {
             ("strata_brick_meta_transactions", "Metadata transactions applied", Counter, one(meta.txns as f64)),
             ("strata_brick_meta_commits", "Metadata commits made durable (each shared by the transactions of its group)", Counter, one(meta.commits as f64)),
             ("strata_brick_meta_commit_seconds", "Time spent in metadata commits", Counter, one(meta.commit_seconds_total)),
+            ("strata_brick_meta_journal_blocks", "4 KiB blocks of metadata journal batches written (each batch counted once, however many copies)", Counter, one(meta.journal_blocks as f64)),
+            ("strata_brick_meta_checkpoints", "Checkpoints of the whole metadata state, written when the journal fills", Counter, one(meta.checkpoints as f64)),
+            ("strata_brick_meta_checkpoint_bytes", "Bytes of metadata checkpoints written", Counter, one(meta.checkpoint_bytes as f64)),
             ("strata_brick_prepare_refusals", "Prepares voted no, by class of reason", Counter, refusals),
         ];
         let steps = step_families(&self.brick, &summary);
