@@ -29,7 +29,10 @@ from /proc/PID/stat, medians over the rounds): qemu-nbd alone; the mirror's fron
 backs; the shared volume's host, both bricks and etcd. On 2 cores, where the busiest rows
 keep both cores busy, that is what throughput follows. BENCH_CPU_DETAIL=1 also prints, for
 each run, every process's CPU seconds and the bytes it has handed to write calls so far (in
-the order: qemu-nbd; back 0, back 1, front; brick 0, brick 1, host, etcd).
+the order: qemu-nbd; back 0, back 1, front; brick 0, brick 1, host, etcd). A last table
+reads the shared volumes' bricks' own metrics (`--metrics`): how long a prepare and a commit
+took as each brick answered it, how many metadata commits each prepare cost and how long
+they took, and how much metadata checkpointing the bricks wrote per GiB.
 
 Run: bench/shared.sh.
 """
@@ -38,6 +41,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -48,7 +52,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests/integration"))
-from harness import MiB, STRATA_BIN, Disk, Export, Layer, Server, ServerSpec, free_port  # noqa: E402
+from harness import MiB, STRATA_BIN, Disk, Export, Layer, Server, ServerSpec, free_port, \
+    scrape  # noqa: E402
 
 SECONDS = int(os.environ.get("BENCH_SECONDS", "10"))
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
@@ -98,21 +103,51 @@ class Etcd:
 
 
 def start_brick(workdir: Path, name: str, etcd: Etcd, binary: Path = STRATA_BIN,
-                cluster: str = CLUSTER) -> subprocess.Popen:
+                cluster: str = CLUSTER) -> tuple[subprocess.Popen, int]:
+    """A brick, and the port it serves its metrics on."""
     image = workdir / f"{name}.img"
     run([str(binary), "brick", "format", str(image), "--size", "1216M", "--home", "1G",
          "--meta", "64M"])
     log = open(workdir / f"{name}.log", "wb")
+    metrics_port = free_port()
     proc = subprocess.Popen(
         [str(binary), "brick", "serve", str(image), "--listen", f"127.0.0.1:{free_port()}",
-         "--etcd", etcd.endpoint, "--cluster", cluster],
+         "--etcd", etcd.endpoint, "--cluster", cluster,
+         "--metrics", f"127.0.0.1:{metrics_port}"],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log)
     deadline = time.monotonic() + 40
     while f"  {name} (brick)" not in etcd.status(cluster).stdout.split("bricks:")[0]:
         if proc.poll() is not None or time.monotonic() > deadline:
             sys.exit(f"brick {name} did not join:\n{(workdir / f'{name}.log').read_text()}")
         time.sleep(0.1)
-    return proc
+    return proc, metrics_port
+
+
+def brick_metrics(port: int) -> dict[str, float]:
+    """A brick's /metrics, its own `brick` label left out of the series' names."""
+    return {re.sub(r'brick="[^"]*",?', "", key).replace("{}", ""): value
+            for key, value in scrape(f"http://127.0.0.1:{port}/metrics").items()}
+
+
+def inside_bricks(before: list[dict[str, float]], after: list[dict[str, float]],
+                  written: int) -> dict[str, float]:
+    """What the bricks did over one run, both bricks together: mean prepare and commit time
+    as each brick answered them, metadata commits per prepare and their mean time, and the
+    metadata checkpoints written per GiB of the run."""
+    def delta(key: str) -> float:
+        return sum(a.get(key, 0.0) - b.get(key, 0.0) for b, a in zip(before, after))
+
+    prepares = delta('strata_brick_rpc_latency_seconds_count{kind="prepare"}') or 1.0
+    commits = delta('strata_brick_rpc_latency_seconds_count{kind="commit"}') or 1.0
+    meta_commits = delta("strata_brick_meta_commits_total") or 1.0
+    gib = written / (1024 * MiB)
+    return {
+        "prepare_ms": delta('strata_brick_rpc_latency_seconds_sum{kind="prepare"}') / prepares * 1e3,
+        "commit_ms": delta('strata_brick_rpc_latency_seconds_sum{kind="commit"}') / commits * 1e3,
+        "meta_commits": delta("strata_brick_meta_commits_total") / prepares,
+        "meta_commit_ms": delta("strata_brick_meta_commit_seconds_total") / meta_commits * 1e3,
+        "checkpoint_mib": delta("strata_brick_meta_checkpoint_bytes_total") / MiB / gib,
+    }
 
 
 def start_qemu_nbd(workdir: Path) -> tuple[subprocess.Popen, str]:
@@ -198,13 +233,16 @@ def main() -> None:
         uris = {"qemu-nbd, raw file": raw_uri, "mirror of 2 NBD bricks": mirror.uri("vol")}
         pids = {"qemu-nbd, raw file": [qemu.pid],
                 "mirror of 2 NBD bricks": [srv.proc.pid for srv in (*backs, mirror)]}
+        metrics_ports: dict[str, list[int]] = {}
         volumes = [("shared volume, 2 bricks", STRATA_BIN, CLUSTER, "")]
         if AB_BIN is not None:
             volumes.append((f"shared volume, {AB_BIN.name}", AB_BIN, f"{CLUSTER}-b", "-b"))
         for name, binary, cluster, suffix in volumes:
-            bricks = [start_brick(workdir, f"b{i}{suffix}", etcd, binary, cluster)
-                      for i in range(2)]
+            started = [start_brick(workdir, f"b{i}{suffix}", etcd, binary, cluster)
+                       for i in range(2)]
+            bricks = [proc for proc, _ in started]
             procs += bricks
+            metrics_ports[name] = [port for _, port in started]
             run([str(binary), "cluster", "create-volume", "--etcd", etcd.endpoint, "--cluster",
                  cluster, "v", "--size", "960M", "--mirror", f"b0{suffix},b1{suffix}"])
             shared = Server(workdir / f"host{suffix}", ServerSpec(disks=[Disk(
@@ -225,6 +263,7 @@ def main() -> None:
         results: dict[tuple[int, str], list[float]] = {}
         cpu: dict[tuple[int, str], list[float]] = {}
         latency: dict[tuple[int, str], list[tuple[float, float]]] = {}
+        inside: dict[tuple[int, str], list[dict[str, float]]] = {}
         for done in range(ROUNDS):
             # The two shared volumes take turns going first: the VM's state after one run
             # (its page cache, its host's) falls on each alike.
@@ -236,8 +275,13 @@ def main() -> None:
                     uri = uris[name]
                     before = cpu_seconds(pids[name])
                     each = [cpu_seconds([p]) for p in pids[name]]
+                    ports = metrics_ports.get(name, [])
+                    scraped = [brick_metrics(port) for port in ports]
                     rate, written, write_ms, flush_ms = fio(uri, jobs, workdir)
                     used = cpu_seconds(pids[name]) - before
+                    if ports:
+                        inside.setdefault((jobs, name), []).append(inside_bricks(
+                            scraped, [brick_metrics(port) for port in ports], written))
                     if os.environ.get("BENCH_CPU_DETAIL"):
                         detail = [f"{cpu_seconds([p]) - e:.2f} s, {wchar(p) // MiB} MiB so far"
                                   for p, e in zip(pids[name], each)]
@@ -247,6 +291,7 @@ def main() -> None:
                     latency.setdefault((jobs, name), []).append((write_ms, flush_ms))
                     cpu.setdefault((jobs, name), []).append(used / (written / (1024 * MiB)))
         report(results, cpu, latency, fills, list(uris))
+        report_inside(inside, list(metrics_ports))
     finally:
         # The front first: it holds the backs' connections.
         for srv in reversed(servers):
@@ -312,6 +357,30 @@ def report(results: dict[tuple[int, str], list[float]], cpu: dict[tuple[int, str
         med = [statistics.median(cpu[(jobs, n)]) for n in names]
         print(f"| {jobs} | " + " | ".join(f"{m:.2f}" for m in med)
               + " | " + ", ".join(f"{m / med[1]:.2f}" for m in med[2:]) + " |")
+
+
+
+def report_inside(inside: dict[tuple[int, str], list[dict[str, float]]],
+                  names: list[str]) -> None:
+    """The shared volumes' bricks from their own metrics: of a flush's time, what the
+    prepare took inside the bricks, and what their metadata cost."""
+    print("\nInside the shared volumes' bricks, from their metrics (both bricks; median over the "
+          "rounds): mean prepare / commit as the brick answered it, ms; metadata commits per "
+          "prepare and their mean, ms; metadata checkpoints written, MiB per GiB\n")
+    print("| writers (connections) | " + " | ".join(names) + " |")
+    print("|---:|" + "---:|" * len(names))
+    for jobs in JOBS:
+        cells = []
+        for n in names:
+            runs = inside[(jobs, n)]
+
+            def med(key: str) -> float:
+                return statistics.median(r[key] for r in runs)
+
+            cells.append(f"{med('prepare_ms'):.2f} / {med('commit_ms'):.2f}; "
+                         f"{med('meta_commits'):.2f} x {med('meta_commit_ms'):.2f}; "
+                         f"{med('checkpoint_mib'):.1f}")
+        print(f"| {jobs} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

@@ -616,6 +616,25 @@ def block_device(srv: "Server", workdir: Path, tag: str, export: str | None = No
         log.close()
 
 
+def scrape(url: str, label: str | None = None) -> dict[str, float]:
+    """A Prometheus text endpoint: each series (`name{labels}`) to its value. `label` (a
+    `name="value"` pair, such as a brick's own) is left out of the keys."""
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=10) as reply:
+        assert reply.status == 200, reply.status
+        text = reply.read().decode()
+    series = {}
+    for line in text.splitlines():
+        if line.startswith("#") or not line:
+            continue
+        key, value = line.rsplit(" ", 1)
+        if label is not None:
+            key = key.replace(f"{label},", "").replace(f",{label}", "").replace(f"{{{label}}}", "")
+        series[key] = float(value)
+    return series
+
+
 def mount(dev: str, mnt: Path, options: str | None = None) -> None:
     """`dev` mounted as ext4 at `mnt` (made if missing), over a shared bind mount of `mnt`
     itself; `unmount` takes both away.

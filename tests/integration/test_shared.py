@@ -12,12 +12,12 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-from harness import MiB, STRATA_BIN, Disk, Export, Layer, ServerSpec, free_port, nbd_handle, run
+from harness import MiB, STRATA_BIN, Disk, Export, Layer, ServerSpec, free_port, nbd_handle, run, \
+    scrape
 from test_nbd_tools import fio_job
 
 META = 4 * MiB
@@ -146,18 +146,7 @@ class BrickProc:
         """The brick's /metrics, scraped over HTTP: each series (`name{labels}`, with the
         brick's own label left out) to its value."""
         assert self.metrics_port is not None, "a brick in a network namespace"
-        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
-        with urllib.request.urlopen(url, timeout=10) as reply:
-            assert reply.status == 200
-            text = reply.read().decode()
-        series = {}
-        for line in text.splitlines():
-            if line.startswith("#") or not line:
-                continue
-            key, value = line.rsplit(" ", 1)
-            key = key.replace(f'brick="{self.name}",', "").replace(f'{{brick="{self.name}"}}', "")
-            series[key] = float(value)
-        return series
+        return scrape(f"http://127.0.0.1:{self.metrics_port}/metrics", f'brick="{self.name}"')
 
     def status(self) -> str:
         return run([str(STRATA_BIN), "brick", "status", f"{self.host}:{self.port}"]).stdout
