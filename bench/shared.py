@@ -257,13 +257,19 @@ def main() -> None:
         # spent later (docs/benchmarks.md, run J), and without this the first round measured
         # a first pass on that side only. What the fill took is reported apart.
         fills: dict[str, float] = {}
+        # Keyed by the row's writers; 0 is the fill.
+        inside: dict[tuple[int, str], list[dict[str, float]]] = {}
         if FILL:
             for name, uri in uris.items():
-                fills[name] = fio(uri, 4, workdir, fill=True)[0]
+                ports = metrics_ports.get(name, [])
+                scraped = [brick_metrics(port) for port in ports]
+                fills[name], written, _, _ = fio(uri, 4, workdir, fill=True)
+                if ports:
+                    inside[(0, name)] = [inside_bricks(
+                        scraped, [brick_metrics(port) for port in ports], written)]
         results: dict[tuple[int, str], list[float]] = {}
         cpu: dict[tuple[int, str], list[float]] = {}
         latency: dict[tuple[int, str], list[tuple[float, float]]] = {}
-        inside: dict[tuple[int, str], list[dict[str, float]]] = {}
         for done in range(ROUNDS):
             # The two shared volumes take turns going first: the VM's state after one run
             # (its page cache, its host's) falls on each alike.
@@ -365,11 +371,13 @@ def report_inside(inside: dict[tuple[int, str], list[dict[str, float]]],
     """The shared volumes' bricks from their own metrics: of a flush's time, what the
     prepare took inside the bricks, and what their metadata cost."""
     print("\nInside the shared volumes' bricks, from their metrics (both bricks; median over the "
-          "rounds): mean prepare / commit as the brick answered it, ms; metadata commits per "
-          "prepare and their mean, ms; metadata checkpoints written, MiB per GiB\n")
+          "rounds; the fill's row is a fresh volume's first pass): mean prepare / commit as the "
+          "brick answered it, ms; metadata commits per prepare and their mean, ms; metadata "
+          "checkpoints written, MiB per GiB\n")
     print("| writers (connections) | " + " | ".join(names) + " |")
     print("|---:|" + "---:|" * len(names))
-    for jobs in JOBS:
+    # The fill first, when there was one: a fresh volume's first pass.
+    for jobs in ([0] if (0, names[0]) in inside else []) + JOBS:
         cells = []
         for n in names:
             runs = inside[(jobs, n)]
@@ -380,7 +388,7 @@ def report_inside(inside: dict[tuple[int, str], list[dict[str, float]]],
             cells.append(f"{med('prepare_ms'):.2f} / {med('commit_ms'):.2f}; "
                          f"{med('meta_commits'):.2f} x {med('meta_commit_ms'):.2f}; "
                          f"{med('checkpoint_mib'):.1f}")
-        print(f"| {jobs} | " + " | ".join(cells) + " |")
+        print(f"| {jobs or '4, the fill'} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":
