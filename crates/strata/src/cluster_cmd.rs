@@ -48,6 +48,13 @@ pub enum BrickCommand {
         /// at each (docs/shared-volumes.md, "Measured: what versions cost").
         #[arg(long)]
         sparse: bool,
+        /// Write a new file whole with zeros before formatting it. A file allocated with
+        /// fallocate holds unwritten extents: the file system converts each at its first
+        /// write and journals that at the next sync, so a fresh volume's first pass runs at
+        /// half speed (docs/benchmarks.md, run K). This costs one full write of the file,
+        /// now. Only for a file this command creates.
+        #[arg(long, conflicts_with = "sparse")]
+        zero: bool,
         /// The share of a volume the brick holds (its home region).
         #[arg(long)]
         home: String,
@@ -346,6 +353,38 @@ fn open_file(path: &Path, size: Option<u64>) -> anyhow::Result<DeviceRef> {
     Ok(Arc::new(device))
 }
 
+/// Writes a new brick file whole with zeros, and syncs it, showing progress.
+fn write_zeros(path: &Path, bytes: u64) -> anyhow::Result<()> {
+    use std::os::unix::fs::FileExt;
+
+    const CHUNK: u64 = 8 << 20;
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .with_context(|| format!("{}", path.display()))?;
+    let bar = indicatif::ProgressBar::new(bytes);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{msg} [{bar:40}] {bytes}/{total_bytes}, eta {eta}",
+        )?
+        .progress_chars("=> "),
+    );
+    bar.set_message(format!("{}: writing zeros", path.display()));
+    let zeros = vec![0u8; CHUNK as usize];
+    let mut offset = 0;
+    while offset < bytes {
+        let len = CHUNK.min(bytes - offset) as usize;
+        file.write_all_at(&zeros[..len], offset)
+            .with_context(|| format!("writing zeros to {} at {offset}", path.display()))?;
+        offset += len as u64;
+        bar.set_position(offset);
+    }
+    file.sync_all()
+        .with_context(|| format!("syncing {}", path.display()))?;
+    bar.finish_and_clear();
+    Ok(())
+}
+
 /// Allocates a new brick file whole. Where the file system cannot (no fallocate), the file
 /// stays sparse, which costs speed, not safety: said, not refused.
 fn allocate(path: &Path, bytes: u64) {
@@ -367,6 +406,7 @@ pub fn run_brick(command: BrickCommand) -> anyhow::Result<()> {
             BrickCommand::Format {
                 path,
                 sparse,
+                zero,
                 home,
                 size: file_size,
                 meta,
@@ -379,10 +419,21 @@ pub fn run_brick(command: BrickCommand) -> anyhow::Result<()> {
                     );
                 }
                 let new_file = !path.exists();
+                if zero && !new_file {
+                    // What is there may be data: only format's own checks may decide that.
+                    bail!(
+                        "{} exists: --zero writes only a file this command creates",
+                        path.display()
+                    );
+                }
                 let file_size = file_size.as_deref().map(size).transpose()?;
                 let device = open_file(&path, file_size)?;
                 if let (true, false, Some(bytes)) = (new_file, sparse, file_size) {
-                    allocate(&path, bytes);
+                    if zero {
+                        write_zeros(&path, bytes)?;
+                    } else {
+                        allocate(&path, bytes);
+                    }
                 }
                 let options = BrickOptions {
                     meta_bytes: size(&meta)?,
