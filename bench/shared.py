@@ -139,15 +139,30 @@ def inside_bricks(before: list[dict[str, float]], after: list[dict[str, float]],
 
     prepares = delta('strata_brick_rpc_latency_seconds_count{kind="prepare"}') or 1.0
     commits = delta('strata_brick_rpc_latency_seconds_count{kind="commit"}') or 1.0
-    meta_commits = delta("strata_brick_meta_commits_total") or 1.0
+    meta_commits = delta("strata_brick_meta_commits_total")
     gib = written / (1024 * MiB)
     return {
         "prepare_ms": delta('strata_brick_rpc_latency_seconds_sum{kind="prepare"}') / prepares * 1e3,
         "commit_ms": delta('strata_brick_rpc_latency_seconds_sum{kind="commit"}') / commits * 1e3,
-        "meta_commits": delta("strata_brick_meta_commits_total") / prepares,
-        "meta_commit_ms": delta("strata_brick_meta_commit_seconds_total") / meta_commits * 1e3,
+        "meta_commits": meta_commits / prepares,
+        "meta_commit_ms": delta("strata_brick_meta_commit_seconds_total") / (meta_commits or 1.0)
+        * 1e3,
         "checkpoint_mib": delta("strata_brick_meta_checkpoint_bytes_total") / MiB / gib,
     }
+
+
+def fio_seen_by_bricks(ports: list[int], pids: list[int], uri: str, jobs: int, workdir: Path,
+                       fill: bool = False):
+    """`fio`; the CPU seconds each of `pids` used meanwhile; and what the bricks serving their
+    metrics on `ports` did meanwhile (`inside_bricks`; None without ports). The metrics are
+    read outside the CPU's window: serving them is not the writes' cost."""
+    before = [brick_metrics(port) for port in ports]
+    start = [cpu_seconds([p]) for p in pids]
+    ran = fio(uri, jobs, workdir, fill)
+    used = [cpu_seconds([p]) - s for p, s in zip(pids, start)]
+    if not ports:
+        return ran, used, None
+    return ran, used, inside_bricks(before, [brick_metrics(port) for port in ports], ran[1])
 
 
 def start_qemu_nbd(workdir: Path) -> tuple[subprocess.Popen, str]:
@@ -261,12 +276,11 @@ def main() -> None:
         inside: dict[tuple[int, str], list[dict[str, float]]] = {}
         if FILL:
             for name, uri in uris.items():
-                ports = metrics_ports.get(name, [])
-                scraped = [brick_metrics(port) for port in ports]
-                fills[name], written, _, _ = fio(uri, 4, workdir, fill=True)
-                if ports:
-                    inside[(0, name)] = [inside_bricks(
-                        scraped, [brick_metrics(port) for port in ports], written)]
+                ran, _, seen = fio_seen_by_bricks(metrics_ports.get(name, []), pids[name], uri,
+                                                  4, workdir, fill=True)
+                fills[name] = ran[0]
+                if seen is not None:
+                    inside[(0, name)] = [seen]
         results: dict[tuple[int, str], list[float]] = {}
         cpu: dict[tuple[int, str], list[float]] = {}
         latency: dict[tuple[int, str], list[tuple[float, float]]] = {}
@@ -279,17 +293,13 @@ def main() -> None:
             for jobs in JOBS:
                 for name in order:
                     uri = uris[name]
-                    before = cpu_seconds(pids[name])
-                    each = [cpu_seconds([p]) for p in pids[name]]
-                    ports = metrics_ports.get(name, [])
-                    scraped = [brick_metrics(port) for port in ports]
-                    rate, written, write_ms, flush_ms = fio(uri, jobs, workdir)
-                    used = cpu_seconds(pids[name]) - before
-                    if ports:
-                        inside.setdefault((jobs, name), []).append(inside_bricks(
-                            scraped, [brick_metrics(port) for port in ports], written))
+                    (rate, written, write_ms, flush_ms), each, seen = fio_seen_by_bricks(
+                        metrics_ports.get(name, []), pids[name], uri, jobs, workdir)
+                    used = sum(each)
+                    if seen is not None:
+                        inside.setdefault((jobs, name), []).append(seen)
                     if os.environ.get("BENCH_CPU_DETAIL"):
-                        detail = [f"{cpu_seconds([p]) - e:.2f} s, {wchar(p) // MiB} MiB so far"
+                        detail = [f"{e:.2f} s, {wchar(p) // MiB} MiB so far"
                                   for p, e in zip(pids[name], each)]
                         print(f"{name}, {jobs} writers, {written // MiB} MiB written: "
                               + "; ".join(detail), file=sys.stderr)

@@ -748,7 +748,7 @@ impl SharedVolume {
             let name = self.brick_name(brick);
             let mark = (self.coord).mark_stale(&self.name, &name, &touched[&brick]);
             if let Err(error) = self.within_lease("recording a stale brick", mark).await {
-                tracing::error!(volume = %self.name, interval = id.seq, brick = %self.brick_name(brick), %error, "interval committed, but the brick did not acknowledge it and that cannot be recorded");
+                tracing::error!(volume = %self.name, interval = id.seq, brick = %name, %error, "interval committed, but the brick did not acknowledge it and that cannot be recorded");
             }
         }
         if outcome.unacked.is_empty() && state.owed.is_empty() {
@@ -798,9 +798,8 @@ impl SharedVolume {
                 .await
                 .map_err(|e| {
                     io_error(format!(
-                        "volume {}: brick {} is down and what it misses cannot be recorded: {e}",
-                        self.name,
-                        self.brick_name(*brick)
+                        "volume {}: brick {name} is down and what it misses cannot be recorded: {e}",
+                        self.name
                     ))
                 })?;
         }
