@@ -1,10 +1,14 @@
 #!/usr/bin/python3
 """What consistency intervals cost a client, end to end (issue 19): fio's nbd engine writing
-1 MiB sequential blocks, each followed by a flush, through three servers side by side:
+1 MiB sequential blocks, each followed by a flush, through four servers side by side:
 
 - `qemu-nbd` over one raw file: the disk alone, for scale (no mirror, no network hop);
 - `strata serve` with a `mirror` over two remote disks, each a `strata serve` brick reached
   over NBD on loopback: RAIN-10's mirroring without intervals (a flush is flushed on both);
+- the baseline, "the same RAIN-10 without intervals" of the issue's target: `strata serve`
+  with a shared volume over two bricks of its own, written through (`unsafe-without-intervals`,
+  `crates/brick/src/volume/through.rs`): each write goes at once to both bricks, durable when
+  answered, by the same host code and the same brick service, and a flush has nothing to do;
 - `strata serve` with a shared volume over two bricks (`strata brick serve`, one mirror set,
   etcd on loopback): each flush is one interval, prepared and committed on both bricks.
 
@@ -18,8 +22,9 @@ BENCH_AB_BIN=path adds a second shared volume served by that Strata binary, meas
 same rounds, and prints the two volumes' ratio round by round: the way to compare two builds
 on a VM whose speed drifts between runs.
 
-Targets: intervals cost at most 10 % against the mirror without them; throughput grows with
-the number of writers up to 16.
+Targets: intervals cost at most 10 % against the same RAIN-10 without them (the baseline);
+throughput grows with the number of writers up to 16. The cost against the NBD mirror, a
+different implementation of mirroring without intervals, is printed beside it.
 
 A second table gives the mean time of one write and of one flush as fio saw them: where a
 writer's time goes (a shared volume answers a write at once and sends it with the flush's
@@ -64,6 +69,8 @@ CLUSTER = "bench"
 # A second Strata binary (BENCH_AB_BIN) adds a column: its own shared volume, measured in the
 # same rounds as the first, so that the VM's drift between runs falls on both alike.
 AB_BIN = Path(os.environ["BENCH_AB_BIN"]) if os.environ.get("BENCH_AB_BIN") else None
+# The issue's yardstick: the shared volume's own RAIN-10, writing through without intervals.
+BASELINE = "same RAIN-10, no intervals"
 # BENCH_FILL=0 skips writing every device whole before the rounds.
 FILL = os.environ.get("BENCH_FILL", "1") != "0"
 
@@ -139,9 +146,13 @@ def inside_bricks(before: list[dict[str, float]], after: list[dict[str, float]],
 
     prepares = delta('strata_brick_rpc_latency_seconds_count{kind="prepare"}') or 1.0
     commits = delta('strata_brick_rpc_latency_seconds_count{kind="commit"}') or 1.0
+    directs = delta('strata_brick_rpc_latency_seconds_count{kind="write_direct"}') or 1.0
     meta_commits = delta("strata_brick_meta_commits_total")
     gib = written / (1024 * MiB)
     return {
+        # The baseline's bricks take writes through instead of prepares.
+        "direct_ms": delta('strata_brick_rpc_latency_seconds_sum{kind="write_direct"}')
+        / directs * 1e3,
         "prepare_ms": delta('strata_brick_rpc_latency_seconds_sum{kind="prepare"}') / prepares * 1e3,
         "commit_ms": delta('strata_brick_rpc_latency_seconds_sum{kind="commit"}') / commits * 1e3,
         "meta_commits": meta_commits / prepares,
@@ -249,7 +260,10 @@ def main() -> None:
         pids = {"qemu-nbd, raw file": [qemu.pid],
                 "mirror of 2 NBD bricks": [srv.proc.pid for srv in (*backs, mirror)]}
         metrics_ports: dict[str, list[int]] = {}
-        volumes = [("shared volume, 2 bricks", STRATA_BIN, CLUSTER, "")]
+        # The same RAIN-10 without intervals first: the issue's baseline, the same host code
+        # and bricks writing through (`volume/through.rs`).
+        volumes = [(BASELINE, STRATA_BIN, f"{CLUSTER}-t", "-t"),
+                   ("shared volume, 2 bricks", STRATA_BIN, CLUSTER, "")]
         if AB_BIN is not None:
             volumes.append((f"shared volume, {AB_BIN.name}", AB_BIN, f"{CLUSTER}-b", "-b"))
         for name, binary, cluster, suffix in volumes:
@@ -262,7 +276,7 @@ def main() -> None:
                  cluster, "v", "--size", "960M", "--mirror", f"b0{suffix},b1{suffix}"])
             shared = Server(workdir / f"host{suffix}", ServerSpec(disks=[Disk(
                 name="sv", size=960 * MiB, shared="v", etcd=[etcd.endpoint], cluster=cluster,
-                timeout="30s")], exports=[Export("vol", "sv")]), name=f"host{suffix}",
+                timeout="30s", unsafe_without_intervals=name == BASELINE)], exports=[Export("vol", "sv")]), name=f"host{suffix}",
                 binary=binary)
             servers.append(shared.start())
             uris[name] = shared.uri("vol")
@@ -285,8 +299,8 @@ def main() -> None:
         cpu: dict[tuple[int, str], list[float]] = {}
         latency: dict[tuple[int, str], list[tuple[float, float]]] = {}
         for done in range(ROUNDS):
-            # The two shared volumes take turns going first: the VM's state after one run
-            # (its page cache, its host's) falls on each alike.
+            # The baseline and the shared volumes take turns going first: the VM's state
+            # after one run (its page cache, its host's) falls on each alike.
             order = list(uris)
             if done % 2:
                 order[2:] = reversed(order[2:])
@@ -329,19 +343,28 @@ def main() -> None:
 def report(results: dict[tuple[int, str], list[float]], cpu: dict[tuple[int, str], list[float]],
            latency: dict[tuple[int, str], list[tuple[float, float]]], fills: dict[str, float],
            names: list[str]) -> None:
-    shared = names[2:]
-    costs = "intervals cost" if len(shared) == 1 else " | ".join(
-        f"cost: {n.removeprefix('shared volume, ')}" for n in shared)
+    shared = names[3:]
+    short = [n.removeprefix("shared volume, ") for n in shared]
+    costs = " | ".join(f"{s}: cost against the baseline | {s}: against the NBD mirror"
+                       for s in short)
     print(f"\n1 MiB sequential writes, a flush after each, fio's nbd engine, files in {BASE} "
-          f"(median of {ROUNDS} x {SECONDS} s; MiB/s)\n")
+          f"(median of {ROUNDS} x {SECONDS} s; MiB/s). The baseline: {BASELINE}, the same "
+          "host code and bricks writing through\n")
     print("| writers (connections) | " + " | ".join(names) + f" | {costs} |")
-    print("|---:|" + "---:|" * (len(names) + len(shared)))
+    print("|---:|" + "---:|" * (len(names) + 2 * len(shared)))
     for jobs in JOBS:
         med = [statistics.median(results[(jobs, n)]) / MiB for n in names]
-        cost = " | ".join(f"{(med[1] / m - 1) * 100:+.0f} %" for m in med[2:])
+        cost = " | ".join(f"{(med[2] / m - 1) * 100:+.0f} % | {(med[1] / m - 1) * 100:+.0f} %"
+                          for m in med[3:])
         print(f"| {jobs} | " + " | ".join(f"{m:.0f}" for m in med) + f" | {cost} |")
+    # Paired by round: each round ran the baseline and the shared volumes back to back.
+    for other in shared:
+        print(f"\n{other} over {names[2]}, per round (MiB/s ratio):")
+        for jobs in JOBS:
+            ratios = [b / a for a, b in zip(results[(jobs, names[2])], results[(jobs, other)])]
+            print(f"  {jobs} writers: " + ", ".join(f"{r:.2f}" for r in ratios)
+                  + f" (median {statistics.median(ratios):.2f})")
     if len(shared) == 2:
-        # Paired by round: each round ran both volumes back to back.
         print(f"\n{shared[1]} over {shared[0]}, per round (MiB/s ratio):")
         for jobs in JOBS:
             ratios = [b / a for a, b in zip(results[(jobs, shared[0])],
@@ -367,7 +390,7 @@ def report(results: dict[tuple[int, str], list[float]], cpu: dict[tuple[int, str
             cells.append(f"{write_ms:.2f} / {flush_ms:.2f}")
         print(f"| {jobs} | " + " | ".join(cells) + " |")
     print("\nCPU seconds the servers used per GiB written (median over the rounds)\n")
-    print("| writers (connections) | " + " | ".join(names) + " | shared / mirror |")
+    print("| writers (connections) | " + " | ".join(names) + " | each over the NBD mirror |")
     print("|---:|" + "---:|" * (len(names) + 1))
     for jobs in JOBS:
         med = [statistics.median(cpu[(jobs, n)]) for n in names]
@@ -383,7 +406,8 @@ def report_inside(inside: dict[tuple[int, str], list[dict[str, float]]],
     print("\nInside the shared volumes' bricks, from their metrics (both bricks; median over the "
           "rounds; the fill's row is a fresh volume's first pass): mean prepare / commit as the "
           "brick answered it, ms; metadata commits per prepare and their mean, ms; metadata "
-          "checkpoints written, MiB per GiB\n")
+          "checkpoints written, MiB per GiB. The baseline's bricks: a write through as they "
+          "answered it (written and synced), ms\n")
     print("| writers (connections) | " + " | ".join(names) + " |")
     print("|---:|" + "---:|" * len(names))
     # The fill first, when there was one: a fresh volume's first pass.
@@ -395,6 +419,9 @@ def report_inside(inside: dict[tuple[int, str], list[dict[str, float]]],
             def med(key: str) -> float:
                 return statistics.median(r[key] for r in runs)
 
+            if n == BASELINE:
+                cells.append(f"write through: {med('direct_ms'):.2f}")
+                continue
             cells.append(f"{med('prepare_ms'):.2f} / {med('commit_ms'):.2f}; "
                          f"{med('meta_commits'):.2f} x {med('meta_commit_ms'):.2f}; "
                          f"{med('checkpoint_mib'):.1f}")

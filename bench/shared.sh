@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # What consistency intervals cost a client: fio through qemu-nbd on a raw file, a Strata mirror
-# of two NBD bricks, and a Strata shared volume over two bricks. Not run in CI. See
+# of two NBD bricks, a Strata shared volume written through without intervals (the baseline),
+# and a Strata shared volume over two bricks. Not run in CI. See
 # bench/shared.py for the method.
 #   BENCH_SECONDS=10 BENCH_ROUNDS=3 bench/shared.sh
 set -euo pipefail

@@ -119,6 +119,8 @@ class Disk:
     cluster: str | None = None
     member: str | None = None
     lease: str | None = None
+    # A benchmark's baseline only: the shared volume written through, without intervals.
+    unsafe_without_intervals: bool = False
 
     @property
     def rel_path(self) -> str:
@@ -263,7 +265,9 @@ class Server:
             if d.shared is not None:
                 lines += toml_table("disk", {"name": d.name, "shared": d.shared, "etcd": d.etcd,
                                              "cluster": d.cluster, "member": d.member,
-                                             "timeout": d.timeout, "lease": d.lease})
+                                             "timeout": d.timeout, "lease": d.lease,
+                                             "unsafe-without-intervals":
+                                                 d.unsafe_without_intervals or None})
                 continue
             if d.uri is not None:
                 lines += toml_table("disk", {"name": d.name, "uri": d.uri, "timeout": d.timeout,

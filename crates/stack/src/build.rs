@@ -533,6 +533,9 @@ async fn open_shared(
         strata_brick::SharedVolume::open(&coord, volume, &member, disk.remote_timeout(), lease)
             .await
             .with_context(|| format!("disk {name}: shared volume {volume} of cluster {cluster}"))?;
+    if disk.unsafe_without_intervals {
+        shared.unsafe_without_intervals();
+    }
     info!(disk = %name, volume = %volume, size = shared.geometry().size, "opened shared volume");
     Ok(Arc::new(Metered::new(
         shared,

@@ -85,6 +85,12 @@ pub struct DiskConfig {
     /// A shared volume host's etcd lease (`"10s"` when left out): how long after this host
     /// dies the bricks wait before resolving what it left in doubt.
     pub lease: Option<Spanned<String>>,
+    /// A shared volume written without consistency intervals: each write sent to its bricks
+    /// at once, durable when answered, and nothing keeping the replicas equal if this host
+    /// fails between them. The baseline `bench/shared.py` measures intervals against; not
+    /// for data anyone keeps.
+    #[serde(default)]
+    pub unsafe_without_intervals: bool,
     /// A remote disk's per-request timeout (`"30s"` when left out).
     pub timeout: Option<Spanned<String>>,
     /// A remote disk's connections, used in turn; more than one only if the server
@@ -506,10 +512,11 @@ fn validate_source(
         || disk.cluster.is_some()
         || disk.member.is_some()
         || disk.lease.is_some()
+        || disk.unsafe_without_intervals
     {
         let message = format!(
-            "disk {name}: `etcd`, `cluster`, `member` and `lease` belong to a shared volume \
-             (`shared`)"
+            "disk {name}: `etcd`, `cluster`, `member`, `lease` and `unsafe-without-intervals` \
+             belong to a shared volume (`shared`)"
         );
         return Err(error(disk.name.span().start, message));
     }
@@ -773,6 +780,17 @@ mod tests {
         assert!(bad_lease.contains("field `lease`"), "{bad_lease}");
         let stray = refused("path = \"d.img\"\netcd = [\"http://e:2379\"]");
         assert!(stray.contains("belong to a shared volume"), "{stray}");
+        let stray = refused("path = \"d.img\"\nunsafe-without-intervals = true");
+        assert!(stray.contains("belong to a shared volume"), "{stray}");
+        let through = load_str(&with(
+            "shared = \"v\"\netcd = [\"http://e:2379\"]\nunsafe-without-intervals = true",
+        ))
+        .unwrap();
+        assert!(through.config.disks[0].unsafe_without_intervals);
+        assert!(
+            !ok.config.disks[0].unsafe_without_intervals,
+            "off unless asked"
+        );
     }
 
     #[test]

@@ -30,6 +30,7 @@ mod resync;
 mod stale;
 mod status;
 mod tags;
+mod through;
 
 pub use begin::Interval;
 use connection::ConnectionView;
@@ -96,6 +97,8 @@ pub struct SharedVolume {
     heartbeat: Mutex<Option<Heartbeat>>,
     /// Set by `close`: the host has left the cluster.
     closed: std::sync::atomic::AtomicBool,
+    /// Writes go to the bricks at once, without intervals (`through`: a benchmark's baseline).
+    without_intervals: std::sync::atomic::AtomicBool,
     /// This host's claims on the volume's lock segments.
     claims: Arc<SegmentClaims>,
     _releaser: AbortOnDrop,
@@ -306,6 +309,7 @@ impl SharedVolume {
             session,
             heartbeat: Mutex::new(Some(heartbeat)),
             closed: Default::default(),
+            without_intervals: Default::default(),
             claims,
             _releaser: releaser,
             timeout,
@@ -1043,6 +1047,9 @@ impl SharedVolume {
         flags: WriteFlags,
     ) -> Result<()> {
         self.check(offset, data.len() as u64)?;
+        if self.writes_through() {
+            return self.write_through(offset, data).await;
+        }
         // The segments written are this host's from now until the interval that carries the
         // write has ended (usually already held: a claim lingers after its last use).
         let segments = self.claims.segments_of(offset, data.len() as u64);

@@ -547,3 +547,35 @@ async fn a_commit_no_brick_acknowledged_is_reported_and_lands_later_never_old_da
     assert_replicas(&cluster, 0, &sector("unacked")).await;
     assert_replicas(&cluster, 4096, &sector("next")).await;
 }
+
+/// The benchmark's baseline, a volume written through without intervals
+/// (`unsafe-without-intervals`): a write is on both bricks when it is answered, before any
+/// flush, and a brick that cannot take it fails the write, by name, rather than leaving the
+/// replicas different in silence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_volume_without_intervals_writes_through_to_every_brick_and_names_one_that_fails() {
+    let cluster = cluster().await;
+    let a = host_waiting(&cluster, "a", Duration::from_secs(3)).await;
+    a.unsafe_without_intervals();
+    a.write(4096, sector("through"), WriteFlags::default())
+        .await
+        .unwrap();
+    assert_replicas(&cluster, 4096, &sector("through")).await;
+    assert_eq!(a.read(4096, 512).await.unwrap(), sector("through"));
+    a.flush().await.expect("nothing is left for a flush to do");
+    cluster.pulled[1].store(true, Ordering::SeqCst);
+    let started = Instant::now();
+    let refused = a
+        .write(8192, sector("one copy"), WriteFlags::default())
+        .await
+        .expect_err("a write only one brick took is not answered as written");
+    assert!(
+        refused.to_string().contains("writing through to brick b1"),
+        "{refused}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+}
