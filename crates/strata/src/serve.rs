@@ -220,9 +220,13 @@ pub async fn serve(loaded: Loaded, start: build::StartOptions) -> anyhow::Result
             .with_context(|| format!("binding the metrics listener on {addr}"))?;
         tokio::spawn(crate::metrics_http::run(listener, state.clone()));
     }
+    // The handlers are in place before "ready" is printed: a supervisor that stops the
+    // server the moment it reads that line must get the orderly shutdown, not the
+    // default action of SIGTERM (found by CI: a test's terminate landed in between).
+    let signals = Signals::install()?;
     print_welcome(&loaded, &state, &admin_path, metrics_addr.as_deref());
 
-    wait_for_signal().await?;
+    signals.wait().await;
     info!("shutting down: finishing in-flight requests");
     server.shutdown();
     if !server.wait_closed(DRAIN_TIMEOUT).await {
@@ -334,14 +338,26 @@ fn bind_unix(path: &Path) -> anyhow::Result<UnixListener> {
     UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))
 }
 
-async fn wait_for_signal() -> anyhow::Result<()> {
-    let mut interrupt = signal(SignalKind::interrupt())?;
-    let mut terminate = signal(SignalKind::terminate())?;
-    tokio::select! {
-        _ = interrupt.recv() => info!("SIGINT received"),
-        _ = terminate.recv() => info!("SIGTERM received"),
+/// SIGINT and SIGTERM, caught from the moment `install` returns.
+struct Signals {
+    interrupt: tokio::signal::unix::Signal,
+    terminate: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> anyhow::Result<Self> {
+        Ok(Signals {
+            interrupt: signal(SignalKind::interrupt())?,
+            terminate: signal(SignalKind::terminate())?,
+        })
     }
-    Ok(())
+
+    async fn wait(mut self) {
+        tokio::select! {
+            _ = self.interrupt.recv() => info!("SIGINT received"),
+            _ = self.terminate.recv() => info!("SIGTERM received"),
+        }
+    }
 }
 
 fn print_welcome(loaded: &Loaded, state: &AdminState, admin: &Path, metrics: Option<&str>) {
