@@ -39,6 +39,10 @@ reads the shared volumes' bricks' own metrics (`--metrics`): how long a prepare 
 took as each brick answered it, how many metadata commits each prepare cost and how long
 they took, and how much metadata checkpointing the bricks wrote per GiB.
 
+BENCH_PERF_DIR=dir records a `perf record` profile of each process of each server for each
+run there (`<server>-<writers>-<process>-r<round>.data`, processes in the order above), and
+prints the MiB each run wrote, to compare samples per MiB between servers.
+
 Run: bench/shared.sh.
 """
 
@@ -307,8 +311,24 @@ def main() -> None:
             for jobs in JOBS:
                 for name in order:
                     uri = uris[name]
+                    perf = None
+                    if os.environ.get("BENCH_PERF_DIR"):
+                        out = Path(os.environ["BENCH_PERF_DIR"])
+                        out.mkdir(parents=True, exist_ok=True)
+                        tag = re.sub(r"[^a-z0-9]+", "_", name.lower())
+                        perf = [subprocess.Popen(
+                            ["perf", "record", "-q", "-F", "1999", "-p", str(p), "-o",
+                             str(out / f"{tag}-{jobs}-{k}-r{done}.data")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            for k, p in enumerate(pids[name])]
+                        time.sleep(0.5)
                     (rate, written, write_ms, flush_ms), each, seen = fio_seen_by_bricks(
                         metrics_ports.get(name, []), pids[name], uri, jobs, workdir)
+                    for rec in perf or []:
+                        rec.send_signal(2)
+                        rec.wait()
+                    if perf:
+                        print(f"perf {name} {jobs}: {written // MiB} MiB", file=sys.stderr)
                     used = sum(each)
                     if seen is not None:
                         inside.setdefault((jobs, name), []).append(seen)

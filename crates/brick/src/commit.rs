@@ -26,6 +26,11 @@ pub struct Votes {
     pub refusals: Vec<(usize, String)>,
     /// Bricks that did not answer the prepare.
     pub silent: Vec<usize>,
+    /// For each brick whose prepare carried commits of earlier intervals: whether it applied
+    /// each of them, in order, or `None` when it applied none that it said (it did not
+    /// answer, refused the prepare, or does not take carried commits). Those are sent again
+    /// on their own.
+    pub carried: BTreeMap<usize, Option<Vec<bool>>>,
 }
 
 impl Votes {
@@ -78,34 +83,48 @@ pub async fn run_interval<P: Participant>(
     fences: &[(u32, i64)],
     tag: u64,
 ) -> Outcome {
-    let votes = prepare_interval(bricks, id, writes, fences, tag).await;
+    let votes = prepare_interval(bricks, id, writes, fences, tag, &BTreeMap::new()).await;
     decide_interval(bricks, votes).await
 }
 
 /// Sends the prepares of interval `id`: `writes` maps each brick (an index into `bricks`) to
 /// its writes. Prepares go to every brick at once; the decision is commit only if every one
 /// voted yes. `tag` places the interval between two version cuts, on every brick alike.
+/// `carried`: for some of the bricks, commits of the client's earlier intervals that their
+/// prepare carries (`Participant::prepare`); what became of them is in [`Votes::carried`].
 pub async fn prepare_interval<P: Participant>(
     bricks: &[P],
     id: IntervalId,
     writes: BTreeMap<usize, Vec<(u64, Bytes)>>,
     fences: &[(u32, i64)],
     tag: u64,
+    carried: &BTreeMap<usize, Vec<IntervalId>>,
 ) -> Votes {
     let members: Vec<u64> = writes.keys().map(|&b| b as u64).collect();
     let mut coordinator = Coordinator::new(id, writes.keys().map(|&b| (b, Vec::new())).collect());
     let prepares = writes.into_iter().map(|(brick, writes)| {
         let members = members.clone();
+        let carries = carried.get(&brick).map_or(&[][..], Vec::as_slice);
         async move {
             let vote = bricks[brick]
-                .prepare(id, members, writes, fences, tag)
+                .prepare(carries, id, members, writes, fences, tag)
                 .await;
             (brick, vote)
         }
     });
     let mut refusals = Vec::new();
     let mut silent = Vec::new();
+    let mut carried_answers = BTreeMap::new();
     for (brick, vote) in join_all(prepares).await {
+        let vote = vote.map(|(vote, committed)| {
+            if carried.contains_key(&brick) {
+                carried_answers.insert(brick, committed);
+            }
+            vote
+        });
+        if vote.is_err() && carried.contains_key(&brick) {
+            carried_answers.insert(brick, None);
+        }
         match vote {
             Ok(Vote::Yes) => {
                 coordinator.vote(brick, true);
@@ -133,6 +152,7 @@ pub async fn prepare_interval<P: Participant>(
         members,
         refusals,
         silent,
+        carried: carried_answers,
     }
 }
 
@@ -145,6 +165,7 @@ pub async fn decide_interval<P: Participant>(bricks: &[P], votes: Votes) -> Outc
         members,
         refusals,
         silent,
+        ..
     } = votes;
     // An abort is not sent to a brick that was silent on the prepare: waiting out its
     // timeout again would double the cost of a brick gone quiet. It is owed instead (the

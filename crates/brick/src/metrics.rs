@@ -90,6 +90,7 @@ pub struct BrickMetrics {
     latency: Series<KindLabels, Histogram>,
     bytes: Series<KindLabels, Counter>,
     decisions_refused: Series<KindLabels, Counter>,
+    carried: Series<KindLabels, Counter>,
 }
 
 impl BrickMetrics {
@@ -101,6 +102,7 @@ impl BrickMetrics {
             latency: Series::new_with_constructor(latency_histogram),
             bytes: Series::default(),
             decisions_refused: Series::default(),
+            carried: Series::default(),
         }
     }
 
@@ -128,6 +130,11 @@ impl BrickMetrics {
             "decisions_refused",
             "Commits and aborts the brick's rules refused (accepted = false)",
             self.decisions_refused.clone(),
+        );
+        sub.register(
+            "carried_commits",
+            "Commits that came carried by a prepare, and were applied (accepted)",
+            self.carried.clone(),
         );
         registry.register_collector(Box::new(StoreCollector {
             brick: self.brick.clone(),
@@ -162,6 +169,11 @@ impl BrickMetrics {
     /// `bytes` of data a call took in or gave out.
     pub(crate) fn moved(&self, kind: RpcKind, bytes: u64) {
         self.bytes.get_or_create(&self.labels(kind)).inc_by(bytes);
+    }
+
+    /// `count` commits a prepare carried were applied.
+    pub(crate) fn carried(&self, count: u64) {
+        (self.carried.get_or_create(&self.labels(RpcKind::Commit))).inc_by(count);
     }
 
     pub(crate) fn decision_refused(&self, kind: RpcKind) {

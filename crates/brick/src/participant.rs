@@ -14,14 +14,18 @@ use crate::store::Vote;
 #[async_trait]
 pub trait Participant: Send + Sync {
     /// `tag`: the version cut the interval comes after (`BrickStore::prepare_tagged`).
+    /// `carried`: commits of the client's earlier intervals the prepare carries
+    /// (`BrickStore::prepare_carrying`); with the vote comes, for each of them, whether the
+    /// brick applied it, or `None` when it took none of them.
     async fn prepare(
         &self,
+        carried: &[IntervalId],
         id: IntervalId,
         bricks: Vec<u64>,
         writes: Vec<(u64, Bytes)>,
         fences: &[(u32, i64)],
         tag: u64,
-    ) -> Result<Vote, RpcError>;
+    ) -> Result<(Vote, Option<Vec<bool>>), RpcError>;
 
     /// The interval's client sends its decision.
     async fn decide(&self, id: IntervalId, decision: Decision) -> Result<bool, RpcError>;
@@ -39,13 +43,14 @@ pub trait Participant: Send + Sync {
 impl Participant for BrickClient {
     async fn prepare(
         &self,
+        carried: &[IntervalId],
         id: IntervalId,
         bricks: Vec<u64>,
         writes: Vec<(u64, Bytes)>,
         fences: &[(u32, i64)],
         tag: u64,
-    ) -> Result<Vote, RpcError> {
-        BrickClient::prepare_tagged(self, id, bricks, writes, fences, tag).await
+    ) -> Result<(Vote, Option<Vec<bool>>), RpcError> {
+        BrickClient::prepare_carrying(self, carried, id, bricks, writes, fences, tag).await
     }
 
     async fn decide(&self, id: IntervalId, decision: Decision) -> Result<bool, RpcError> {

@@ -14,6 +14,7 @@
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
 use std::time::Duration;
 
+use bytes::Bytes;
 use strata_core::{Background, BlockError, DeviceRef, Result, Runtime, WriteFlags};
 
 use crate::block::{self, BlockKind, BLOCK_SIZE};
@@ -179,6 +180,9 @@ struct Shared {
     /// A transaction in `pending` points at data on the store's own device that the commit's
     /// own sync makes durable (see [`MetaStore::transact_data_covered`]).
     pending_covered: bool,
+    /// Data the pending covered transactions point at, not written yet
+    /// ([`MetaStore::transact_data_covered_with`]): the commit writes it with the journal.
+    pending_data: Vec<(u64, Bytes)>,
     next_txn: u64,
     /// Every transaction numbered below this is durable.
     durable_txn: u64,
@@ -319,6 +323,7 @@ impl MetaStore {
             pending: PendingBatch::new(recovered.next_txn),
             pending_needs_barrier: false,
             pending_covered: false,
+            pending_data: Vec::new(),
             next_txn: recovered.next_txn,
             durable_txn: recovered.next_txn,
             state: recovered.state,
@@ -411,10 +416,34 @@ impl MetaStore {
         self.transact_inner(class, DataRule::Covered, build)
     }
 
+    /// [`Self::transact_data_covered`] for a transaction whose data is not written yet:
+    /// `data` (offsets on the store's own device) is written by the commit that carries the
+    /// transaction, in the same call as its journal batch and before its one flush. A
+    /// brick's prepare then costs one trip to the device, as a write made durable does. If
+    /// the transaction is refused, the data is not written.
+    pub fn transact_data_covered_with<R>(
+        &self,
+        class: TxnClass,
+        data: Vec<(u64, Bytes)>,
+        build: impl FnOnce(&State, &mut Txn) -> Result<R>,
+    ) -> Result<R> {
+        self.transact_with(class, DataRule::Covered, data, build)
+    }
+
     fn transact_inner<R>(
         &self,
         class: TxnClass,
         rule: DataRule,
+        build: impl FnOnce(&State, &mut Txn) -> Result<R>,
+    ) -> Result<R> {
+        self.transact_with(class, rule, Vec::new(), build)
+    }
+
+    fn transact_with<R>(
+        &self,
+        class: TxnClass,
+        rule: DataRule,
+        data: Vec<(u64, Bytes)>,
         build: impl FnOnce(&State, &mut Txn) -> Result<R>,
     ) -> Result<R> {
         let mut shared = self.write_shared();
@@ -427,6 +456,7 @@ impl MetaStore {
         };
         let result = build(&shared.state, &mut txn)?;
         if txn.ops.is_empty() {
+            // Nothing records the data: it need not be written.
             return Ok(result);
         }
         let limit = match class {
@@ -442,6 +472,7 @@ impl MetaStore {
         shared.pending.push(&txn.ops);
         shared.pending_needs_barrier |= rule == DataRule::Barrier;
         shared.pending_covered |= rule == DataRule::Covered;
+        shared.pending_data.extend(data);
         shared.next_txn += 1;
         self.counters.txn(txn.ops.len());
         self.watch_space(&mut shared);
@@ -514,7 +545,7 @@ impl MetaStore {
 
     async fn commit_locked(&self, committer: &mut Committer) -> Result<()> {
         let started = std::time::Instant::now();
-        let (batch, upto, checkpoint, needs_barrier, covered) = {
+        let (batch, upto, checkpoint, needs_barrier, covered, data) = {
             let mut shared = self.write_shared();
             // A commit that failed took its batch with it: the pending batch no longer holds
             // those transactions, so "nothing pending" below would call them durable (and a
@@ -526,6 +557,7 @@ impl MetaStore {
             let batch = std::mem::replace(&mut shared.pending, PendingBatch::new(upto));
             let needs_barrier = std::mem::take(&mut shared.pending_needs_barrier);
             let covered = std::mem::take(&mut shared.pending_covered);
+            let data = std::mem::take(&mut shared.pending_data);
             if batch.is_empty() {
                 shared.durable_txn = upto;
                 return Ok(());
@@ -537,11 +569,18 @@ impl MetaStore {
                 encode_checkpoint(&shared.state, &mut stream);
                 stream
             });
-            (batch, upto, checkpoint, needs_barrier, covered)
+            (batch, upto, checkpoint, needs_barrier, covered, data)
         };
         let result = async {
             // A checkpoint is written in several steps: data it covers is made durable first.
-            if needs_barrier || (covered && checkpoint.is_some()) {
+            let barrier = needs_barrier || (covered && checkpoint.is_some());
+            let data = if barrier && !data.is_empty() {
+                strata_core::write_all(&*self.device, data).await?;
+                Vec::new()
+            } else {
+                data
+            };
+            if barrier {
                 self.data_barrier().await?;
             }
             match checkpoint {
@@ -549,7 +588,7 @@ impl MetaStore {
                 Some(stream) => self.write_checkpoint(committer, &stream, upto, true).await,
                 None => {
                     let flush_after = covered && !needs_barrier;
-                    self.write_batch(committer, &batch, flush_after).await
+                    self.write_batch(committer, &batch, flush_after, data).await
                 }
             }
         }
@@ -588,6 +627,7 @@ impl MetaStore {
         committer: &mut Committer,
         batch: &PendingBatch,
         flush_after: bool,
+        data: Vec<(u64, Bytes)>,
     ) -> Result<()> {
         let superblock = &committer.superblock;
         let epoch = superblock.generation;
@@ -606,8 +646,15 @@ impl MetaStore {
         let offsets = (0..superblock.journal_copies())
             .map(|copy| superblock.journal_copy_offset(copy, committer.journal_block));
         if flush_after && !self.options.unsafe_skip_data_barrier {
-            let writes = offsets.map(|offset| (offset, unit.clone())).collect();
+            // The data the batch points at goes in the same call, under the same flush.
+            let mut writes = data;
+            writes.extend(offsets.map(|offset| (offset, unit.clone())));
             self.device.write_and_flush(writes).await?;
+        } else if !data.is_empty() {
+            // Test-only (`unsafe_skip_data_barrier`): the data, then the copies, no flush
+            // between them or after.
+            strata_core::write_all(&*self.device, data).await?;
+            crate::write_copies(&*self.device, offsets, unit).await?;
         } else {
             crate::write_copies(&*self.device, offsets, unit).await?;
         }
@@ -671,7 +718,7 @@ impl MetaStore {
         committer.batch_seq = 0;
         self.counters.checkpoint(stream.len() as u64);
         if carries_new {
-            self.write_batch(committer, &PendingBatch::new(upto), false)
+            self.write_batch(committer, &PendingBatch::new(upto), false, Vec::new())
                 .await?;
         }
         Ok(())
@@ -680,17 +727,20 @@ impl MetaStore {
     /// Writes a checkpoint of the current state now (at open, and from `strata check --repair`).
     pub async fn checkpoint_now(&self) -> Result<()> {
         let mut committer = self.committer.lock().await;
-        let (stream, upto, carries_new) = {
+        let (stream, upto, carries_new, data) = {
             let mut shared = self.write_shared();
             let upto = shared.next_txn;
             shared.pending = PendingBatch::new(upto);
             shared.pending_needs_barrier = false;
             shared.pending_covered = false;
+            let data = std::mem::take(&mut shared.pending_data);
             let mut stream = Vec::new();
             encode_checkpoint(&shared.state, &mut stream);
-            (stream, upto, upto > shared.durable_txn)
+            (stream, upto, upto > shared.durable_txn, data)
         };
         let result = async {
+            // The data pending transactions point at, before the barrier that covers it.
+            strata_core::write_all(&*self.device, data).await?;
             self.data_barrier().await?;
             self.write_checkpoint(&mut committer, &stream, upto, carries_new)
                 .await

@@ -102,6 +102,10 @@ pub struct Faults {
     /// intervals then commit out of tag order, which the bricks' copy-on-write by tag does
     /// not allow for: a version no longer reads as the intervals tagged below it.
     pub unsafe_tags_go_down: bool,
+    /// Clients carry the commits of about half their committed intervals in their next
+    /// interval's prepares (`BrickStore::prepare_carrying`), as a host does, and send alone
+    /// what no prepare carried or answered for.
+    pub carry_commits: bool,
 }
 
 impl Default for Faults {
@@ -116,6 +120,7 @@ impl Default for Faults {
             client_pauses: 0.08,
             unsafe_peers_ignore_fences: false,
             unsafe_tags_go_down: false,
+            carry_commits: true,
         }
     }
 }
@@ -137,6 +142,8 @@ pub struct RunStats {
     pub stragglers: u64,
     /// Roll-backs run on every brick and checked.
     pub rollbacks: u64,
+    /// Commits carried by a prepare and applied (`Faults::carry_commits`).
+    pub carried: u64,
 }
 
 /// One brick: its store, while it has power, and the disk group it lives on.
@@ -265,15 +272,24 @@ impl Link {
 impl Participant for Link {
     async fn prepare(
         &self,
+        carried: &[IntervalId],
         id: IntervalId,
         bricks: Vec<u64>,
         writes: Vec<(u64, Bytes)>,
         fences: &[(u32, i64)],
         tag: u64,
-    ) -> Result<Vote, RpcError> {
-        let fences = fences.to_vec();
-        self.call(move |s| async move { s.prepare_tagged(id, bricks, writes, &fences, tag).await })
-            .await
+    ) -> Result<(Vote, Option<Vec<bool>>), RpcError> {
+        if let (Some(client), false) = (self.client, carried.is_empty()) {
+            // It may pause with the commits it carries, as with one it sends alone.
+            self.world.maybe_pause(client).await;
+        }
+        let (fences, carried) = (fences.to_vec(), carried.to_vec());
+        self.call(move |s| async move {
+            let (vote, committed) =
+                (s.prepare_carrying(&carried, id, bricks, writes, &fences, tag)).await?;
+            Ok((vote, Some(committed)))
+        })
+        .await
     }
 
     async fn decide(&self, id: IntervalId, decision: Decision) -> Result<bool, RpcError> {
@@ -463,6 +479,9 @@ async fn client(world: Arc<World>, client: u64, intervals: u64) {
             client: Some(client),
         })
         .collect();
+    // A committed interval whose commits wait to be carried by the next prepare to each of
+    // its bricks (as a host's do, `volume::carry`), and its bricks.
+    let mut carry: Option<(IntervalId, Vec<usize>)> = None;
     for seq in 1..=intervals {
         if world.dead.lock().unwrap().contains(&client) {
             // It paused past its lease: awake, it knows it is fenced and stops.
@@ -514,11 +533,27 @@ async fn client(world: Arc<World>, client: u64, intervals: u64) {
                 None => std::future::pending().await,
             }
         });
-        let prepare = Box::pin(prepare_interval(&links, id, by_brick, &[], tag));
+        let carried: BTreeMap<usize, Vec<IntervalId>> = match &carry {
+            Some((earlier, bricks)) => (bricks.iter())
+                .filter(|b| by_brick.contains_key(b))
+                .map(|&b| (b, vec![*earlier]))
+                .collect(),
+            None => BTreeMap::new(),
+        };
+        let prepare = Box::pin(prepare_interval(&links, id, by_brick, &[], tag, &carried));
         let votes = match futures_util::future::select(prepare, &mut death).await {
             futures_util::future::Either::Left((votes, _)) => votes,
             futures_util::future::Either::Right(_) => return world.client_died(client),
         };
+        if let Some((earlier, bricks)) = carry.take() {
+            // What no prepare carried, or carried without an answer, goes alone.
+            let (applied, alone): (Vec<usize>, Vec<usize>) = (bricks.into_iter())
+                .partition(|b| matches!(votes.carried.get(b), Some(Some(acks)) if acks == &[true]));
+            world.stats.lock().unwrap().carried += applied.len() as u64;
+            if !deliver(&world, &links, client, earlier, &alone).await {
+                return;
+            }
+        }
         if votes.committed() {
             world
                 .log
@@ -526,6 +561,21 @@ async fn client(world: Arc<World>, client: u64, intervals: u64) {
                 .unwrap()
                 .reported
                 .insert(id, Decision::Commit);
+            if world.net.faults.carry_commits && world.draw(0.5) {
+                // Its commits wait for the next interval's prepares.
+                carry = Some((id, votes.members.iter().map(|&b| b as usize).collect()));
+                let outcome = Outcome {
+                    decision: Decision::Commit,
+                    bricks: votes.members.len(),
+                    unacked: Vec::new(),
+                    refusals: votes.refusals,
+                    silent: votes.silent,
+                };
+                world.stats.lock().unwrap().committed += 1;
+                world.log.lock().unwrap().outcomes.insert(id, outcome);
+                world.running.lock().unwrap().remove(&client);
+                continue;
+            }
         }
         let decide = Box::pin(decide_interval(&links, votes));
         let outcome = match futures_util::future::select(decide, &mut death).await {
@@ -558,6 +608,32 @@ async fn client(world: Arc<World>, client: u64, intervals: u64) {
         world.log.lock().unwrap().outcomes.insert(id, outcome);
         world.running.lock().unwrap().remove(&client);
     }
+    if let Some((earlier, bricks)) = carry {
+        deliver(&world, &links, client, earlier, &bricks).await;
+    }
+}
+
+/// Sends the commit of `id` alone to each of `bricks` until it is answered. False when the
+/// client died meanwhile (its bricks resolve what it leaves).
+async fn deliver(
+    world: &World,
+    links: &[Link],
+    client: u64,
+    id: IntervalId,
+    bricks: &[usize],
+) -> bool {
+    for &brick in bricks {
+        loop {
+            if world.dead.lock().unwrap().contains(&client) {
+                return false;
+            }
+            match links[brick].decide(id, Decision::Commit).await {
+                Ok(_) => break,
+                Err(_) => world.runtime.sleep(Duration::from_millis(5)).await,
+            }
+        }
+    }
+    true
 }
 
 /// Announces versions at random times while the clients run: the counter goes up by one

@@ -405,6 +405,7 @@ mod tests {
             fences in proptest::collection::vec((any::<u32>(), any::<i64>()), 0..3),
             tag in any::<u64>(),
             writes in writes(),
+            commits in proptest::collection::vec(any::<u64>(), 0..3),
         ) {
             let writes: Vec<(u64, Bytes)> =
                 writes.into_iter().map(|(o, d)| (o, Bytes::from(d))).collect();
@@ -414,6 +415,7 @@ mod tests {
                 writes: vec![],
                 fences: fences.iter().map(|&(segment, epoch)| proto::Fence { segment, epoch }).collect(),
                 tag,
+                commits: commits.iter().map(|&seq| proto::Interval { client, seq }).collect(),
             };
             let built = prepare(request.clone(), writes.clone()).unwrap();
             let expected = proto::PrepareRequest {
@@ -482,6 +484,7 @@ mod tests {
                 writes: writes.into_iter().map(|(offset, data)| proto::Write { offset, data: Bytes::from(data) }).collect(),
                 fences: vec![],
                 tag: 3,
+                commits: vec![proto::Interval { client: 7, seq: 1 }],
             };
             let mut wire = vec![0u8];
             wire.extend_from_slice(&(request.encoded_len() as u32).to_be_bytes());

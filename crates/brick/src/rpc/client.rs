@@ -126,6 +126,25 @@ impl BrickClient {
         fences: &[(u32, i64)],
         tag: u64,
     ) -> Result<Vote, RpcError> {
+        let (vote, _) = self
+            .prepare_carrying(&[], interval, bricks, writes, fences, tag)
+            .await?;
+        Ok(vote)
+    }
+
+    /// A prepare that carries the commits of this client's earlier intervals `carried`
+    /// (`BrickStore::prepare_carrying`): the vote, and for each carried commit, in order,
+    /// whether the brick applied it (a decision's `accepted`); `None` from a brick that does
+    /// not take carried commits, which applied none of them.
+    pub async fn prepare_carrying(
+        &self,
+        carried: &[IntervalId],
+        interval: IntervalId,
+        bricks: Vec<u64>,
+        writes: Vec<(u64, Bytes)>,
+        fences: &[(u32, i64)],
+        tag: u64,
+    ) -> Result<(Vote, Option<Vec<bool>>), RpcError> {
         let request = proto::PrepareRequest {
             tag,
             id: Some(id(interval)),
@@ -135,6 +154,7 @@ impl BrickClient {
                 .iter()
                 .map(|&(segment, epoch)| proto::Fence { segment, epoch })
                 .collect(),
+            commits: carried.iter().map(|&c| id(c)).collect(),
         };
         let body = by_reference::prepare(request, writes).map_err(|why| self.refused(why))?;
         let reply: proto::PrepareReply = self
@@ -145,11 +165,24 @@ impl BrickClient {
             })
             .await?
             .into_inner();
-        Ok(if reply.yes {
+        // A brick built before commits were carried does not know the field: it applied
+        // none of them, and answers for none.
+        let committed = match reply.committed.len() {
+            0 if !carried.is_empty() => None,
+            n if n == carried.len() => Some(reply.committed),
+            n => {
+                return Err(self.refused(format!(
+                    "the brick answered for {n} carried commits, {} were sent",
+                    carried.len()
+                )))
+            }
+        };
+        let vote = if reply.yes {
             Vote::Yes
         } else {
             Vote::No(reply.reason)
-        })
+        };
+        Ok((vote, committed))
     }
 
     /// The interval's client sends its decision.

@@ -256,22 +256,37 @@ impl brick_server::Brick for BrickService {
                 .iter()
                 .map(|f| (f.segment, f.epoch))
                 .collect();
+            let carried = (request.commits.iter())
+                .map(|c| interval(Some(*c)))
+                .collect::<Result<Vec<_>, Status>>()?;
             let store = self.store.clone();
             let tag = request.tag;
-            let vote = to_completion(async move {
-                (store.prepare_tagged(id, request.bricks, writes, &fences, tag)).await
+            let (vote, committed) = to_completion(async move {
+                (store.prepare_carrying(&carried, id, request.bricks, writes, &fences, tag)).await
             })
             .await
             .map_err(|e| refuse("prepare", e))?;
+            let applied = committed.iter().filter(|&&c| c).count() as u64;
+            if applied > 0 {
+                self.metrics.carried(applied);
+            }
+            if applied < committed.len() as u64 {
+                self.metrics.decision_refused(RpcKind::Commit);
+            }
             Ok(match vote {
                 Vote::Yes => {
                     self.metrics.moved(RpcKind::Prepare, bytes as u64);
                     proto::PrepareReply {
                         yes: true,
                         reason: String::new(),
+                        committed,
                     }
                 }
-                Vote::No(reason) => proto::PrepareReply { yes: false, reason },
+                Vote::No(reason) => proto::PrepareReply {
+                    yes: false,
+                    reason,
+                    committed,
+                },
             })
         })
         .await

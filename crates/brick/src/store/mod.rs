@@ -19,12 +19,16 @@
 //!   pending), because `Mem` may hold another request's transaction not yet durable. A `No`
 //!   needs no commit: it only ever aborts.
 //! - **A prepare is admitted twice.** Under the lock: the forgotten mark, `prepare_action`,
-//!   the fences, then units are allocated and the id marked `preparing`. The data is written
-//!   outside the lock; then, under it again, the same checks run once more (an abort or a
-//!   forget may have arrived, or a newer epoch been recorded meanwhile) before the record goes
-//!   into the same transaction as its newer epochs. A duplicate prepare, or a commit, of an id
+//!   the fences, then units are allocated and the id marked `preparing`. The data's checksums
+//!   are computed outside the lock; then, under it again, the same checks run once more (an
+//!   abort or a forget may have arrived, or a newer epoch been recorded meanwhile) before the
+//!   record goes into the same transaction as its newer epochs. The data itself is written by
+//!   the metadata commit that carries the record, in the same call as its journal batch. A duplicate prepare, or a commit, of an id
 //!   being prepared waits for it; an abort is recorded at once, and the prepare's second check
 //!   then refuses.
+//! - **Commits carried by a prepare** (`prepare_carrying`) are applied before it, each as a
+//!   decision is, but answered only with the prepare, once its metadata commit has made them
+//!   durable too.
 //! - **A commit is one transaction**: the map takes the interval's units, the replaced units
 //!   go to a version or to `freeing`, and the record becomes an `applied` tombstone. It is
 //!   acknowledged once durable. Units a write covers only in part are first filled in around
@@ -241,6 +245,8 @@ pub struct BrickStore {
     /// Test-only ([`BrickSettings::unsafe_skip_data_barrier`]): filled-in units are not
     /// flushed before the commit's map points at them.
     skip_data_flush: bool,
+    /// Test-only ([`BrickSettings::yields_while_staging`]).
+    yields_while_staging: usize,
 }
 
 /// How a store runs (as opposed to how it is laid out, [`BrickOptions`]).
@@ -259,6 +265,14 @@ pub struct BrickSettings {
     /// small so that the crash harness cuts power between its transactions.
     #[doc(hidden)]
     pub step_entries: usize,
+    /// Test-only: at most how many times a prepare yields between its admission and its
+    /// record (at least once when set). A prepare
+    /// does no I/O there (its data is written with its record, `stage`), but on a
+    /// multi-threaded runtime other requests run beside it while it checksums its data;
+    /// yielding lets a single-threaded test meet those races (an abort, or a newer epoch,
+    /// arriving meanwhile), which the prepare's second admission check is there for.
+    #[doc(hidden)]
+    pub yields_while_staging: usize,
 }
 
 fn store_options(settings: &BrickSettings) -> StoreOptions {
@@ -537,12 +551,20 @@ impl BrickStore {
             }
         };
         let mut extents = map::place(&writes, &runs, self.layout.home_offset);
-        let staged = self.stage(&writes, &mut extents).await;
+        let staged = self.stage(&writes, &mut extents);
+        if self.yields_while_staging > 0 {
+            // From 1 to n, varying from one interval to the next, so that prepares sent
+            // together also record in another order than they were admitted.
+            let varied = id.seq.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 40;
+            for _ in 0..=(varied % self.yields_while_staging as u64) {
+                tokio::task::yield_now().await;
+            }
+        }
         let outcome = {
             let mut mem = self.lock();
             mem.preparing.remove(&id);
             self.changed.notify_waiters();
-            let outcome = staged.and_then(|()| match self.admit(&mem, id, &writes, fences, tag) {
+            let outcome: Result<Option<Vote>> = match self.admit(&mem, id, &writes, fences, tag) {
                 Admission::No(class, why) => Ok(Some(self.refuse(class, why))),
                 // Only a prepare records a prepared interval, and a duplicate waited: kept
                 // for completeness, this answers as a repeat.
@@ -554,15 +576,19 @@ impl BrickStore {
                         bricks,
                         extents,
                     };
-                    let blob = self.record_prepared(id, &record, fences)?;
-                    mem.intervals.insert(id, Live { record, blob });
-                    for &(segment, epoch) in fences {
-                        let newest = mem.epochs.entry(segment).or_insert(epoch);
-                        *newest = (*newest).max(epoch);
+                    match self.record_prepared(id, &record, fences, staged) {
+                        Ok(blob) => {
+                            mem.intervals.insert(id, Live { record, blob });
+                            for &(segment, epoch) in fences {
+                                let newest = mem.epochs.entry(segment).or_insert(epoch);
+                                *newest = (*newest).max(epoch);
+                            }
+                            Ok(None)
+                        }
+                        Err(error) => Err(error),
                     }
-                    Ok(None)
                 }
-            });
+            };
             if !matches!(outcome, Ok(None)) {
                 // Nothing durable points at these units: free at once.
                 for &(start, len) in &runs {
@@ -678,14 +704,16 @@ impl BrickStore {
         self.device.flush().await
     }
 
-    /// Writes each write's bytes to its extents (`place` cut them in order) and sets each
-    /// extent's checksum. Nothing is made durable here: the metadata commit that carries the
-    /// record writes it and then flushes the device once (`transact_data_covered`), which
-    /// makes this data durable with it. Each prepare used to sync its own data first, a second
-    /// sync in a row at one outstanding. A crash before that flush may keep the record without
-    /// its data; such a prepare was never acknowledged, and the checksums let the open find it
-    /// and abort it (`open::abort_unlanded`).
-    async fn stage(&self, writes: &[(u64, Bytes)], extents: &mut [StagedExtent]) -> Result<()> {
+    /// Cuts each write's bytes into the device writes of its extents (`place` cut them in
+    /// order) and sets each extent's checksum. Nothing is written here: the metadata commit
+    /// that carries the record writes this data and its journal batch in one call, then
+    /// flushes the device once (`transact_data_covered_with`), which makes the data durable
+    /// with the record. Each prepare used to sync its own data first, a second sync in a row
+    /// at one outstanding, and then to write it in a call of its own, a second trip to the
+    /// device. A crash before that flush may keep the record without its data; such a
+    /// prepare was never acknowledged, and the checksums let the open find it and abort it
+    /// (`open::abort_unlanded`).
+    fn stage(&self, writes: &[(u64, Bytes)], extents: &mut [StagedExtent]) -> Vec<(u64, Bytes)> {
         let mut pieces = Vec::new();
         let mut extents = extents.iter_mut();
         for (_, bytes) in writes {
@@ -699,7 +727,7 @@ impl BrickStore {
                 used = end;
             }
         }
-        strata_core::write_all(&*self.device, pieces).await
+        pieces
     }
 
     fn record_new(&self, id: IntervalId, record: &IntervalRecord) -> Result<ObjectId> {
@@ -712,19 +740,20 @@ impl BrickStore {
         })
     }
 
-    /// The prepared record and the newer epochs it carries, in one transaction.
+    /// The prepared record and the newer epochs it carries, in one transaction; `staged` is
+    /// the data it points at, written by the commit that makes it durable (`stage`).
     fn record_prepared(
         &self,
         id: IntervalId,
         record: &IntervalRecord,
         fences: &[(u32, i64)],
+        staged: Vec<(u64, Bytes)>,
     ) -> Result<ObjectId> {
         let name = blob_name(id);
         let encoded = record.encode();
         let epochs = self.epochs_table;
-        // The staged data is written, not yet durable: the commit's flush covers both (`stage`).
         self.meta
-            .transact_data_covered(TxnClass::Normal, |state, txn| {
+            .transact_data_covered_with(TxnClass::Normal, staged, |state, txn| {
                 let blob = txn.create_blob(&name);
                 txn.put_blob(blob, encoded);
                 let table = state.table(epochs).expect("checked at open");
@@ -767,6 +796,61 @@ impl BrickStore {
     }
 
     async fn decide_as(&self, id: IntervalId, decision: Decision, resolved: bool) -> Result<bool> {
+        self.decide_with(id, decision, resolved, true).await
+    }
+
+    /// Applies the commits a prepare carries (`carried`: its client's earlier intervals, each
+    /// voted yes by every brick), then the prepare. The commits' transactions are made durable
+    /// by the prepare's own metadata commit, with its record and staged data: one durable
+    /// write answers both, where a commit sent alone costs one of its own. Returns the vote,
+    /// and for each carried commit, in order, whether it is applied and durable (a `decide`'s
+    /// answer; an error applying one answers `false`, and the client sends it again alone).
+    pub async fn prepare_carrying(
+        &self,
+        carried: &[IntervalId],
+        id: IntervalId,
+        bricks: Vec<u64>,
+        writes: Vec<(u64, Bytes)>,
+        fences: &[(u32, i64)],
+        tag: u64,
+    ) -> Result<(Vote, Vec<bool>)> {
+        if let Some(other) = carried.iter().find(|c| c.client != id.client) {
+            return Err(BlockError::InvalidArgument(format!(
+                "prepare of {id:?} carries the commit of {other:?}, another client's interval"
+            )));
+        }
+        let mut committed = Vec::with_capacity(carried.len());
+        for &earlier in carried {
+            committed.push(
+                match self
+                    .decide_with(earlier, Decision::Commit, false, false)
+                    .await
+                {
+                    Ok(accepted) => accepted,
+                    Err(error) => {
+                        tracing::warn!(interval = ?earlier, %error, "carried commit failed");
+                        false
+                    }
+                },
+            );
+        }
+        let vote = self.prepare_tagged(id, bricks, writes, fences, tag).await?;
+        if !carried.is_empty() {
+            // A yes has made everything before it durable already; a no makes nothing so.
+            self.meta.commit().await?;
+        }
+        Ok((vote, committed))
+    }
+
+    /// `durable`: the answer waits until the decision is durable. Without it, the caller
+    /// makes it durable (`meta.commit()`) before it tells anyone the answer.
+    async fn decide_with(
+        &self,
+        id: IntervalId,
+        decision: Decision,
+        resolved: bool,
+        durable: bool,
+    ) -> Result<bool> {
         loop {
             let changed = self.changed.notified();
             let step = {
@@ -781,7 +865,9 @@ impl BrickStore {
             match step {
                 Step::Wait => changed.await,
                 Step::Answer(answer) => {
-                    self.meta.commit().await?;
+                    if durable {
+                        self.meta.commit().await?;
+                    }
                     return Ok(answer);
                 }
                 Step::Free(units) => {
@@ -799,7 +885,9 @@ impl BrickStore {
                 }
                 Step::Apply(blob, record) => {
                     self.apply(id, blob, &record).await?;
-                    self.meta.commit().await?;
+                    if durable {
+                        self.meta.commit().await?;
+                    }
                     return Ok(true);
                 }
             }

@@ -262,6 +262,7 @@ impl BrickStore {
             disk,
             refusals: Default::default(),
             skip_data_flush: settings.unsafe_skip_data_barrier,
+            yields_while_staging: settings.yields_while_staging,
         };
         match pending {
             Some(Pending::Rollback(number)) => store.finish_rollback(number).await?,

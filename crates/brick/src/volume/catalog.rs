@@ -103,7 +103,7 @@ impl SharedVolume {
         let stale = self.coord.stale(&self.name).await.map_err(fail)?;
         // No interval is planned or in flight meanwhile: each sees the old brick or the new,
         // whole.
-        let _alone = self.gate.write().await;
+        let _alone = self.alone().await;
         let mut state = self.state.lock().await;
         for (index, (was, now)) in self.brick_names().iter().zip(&names).enumerate() {
             if was == now {

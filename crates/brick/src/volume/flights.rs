@@ -6,7 +6,7 @@
 //! interval waits until nothing in flight shares a 4 KiB unit with it.
 
 use std::ops::Range;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
@@ -59,6 +59,22 @@ pub(super) struct Flights {
     flying: Mutex<Vec<(u64, Vec<Range<u64>>)>>,
     next_ticket: AtomicU64,
     landed: tokio::sync::Notify,
+    /// How many wait for intervals in flight to land (`Waiting`).
+    waiters: AtomicUsize,
+    /// Told when one starts to wait: commits lingering for a prepare to carry them
+    /// (`carry`) then go at once.
+    waited_on: tokio::sync::Notify,
+}
+
+/// One waiting for intervals in flight to land, until dropped.
+pub(super) struct Waiting<'a> {
+    flights: &'a Flights,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.flights.waiters.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// An interval's place among the ones in flight, given up when dropped (by the task that
@@ -69,6 +85,25 @@ pub(super) struct Boarding {
 }
 
 impl Flights {
+    /// Marks the caller waiting for intervals in flight to land, until the guard drops.
+    pub(super) fn waiting(&self) -> Waiting<'_> {
+        self.waiters.fetch_add(1, Ordering::SeqCst);
+        self.waited_on.notify_waiters();
+        Waiting { flights: self }
+    }
+
+    /// Waits until someone waits for intervals in flight to land (at once if one does).
+    pub(super) async fn waited_for(&self) {
+        let told = self.waited_on.notified();
+        tokio::pin!(told);
+        // Registered before the look: a waiter that comes after it is told.
+        told.as_mut().enable();
+        if self.waiters.load(Ordering::SeqCst) > 0 {
+            return;
+        }
+        told.await;
+    }
+
     /// Waits until nothing in flight overlaps `footprint`, then takes off with it. Every
     /// waiter looks again at each landing; of two waiting on one unit, either may go first,
     /// as NBD leaves the order of two connections' unflushed writes open.
@@ -86,6 +121,7 @@ impl Flights {
                     };
                 }
             }
+            let _waiting = self.waiting();
             landed.await;
         }
     }
@@ -104,6 +140,7 @@ impl Flights {
             if waiting.is_empty() {
                 return;
             }
+            let _waiting = self.waiting();
             landed.await;
             let flying = self.flying.lock().unwrap();
             if !flying.iter().any(|(ticket, _)| waiting.contains(ticket)) {

@@ -21,6 +21,7 @@
 //! (`tags`; docs/shared-volumes.md, "Versions").
 
 mod begin;
+mod carry;
 mod catalog;
 mod connection;
 mod flights;
@@ -134,6 +135,8 @@ pub struct SharedVolume {
     gate: Arc<tokio::sync::RwLock<()>>,
     /// The footprints of the intervals in flight: overlapping ones go one after the other.
     flights: Arc<Flights>,
+    /// Commits waiting for the next prepare to their brick to carry them (`carry`).
+    outbox: carry::Outbox,
     /// The stream of the volume's own callers (a layer above, a lock-aware program); each
     /// NBD connection has its own (`ConnectionView`).
     own: tokio::sync::Mutex<Stream>,
@@ -326,6 +329,7 @@ impl SharedVolume {
             stale_follower: Mutex::new(None),
             gate: Arc::new(tokio::sync::RwLock::new(())),
             flights: Arc::new(Flights::default()),
+            outbox: carry::Outbox::default(),
             state: tokio::sync::Mutex::new(State {
                 next_seq: 1,
                 in_flight: BTreeMap::new(),
@@ -547,7 +551,7 @@ impl SharedVolume {
         if self.state.lock().await.owed.is_empty() && !self.resync_wanted() {
             return;
         }
-        let _alone = self.gate.write().await;
+        let _alone = self.alone().await;
         let mut state = self.state.lock().await;
         self.settle(&mut state).await;
         self.resync(&mut state).await;
@@ -567,8 +571,16 @@ impl SharedVolume {
             .any(|(brick, down)| !down || self.answers(brick))
     }
 
-    /// Sends the commits of an interval every brick voted yes on, and takes in how they went.
-    /// Until then the interval stays in flight, and its stream's segments stay pinned.
+    /// Takes the gate alone (see `gate`), once the intervals in flight have landed: their
+    /// commits stop waiting to be carried (`carry`) meanwhile.
+    async fn alone(&self) -> tokio::sync::RwLockWriteGuard<'_, ()> {
+        let _waiting = self.flights.waiting();
+        self.gate.write().await
+    }
+
+    /// Delivers the commits of an interval every brick voted yes on, each carried by the next
+    /// prepare to its brick or sent alone (`carry`), and takes in how they went. Until then
+    /// the interval stays in flight, and its stream's segments stay pinned.
     async fn land(&self, voted: Voted, stream: Stream) {
         let Voted {
             votes,
@@ -578,10 +590,56 @@ impl SharedVolume {
             boarded,
         } = voted;
         let id = votes.id;
-        let outcome = decide_interval(&self.brick_clients(), votes).await;
+        let deliveries = (votes.members.iter()).map(|&brick| self.deliver(brick as usize, id));
+        let mut unacked = Vec::new();
+        for (brick, acked) in futures_util::future::join_all(deliveries).await {
+            match acked {
+                Ok(true) => {}
+                Ok(false) => {
+                    tracing::error!(?id, brick, "commit refused");
+                    unacked.push(brick);
+                }
+                Err(error) => {
+                    tracing::warn!(?id, brick, %error, "commit unacknowledged");
+                    unacked.push(brick);
+                }
+            }
+        }
+        let outcome = Outcome {
+            decision: Decision::Commit,
+            bricks: votes.members.len(),
+            unacked,
+            refusals: votes.refusals,
+            silent: votes.silent,
+        };
         self.take_in_commit(id, tag, outcome, &touched).await;
         drop((boarded, gate, stream));
         self.release_claims().await;
+    }
+
+    /// Delivers the commit of `id` to `brick`: carried by a prepare if one takes it within
+    /// `carry::LINGER` and nobody waits for it to land, else alone. Whether it was accepted.
+    async fn deliver(
+        &self,
+        brick: usize,
+        id: IntervalId,
+    ) -> (usize, std::result::Result<bool, RpcError>) {
+        let mut carried = self.outbox.queue(brick, id);
+        let answer = tokio::select! {
+            answer = &mut carried => answer.ok().flatten(),
+            _ = tokio::time::sleep(carry::LINGER) => None,
+            _ = self.flights.waited_for() => None,
+        };
+        let answer = match answer {
+            Some(accepted) => Some(accepted),
+            // A prepare took it meanwhile: its answer comes with the prepare's.
+            None if !self.outbox.take_back(brick, id) => carried.await.ok().flatten(),
+            None => None,
+        };
+        match answer {
+            Some(accepted) => (brick, Ok(accepted)),
+            None => (brick, self.brick(brick).decide(id, Decision::Commit).await),
+        }
     }
 
     /// Claims are given back only once nothing is owed: a brick holding this host's
@@ -614,7 +672,18 @@ impl SharedVolume {
         let mut downs = 0;
         while downs <= self.brick_count() {
             let (id, tag, writes, touched) = self.plan_interval(stream).await?;
-            let votes = prepare_interval(&self.brick_clients(), id, writes, &fences, tag).await;
+            // Commits of this host's earlier intervals ride along (`carry`).
+            let taken: BTreeMap<usize, carry::Taken> = (writes.keys())
+                .filter_map(|&brick| Some((brick, self.outbox.take(brick)?)))
+                .collect();
+            let carried = (taken.iter())
+                .map(|(&brick, taken)| (brick, taken.ids()))
+                .collect();
+            let clients = self.brick_clients();
+            let votes = prepare_interval(&clients, id, writes, &fences, tag, &carried).await;
+            for (brick, taken) in taken {
+                taken.answer(votes.carried.get(&brick).and_then(Option::as_ref));
+            }
             if votes.committed() {
                 let mut state = self.state.lock().await;
                 state.last_tag = state.last_tag.max(tag);

@@ -47,7 +47,7 @@ impl SharedVolume {
         let mut by_others = 0;
         loop {
             {
-                let _alone = self.gate.write().await;
+                let _alone = self.alone().await;
                 let mut state = self.state.lock().await;
                 self.settle(&mut state).await;
                 by_others += self.adopt_copied().await;

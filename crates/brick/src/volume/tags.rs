@@ -117,7 +117,7 @@ async fn acknowledge(volume: &Weak<SharedVolume>, number: u64) {
             if owes_before(&*shared.state.lock().await, number) {
                 // An idle host has no flush to deliver what it owes: this does, with no
                 // interval in flight (the gate is taken before the state lock).
-                let _alone = shared.gate.write().await;
+                let _alone = shared.alone().await;
                 let mut state = shared.state.lock().await;
                 shared.settle(&mut state).await;
                 shared.claims.keep_all(!state.owed.is_empty());

@@ -2,7 +2,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use strata_brick::commit::OVERLAP_REFUSAL;
-use strata_brick::{BrickStore, OpenReport, Vote};
+use strata_brick::{BrickSettings, BrickStore, OpenReport, Vote};
 use strata_cluster::interval::{Decision, Status};
 use strata_core::{BlockError, DeviceRef};
 use strata_crash::CrashGroup;
@@ -366,7 +366,12 @@ async fn a_prepare_over_another_clients_undecided_interval_waits_until_it_is_dec
 async fn yielding(group: &CrashGroup) -> (strata_crash::CrashDisk, DeviceRef, BrickStore) {
     let disk = group.disk(geometry());
     let device: DeviceRef = Arc::new(Yielding::new(Arc::new(disk.clone()), 1..=1, 0));
-    let store = BrickStore::format(device.clone(), &options(), false)
+    // Requests meet inside a prepare, as on a multi-threaded runtime.
+    let settings = BrickSettings {
+        yields_while_staging: 1,
+        ..BrickSettings::default()
+    };
+    let store = BrickStore::format_with(device.clone(), &options(), false, &settings)
         .await
         .unwrap();
     (disk, device, store)

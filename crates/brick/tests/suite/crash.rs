@@ -134,6 +134,7 @@ async fn seed_run(seed: u64, planted: Option<Bug>) -> Result<CrashStats, String>
         unsafe_skip_checksums: planted == Some(Bug::ChecksumsUnchecked),
         // A roll-back or deletion of a few units takes several transactions.
         step_entries: 2,
+        ..BrickSettings::default()
     };
     let mut rng = CrashRng::seed_from_u64(seed);
     let group = CrashGroup::new();
@@ -552,6 +553,8 @@ async fn concurrent_seed_run(seed: u64, planted: Option<Bug>) -> Result<CrashSta
         unsafe_skip_checksums: planted == Some(Bug::ChecksumsUnchecked),
         // A roll-back or deletion of a few units takes several transactions.
         step_entries: 2,
+        // Requests meet inside a prepare, as on a multi-threaded runtime.
+        yields_while_staging: (seed % 4) as usize,
     };
     let mut rng = CrashRng::seed_from_u64(seed);
     let group = CrashGroup::new();

@@ -12,6 +12,7 @@ use strata_brick::rpc::{serve, BrickClient, RpcError};
 use strata_brick::{BrickStore, Vote};
 use strata_cluster::interval::{Decision, IntervalId, Status};
 use strata_core::DeviceRef;
+use strata_crash::rand::SeedableRng;
 use strata_crash::CrashGroup;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -452,4 +453,78 @@ async fn bad_requests_over_the_wire_are_refused_and_the_brick_keeps_serving() {
         matches!(gone, Err(RpcError::Unreachable { .. })),
         "{gone:?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prepare_carries_the_commits_of_its_clients_earlier_intervals() {
+    let (group, mut bricks, clients) = bricks(1).await;
+    let brick = &clients[0];
+    let (one, two, three) = (id(4, 1), id(4, 2), id(4, 3));
+    let prepare = |iv: IntervalId, carried: Vec<IntervalId>, offset: u64| async move {
+        brick
+            .prepare_carrying(
+                &carried,
+                iv,
+                vec![0],
+                vec![(offset, data(iv, 0, 4096))],
+                &[],
+                0,
+            )
+            .await
+    };
+    assert_eq!(
+        prepare(one, vec![], 0).await.unwrap(),
+        (Vote::Yes, Some(vec![]))
+    );
+    assert_eq!(
+        prepare(two, vec![], 8192).await.unwrap(),
+        (Vote::Yes, Some(vec![]))
+    );
+    // Two's prepare was answered: its commit rides in three's, with one's, and an interval
+    // this brick never prepared, which it refuses as a `Decide` would.
+    let never = id(4, 9);
+    let (vote, committed) = prepare(three, vec![one, two, never], 4096).await.unwrap();
+    assert_eq!(vote, Vote::Yes);
+    assert_eq!(committed, Some(vec![true, true, false]));
+    assert_eq!(brick.read(0, 4096).await.unwrap(), data(one, 0, 4096));
+    assert_eq!(brick.read(8192, 4096).await.unwrap(), data(two, 0, 4096));
+    assert_eq!(
+        brick.status(one).await.unwrap(),
+        Some(Status::Decided(Decision::Commit))
+    );
+    assert_eq!(brick.status(three).await.unwrap(), Some(Status::Prepared));
+    // Carried again (the client never heard): answered as a repeat.
+    let four = id(4, 4);
+    let (_, committed) = prepare(four, vec![one], 12288).await.unwrap();
+    assert_eq!(committed, Some(vec![true]));
+    // Another client's interval cannot ride in this client's prepare.
+    let other = id(5, 1);
+    assert_eq!(prepare(other, vec![], 16384).await.unwrap().0, Vote::Yes);
+    match prepare(id(4, 5), vec![other], 20480).await {
+        Err(RpcError::Refused { why, .. }) => assert!(why.contains("another client"), "{why}"),
+        answer => panic!("carried another client's commit: {answer:?}"),
+    }
+    assert_eq!(brick.status(other).await.unwrap(), Some(Status::Prepared));
+    // A commit carried by a prepare the brick votes no on is applied and durable all the
+    // same: after a power cut, three is committed.
+    brick.decide(four, Decision::Abort).await.unwrap();
+    let (vote, committed) = prepare(four, vec![three], 12288).await.unwrap();
+    assert!(
+        matches!(vote, Vote::No(ref why) if why.contains("already decided")),
+        "{vote:?}"
+    );
+    assert_eq!(committed, Some(vec![true]));
+    bricks[0].stop().await;
+    for seed in 0..8 {
+        let images = group.crash(&mut strata_crash::CrashRng::seed_from_u64(seed));
+        let after = CrashGroup::new();
+        let device: DeviceRef = Arc::new(after.disk_from(images.into_iter().next().unwrap()));
+        let (store, _) = BrickStore::open(device).await.unwrap();
+        assert_eq!(
+            store.status(three).await,
+            Some(Status::Decided(Decision::Commit)),
+            "power cut {seed}"
+        );
+        assert_eq!(store.read(4096, 4096).await.unwrap(), data(three, 0, 4096));
+    }
 }

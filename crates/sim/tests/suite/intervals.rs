@@ -34,6 +34,7 @@ fn intervals_stay_whole_and_replicas_equal_under_network_faults_power_cuts_and_p
         total.sealed_in_run += stats.sealed_in_run;
         total.stragglers += stats.stragglers;
         total.rollbacks += stats.rollbacks;
+        total.carried += stats.carried;
         Ok(CrashStats {
             crash_points: stats.brick_crashes,
         })
@@ -53,6 +54,8 @@ fn intervals_stay_whole_and_replicas_equal_under_network_faults_power_cuts_and_p
     assert!(total.sealed_in_run * 4 >= seeds, "{total:?}");
     assert!(total.rollbacks * 4 >= seeds, "{total:?}");
     assert!(total.stragglers * 50 >= seeds, "{total:?}");
+    // Commits carried by the next prepare, with the same faults.
+    assert!(total.carried * 2 >= seeds, "{total:?}");
 }
 
 /// Bricks that acknowledge a resolver's fence without keeping it: a client paused past its
@@ -65,9 +68,12 @@ fn the_simulation_catches_bricks_that_ignore_a_resolvers_fence() {
         replay: "cargo test -p strata-sim --test suite -- intervals::the_simulation",
         default_iterations: 0,
     };
+    // Commits sent alone, as this test was written for: a paused client's late commit is one
+    // call. With commits carried the fault is caught too, by other symptoms (below).
     let faults = Faults {
         unsafe_peers_ignore_fences: true,
         client_pauses: 0.3,
+        carry_commits: false,
         ..Faults::default()
     };
     let plan = CrashPlan {
@@ -83,6 +89,18 @@ fn the_simulation_catches_bricks_that_ignore_a_resolvers_fence() {
         "2000 seeds ran with fences ignored and none failed",
     );
     assert!(message.contains("half committed"), "{message}");
+    let carrying = Faults {
+        carry_commits: true,
+        ..faults
+    };
+    panic_report(
+        || {
+            run.run_plan(plan, |seed| {
+                run_seed(seed, INTERVALS_PER_CLIENT, &carrying).map(|_| CrashStats::default())
+            })
+        },
+        "2000 seeds ran with fences ignored and commits carried, and none failed",
+    );
 }
 
 /// A client whose tags go down (a host that forgot its version floor): per unit, an interval
