@@ -116,15 +116,14 @@ pub async fn prepare_interval<P: Participant>(
     let mut silent = Vec::new();
     let mut carried_answers = BTreeMap::new();
     for (brick, vote) in join_all(prepares).await {
-        let vote = vote.map(|(vote, committed)| {
-            if carried.contains_key(&brick) {
-                carried_answers.insert(brick, committed);
-            }
-            vote
-        });
-        if vote.is_err() && carried.contains_key(&brick) {
-            carried_answers.insert(brick, None);
+        if carried.contains_key(&brick) {
+            let answered = vote
+                .as_ref()
+                .ok()
+                .and_then(|(_, committed)| committed.clone());
+            carried_answers.insert(brick, answered);
         }
+        let vote = vote.map(|(vote, _)| vote);
         match vote {
             Ok(Vote::Yes) => {
                 coordinator.vote(brick, true);

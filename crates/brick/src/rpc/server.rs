@@ -270,7 +270,7 @@ impl brick_server::Brick for BrickService {
             if applied > 0 {
                 self.metrics.carried(applied);
             }
-            if applied < committed.len() as u64 {
+            for _ in applied..committed.len() as u64 {
                 self.metrics.decision_refused(RpcKind::Commit);
             }
             Ok(match vote {

@@ -23,9 +23,9 @@
 //!   are computed outside the lock; then, under it again, the same checks run once more (an
 //!   abort or a forget may have arrived, or a newer epoch been recorded meanwhile) before the
 //!   record goes into the same transaction as its newer epochs. The data itself is written by
-//!   the metadata commit that carries the record, in the same call as its journal batch. A duplicate prepare, or a commit, of an id
-//!   being prepared waits for it; an abort is recorded at once, and the prepare's second check
-//!   then refuses.
+//!   the metadata commit that carries the record, in the same call as its journal batch. A
+//!   duplicate prepare, or a commit, of an id being prepared waits for it; an abort is
+//!   recorded at once, and the prepare's second check then refuses.
 //! - **Commits carried by a prepare** (`prepare_carrying`) are applied before it, each as a
 //!   decision is, but answered only with the prepare, once its metadata commit has made them
 //!   durable too.
@@ -576,17 +576,15 @@ impl BrickStore {
                         bricks,
                         extents,
                     };
-                    match self.record_prepared(id, &record, fences, staged) {
-                        Ok(blob) => {
+                    self.record_prepared(id, &record, fences, staged)
+                        .map(|blob| {
                             mem.intervals.insert(id, Live { record, blob });
                             for &(segment, epoch) in fences {
                                 let newest = mem.epochs.entry(segment).or_insert(epoch);
                                 *newest = (*newest).max(epoch);
                             }
-                            Ok(None)
-                        }
-                        Err(error) => Err(error),
-                    }
+                            None
+                        })
                 }
             };
             if !matches!(outcome, Ok(None)) {
@@ -804,7 +802,8 @@ impl BrickStore {
     /// by the prepare's own metadata commit, with its record and staged data: one durable
     /// write answers both, where a commit sent alone costs one of its own. Returns the vote,
     /// and for each carried commit, in order, whether it is applied and durable (a `decide`'s
-    /// answer; an error applying one answers `false`, and the client sends it again alone).
+    /// answer; an error applying one answers `false`, and the client owes it to this brick,
+    /// as for a `Decide` that failed).
     pub async fn prepare_carrying(
         &self,
         carried: &[IntervalId],
