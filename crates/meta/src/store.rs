@@ -20,6 +20,7 @@ use strata_core::{Background, BlockError, DeviceRef, Result, Runtime, WriteFlags
 use crate::block::{self, BlockKind, BLOCK_SIZE};
 use crate::journal::PendingBatch;
 use crate::layout::{Layout, Superblock, FORMAT_VERSION};
+use crate::objects::Value;
 use crate::recovery::{self, JournalEnd, Recovered};
 use crate::state::{encode_checkpoint, ObjectId, ObjectKind, Op, State, Undo};
 use crate::stats::{MetaCounters, SpaceReport};
@@ -134,7 +135,7 @@ impl Txn {
         self.ops.push(Op::Set {
             id: table,
             index,
-            value: value.to_vec(),
+            value: Value::from_slice(value),
         });
     }
 

@@ -72,7 +72,7 @@ use strata_meta::{FormatOptions, MetaStore, ObjectId, StoreOptions, TxnClass};
 use crate::commit::OVERLAP_REFUSAL;
 use crate::failstop::{DiskHealth, FailStop};
 use crate::layout::BrickLayout;
-use crate::record::{blob_name, IntervalRecord, RecordState, StagedExtent};
+use crate::record::{blob_name, IntervalRecord, RecordState, StagedCrc, StagedExtent};
 use crate::space::{FreeSpace, UNIT};
 pub use refusal::PrepareRefusal;
 use refusal::RefusalCounts;
@@ -435,9 +435,7 @@ impl BrickStore {
             .partition(|f| f.txn <= durable && f.reads <= oldest_read);
         mem.freeing = keep;
         for freeing in free {
-            for unit in freeing.units {
-                mem.space.release(unit, UNIT);
-            }
+            mem.space.release_units(freeing.units);
         }
     }
 
@@ -720,7 +718,7 @@ impl BrickStore {
                 let extent = extents.next().expect("the extents cover the writes");
                 let end = used + extent.len as usize;
                 let piece = bytes.slice(used..end);
-                extent.crc = Some(crc32c::crc32c(&piece));
+                extent.crc = Some(StagedCrc::of(&piece));
                 self.cut(&mut pieces, extent.staging, piece);
                 used = end;
             }
@@ -873,11 +871,7 @@ impl BrickStore {
                     self.meta.commit().await?;
                     // Freed only now: until the tombstone is durable, a crash brings the
                     // prepared record back, and its staged data must still be there.
-                    let mut mem = self.lock();
-                    for unit in units {
-                        mem.space.release(unit, UNIT);
-                    }
-                    drop(mem);
+                    self.lock().space.release_units(units);
                     // Reads held back by the interval (`until_decided`) go on.
                     self.changed.notify_waiters();
                     return Ok(true);

@@ -15,7 +15,9 @@ use super::{
 };
 use crate::failstop::DiskHealth;
 use crate::layout::{BrickLayout, LAYOUT_VERSION};
-use crate::record::{blob_name, parse_blob_name, IntervalRecord, RecordState, StagedExtent};
+use crate::record::{
+    blob_name, parse_blob_name, IntervalRecord, RecordState, StagedCrc, StagedExtent,
+};
 use crate::space::{FreeSpace, UNIT};
 
 /// What the metadata says, read in one look.
@@ -435,13 +437,13 @@ async fn extent_landed(device: &DeviceRef, extent: &StagedExtent) -> Result<bool
         return Ok(true);
     }
     let max = device.geometry().max_io as u64;
-    let mut crc = 0;
+    let mut crc = StagedCrc::new();
     let mut at = 0;
     while at < u64::from(extent.len) {
         let len = (u64::from(extent.len) - at).min(max);
         let data = device.read(extent.staging + at, len as usize).await?;
-        crc = crc32c::crc32c_append(crc, &data);
+        crc.update(&data);
         at += len;
     }
-    Ok(crc == expected)
+    Ok(crc.finish() == expected)
 }

@@ -502,7 +502,12 @@ impl SharedVolume {
             }
             Ok(voted) => {
                 // Committed: the commits go in a task of their own, and the flush returns.
-                let stream = std::mem::take(stream);
+                let mut stream = std::mem::take(stream);
+                // Every brick holds the data now; only the pins must last until it lands.
+                // Given back at once, the buffers the writes came in are reused while still
+                // in the processor's cache, not one interval later.
+                stream.pending = Vec::new();
+                stream.pending_bytes = 0;
                 tokio::spawn(async move { volume.land(voted, stream).await });
                 Ok(())
             }
