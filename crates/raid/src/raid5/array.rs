@@ -562,6 +562,13 @@ impl Array {
         // Appends hold the gate shared, so that a reset never runs under them.
         let _gate = self.gate.read().await;
         while let Some((member, epoch, seqs)) = parts.pop_front() {
+            // A member failed since its full-stripe writes were logged: its journal is no
+            // longer reclaimed (`reclaim_steps`) nor trusted, so a full one would never make
+            // room, and the flush failed after every retry. Its Done records are dropped, as
+            // `with_journal` drops its other journal writes.
+            if self.members.lock()[member].state == MemberState::Failed {
+                continue;
+            }
             let Some(device) = self.journal_target(member) else {
                 continue;
             };
