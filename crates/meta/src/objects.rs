@@ -21,7 +21,8 @@ pub const MAX_VALUE_SIZE: usize = 256;
 /// One table record on its way in a transaction, or an old one kept to undo it. Records are
 /// a few bytes (a brick's map holds 8 per 4 KiB unit, and a 1 MiB commit sets 256 of them):
 /// kept inline, they cost no allocation, where a `Vec` cost one for the op and one for its
-/// undo, each a few % of a brick's CPU in a profile. Longer records spill to the heap.
+/// undo (in a profile of a brick, allocation was about half of the 4.5 % its carried commits'
+/// transactions took). Longer records spill to the heap.
 pub type Value = smallvec::SmallVec<[u8; 16]>;
 
 /// Bytes a table page takes in a checkpoint besides its present values: its page number and
