@@ -170,29 +170,27 @@ def inside_bricks(before: list[dict[str, float]], after: list[dict[str, float]],
 
 def fio_seen_by_bricks(ports: list[int], pids: list[int], uri: str, jobs: int, workdir: Path,
                        fill: bool = False):
-    """`fio`; the CPU seconds each of `pids` used meanwhile; and what the bricks serving their
-    metrics on `ports` did meanwhile (`inside_bricks`; None without ports). The metrics are
-    read outside the CPU's window: serving them is not the writes' cost."""
+    """`fio`; the CPU seconds each of `pids` used meanwhile; what the bricks serving their
+    metrics on `ports` did meanwhile (`inside_bricks`; None without ports); and the share of
+    the VM's CPU time its hypervisor took meanwhile (`steal_ticks`). The metrics are read
+    outside the CPU's window: serving them is not the writes' cost."""
     before = [brick_metrics(port) for port in ports]
     start = [cpu_seconds([p]) for p in pids]
-    stolen = steal_ticks()
+    ticks = steal_ticks()
     ran = fio(uri, jobs, workdir, fill)
-    STEAL.append(steal_share(stolen, steal_ticks()))
+    stolen = steal_share(ticks, steal_ticks())
     used = [cpu_seconds([p]) - s for p, s in zip(pids, start)]
     if not ports:
-        return ran, used, None
-    return ran, used, inside_bricks(before, [brick_metrics(port) for port in ports], ran[1])
-
-
-# The share of the VM's CPU time its hypervisor gave to others during each fio run (`steal`
-# in /proc/stat), in the order the runs were made. Time stolen from a run slows it whatever it
-# runs: on this VM it moved from 0 to 18 % within minutes, and it is the likeliest reason whole
-# runs drift by ten to twenty points.
-STEAL: list[float] = []
+        return ran, used, None, stolen
+    seen = inside_bricks(before, [brick_metrics(port) for port in ports], ran[1])
+    return ran, used, seen, stolen
 
 
 def steal_ticks() -> tuple[int, int]:
-    """The machine's stolen and total CPU ticks so far."""
+    """The machine's stolen and total CPU ticks so far (`steal` in /proc/stat: the VM's CPU
+    time its hypervisor gave to others). Time stolen from a run slows it whatever it runs:
+    on this VM it moved between 0 and 29 % from one run to the next, the likeliest reason
+    whole runs drift by ten to twenty points."""
     fields = [int(f) for f in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
     # user nice system idle iowait irq softirq steal (guest time is already in user).
     return fields[7], sum(fields[:8])
@@ -316,7 +314,7 @@ def main() -> None:
         inside: dict[tuple[int, str], list[dict[str, float]]] = {}
         if FILL:
             for name, uri in uris.items():
-                ran, _, seen = fio_seen_by_bricks(metrics_ports.get(name, []), pids[name], uri,
+                ran, _, seen, _ = fio_seen_by_bricks(metrics_ports.get(name, []), pids[name], uri,
                                                   4, workdir, fill=True)
                 fills[name] = ran[0]
                 if seen is not None:
@@ -345,7 +343,7 @@ def main() -> None:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                             for k, p in enumerate(pids[name])]
                         time.sleep(0.5)
-                    (rate, written, write_ms, flush_ms), each, seen = fio_seen_by_bricks(
+                    (rate, written, write_ms, flush_ms), each, seen, stolen = fio_seen_by_bricks(
                         metrics_ports.get(name, []), pids[name], uri, jobs, workdir)
                     for rec in perf or []:
                         rec.send_signal(2)
@@ -361,7 +359,7 @@ def main() -> None:
                         print(f"{name}, {jobs} writers, {written // MiB} MiB written: "
                               + "; ".join(detail), file=sys.stderr)
                     results.setdefault((jobs, name), []).append(rate)
-                    steal.setdefault((jobs, name), []).append(STEAL[-1])
+                    steal.setdefault((jobs, name), []).append(stolen)
                     latency.setdefault((jobs, name), []).append((write_ms, flush_ms))
                     cpu.setdefault((jobs, name), []).append(used / (written / (1024 * MiB)))
         report(results, cpu, latency, fills, list(uris))
