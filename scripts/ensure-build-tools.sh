@@ -12,10 +12,13 @@ if ! command -v cargo >/dev/null 2>&1; then
     . "$HOME/.cargo/env"
 fi
 
-# etcd-client (strata-coord's etcd client) generates its gRPC code at build time with protoc.
-if ! command -v protoc >/dev/null 2>&1; then
-    echo "==> installing protoc (Debian's protobuf-compiler)" >&2
+# etcd-client (strata-coord's etcd client) generates its gRPC code at build time with protoc,
+# and its protos import protobuf's own (google/protobuf/descriptor.proto, struct.proto): those
+# come in libprotobuf-dev, which protobuf-compiler only recommends, so without recommends
+# protoc alone is installed and the build fails.
+if ! command -v protoc >/dev/null 2>&1 || [ ! -f /usr/include/google/protobuf/descriptor.proto ]; then
+    echo "==> installing protoc and protobuf's own protos (protobuf-compiler, libprotobuf-dev)" >&2
     SUDO=""
     [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-    $SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends protobuf-compiler
+    $SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends protobuf-compiler libprotobuf-dev
 fi
