@@ -611,13 +611,18 @@ def block_device(srv: "Server", workdir: Path, tag: str, export: str | None = No
     finally:
         if loop:
             subprocess.run(["losetup", "-d", loop], check=False)
-        subprocess.run(["fusermount3", "-u", str(fusedir)], check=False)
-        try:
-            fuse.wait(20)
-        except subprocess.TimeoutExpired:
-            fuse.kill()
-            fuse.wait()
+        unmount_fuse(fusedir, fuse)
         log.close()
+
+
+def unmount_fuse(fusedir: Path, fuse: subprocess.Popen) -> None:
+    """Unmounts an nbdfuse folder and waits for its nbdfuse to exit (killed after 20 s)."""
+    subprocess.run(["fusermount3", "-u", str(fusedir)], check=False)
+    try:
+        fuse.wait(20)
+    except subprocess.TimeoutExpired:
+        fuse.kill()
+        fuse.wait()
 
 
 def scrape(url: str, label: str | None = None) -> dict[str, float]:

@@ -7,6 +7,7 @@ exports with real clients (nbdinfo, nbdcopy, python3-libnbd)."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import (MiB, STRATA_BIN, ensure_simulator, Disk, Export, Layer, ServerSpec, nbd_handle, pattern_bytes, requires_strata,
+from harness import (MiB, STRATA_BIN, unmount_fuse, ensure_simulator, Disk, Export, Layer, ServerSpec, nbd_handle, pattern_bytes, requires_strata,
                      run)
 
 pytestmark = requires_strata()
@@ -710,6 +711,95 @@ def test_a_full_file_system_under_a_thin_pool_fails_writes_and_loses_nothing_flu
     assert p.stop() == 0
     r = strata("check", small_fs / "t.img")
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+# ---- a sync of the disk fails ---------------------------------------------------------------
+
+
+@pytest.fixture
+def failing_sync_file(workdir):
+    """A file whose fdatasync fails with EIO while a trigger file exists: nbdfuse's file over
+    nbdkit's eval plugin, whose flush fails then (its error filter cannot fail flushes).
+    Linux reports a failed sync once and the next succeeds: what a disk must not believe."""
+    back = workdir / "failing-back.img"
+    with open(back, "wb") as f:
+        f.truncate(64 * MiB)
+    trigger = workdir / "sync-fails"
+    sock = workdir / "failing.sock"
+    fusedir = workdir / "failing-fuse"
+    fusedir.mkdir()
+    log = open(workdir / "failing-sync.log", "wb")
+    nbdkit = subprocess.Popen(
+        ["nbdkit", "-f", "-U", str(sock), "eval",
+         f"get_size=echo {64 * MiB}", "can_write=exit 0", "can_flush=exit 0",
+         f"pread=dd if={back} skip=$4 count=$3 iflag=skip_bytes,count_bytes status=none",
+         f"pwrite=dd of={back} seek=$4 oflag=seek_bytes conv=notrunc status=none",
+         f"flush=if [ -e {trigger} ]; then echo 'EIO the test failed this flush' >&2; exit 1; fi"],
+        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    fuse = None
+    try:
+        deadline = time.monotonic() + 20
+        while not sock.exists():
+            assert nbdkit.poll() is None and time.monotonic() < deadline, "nbdkit did not start"
+            time.sleep(0.05)
+        fuse = subprocess.Popen(["nbdfuse", str(fusedir), f"nbd+unix:///?socket={sock}"],
+                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        path = fusedir / "nbd"
+        while not path.exists():
+            assert fuse.poll() is None and time.monotonic() < deadline, "nbdfuse did not start"
+            time.sleep(0.05)
+        yield path, trigger
+    finally:
+        if fuse is not None:
+            unmount_fuse(fusedir, fuse)
+        nbdkit.kill()
+        nbdkit.wait()
+        log.close()
+
+
+def test_after_a_failed_sync_of_a_disk_no_flush_succeeds_until_it_is_opened_again(failing_sync_file, procs, workdir):
+    """A flush whose fdatasync fails answers EIO, and so does every flush after it, though the
+    file's next fdatasync succeeds: the kernel may have dropped the pages that failed, so
+    nothing written before can be vouched for. Reads go on, status shows the disk failed and
+    why, and a server started again over the same file flushes again. (`failing_sync_file`
+    comes first so that it is torn down last, after the servers that hold its file.)"""
+    import nbd
+    path, trigger = failing_sync_file
+    data_dir = workdir / "data"
+    config = write_config(data_dir, disk("d", str(path)) + export("plain", "d"))
+    p = serve(procs, workdir, "--config", config, tag="first")
+    p.wait_ready()
+    h = connect(data_dir, "plain")
+    h.pwrite(b"a" * 4096, 0)
+    h.flush()
+    trigger.touch()
+    h.pwrite(b"b" * 4096, 4096)
+    with pytest.raises(nbd.Error) as failed:
+        h.flush()
+    assert failed.value.errnum == errno.EIO, failed.value
+    trigger.unlink()
+    h.pwrite(b"c" * 4096, 8192)
+    with pytest.raises(nbd.Error) as later:
+        h.flush()
+    assert later.value.errnum == errno.EIO, later.value
+    assert h.pread(4096, 0) == b"a" * 4096, "reads stop after a failed sync"
+    h.shutdown()
+    assert p.proc.poll() is None, f"the server died when a sync failed\n{p.text()}"
+    assert "an earlier sync of it failed" in p.stderr(), p.stderr()
+    files = [n for root in status(data_dir)["devices"] for n in walk(root) if n["kind"] == "file"]
+    assert [f["health"] for f in files] == ["failed"], files
+    assert "sync_failed" in json.dumps(files[0]["detail"]), files
+    # The final flush at shutdown fails too, and the exit status says so.
+    assert p.stop() == 1, p.text()
+    assert "final flush failed" in p.stderr(), p.stderr()
+    p = serve(procs, workdir, "--config", config, tag="second")
+    p.wait_ready()
+    h = connect(data_dir, "plain")
+    h.pwrite(b"d" * 4096, 12288)
+    h.flush()
+    assert h.pread(4096, 0) == b"a" * 4096
+    h.shutdown()
+    assert p.stop() == 0
 
 
 def test_client_commands_survive_a_closed_stdout():

@@ -7,6 +7,7 @@
 
 mod aligned;
 mod open;
+mod syncs;
 mod sys;
 
 use std::path::{Path, PathBuf};
@@ -270,21 +271,29 @@ impl BlockDevice for FileDevice {
         match request {
             Control::Describe => {
                 let path = self.path().display().to_string();
+                let sync_failure = self.backing.syncs.failure();
+                let mut detail = vec![
+                    ("path".into(), path.clone()),
+                    ("direct".into(), self.direct.to_string()),
+                    ("inline_cached_io".into(), self.inline.to_string()),
+                    ("read_only".into(), self.read_only.to_string()),
+                ];
+                if let Some(first) = sync_failure {
+                    detail.push(("sync_failed".into(), first.to_string()));
+                }
                 Ok(ControlReply::Describe(NodeStatus {
-                    name: path.clone(),
+                    name: path,
                     kind: "file".into(),
                     size: self.geometry.size,
-                    health: if self.read_only {
+                    health: if sync_failure.is_some() {
+                        // Its syncs fail from then on (`syncs`).
+                        Health::Failed
+                    } else if self.read_only {
                         Health::ReadOnly
                     } else {
                         Health::Ok
                     },
-                    detail: vec![
-                        ("path".into(), path),
-                        ("direct".into(), self.direct.to_string()),
-                        ("inline_cached_io".into(), self.inline.to_string()),
-                        ("read_only".into(), self.read_only.to_string()),
-                    ],
+                    detail,
                     stats: None,
                     children: Vec::new(),
                     activity: None,

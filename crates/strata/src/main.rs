@@ -201,11 +201,28 @@ impl AdminTarget {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging();
+    raise_open_file_limit();
     match run(cli) {
         Ok(code) => code,
         Err(e) => {
             errln!("strata: {e:#}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+/// Raises the soft limit on open files to the hard one. Each file disk holds
+/// `strata_backend` descriptions of its own for syncs (nine descriptors a disk) besides its
+/// clients' sockets, and systemd's default soft limit is 1024 (its hard limit far more), a
+/// limit that only protects programs using select(2), which Strata does not.
+fn raise_open_file_limit() {
+    use rustix::process::{getrlimit, setrlimit, Resource};
+    let mut limit = getrlimit(Resource::Nofile);
+    if limit.current < limit.maximum {
+        let from = limit.current;
+        limit.current = limit.maximum;
+        if let Err(error) = setrlimit(Resource::Nofile, limit) {
+            tracing::debug!(?from, %error, "could not raise the open-file limit");
         }
     }
 }

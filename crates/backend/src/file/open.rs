@@ -8,6 +8,7 @@ use std::path::Path;
 use rustix::fs::{AtFlags, OFlags, StatxFlags};
 use strata_core::{BlockError, Geometry, Result};
 
+use super::syncs::{Syncs, DESCRIPTIONS};
 use super::sys::{Backing, Kind};
 use super::FileOptions;
 
@@ -87,6 +88,8 @@ pub(super) fn open(options: &FileOptions) -> Result<Opened> {
     let rotational = kind == Kind::BlockDevice && is_rotational(&meta);
     Ok(Opened {
         backing: Backing {
+            syncs: Syncs::open(&file, DESCRIPTIONS, options.read_only)
+                .map_err(|e| BlockError::io(format!("open {} for syncs", path.display()), e))?,
             file,
             path: path.to_path_buf(),
             kind,

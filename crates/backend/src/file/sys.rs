@@ -12,6 +12,7 @@ use rustix::io::{Errno, ReadWriteFlags};
 use strata_core::{push_extent, BlockError, Extent, ExtentState, Result, ZeroFlags};
 
 use super::aligned::AlignedBuf;
+use super::syncs::{SyncRefused, Syncs};
 
 /// Bounce buffers and zero-filling work in pieces of this size, so that memory per request
 /// stays bounded whatever the request length.
@@ -34,6 +35,8 @@ pub(super) struct Backing {
     pub(super) kind: Kind,
     /// Memory alignment of O_DIRECT buffers; `None` for buffered I/O.
     pub(super) direct_align: Option<usize>,
+    /// Every sync (fdatasync, FUA writes) goes through one of these, held alone.
+    pub(super) syncs: Syncs,
 }
 
 impl Backing {
@@ -88,30 +91,43 @@ impl Backing {
         Ok(())
     }
 
+    /// A FUA write (`fua`) is a sync too: it goes through a description of its own.
     pub(super) fn write_at(&self, data: &[u8], offset: u64, fua: bool) -> Result<()> {
-        let result = match self.direct_align {
-            None => write_all_at(&self.file, data, offset, fua),
-            Some(align) => self.write_direct(data, offset, fua, align),
+        let write = |file: &File| match self.direct_align {
+            None => write_all_at(file, data, offset, fua),
+            Some(align) => write_direct(file, data, offset, fua, align),
         };
-        result.map_err(|e| self.error("pwrite", offset, e))
-    }
-
-    fn write_direct(&self, data: &[u8], offset: u64, fua: bool, align: usize) -> io::Result<()> {
-        let mut bounce = AlignedBuf::zeroed(data.len().min(CHUNK), align);
-        let mut pos = offset;
-        for piece in data.chunks(CHUNK) {
-            let window = &mut bounce.as_mut_slice()[..piece.len()];
-            window.copy_from_slice(piece);
-            write_all_at(&self.file, window, pos, fua)?;
-            pos += piece.len() as u64;
+        if fua {
+            return self.synced("pwrite with RWF_DSYNC", offset, write);
         }
-        Ok(())
+        write(&self.file).map_err(|e| self.error("pwrite", offset, e))
     }
 
     pub(super) fn flush(&self) -> Result<()> {
-        self.file
-            .sync_data()
-            .map_err(|e| self.error("fdatasync", 0, e))
+        self.synced("fdatasync", 0, File::sync_data)
+    }
+
+    /// Runs a sync through a description of its own (see `syncs`).
+    fn synced(
+        &self,
+        what: &str,
+        offset: u64,
+        sync: impl FnOnce(&File) -> io::Result<()>,
+    ) -> Result<()> {
+        let describe = |e: &io::Error| format!("{what} at {offset}: {e}");
+        self.syncs
+            .run(describe, sync)
+            .map_err(|refused| match refused {
+                SyncRefused::Now(e) => self.error(what, offset, e),
+                SyncRefused::Earlier(first) => BlockError::io(
+                    format!(
+                        "{what} {}: an earlier sync of it failed ({first}), so writes made before \
+                     that may be lost and no sync is vouched for until it is opened again",
+                        self.path.display()
+                    ),
+                    io::Error::from_raw_os_error(libc::EIO),
+                ),
+            })
     }
 
     /// Punches a hole where the backing can; elsewhere discarding is a no-op, which the
@@ -275,6 +291,19 @@ fn fill_from(
     Ok(())
 }
 
+/// An O_DIRECT write through an aligned bounce buffer, a piece at a time.
+fn write_direct(file: &File, data: &[u8], offset: u64, fua: bool, align: usize) -> io::Result<()> {
+    let mut bounce = AlignedBuf::zeroed(data.len().min(CHUNK), align);
+    let mut pos = offset;
+    for piece in data.chunks(CHUNK) {
+        let window = &mut bounce.as_mut_slice()[..piece.len()];
+        window.copy_from_slice(piece);
+        write_all_at(file, window, pos, fua)?;
+        pos += piece.len() as u64;
+    }
+    Ok(())
+}
+
 /// pwrite until done; with `dsync` every piece is durable when the call returns.
 ///
 /// RWF_DSYNC (Linux 4.7) makes FUA one system call that syncs only this write's data; where
@@ -315,6 +344,7 @@ mod tests {
             .unwrap();
         file.set_len(3 << 20).unwrap();
         Backing {
+            syncs: Syncs::open(&file, 2, false).unwrap(),
             file,
             path,
             kind: Kind::Regular,
