@@ -88,7 +88,7 @@ pub(super) fn open(options: &FileOptions) -> Result<Opened> {
     let rotational = kind == Kind::BlockDevice && is_rotational(&meta);
     Ok(Opened {
         backing: Backing {
-            syncs: Syncs::open(&file, DESCRIPTIONS, options.read_only)
+            syncs: Syncs::open(&file, path, DESCRIPTIONS, options.read_only)
                 .map_err(|e| BlockError::io(format!("open {} for syncs", path.display()), e))?,
             file,
             path: path.to_path_buf(),

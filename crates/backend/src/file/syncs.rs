@@ -21,7 +21,8 @@
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::Path;
 use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
 
 use rustix::fs::OFlags;
@@ -39,19 +40,29 @@ pub(super) struct Syncs {
 }
 
 impl Syncs {
-    /// Opens `count` more descriptions of `file`'s file (through /proc/self/fd, so the same
-    /// inode even if its path was renamed or removed), with its access mode and O_DIRECT.
-    pub(super) fn open(file: &File, count: usize, read_only: bool) -> io::Result<Syncs> {
+    /// Opens `count` more descriptions of `file`, opened at `path`, with its access mode and
+    /// O_DIRECT: through /proc/self/fd (the same inode even if the path was renamed or
+    /// removed since), or where there is no /proc, by the path, checked to name the same file.
+    pub(super) fn open(
+        file: &File,
+        path: &Path,
+        count: usize,
+        read_only: bool,
+    ) -> io::Result<Syncs> {
         let direct = rustix::fs::fcntl_getfl(file).map_err(io::Error::from)? & OFlags::DIRECT;
-        let path = format!("/proc/self/fd/{}", file.as_raw_fd());
         let mut options = OpenOptions::new();
         options.read(true).write(!read_only);
         if !direct.is_empty() {
             // O_DIRECT fits in an int on every Linux architecture.
             options.custom_flags(OFlags::DIRECT.bits() as i32);
         }
+        let by_fd = format!("/proc/self/fd/{}", file.as_raw_fd());
+        let reopen = || match options.open(&by_fd) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => reopen_by_path(file, path, &options),
+            other => other,
+        };
         let idle = (0..count)
-            .map(|_| options.open(&path))
+            .map(|_| reopen())
             .collect::<io::Result<Vec<File>>>()?;
         Ok(Syncs {
             idle: Mutex::new(idle),
@@ -106,6 +117,20 @@ impl Syncs {
     }
 }
 
+/// `file` opened again at `path`, refused if the path now names another file: a sync through
+/// it would not cover `file`'s writes.
+fn reopen_by_path(file: &File, path: &Path, options: &OpenOptions) -> io::Result<File> {
+    let again = options.open(path)?;
+    let (was, is) = (file.metadata()?, again.metadata()?);
+    if (was.dev(), was.ino()) != (is.dev(), is.ino()) {
+        return Err(io::Error::other(format!(
+            "{} names another file than the one opened there",
+            path.display()
+        )));
+    }
+    Ok(again)
+}
+
 /// Why a sync did not succeed.
 #[derive(Debug)]
 pub(super) enum SyncRefused {
@@ -119,7 +144,6 @@ pub(super) enum SyncRefused {
 #[cfg(test)]
 mod tests {
     use std::io::{Seek, SeekFrom};
-    use std::os::unix::fs::MetadataExt;
     use std::sync::Arc;
 
     use super::*;
@@ -141,7 +165,7 @@ mod tests {
     fn each_sync_has_a_description_of_its_own_on_the_same_file() {
         let dir = tempfile::tempdir().unwrap();
         let mut file = file(&dir);
-        let syncs = Syncs::open(&file, 3, false).unwrap();
+        let syncs = Syncs::open(&file, &dir.path().join("img"), 3, false).unwrap();
         let mut taken: Vec<File> = (0..3).map(|_| syncs.take()).collect();
         let inode = file.metadata().unwrap().ino();
         for (i, description) in taken.iter_mut().enumerate() {
@@ -154,11 +178,32 @@ mod tests {
         }
     }
 
+    /// Without /proc the path is opened again, and a path that now names another file (the
+    /// disk's file replaced under a running server) is refused, not synced instead.
+    #[test]
+    fn reopening_by_path_refuses_a_path_that_names_another_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = file(&dir);
+        let path = dir.path().join("img");
+        let mut options = OpenOptions::new();
+        options.read(true).write(true);
+        let again = reopen_by_path(&file, &path, &options).unwrap();
+        assert_eq!(
+            again.metadata().unwrap().ino(),
+            file.metadata().unwrap().ino()
+        );
+        let other = dir.path().join("other");
+        std::fs::write(&other, b"another file").unwrap();
+        std::fs::rename(&other, &path).unwrap();
+        let error = reopen_by_path(&file, &path, &options).unwrap_err();
+        assert!(error.to_string().contains("names another file"), "{error}");
+    }
+
     #[test]
     fn syncs_beyond_the_descriptions_wait_for_one_and_all_complete() {
         let dir = tempfile::tempdir().unwrap();
         let file = file(&dir);
-        let syncs = Arc::new(Syncs::open(&file, 2, false).unwrap());
+        let syncs = Arc::new(Syncs::open(&file, &dir.path().join("img"), 2, false).unwrap());
         let held = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let most = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let threads: Vec<_> = (0..8)
@@ -192,7 +237,7 @@ mod tests {
     fn a_failed_sync_fails_every_later_one() {
         let dir = tempfile::tempdir().unwrap();
         let file = file(&dir);
-        let syncs = Syncs::open(&file, 2, false).unwrap();
+        let syncs = Syncs::open(&file, &dir.path().join("img"), 2, false).unwrap();
         let failed = syncs.run(
             |e| format!("fdatasync: {e}"),
             |_| -> io::Result<()> { Err(io::Error::from_raw_os_error(libc::EIO)) },

@@ -344,7 +344,7 @@ mod tests {
             .unwrap();
         file.set_len(3 << 20).unwrap();
         Backing {
-            syncs: Syncs::open(&file, 2, false).unwrap(),
+            syncs: Syncs::open(&file, &path, 2, false).unwrap(),
             file,
             path,
             kind: Kind::Regular,
