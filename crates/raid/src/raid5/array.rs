@@ -519,7 +519,7 @@ impl Array {
             .journal_target(member)
             .ok_or_else(|| self.members.fault(member))?;
         let journal = self.journal(member);
-        if self.members.lock()[member].state == MemberState::Failed {
+        if self.members.is_failed(member) {
             return Ok(());
         }
         work(journal, device)
@@ -566,7 +566,7 @@ impl Array {
             // longer reclaimed (`reclaim_steps`) nor trusted, so a full one would never make
             // room, and the flush failed after every retry. Its Done records are dropped, as
             // `with_journal` drops its other journal writes.
-            if self.members.lock()[member].state == MemberState::Failed {
+            if self.members.is_failed(member) {
                 continue;
             }
             let Some(device) = self.journal_target(member) else {

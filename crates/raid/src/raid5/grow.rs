@@ -827,7 +827,7 @@ impl Array {
         transfer: Transfer,
     ) -> Result<()> {
         let all = join_all(writes.iter().zip(buffers).map(|(w, bytes)| async move {
-            if self.members.lock()[w.member].state == MemberState::Failed {
+            if self.members.is_failed(w.member) {
                 return Ok(0);
             }
             let len = bytes.len() as u64;

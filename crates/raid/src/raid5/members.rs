@@ -85,6 +85,11 @@ impl Members {
         self.table.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Whether member `m` has failed: its writes, journal ones too, are dropped from then on.
+    pub fn is_failed(&self, m: usize) -> bool {
+        self.lock()[m].state == MemberState::Failed
+    }
+
     pub fn device(&self, m: usize) -> Option<DeviceRef> {
         self.devices.read().unwrap_or_else(|p| p.into_inner())[m].clone()
     }
