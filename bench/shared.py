@@ -322,8 +322,8 @@ def main() -> None:
         inside: dict[tuple[int, str], list[dict[str, float]]] = {}
         if FILL:
             for name, uri in uris.items():
-                ran, _, seen, _ = fio_seen_by_bricks(metrics_ports.get(name, []), pids[name], uri,
-                                                  4, workdir, fill=True)
+                ran, _, seen, _ = fio_seen_by_bricks(metrics_ports.get(name, []), pids[name],
+                                                     uri, 4, workdir, fill=True)
                 fills[name] = ran[0]
                 if seen is not None:
                     inside[(0, name)] = [seen]
@@ -465,7 +465,6 @@ def report(results: dict[tuple[int, str], list[float]], cpu: dict[tuple[int, str
         med = [statistics.median(cpu[(jobs, n)]) for n in names]
         print(f"| {jobs} | " + " | ".join(f"{m:.2f}" for m in med)
               + " | " + ", ".join(f"{m / med[1]:.2f}" for m in med[2:]) + " |")
-
 
 
 def report_steal(steal: dict[tuple[int, str], list[float]], names: list[str]) -> None:
