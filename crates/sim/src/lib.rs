@@ -16,6 +16,7 @@ pub mod models;
 pub mod net;
 pub mod proximal;
 pub mod results;
+pub mod ribd;
 pub mod ssd;
 pub mod stack;
 pub mod validate;

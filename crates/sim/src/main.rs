@@ -15,6 +15,7 @@ use strata_sim::clotho;
 use strata_sim::experiment::{self, Experiment};
 use strata_sim::migration;
 use strata_sim::proximal;
+use strata_sim::ribd;
 use strata_sim::validate;
 use strata_sim::workload::{TraceFormat, WorkloadSpec};
 
@@ -96,6 +97,28 @@ enum SimCommand {
         #[arg(long)]
         overwrite_share: Option<f64>,
         /// Print JSON instead of tables.
+        #[arg(long)]
+        json: bool,
+    },
+    /// RIBD's cost of two-phase commit on large sequential writes (Fig. 6.8b): a RAIN-10 of
+    /// two bricks on simulated SATA drives over Gigabit Ethernet, 1 MiB writes with intervals
+    /// and written through. See docs/shared-volumes.md, "In the simulator".
+    Ribd {
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// The disk model under each brick.
+        #[arg(long, default_value = "wd-re3-1t")]
+        model: String,
+        /// Client counts (comma-separated).
+        #[arg(long, value_delimiter = ',', default_value = "1,4,16")]
+        clients: Vec<u64>,
+        /// Each brick's share, MiB.
+        #[arg(long, default_value_t = 1024)]
+        share_mib: u64,
+        /// Virtual seconds measured per run, after the fill.
+        #[arg(long, default_value_t = 20)]
+        seconds: u64,
+        /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
     },
@@ -373,6 +396,30 @@ fn run(command: SimCommand) -> anyhow::Result<()> {
                 outln!("{}", serde_json::to_string_pretty(&report)?);
             } else {
                 out!("{}", clotho::format_report(&report));
+            }
+            Ok(())
+        }
+        SimCommand::Ribd {
+            seed,
+            model,
+            clients,
+            share_mib,
+            seconds,
+            json,
+        } => {
+            if seconds == 0 || share_mib == 0 {
+                bail!("--seconds and --share-mib must be at least 1");
+            }
+            let mut config = ribd::RibdConfig::paper(seed);
+            config.model = model;
+            config.clients = clients;
+            config.share_bytes = share_mib << 20;
+            config.run_ns = seconds * 1_000_000_000;
+            let runs = ribd::run(&config).map_err(anyhow::Error::msg)?;
+            if json {
+                outln!("{}", serde_json::to_string_pretty(&runs)?);
+            } else {
+                out!("{}", ribd::format_report(&config, &runs));
             }
             Ok(())
         }
