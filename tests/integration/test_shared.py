@@ -681,6 +681,67 @@ def test_a_version_is_refused_while_a_brick_is_down_and_nothing_is_announced(clu
     assert "version counter 0" in version_cmd(etcd, "list", "v").stdout
 
 
+def test_versions_taken_on_a_schedule_keep_only_the_newest_and_stop_between_two_on_sigterm(
+        cluster, server_factory):
+    """`version create --every 1s --keep 2`: a version a second while a host writes, the
+    oldest deleted beyond the newest two, on every brick too; SIGTERM ends it between two
+    versions, never inside one. `--keep 0` is refused before anything is taken."""
+    etcd, bricks = cluster
+    srv = server_factory(shared_spec(etcd))
+    qemu_io(srv, "write -P 0x11 0 4M", "flush")
+    refused = version_cmd(etcd, "create", "v", "--keep", "0", check=False)
+    assert refused.returncode != 0 and "keep at least 1" in refused.stderr, refused.stderr
+    assert "version counter 0" in version_cmd(etcd, "list", "v").stdout
+    taker = subprocess.Popen(
+        [str(STRATA_BIN), "cluster", "version", "create", "--etcd", etcd.endpoint,
+         "--cluster", CLUSTER, "v", "--every", "1s", "--keep", "2", "--wait", "20s"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        pattern = 0x20
+        # Each round's writes are old data to the version after: the versions hold some.
+        while not re.search(r"version 4: complete", listed := version_cmd(etcd, "list", "v").stdout):
+            assert time.monotonic() < deadline and taker.poll() is None, listed
+            qemu_io(srv, f"write -P {pattern:#x} 0 1M", "flush")
+            pattern += 1
+            time.sleep(0.2)
+    finally:
+        taker.send_signal(signal.SIGTERM)
+        out, err = taker.communicate(timeout=40)
+    assert taker.returncode == 0, (out, err)
+    assert "stopped taking versions" in out, out
+    taken = [int(n) for n in re.findall(r"version (\d+) complete", out)]
+    deleted = [int(n) for n in re.findall(r"version (\d+) deleted \(keeping the newest 2\)", out)]
+    assert len(taken) >= 4 and taken == list(range(1, len(taken) + 1)), out
+    # Every version but the newest two was deleted, oldest first, each once it fell out.
+    assert deleted == list(range(1, len(taken) - 1)), out
+    listed = version_cmd(etcd, "list", "v").stdout
+    newest = taken[-2:]
+    complete = sorted(int(n) for n in re.findall(r"version (\d+): complete", listed))
+    assert complete == newest, listed
+    assert "being taken" not in listed and "failed" not in listed, listed
+    for brick in bricks:
+        assert re.search(rf"brick {brick.name}: versions {newest[0]} \(\d+ bytes held\), "
+                         rf"{newest[1]} \(\d+ bytes held\)", listed), listed
+    assert srv.stop() == 0
+    assert_replicas_equal(bricks)
+    # With a brick down every taking is refused: each refusal is reported, the schedule goes
+    # on, and nothing kept is deleted.
+    bricks[3].kill()
+    taker = subprocess.Popen(
+        [str(STRATA_BIN), "cluster", "version", "create", "--etcd", etcd.endpoint,
+         "--cluster", CLUSTER, "v", "--every", "1s", "--keep", "1"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(2.5)
+    taker.send_signal(signal.SIGTERM)
+    out, err = taker.communicate(timeout=40)
+    assert taker.returncode == 0, (out, err)
+    assert "complete" not in out and "deleted" not in out, out
+    assert err.count("scheduled version not taken") >= 2 and "needs every brick" in err, err
+    listed = version_cmd(etcd, "list", "v").stdout
+    assert sorted(int(n) for n in re.findall(r"version (\d+): complete", listed)) == newest, listed
+
+
 def test_a_brick_reports_its_calls_space_versions_and_roll_back_in_metrics_and_status(
         cluster, server_factory):
     etcd, bricks = cluster

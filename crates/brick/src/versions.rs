@@ -350,6 +350,21 @@ impl VolumeVersions {
         Ok(())
     }
 
+    /// Deletes the oldest complete versions until the newest `keep` remain ([`beyond_keep`]),
+    /// oldest first; returns the ones deleted. Stops at the first that a brick does not
+    /// delete, so what remains is always the newest versions: the next run finishes it.
+    pub async fn prune(&self, keep: usize) -> Result<Vec<u64>, VersionError> {
+        let records = self.coord.version_records(&self.volume).await?;
+        let complete: Vec<u64> = records.complete.keys().copied().collect();
+        let mut deleted = Vec::new();
+        for number in beyond_keep(&complete, keep) {
+            self.delete(number).await?;
+            tracing::info!(volume = %self.volume, number, keep, "version deleted: beyond the newest to keep");
+            deleted.push(number);
+        }
+        Ok(deleted)
+    }
+
     /// Rolls the volume back to complete version `number` on every brick. Refused unless no
     /// member holds a claim on it, no brick is stale and every brick answers; the intent is
     /// recorded first (no claim, no open and no version is taken while it stands), so an
@@ -377,5 +392,33 @@ impl VolumeVersions {
         self.coord.finish_rollback(&self.volume, number).await?;
         tracing::info!(volume = %self.volume, number, "rolled back");
         Ok(())
+    }
+}
+
+/// Retention: of the complete versions `complete` (any order), the ones to delete so that
+/// only the newest `keep` remain, oldest first. Failed and unfinished versions are not
+/// counted: they are not versions one can roll back to.
+pub fn beyond_keep(complete: &[u64], keep: usize) -> Vec<u64> {
+    let mut numbers = complete.to_vec();
+    numbers.sort_unstable();
+    numbers.dedup();
+    let excess = numbers.len().saturating_sub(keep);
+    numbers.truncate(excess);
+    numbers
+}
+
+#[cfg(test)]
+mod retention_tests {
+    use super::beyond_keep;
+
+    #[test]
+    fn the_oldest_beyond_the_newest_kept_go_first() {
+        assert_eq!(beyond_keep(&[1, 2, 3, 4, 5], 2), vec![1, 2, 3]);
+        // Numbers with gaps (deleted or failed versions between), in any order.
+        assert_eq!(beyond_keep(&[9, 3, 7, 12], 3), vec![3]);
+        assert_eq!(beyond_keep(&[4, 5], 2), Vec::<u64>::new());
+        assert_eq!(beyond_keep(&[4], 5), Vec::<u64>::new());
+        assert_eq!(beyond_keep(&[], 1), Vec::<u64>::new());
+        assert_eq!(beyond_keep(&[2, 1, 2], 1), vec![1]);
     }
 }

@@ -16,7 +16,7 @@ use strata_brick::{BrickOptions, BrickStore, SharedVolume};
 use strata_coord::catalog::{BrickRecord, VolumeRecord, RECORD_FORMAT};
 use strata_coord::session::{MemberRecord, Session};
 use strata_coord::{Coord, CoordError};
-use strata_core::{outln, ByteSize, DeviceRef, TokioRuntime};
+use strata_core::{errln, outln, ByteSize, DeviceRef, TokioRuntime};
 
 /// Where the cluster's etcd is.
 #[derive(clap::Args, Clone, Debug)]
@@ -180,6 +180,13 @@ pub enum VersionCommand {
         /// How long to wait for the hosts and bricks before the version is recorded failed.
         #[arg(long, default_value = "30s")]
         wait: String,
+        /// Then delete the oldest complete versions until only the newest N remain.
+        #[arg(long, value_name = "N")]
+        keep: Option<usize>,
+        /// Take one every DURATION (`30s`, `5m`), until SIGINT or SIGTERM: a version that fails
+        /// or is refused (a brick down) is reported and the next one taken on time.
+        #[arg(long, value_name = "DURATION")]
+        every: Option<String>,
     },
     /// The versions recorded in etcd and the ones each brick keeps, with the bytes they hold.
     List {
@@ -205,19 +212,88 @@ pub enum VersionCommand {
     },
 }
 
+/// Takes one version, then deletes the oldest beyond `keep`.
+async fn take_version(
+    versions: &VolumeVersions,
+    volume: &str,
+    wait: Duration,
+    keep: Option<usize>,
+) -> anyhow::Result<()> {
+    let number = versions.create(wait).await?;
+    outln!("volume {volume}: version {number} complete");
+    if let Some(keep) = keep {
+        for deleted in versions.prune(keep).await? {
+            outln!("volume {volume}: version {deleted} deleted (keeping the newest {keep})");
+        }
+    }
+    Ok(())
+}
+
+/// Takes a version every `every` until SIGINT or SIGTERM, which end the wait between two,
+/// never a version being taken (an interrupted one would stay recorded as being taken). A
+/// version that fails is reported on stderr and the schedule goes on; a period that a taking
+/// overruns is skipped, not made up.
+async fn take_versions_every(
+    versions: &VolumeVersions,
+    volume: &str,
+    wait: Duration,
+    keep: Option<usize>,
+    every: Duration,
+) -> anyhow::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    let mut terminate = signal(SignalKind::terminate())?;
+    let mut ticks = tokio::time::interval(every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    loop {
+        // A signal that came during the last taking is seen here, before the next tick.
+        tokio::select! {
+            biased;
+            _ = interrupt.recv() => break,
+            _ = terminate.recv() => break,
+            _ = ticks.tick() => {}
+        }
+        if let Err(error) = take_version(versions, volume, wait, keep).await {
+            tracing::warn!(volume, %error, "scheduled version not taken");
+            errln!("strata: volume {volume}: scheduled version not taken: {error:#}");
+        }
+    }
+    outln!("volume {volume}: stopped taking versions");
+    Ok(())
+}
+
 /// Each brick request of a version command waits at most this.
 const BRICK_TIMEOUT: Duration = Duration::from_secs(10);
 
 async fn run_version(command: VersionCommand) -> anyhow::Result<()> {
     match command {
-        VersionCommand::Create { etcd, volume, wait } => {
+        VersionCommand::Create {
+            etcd,
+            volume,
+            wait,
+            keep,
+            every,
+        } => {
             let wait = strata_core::duration::parse_duration(&wait)
                 .map_err(anyhow::Error::msg)
                 .context("--wait")?;
+            if keep == Some(0) {
+                bail!("--keep 0 would delete the version just taken: keep at least 1");
+            }
+            let every = every
+                .map(|every| strata_core::duration::parse_duration(&every))
+                .transpose()
+                .map_err(anyhow::Error::msg)
+                .context("--every")?;
+            if every.is_some_and(|every| every.is_zero()) {
+                bail!("--every must be longer than 0");
+            }
             let versions =
                 VolumeVersions::open(&etcd.connect().await?, &volume, BRICK_TIMEOUT).await?;
-            let number = versions.create(wait).await?;
-            outln!("volume {volume}: version {number} complete");
+            match every {
+                None => take_version(&versions, &volume, wait, keep).await?,
+                Some(every) => take_versions_every(&versions, &volume, wait, keep, every).await?,
+            }
         }
         VersionCommand::List { etcd, volume } => {
             let versions =
