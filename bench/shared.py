@@ -22,7 +22,7 @@ BENCH_AB_BIN=path adds a second shared volume served by that Strata binary, meas
 same rounds, and prints the two volumes' ratio round by round: the way to compare two builds
 on a VM whose speed drifts between runs. BENCH_MAX_STEAL=N runs a round's row again (up to
 BENCH_STEAL_TRIES times, default 3) when the hypervisor took more than N % of the VM's CPU
-during any of its runs.
+during any of its runs. BENCH_BRICK_ZERO=1 formats the brick files with `--zero`.
 
 Targets: intervals cost at most 10 % against the same RAIN-10 without them (the baseline);
 throughput grows with the number of writers up to 16. The cost against the NBD mirror, a
@@ -87,6 +87,8 @@ MAX_STEAL = float(os.environ["BENCH_MAX_STEAL"]) if os.environ.get("BENCH_MAX_ST
 STEAL_TRIES = int(os.environ.get("BENCH_STEAL_TRIES", "3"))
 # BENCH_FILL=0 skips writing every device whole before the rounds.
 FILL = os.environ.get("BENCH_FILL", "1") != "0"
+# BENCH_BRICK_ZERO=1 formats every brick file with `--zero` (written whole with zeros first).
+BRICK_ZERO = os.environ.get("BENCH_BRICK_ZERO", "0") != "0"
 
 
 def run(argv: list[str], **kw) -> subprocess.CompletedProcess:
@@ -128,7 +130,7 @@ def start_brick(workdir: Path, name: str, etcd: Etcd, binary: Path = STRATA_BIN,
     """A brick, and the port it serves its metrics on."""
     image = workdir / f"{name}.img"
     run([str(binary), "brick", "format", str(image), "--size", "1216M", "--home", "1G",
-         "--meta", "64M"])
+         "--meta", "64M", *(["--zero"] if BRICK_ZERO else [])])
     log = open(workdir / f"{name}.log", "wb")
     metrics_port = free_port()
     proc = subprocess.Popen(
