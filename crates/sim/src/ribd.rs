@@ -59,15 +59,6 @@ pub enum Mode {
     WriteThrough,
 }
 
-impl Mode {
-    pub fn name(self) -> &'static str {
-        match self {
-            Mode::Intervals => "intervals",
-            Mode::WriteThrough => "write through",
-        }
-    }
-}
-
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct RibdConfig {
     pub seed: u64,
